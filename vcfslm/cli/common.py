@@ -1,0 +1,105 @@
+"""Shared click options and rendering helpers for the command modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ..errors import InventoryError, Problem
+
+INVENTORY_ENV = "VCFSLM_INVENTORY"
+STATE_FILE_ENV = "VCFSLM_STATE"
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def state_file() -> Path:
+    """Small state file remembering the inventory `provision` last used."""
+    return Path(os.environ.get(STATE_FILE_ENV, "~/.vcfslm/state.json")).expanduser()
+
+
+def remember_inventory(path: str | Path) -> None:
+    from ..results import atomic_write_json
+
+    atomic_write_json(state_file(), {"inventory": str(Path(path).resolve())})
+
+
+def resolve_inventory_path(given: str | None) -> Path:
+    """The inventory: the argument, else $VCFSLM_INVENTORY, else the one provision last used."""
+    if given:
+        return Path(given)
+    if os.environ.get(INVENTORY_ENV):
+        return Path(os.environ[INVENTORY_ENV])
+    try:
+        remembered = json.loads(state_file().read_text()).get("inventory")
+    except (OSError, ValueError):
+        remembered = None
+    if remembered:
+        return Path(remembered)
+    raise InventoryError([Problem("", None, None, "", "no inventory given: pass INVENTORY (or -i), "
+                                                      f"set {INVENTORY_ENV}, or run provision once")])
+
+
+def load(given: str | None):
+    """Resolve and load the inventory (InventoryError on any problem)."""
+    from ..inventory import load_inventory
+
+    return load_inventory(resolve_inventory_path(given))
+
+
+def inventory_argument(f):
+    """Optional INVENTORY argument (default: $VCFSLM_INVENTORY, then the last provisioned)."""
+    return click.argument("inventory", required=False, metavar="[INVENTORY]")(f)
+
+
+def inventory_option(f):
+    """-i/--inventory option (default: $VCFSLM_INVENTORY, then the last provisioned)."""
+    return click.option("-i", "--inventory", "inventory", default=None, metavar="FILE",
+                        help=f"Inventory YAML (default: ${INVENTORY_ENV}, then the last provisioned).")(f)
+
+
+def output_option(f):
+    return click.option("--output", "-o", "output", type=click.Choice(["text", "json"]),
+                        default="text", show_default=True, help="Output format.")(f)
+
+
+def to_jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(asdict(value))
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, sort_keys=True, default=str) + "\n")
+
+
+class RichReporter:
+    """Renders library progress (vcfslm.progress.Reporter) as rich lines on stderr."""
+
+    def __init__(self, console: Console = err_console, quiet: bool = False):
+        self.console = console
+        self.quiet = quiet
+
+    def update(self, subject: str, status: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[bold]{subject}[/bold]: {status}")
+
+    def log(self, message: str) -> None:
+        if not self.quiet:
+            self.console.print(message)

@@ -1,0 +1,1 @@
+"""Guest stage: SSH transport, facts, playbooks and templates."""

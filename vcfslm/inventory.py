@@ -1,0 +1,475 @@
+"""The inventory: the user's one YAML file, its schema (pydantic v2) and its loader.
+
+`load_inventory(path)` returns a validated, frozen `Inventory` or raises
+`InventoryError` listing every problem at once, each naming the file, line,
+column and key path (`cluster.yaml:14:5 vm.vnuma_nodes: ...`). Nothing is
+contacted while loading. Field descriptions below are the reference the README
+and `vcfslm schema` (JSON Schema, for yaml-language-server) are built from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from . import footprint, topology
+from .errors import InventoryError, Problem
+
+Key = tuple[str | int, ...]
+NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+# A key naming one of these words (as a whole word) holds a secret, unless it names an env var.
+SECRET_KEY_RE = re.compile(r"(^|[_.-])(password|passwd|pwd|secret|token|apikey|api_key)($|[_.-])",
+                           re.IGNORECASE)
+# Estimated guest OS + runtime overhead outside the model replicas.
+GUEST_OVERHEAD_BYTES = 8 * 1024**3
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class VCenter(_Model):
+    """How to reach vCenter. The password never lives in the file."""
+
+    host: str = Field(description="vCenter FQDN or IP address.")
+    port: Port = Field(443, description="HTTPS port.")
+    user: str = Field(description="SSO user, e.g. administrator@vsphere.local.")
+    password_env: str = Field("VCFSLM_VCENTER_PASSWORD",
+                              description="Environment variable holding the password; else the "
+                                          "keyring (service 'vcfslm', this host), else a prompt.")
+    ca_bundle: str | None = Field(None, description="PEM file of CAs to verify vCenter's certificate; "
+                                                    "null = the system store.")
+    insecure: bool = Field(False, description="Skip TLS verification (explicit, warns every time).")
+
+
+class Network(_Model):
+    """A port group and the IPv4 settings guests get on it."""
+
+    portgroup: str = Field(description="Port group (standard or distributed) name.")
+    netmask: ipaddress.IPv4Address = Field(description="IPv4 netmask, e.g. 255.255.255.0.")
+    gateway: ipaddress.IPv4Address | None = Field(None, description="Default gateway (management only).")
+    dns: list[ipaddress.IPv4Address] = Field(default_factory=list, description="DNS servers.")
+    mtu: Annotated[int, Field(ge=576, le=65536)] = Field(1500, description="Expected MTU in the guest.")
+
+    @field_validator("netmask")
+    @classmethod
+    def _contiguous(cls, v: ipaddress.IPv4Address) -> ipaddress.IPv4Address:
+        ipaddress.IPv4Network(f"0.0.0.0/{v}")  # raises ValueError for a non-contiguous mask
+        return v
+
+    def network_of(self, ip: ipaddress.IPv4Address) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"{ip}/{self.netmask}", strict=False)
+
+
+class Networks(_Model):
+    management: Network = Field(description="Management network: SSH, vCenter-visible IP.")
+    bench: Network = Field(description="Bench network (25GbE): rendezvous and barriers of torchrun.")
+
+
+class Placement(_Model):
+    """Where VMs go in vCenter."""
+
+    datacenter: str
+    cluster: str
+    datastore: str
+    folder: str = Field(description="VM folder path under the datacenter's vm folder; created if missing.")
+    template: str = Field(description="VM template name, or 'library:<library>/<item>' for a "
+                                      "content-library OVF item.")
+    resource_pool: str | None = Field(None, description="Resource pool path in the cluster; "
+                                                        "null = the cluster's root pool.")
+    networks: Networks
+
+    @field_validator("template")
+    @classmethod
+    def _library_form(cls, v: str) -> str:
+        if v.startswith("library:") and not re.fullmatch(r"library:[^/]+/[^/]+", v):
+            raise ValueError("a content-library template is written 'library:<library>/<item>'")
+        return v
+
+    @property
+    def library_item(self) -> tuple[str, str] | None:
+        """(library, item) when the template is a content-library item."""
+        if not self.template.startswith("library:"):
+            return None
+        lib, item = self.template[len("library:"):].split("/", 1)
+        return lib, item
+
+
+class VMSpec(_Model):
+    """The shape of every VM (one per ESXi host)."""
+
+    vcpus: PositiveInt = Field(description="vCPUs per VM (the brief: 96).")
+    cores_per_socket: PositiveInt = Field(description="Cores per virtual socket; divides vcpus.")
+    vnuma_nodes: PositiveInt = Field(description="vNUMA nodes per VM (the brief: 4 of 24 vCPUs).")
+    memory_gb: PositiveInt = Field(description="Memory per VM in GiB.")
+    reserve_all_memory: bool = Field(True, description="Reserve all guest memory (locked to max).")
+    latency_sensitivity: Literal["normal", "high"] = Field(
+        "normal", description="'high' also reserves all CPU, as vSphere requires.")
+    hardware_version: str = Field("vmx-21", pattern=r"^vmx-\d{2}$",
+                                  description="Virtual hardware version (vmx-20+ for virtualNuma).")
+    host_numa_nodes: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="Physical NUMA nodes the VM may use (numa.nodeAffinity); "
+                                          "empty = no affinity.")
+    advanced: dict[str, str] = Field(default_factory=dict,
+                                     description="Extra extraConfig keys, applied verbatim to every VM.")
+
+    @property
+    def vnuma_node_size(self) -> int:
+        return topology.vnuma_node_size(self.vcpus, self.vnuma_nodes)
+
+
+class Node(_Model):
+    """One VM, on one ESXi host."""
+
+    name: str = Field(pattern=NAME_RE, description="VM name and guest hostname.")
+    host: str = Field(description="ESXi host (as named in vCenter) the VM is pinned to.")
+    management_ip: ipaddress.IPv4Address
+    bench_ip: ipaddress.IPv4Address
+    ssh_port: Port = Field(22, description="SSH port on the management IP.")
+    advanced: dict[str, str] = Field(default_factory=dict, description="Per-VM extraConfig keys.")
+
+
+class Guest(_Model):
+    """How the guests are reached and prepared."""
+
+    user: str = Field("slm", description="SSH user (sudo for package installs when not root).")
+    ssh_key: str | None = Field("~/.ssh/id_ed25519", description="Private key; null = SSH agent.")
+    known_hosts: str = Field("~/.vcfslm/known_hosts", description="Host keys are verified against it.")
+    python: str = Field("python3", description="Guest interpreter used to create the venv.")
+    torch: str = Field("2.11.*", description="torch version spec installed on guests.")
+    torch_index_url: str | None = Field("https://download.pytorch.org/whl/cpu",
+                                        description="Index for torch (CPU wheels); null = default index.")
+    wheelhouse: str | None = Field(None, description="Local folder of wheels pushed to offline guests.")
+    model: str = Field("microsoft/Phi-3-mini-128k-instruct",
+                       description="Hub id | local dir | synthetic:phi-3-mini | synthetic:tiny.")
+    workdir: str = Field("/opt/vcfslm", description="Guest folder for the venv, model, scripts, runs.")
+    venv: str | None = Field(None, description="Guest venv path; null = <workdir>/venv.")
+
+    @property
+    def venv_path(self) -> str:
+        return self.venv or f"{self.workdir.rstrip('/')}/venv"
+
+
+class Bench(_Model):
+    """The benchmark matrix and its launch settings."""
+
+    ranks_per_node: PositiveInt = Field(4, description="Model replicas per VM (one per vNUMA node).")
+    threads_per_rank: PositiveInt = Field(24, description="Threads per rank (never spans vNUMA nodes).")
+    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 4, 8, 16], min_length=1,
+                                           description="Concurrent streams per rank.")
+    input_tokens: list[PositiveInt] = Field(default_factory=lambda: [128, 512, 1024], min_length=1,
+                                            description="Prompt lengths.")
+    output_tokens: Annotated[int, Field(ge=2)] = Field(128, description="Generated tokens per stream.")
+    warmup: Annotated[int, Field(ge=0)] = Field(1, description="Discarded windows per scenario.")
+    repeats: PositiveInt = Field(3, description="Measured windows per scenario.")
+    port: Port = Field(29500, description="torchrun rendezvous port on node 0's bench IP.")
+    interface: str | None = Field(None, description="Guest bench interface; null = found from bench_ip.")
+    timeout_s: Annotated[float, Field(gt=0)] = Field(6 * 3600, description="Whole-run timeout.")
+
+    @field_validator("batch_sizes", "input_tokens")
+    @classmethod
+    def _unique(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("values must be unique")
+        return v
+
+
+class SLO(_Model):
+    """A per-user latency commitment."""
+
+    tpot_ms: Annotated[float, Field(gt=0)] = Field(description="Max time per output token, ms.")
+    ttft_s: Annotated[float, Field(gt=0)] = Field(description="Max time to first token, s.")
+
+
+DEFAULT_SLOS = {"A": SLO(tpot_ms=130, ttft_s=3), "B": SLO(tpot_ms=200, ttft_s=5)}
+
+
+class Inventory(_Model):
+    """The whole cluster: vCenter, placement, VM shape, nodes, guests, bench, SLOs."""
+
+    name: str = Field(pattern=NAME_RE, description="Cluster name: VM names, tags, run ids.")
+    vcenter: VCenter
+    placement: Placement
+    vm: VMSpec
+    nodes: list[Node] = Field(min_length=1)
+    guest: Guest = Field(default_factory=Guest)
+    bench: Bench = Field(default_factory=Bench)
+    slos: dict[str, SLO] = Field(default_factory=lambda: dict(DEFAULT_SLOS))
+
+    _source: str = PrivateAttr(default="<memory>")
+
+    @property
+    def source(self) -> str:
+        """The file this inventory came from."""
+        return self._source
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def rank_slots(self) -> list[topology.RankSlot]:
+        return topology.rank_slots(self.vm.vcpus, self.vm.vnuma_nodes,
+                                   self.bench.ranks_per_node, self.bench.threads_per_rank)
+
+
+# --------------------------------------------------------------------- checks
+
+
+def semantic_problems(inv: Inventory) -> list[tuple[Key, str]]:
+    """Cross-field rules pydantic cannot express per field: (key path, message) pairs."""
+    out: list[tuple[Key, str]] = []
+    vm, bench = inv.vm, inv.bench
+    if vm.vcpus % vm.vnuma_nodes:
+        out.append((("vm", "vnuma_nodes"),
+                    f"{vm.vcpus} vCPUs cannot split into {vm.vnuma_nodes} vNUMA nodes"))
+    else:
+        for msg in topology.cores_per_socket_problems(vm.vcpus, vm.cores_per_socket, vm.vnuma_nodes):
+            out.append((("vm", "cores_per_socket"), msg))
+        for msg in topology.placement_problems(vm.vcpus, vm.vnuma_nodes, bench.ranks_per_node,
+                                               bench.threads_per_rank):
+            out.append((("bench", "threads_per_rank"), msg))
+    if vm.host_numa_nodes and len(set(vm.host_numa_nodes)) != len(vm.host_numa_nodes):
+        out.append((("vm", "host_numa_nodes"), "host NUMA nodes must be unique"))
+    if vm.host_numa_nodes and len(vm.host_numa_nodes) < vm.vnuma_nodes:
+        out.append((("vm", "host_numa_nodes"),
+                    f"{len(vm.host_numa_nodes)} host NUMA node(s) cannot back {vm.vnuma_nodes} "
+                    "vNUMA nodes"))
+    for field_name in ("name", "host", "management_ip", "bench_ip"):
+        seen: dict[str, int] = {}
+        for i, node in enumerate(inv.nodes):
+            value = str(getattr(node, field_name))
+            if value in seen:
+                out.append((("nodes", i, field_name),
+                            f"{value} is already used by nodes[{seen[value]}]"))
+            else:
+                seen[value] = i
+    # The bench network is known by its netmask: node 0's bench IP fixes the subnet.
+    bench_net = inv.placement.networks.bench.network_of(inv.nodes[0].bench_ip)
+    mgmt = inv.placement.networks.management
+    mgmt_net = mgmt.network_of(mgmt.gateway) if mgmt.gateway else None
+    for i, node in enumerate(inv.nodes):
+        if node.bench_ip not in bench_net:
+            out.append((("nodes", i, "bench_ip"),
+                        f"{node.bench_ip} is outside the bench network {bench_net}"))
+        if mgmt_net is not None and node.management_ip not in mgmt_net:
+            out.append((("nodes", i, "management_ip"),
+                        f"{node.management_ip} is outside the management network {mgmt_net} "
+                        f"(gateway {mgmt.gateway})"))
+    out.extend(_memory_problems(inv))
+    return out
+
+
+def _memory_problems(inv: Inventory) -> list[tuple[Key, str]]:
+    shape = footprint.shape_of(inv.guest.model)
+    if shape is None:
+        return []
+    bench = inv.bench
+    context = max(bench.input_tokens) + bench.output_tokens
+    per_rank = footprint.rank_memory_bytes(shape, max(bench.batch_sizes), context)
+    need = bench.ranks_per_node * per_rank + GUEST_OVERHEAD_BYTES
+    have = inv.vm.memory_gb * 1024**3
+    if need <= have:
+        return []
+    gib = 1024**3
+    return [(("vm", "memory_gb"),
+             f"{inv.vm.memory_gb} GiB is too small: {bench.ranks_per_node} replicas x "
+             f"({shape.weight_bytes / gib:.1f} GiB weights + "
+             f"{(per_rank - shape.weight_bytes) / gib:.1f} GiB KV cache at batch "
+             f"{max(bench.batch_sizes)} x {context} tokens) + {GUEST_OVERHEAD_BYTES // gib} GiB "
+             f"guest overhead = {need / gib:.1f} GiB")]
+
+
+# --------------------------------------------------------------------- loading
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read, parse and validate an inventory file; InventoryError lists every problem."""
+    path = Path(path)
+    label = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError([Problem(label, None, None, "", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError([Problem(label, None, None, "", f"cannot read: {exc}")]) from None
+    return parse_inventory(text, label)
+
+
+def parse_inventory(text: str, label: str = "<inventory>") -> Inventory:
+    """Validate inventory YAML text; `label` names it in error messages."""
+    data, positions, problems = _load_yaml(text, label)
+    if problems:
+        raise InventoryError(problems)
+    locate = _Locator(label, positions)
+    if not isinstance(data, dict):
+        raise InventoryError([locate((), "the inventory must be a mapping of keys "
+                                          "(name, vcenter, placement, vm, nodes, ...)")])
+    problems = [locate(k, m) for k, m in _secret_keys(data)]
+    try:
+        inv = Inventory.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(_pydantic_problems(exc, data, locate))
+        raise InventoryError(_ordered(problems)) from None
+    problems.extend(locate(k, m) for k, m in semantic_problems(inv))
+    if problems:
+        raise InventoryError(_ordered(problems))
+    inv._source = label
+    return inv
+
+
+def _ordered(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line or 0, p.column or 0, p.key))
+
+
+def _secret_keys(data: Any, key: Key = ()) -> list[tuple[Key, str]]:
+    """Keys that look like a secret written in the file (refused: secrets come from elsewhere)."""
+    out: list[tuple[Key, str]] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            name = str(k).lower()
+            if SECRET_KEY_RE.search(name) and not name.endswith("_env") and v not in (None, ""):
+                out.append((key + (str(k),), "secrets are not written in the inventory; set "
+                                             "vcenter.password_env (an environment variable), use "
+                                             "the keyring, or answer the prompt"))
+            else:
+                out.extend(_secret_keys(v, key + (str(k),)))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out.extend(_secret_keys(v, key + (i,)))
+    return out
+
+
+def _pydantic_problems(exc: ValidationError, data: Any, locate: _Locator) -> list[Problem]:
+    out = []
+    secret_paths = {k for k, _ in _secret_keys(data)}
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            if loc in secret_paths:
+                continue  # already reported as a secret, with better advice
+            out.append(locate(loc, "unknown key" + _did_you_mean(loc, data)))
+            continue
+        msg = err["msg"]
+        if err["type"] == "missing":
+            msg = "required key is missing"
+        elif "input" in err and not isinstance(err["input"], (dict, list)):
+            msg = f"{msg} (got {err['input']!r})"
+        out.append(locate(loc, msg))
+    return out
+
+
+def _did_you_mean(loc: Key, data: Any) -> str:
+    """' (did you mean 'x'?)' when an unknown key is close to a known one."""
+    model: Any = Inventory
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
+        if field is None:
+            model = None
+            break
+        model = _model_in(field.annotation)
+    if model is None or not hasattr(model, "model_fields"):
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _model_in(annotation: Any) -> Any:
+    """The BaseModel class inside an annotation such as list[Node] or Network | None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+class _Locator:
+    """Turns a key path into a Problem with the best known file position."""
+
+    def __init__(self, label: str, positions: dict[Key, tuple[int, int]]):
+        self.label = label
+        self.positions = positions
+
+    def __call__(self, key: Key, message: str) -> Problem:
+        probe = tuple(key)
+        # The deepest known ancestor: a missing key points at its parent mapping.
+        while probe and probe not in self.positions:
+            probe = probe[:-1]
+        line, col = self.positions.get(probe, (None, None))
+        return Problem(self.label, line, col, format_key(key), message)
+
+
+def format_key(key: Key) -> str:
+    """('nodes', 2, 'bench_ip') -> 'nodes[2].bench_ip'."""
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _load_yaml(text: str, label: str) -> tuple[Any, dict[Key, tuple[int, int]], list[Problem]]:
+    """Parse YAML keeping each key's (line, column); duplicate keys are problems."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        return None, {}, [Problem(label, line, col, "", f"YAML syntax error: {exc.problem or exc}")]
+    except yaml.YAMLError as exc:
+        return None, {}, [Problem(label, None, None, "", f"YAML error: {exc}")]
+    except RecursionError:
+        return None, {}, [Problem(label, None, None, "", "YAML nesting is too deep")]
+    positions: dict[Key, tuple[int, int]] = {}
+    problems: list[Problem] = []
+    if root is not None:
+        positions[()] = (root.start_mark.line + 1, root.start_mark.column + 1)
+        _walk(root, (), positions, problems, label, set())
+    return data, positions, problems
+
+
+def _walk(node: yaml.Node, key: Key, positions: dict[Key, tuple[int, int]],
+          problems: list[Problem], label: str, seen: set[int]) -> None:
+    if id(node) in seen:  # aliases may point back up the tree
+        return
+    seen = seen | {id(node)}
+    if isinstance(node, yaml.MappingNode):
+        names: set[str] = set()
+        for k_node, v_node in node.value:
+            name = str(k_node.value)
+            child = key + (name,)
+            pos = (k_node.start_mark.line + 1, k_node.start_mark.column + 1)
+            if name in names and name != "<<":
+                problems.append(Problem(label, pos[0], pos[1], format_key(child), "duplicate key"))
+            names.add(name)
+            positions.setdefault(child, pos)
+            _walk(v_node, child, positions, problems, label, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            positions.setdefault(key + (i,), (item.start_mark.line + 1, item.start_mark.column + 1))
+            _walk(item, key + (i,), positions, problems, label, seen)
+
+
+def inventory_json_schema() -> dict[str, Any]:
+    """JSON Schema of the inventory (for yaml-language-server and `vcfslm schema`)."""
+    schema = Inventory.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "vcfslm inventory"
+    return schema
