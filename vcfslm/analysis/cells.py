@@ -1,0 +1,310 @@
+"""Aggregate the window records of one or more run dirs into per-scope cells.
+
+A cell is one (scope, VMs, ranks per VM, batch per rank, input, output) point of the
+matrix. How the numbers are pooled (the brief measures one rank per node and
+averages those; this harness records every rank):
+
+- TTFT and TPOT percentiles pool the per-stream values of every rank and every
+  valid window: each stream is a user, so p50/p90/p99 are "what users saw".
+- Rank throughput is the p50 over all (rank, window) values; its run-to-run spread
+  is min..max over repeats of the per-repeat mean across ranks (the brief's
+  "per-node results are averaged", once per repeat).
+- A repeat is one (run id, window) pair, so several runs of the same scope and
+  matrix pool into one cell and their differences count as run-to-run spread.
+- Invalid windows (recompiles, worker-detected problems) are left out of every
+  statistic and counted; a cell without any valid window has no numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from vcfslm.errors import InventoryError, Problem
+from vcfslm.results import RunMeta, WindowRecord, load_run, percentile
+
+PERCENTILES = ("p50", "p90", "p99")
+SINGLE = "single"
+CLUSTER = "cluster"
+SCOPE_TITLES = {SINGLE: "single VM", CLUSTER: "cluster"}
+
+# A rank that starts this late has not shared the memory bus with the others for the
+# whole window, so the window under-states contention.
+SKEW_WARN_S = 0.05
+SKEW_WARN_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """p50 / p90 / p99 of one indicator; None when unknown (e.g. a CSV without p90)."""
+
+    p50: float
+    p90: float | None = None
+    p99: float | None = None
+
+    def get(self, pct: str) -> float | None:
+        if pct not in PERCENTILES:
+            raise ValueError(f"percentile must be one of {', '.join(PERCENTILES)}, not {pct!r}")
+        value = getattr(self, pct)
+        return None if value is None or not math.isfinite(value) else value
+
+
+@dataclass(frozen=True)
+class CellKey:
+    scope: str
+    vms: int
+    ranks_per_vm: int
+    batch_per_rank: int
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured point of the matrix for one scope."""
+
+    key: CellKey
+    ttft_s: Quantiles
+    tpot_ms: Quantiles
+    rank_tps: float
+    source: str = ""
+    origin: str = "run"                       # "run" (window records) | "csv" (imported table)
+    rank_tps_repeats: tuple[float, ...] = ()
+    ttft_repeats: tuple[float, ...] = ()      # per-repeat p50 TTFT (s)
+    tpot_repeats: tuple[float, ...] = ()      # per-repeat p50 TPOT (ms)
+    roofline_tpot_ms: float | None = None
+    windows: int = 0
+    invalid_windows: int = 0
+    expected_windows: int | None = None
+    ranks_measured: int = 0
+    max_start_skew_s: float | None = None
+    recompiles: int = 0
+    flags: tuple[str, ...] = ()
+
+    # Shorthands so callers read like the tables.
+    scope = property(lambda self: self.key.scope)
+    vms = property(lambda self: self.key.vms)
+    ranks_per_vm = property(lambda self: self.key.ranks_per_vm)
+    batch_per_rank = property(lambda self: self.key.batch_per_rank)
+    input_tokens = property(lambda self: self.key.input_tokens)
+    output_tokens = property(lambda self: self.key.output_tokens)
+
+    @property
+    def streams_per_vm(self) -> int:
+        return self.key.batch_per_rank * self.key.ranks_per_vm
+
+    @property
+    def streams_cluster(self) -> int:
+        return self.streams_per_vm * self.key.vms
+
+    @property
+    def repeats(self) -> int:
+        return len(self.tpot_repeats)
+
+    @property
+    def has_data(self) -> bool:
+        return math.isfinite(self.tpot_ms.p50) or math.isfinite(self.ttft_s.p50)
+
+    def per_user_tps(self, pct: str = "p50") -> float | None:
+        """Per-user speed (tokens/s) = 1000 / TPOT."""
+        tpot = self.tpot_ms.get(pct)
+        return 1000.0 / tpot if tpot else None
+
+    @property
+    def roofline_efficiency(self) -> float | None:
+        """Roofline TPOT / measured p50 TPOT: 1.0 means decode runs at the bandwidth floor."""
+        tpot = self.tpot_ms.get("p50")
+        if self.roofline_tpot_ms is None or not tpot:
+            return None
+        return self.roofline_tpot_ms / tpot
+
+    @property
+    def rank_tps_spread(self) -> tuple[float, float] | None:
+        return spread(self.rank_tps_repeats)
+
+
+def spread(values: Sequence[float]) -> tuple[float, float] | None:
+    """(min, max) over repeats, or None with fewer than two repeats (spread unknown)."""
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    return (min(xs), max(xs)) if len(xs) >= 2 else None
+
+
+@dataclass
+class Analysis:
+    """Cells of all inputs plus what makes them less trustworthy."""
+
+    cells: list[Cell]
+    metas: list[RunMeta] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def scopes(self) -> list[str]:
+        return [s for s in (SINGLE, CLUSTER) if any(c.scope == s for c in self.cells)]
+
+    def scope_cells(self, scope: str) -> list[Cell]:
+        return sorted((c for c in self.cells if c.scope == scope), key=sort_key)
+
+
+def sort_key(cell: Cell) -> tuple:
+    return key_order(cell.key)
+
+
+def key_order(k: CellKey) -> tuple:
+    return (k.scope != SINGLE, k.vms, k.input_tokens, k.output_tokens, k.ranks_per_vm, k.batch_per_rank)
+
+
+def scope_of(meta: RunMeta) -> str:
+    """Single VM when the run used one node, cluster otherwise."""
+    return SINGLE if len(meta.nodes) <= 1 else CLUSTER
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load_runs(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[RunMeta, list[WindowRecord]]]:
+    """Load run dirs; every unreadable one is reported at once as bad input."""
+    runs, problems = [], []
+    for path in paths:
+        path = Path(path)
+        if not (path / "meta.json").is_file():
+            problems.append(Problem(str(path), None, None, "", "not a run dir (no meta.json)"))
+            continue
+        try:
+            runs.append(load_run(path))
+        except (ValueError, TypeError, OSError) as exc:
+            problems.append(Problem(str(path), None, None, "", f"cannot read run: {exc}"))
+    if problems:
+        raise InventoryError(problems)
+    return runs
+
+
+# -------------------------------------------------------------- aggregation
+
+
+def aggregate(runs: Sequence[tuple[RunMeta, Sequence[WindowRecord]]]) -> Analysis:
+    """Cells of every (scope, config, scenario) in `runs`, with validity warnings."""
+    groups: dict[CellKey, list[WindowRecord]] = defaultdict(list)
+    expected: dict[CellKey, int] = defaultdict(int)
+    sources: dict[CellKey, set[str]] = defaultdict(set)
+    warnings: list[str] = []
+    for meta, records in runs:
+        scope, vms = scope_of(meta), max(len(meta.nodes), 1)
+        warnings.extend(run_warnings(meta, records))
+        for r in records:
+            key = CellKey(scope, vms, r.ranks_per_node, r.batch_per_rank, r.input_tokens, r.output_tokens)
+            groups[key].append(r)
+            sources[key].add(meta.run_id)
+        for scenario in expected_scenarios(meta):
+            key = CellKey(scope, vms, meta.ranks_per_node, *scenario)
+            expected[key] += expected_windows(meta)
+            sources[key].add(meta.run_id)
+    cells = []
+    for key in sorted(set(groups) | set(expected), key=key_order):
+        cell = cell_from_records(key, groups.get(key, []), expected.get(key) or None,
+                                 ", ".join(sorted(sources[key])))
+        cells.append(cell)
+        warnings.extend(f"{describe(cell)}: {flag}" for flag in cell.flags)
+    return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=warnings)
+
+
+def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: int | None = None,
+                      source: str = "") -> Cell:
+    """Pool the records of one cell (see the module docstring for how)."""
+    valid = [r for r in records if r.valid]
+    ttft = [v for r in valid for v in r.ttft_s]
+    tpot = [v for r in valid for v in r.tpot_ms]
+    by_repeat: dict[tuple[str, int], list[WindowRecord]] = defaultdict(list)
+    for r in valid:
+        by_repeat[(r.run_id, r.window)].append(r)
+    repeats = [by_repeat[k] for k in sorted(by_repeat)]
+    rooflines = [r.roofline_tpot_ms for r in valid if r.roofline_tpot_ms is not None]
+    skews = [r.start_skew_s for r in records]
+    cell = Cell(
+        key=key,
+        ttft_s=Quantiles(*(percentile(ttft, q) for q in (50, 90, 99))),
+        tpot_ms=Quantiles(*(percentile(tpot, q) for q in (50, 90, 99))),
+        rank_tps=percentile([r.rank_tps for r in valid], 50),
+        source=source,
+        rank_tps_repeats=tuple(sum(r.rank_tps for r in rs) / len(rs) for rs in repeats),
+        ttft_repeats=tuple(percentile([v for r in rs for v in r.ttft_s], 50) for rs in repeats),
+        tpot_repeats=tuple(percentile([v for r in rs for v in r.tpot_ms], 50) for rs in repeats),
+        roofline_tpot_ms=percentile(rooflines, 50) if rooflines else None,
+        windows=len(records),
+        invalid_windows=len(records) - len(valid),
+        expected_windows=expected,
+        ranks_measured=len({(r.run_id, r.rank) for r in valid}),
+        max_start_skew_s=max(skews) if skews else None,
+        recompiles=sum(r.recompiles for r in records),
+    )
+    return replace(cell, flags=tuple(cell_flags(cell, records)))
+
+
+def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
+    """Plain-language reasons to distrust a cell."""
+    flags = []
+    if not records:
+        flags.append("no windows recorded (scenario missing)")
+    elif cell.expected_windows and cell.windows < cell.expected_windows:
+        flags.append(f"incomplete: {cell.windows} of {cell.expected_windows} windows recorded")
+    if cell.invalid_windows:
+        reasons = sorted({why for r in records if not r.valid for why in r.invalid_reasons})
+        detail = f" ({'; '.join(reasons)})" if reasons else ""
+        flags.append(f"{cell.invalid_windows} invalid window(s) left out{detail}")
+        if cell.invalid_windows == cell.windows:
+            flags.append("no valid window: no numbers")
+    recompiled = sum(1 for r in records if r.recompiles)
+    if recompiled:
+        flags.append(f"recompiles inside {recompiled} window(s)")
+    skewed = [r for r in records if r.start_skew_s > max(SKEW_WARN_S, SKEW_WARN_FRACTION * r.wall_s)]
+    if skewed:
+        worst = max(r.start_skew_s for r in skewed)
+        flags.append(f"start skew up to {worst:.3f} s in {len(skewed)} window(s)")
+    return flags
+
+
+def describe(cell: Cell) -> str:
+    k = cell.key
+    return (f"{SCOPE_TITLES[k.scope]} ({k.vms} VM x {k.ranks_per_vm} ranks) "
+            f"input {k.input_tokens} / output {k.output_tokens}, batch {k.batch_per_rank}/rank")
+
+
+# ---------------------------------------------------------------- the matrix
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)]
+
+
+def expected_scenarios(meta: RunMeta) -> list[tuple[int, int, int]]:
+    """(batch, input, output) scenarios the run's matrix asked for."""
+    m = meta.matrix or {}
+    return [(b, i, o) for b in _as_list(m.get("batch_sizes")) for i in _as_list(m.get("input_tokens"))
+            for o in _as_list(m.get("output_tokens"))]
+
+
+def expected_windows(meta: RunMeta) -> int:
+    """Windows a complete scenario has: repeats x every rank of every node."""
+    repeats = int((meta.matrix or {}).get("repeats") or 1)
+    return repeats * max(len(meta.nodes), 1) * meta.ranks_per_node
+
+
+def run_warnings(meta: RunMeta, records: Sequence[WindowRecord]) -> list[str]:
+    """Run-level warnings: an unfinished run, a failure, records of other runs."""
+    out = []
+    if not meta.complete:
+        out.append(f"run {meta.run_id} is not complete (meta.json complete=false)")
+    if meta.failure:
+        out.append(f"run {meta.run_id} failed: {meta.failure}")
+    if not records:
+        out.append(f"run {meta.run_id} has no records")
+    foreign = {r.run_id for r in records} - {meta.run_id}
+    if foreign:
+        out.append(f"run {meta.run_id} holds records of other run(s): {', '.join(sorted(foreign))}")
+    return out

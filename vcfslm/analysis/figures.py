@@ -1,0 +1,199 @@
+"""The report's five figures as PNG files: the only module that imports matplotlib.
+
+1. rank throughput vs concurrent streams per VM, one line per input length;
+2. per-rank TPOT, single VM vs cluster at matched per-rank load;
+3. TPOT vs streams per VM with SLO threshold lines;
+4. TTFT vs streams per VM with SLO threshold lines;
+5. measured TPOT vs the roofline floor (when probe data exist).
+A figure without the data it needs is skipped with a reason, never drawn empty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede any pyplot-backed import
+
+from matplotlib.figure import Figure as MplFigure  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter  # noqa: E402
+
+from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell  # noqa: E402
+from vcfslm.analysis.slo import Slo  # noqa: E402
+
+SLO_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1)))
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A rendered figure: file, title and one-sentence caption."""
+
+    name: str
+    path: Path
+    title: str
+    caption: str
+
+
+def render_all(cells: Sequence[Cell], slos: Sequence[Slo], out_dir: str | Path, run_title: str,
+               percentile: str = "p50") -> tuple[list[Figure], list[str]]:
+    """Draw every figure the data allow into `out_dir`; returns (figures, reasons for skipped ones)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cells = [c for c in cells if c.has_data]
+    drawn, skipped = [], []
+    makers: list[tuple[str, Callable[..., tuple[MplFigure, str, str] | str]]] = [
+        ("fig-1-throughput", lambda: throughput_figure(cells, run_title)),
+        ("fig-2-matched-tpot", lambda: matched_tpot_figure(cells, run_title)),
+        ("fig-3-tpot-slo", lambda: latency_figure(cells, slos, run_title, "tpot", percentile)),
+        ("fig-4-ttft-slo", lambda: latency_figure(cells, slos, run_title, "ttft", percentile)),
+        ("fig-5-roofline", lambda: roofline_figure(cells, run_title)),
+    ]
+    for name, make in makers:
+        result = make()
+        if isinstance(result, str):
+            skipped.append(f"{name}: {result}")
+            continue
+        fig, title, caption = result
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, format="png", dpi=100)
+        drawn.append(Figure(name, path, title, caption))
+    return drawn, skipped
+
+
+def _scope(cells: Sequence[Cell]) -> str:
+    return SINGLE if any(c.scope == SINGLE for c in cells) else CLUSTER
+
+
+def _new(title: str) -> tuple[MplFigure, object]:
+    fig = MplFigure(figsize=(8, 5), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    return fig, ax
+
+
+def _log2_axis(ax, values: Sequence[int], label: str) -> None:
+    """A log-2 x axis ticked at the tested loads."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(values))
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if len(ticks) == 1:
+        ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
+    ax.set_xlabel(label)
+
+
+def _by_input(cells: Sequence[Cell]) -> dict[tuple[int, int], list[Cell]]:
+    groups: dict[tuple[int, int], list[Cell]] = {}
+    for c in sorted(cells, key=lambda c: c.streams_per_vm):
+        groups.setdefault((c.input_tokens, c.output_tokens), []).append(c)
+    return groups
+
+
+def _ctx_label(key: tuple[int, int], groups) -> str:
+    outputs = {o for _, o in groups}
+    return f"{key[0]} input tokens" + (f" / {key[1]} output" if len(outputs) > 1 else "")
+
+
+def throughput_figure(cells: Sequence[Cell], run_title: str):
+    scope = _scope(cells)
+    cells = [c for c in cells if c.scope == scope and math.isfinite(c.rank_tps)]
+    if not cells:
+        return "no rank throughput measured"
+    title = f"Rank throughput vs concurrency ({SCOPE_TITLES[scope]}) — {run_title}"
+    fig, ax = _new(title)
+    groups = _by_input(cells)
+    for key, group in groups.items():
+        ax.plot([c.streams_per_vm for c in group], [c.rank_tps for c in group], marker="o",
+                label=_ctx_label(key, groups))
+    _log2_axis(ax, [c.streams_per_vm for c in cells], "concurrent streams per VM (log 2)")
+    ax.set_ylabel("rank throughput p50 (generated tokens/s per rank)")
+    ax.set_ylim(bottom=0)
+    ax.legend(title="context")
+    return fig, title, "Generated tokens per second of one rank; input tokens never count."
+
+
+def matched_tpot_figure(cells: Sequence[Cell], run_title: str):
+    single = [c for c in cells if c.scope == SINGLE and math.isfinite(c.tpot_ms.p50)]
+    cluster = [c for c in cells if c.scope == CLUSTER and math.isfinite(c.tpot_ms.p50)]
+    matched = {(c.input_tokens, c.output_tokens, c.batch_per_rank) for c in single} & \
+              {(c.input_tokens, c.output_tokens, c.batch_per_rank) for c in cluster}
+    if not matched:
+        return "needs single-VM and cluster data at the same batch per rank"
+    title = f"Per-rank TPOT at matched per-rank load, single VM vs cluster — {run_title}"
+    fig, ax = _new(title)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    ctxs = sorted({(i, o) for i, o, _ in matched})
+    for n, ctx in enumerate(ctxs):
+        color = colors[n % len(colors)]
+        for group, style, marker, name in ((single, "-", "o", SCOPE_TITLES[SINGLE]),
+                                           (cluster, "--", "s", SCOPE_TITLES[CLUSTER])):
+            pts = sorted((c.batch_per_rank, c.tpot_ms.p50) for c in group
+                         if (c.input_tokens, c.output_tokens, c.batch_per_rank) in matched
+                         and (c.input_tokens, c.output_tokens) == ctx)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=style, marker=marker, color=color,
+                    label=f"{name}, {ctx[0]} input tokens")
+    _log2_axis(ax, [b for _, _, b in matched], "concurrent streams per rank (batch per rank, log 2)")
+    ax.set_ylabel("TPOT p50 (ms per output token)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig, title, "Same batch per rank on one VM and across the cluster: equal lines mean no per-rank cost."
+
+
+def latency_figure(cells: Sequence[Cell], slos: Sequence[Slo], run_title: str, indicator: str,
+                   percentile: str):
+    scope = _scope(cells)
+    attr, unit, limit_attr = {"tpot": ("tpot_ms", "ms per output token", "tpot_ms"),
+                              "ttft": ("ttft_s", "s", "ttft_s")}[indicator]
+    pts = [(c, getattr(c, attr).get(percentile)) for c in cells if c.scope == scope]
+    pts = [(c, v) for c, v in pts if v is not None]
+    if not pts:
+        return f"no {indicator.upper()} {percentile} values"
+    name = indicator.upper()
+    title = f"{name} {percentile} vs concurrency with SLO limits ({SCOPE_TITLES[scope]}) — {run_title}"
+    fig, ax = _new(title)
+    groups = _by_input([c for c, _ in pts])
+    values = {id(c): v for c, v in pts}
+    for key, group in groups.items():
+        ax.plot([c.streams_per_vm for c in group], [values[id(c)] for c in group], marker="o",
+                label=_ctx_label(key, groups))
+    for n, slo in enumerate(slos):
+        limit = getattr(slo, limit_attr)
+        if limit is not None:
+            ax.axhline(limit, color="0.3", linestyle=SLO_STYLES[n % len(SLO_STYLES)], linewidth=1.2,
+                       label=f"{slo.title}: {name} ≤ {limit:g} {unit.split()[0]}")
+    _log2_axis(ax, [c.streams_per_vm for c, _ in pts], "concurrent streams per VM (log 2)")
+    ax.set_ylabel(f"{name} {percentile} ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig, title, f"Points at or below an SLO line meet that SLO's {name} limit."
+
+
+def roofline_figure(cells: Sequence[Cell], run_title: str):
+    cells = [c for c in cells if c.roofline_tpot_ms is not None and math.isfinite(c.tpot_ms.p50)]
+    if not cells:
+        return "no roofline data (no bandwidth probe in this run)"
+    scope = _scope(cells)
+    cells = [c for c in cells if c.scope == scope]
+    title = f"Measured TPOT vs roofline floor ({SCOPE_TITLES[scope]}) — {run_title}"
+    fig, ax = _new(title)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups = _by_input(cells)
+    for n, (key, group) in enumerate(groups.items()):
+        color = colors[n % len(colors)]
+        xs = [c.streams_per_vm for c in group]
+        ax.plot(xs, [c.tpot_ms.p50 for c in group], marker="o", color=color,
+                label=f"measured, {_ctx_label(key, groups)}")
+        ax.plot(xs, [c.roofline_tpot_ms for c in group], linestyle="--", color=color,
+                label=f"roofline floor, {_ctx_label(key, groups)}")
+    _log2_axis(ax, [c.streams_per_vm for c in cells], "concurrent streams per VM (log 2)")
+    ax.set_ylabel("TPOT p50 (ms per output token)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig, title, "Roofline floor = bytes read per decode step / measured memory bandwidth."

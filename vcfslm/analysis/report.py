@@ -1,0 +1,324 @@
+"""Write the answer of one or more runs (and/or CSV tables) as report.html, report.md, CSVs and PNGs.
+
+report.html is self-contained: figures are inline base64 data URIs and the
+styles are inline, so the file can be mailed. matplotlib is loaded only when
+figures are drawn (vcfslm.analysis.figures).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vcfslm.analysis.cells import Analysis, aggregate, load_runs
+from vcfslm.analysis.csv_import import import_csv
+from vcfslm.analysis.slo import Crossover, Sizing, crossovers, resolve_slos, size, slos_from_meta
+from vcfslm.analysis.tables import (
+    Table,
+    cells_csv,
+    compare,
+    comparison_table,
+    crossover_table,
+    results_table,
+    sizing_table,
+)
+from vcfslm.errors import InventoryError, Problem
+from vcfslm.progress import NullReporter, Reporter
+from vcfslm.results import RunMeta, atomic_write_text
+
+DEFAULT_PEAKS = (256,)
+
+
+@dataclass
+class Report:
+    """Everything the report says, before it is written anywhere."""
+
+    title: str
+    analysis: Analysis
+    sources: list[str]
+    percentile: str
+    slos: list
+    crossovers: list[Crossover]
+    sizings: list[Sizing]
+    tables: list[Table]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReportFiles:
+    out_dir: Path
+    files: list[Path]
+    warnings: list[str]
+    skipped_figures: list[str]
+    report: Report
+
+
+def load_inputs(run_dirs: Sequence[str | os.PathLike[str]], csv_files: Sequence[str | os.PathLike[str]] = ()
+                ) -> tuple[Analysis, list[str]]:
+    """Cells of every run dir and CSV; the same cell from two inputs is refused."""
+    if not run_dirs and not csv_files:
+        raise InventoryError([Problem("", None, None, "", "nothing to analyse: give a run dir or --csv FILE")])
+    analysis = aggregate(load_runs(run_dirs)) if run_dirs else Analysis(cells=[])
+    sources = [str(p) for p in run_dirs]
+    origin = {c.key: (c.source or "run") for c in analysis.cells}
+    problems = []
+    for path in csv_files:
+        imported = import_csv(path)
+        for cell in imported.cells:
+            if cell.key in origin:
+                problems.append(Problem(cell.source, None, None, "", f"same cell as in {origin[cell.key]}; "
+                                        "analyse these inputs separately"))
+            origin[cell.key] = cell.source
+        analysis.cells.extend(imported.cells)
+        sources.append(str(path))
+    if problems:
+        raise InventoryError(problems)
+    return analysis, sources
+
+
+def known_slos(metas: Sequence[RunMeta]) -> tuple[list, list[str]]:
+    """SLOs from the first run whose inventory defined some (defaults otherwise), plus warnings."""
+    defined = [m for m in metas if m.slos]
+    warnings = []
+    if len({json.dumps(m.slos, sort_keys=True) for m in defined}) > 1:
+        warnings.append(f"runs define different SLOs; using those of {defined[0].run_id}")
+    return slos_from_meta(defined[0].slos if defined else None), warnings
+
+
+def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] = (), percentile: str = "p50",
+          peaks: Sequence[int] = DEFAULT_PEAKS, headroom: float = 0.0) -> Report:
+    """The report's content (pure: no files)."""
+    known, warnings = known_slos(analysis.metas)
+    slos = resolve_slos(slo_specs, known)
+    cells = analysis.cells
+    from_csv = any(c.origin == "csv" and c.tpot_ms.p90 is not None for c in cells)
+    tails = percentile != "p50" or any(c.repeats >= 2 for c in cells) or from_csv
+    tables = [results_table(cells, scope, tails) for scope in analysis.scopes()]
+    comparisons = compare(cells)
+    if comparisons:
+        tables.append(comparison_table(comparisons))
+    xs = crossovers(cells, slos, percentile)
+    sizings = [size(c, peak, headroom) for c in xs for peak in peaks]
+    tables += [crossover_table(xs), sizing_table(sizings)]
+    return Report(title=run_title(analysis, sources), analysis=analysis, sources=list(sources),
+                  percentile=percentile, slos=slos, crossovers=xs, sizings=sizings, tables=tables,
+                  warnings=warnings + analysis.warnings)
+
+
+def run_title(analysis: Analysis, sources: Sequence[str]) -> str:
+    names = [m.label or m.run_id for m in analysis.metas]
+    names += [Path(s).name for s in sources[len(analysis.metas):]]
+    return ", ".join(names) or "no runs"
+
+
+def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None,
+                 slo_specs: Sequence[str] = (), percentile: str = "p50",
+                 csv_files: Sequence[str | os.PathLike[str]] = (), peaks: Sequence[int] = DEFAULT_PEAKS,
+                 headroom: float = 0.0, reporter: Reporter | None = None) -> ReportFiles:
+    """Load, analyse, draw and write; `out_dir` defaults to the first run dir (or `<csv>-report/`)."""
+    reporter = reporter or NullReporter()
+    reporter.update("report", "loading")
+    analysis, sources = load_inputs(run_dirs, csv_files)
+    report = build(analysis, sources, slo_specs, percentile, peaks, headroom)
+    out = Path(out_dir) if out_dir else (Path(run_dirs[0]) if run_dirs else
+                                         Path(csv_files[0]).with_name(Path(csv_files[0]).stem + "-report"))
+    out.mkdir(parents=True, exist_ok=True)
+    reporter.update("report", "drawing figures")
+    from vcfslm.analysis import figures as fig_module  # matplotlib only when drawing
+
+    figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, percentile)
+    reporter.update("report", "writing")
+    files = [f.path for f in figures]
+    outputs = {
+        "report.md": render_markdown(report, figures, skipped),
+        "report.html": render_html(report, figures, skipped),
+        "tables.csv": cells_csv(analysis.cells),
+        "crossover.csv": crossover_table(report.crossovers).csv(),
+    }
+    for name, text in outputs.items():
+        atomic_write_text(out / name, text)
+        _readable(out / name)
+        files.append(out / name)
+    for name in skipped:
+        reporter.log(f"figure skipped: {name}")
+    reporter.update("report", f"written to {out}")
+    return ReportFiles(out, files, report.warnings, skipped, report)
+
+
+def _readable(path: Path) -> None:
+    """Temp-file writes are private (0600); a report is meant to be shared like the PNGs."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+# ------------------------------------------------------------- metadata
+
+
+def meta_rows(meta: RunMeta) -> list[tuple[str, str]]:
+    m = meta
+    rows = [("run id", m.run_id), ("label", m.label or "–"), ("created", m.created), ("mode", m.mode),
+            ("nodes", ", ".join(m.nodes) or "–"), ("ranks per node", str(m.ranks_per_node)),
+            ("threads per rank", str(m.threads_per_rank)), ("model", m.model),
+            ("matrix", _compact(m.matrix)), ("complete", "yes" if m.complete else "NO"),
+            ("command", " ".join(m.command) or "–"), ("inventory sha256", m.inventory_sha256 or "–")]
+    if m.failure:
+        rows.append(("failure", m.failure))
+    for key, value in flatten(m.versions, "versions"):
+        rows.append((key, value))
+    for key, value in flatten(m.probe, "probe"):
+        rows.append((key, value))
+    return rows
+
+
+def topology_rows(meta: RunMeta) -> list[tuple[str, str, str]]:
+    """(node, check, result) from meta.guests (the guests' NUMA facts and checks, as recorded)."""
+    rows = []
+    for node, facts in sorted((meta.guests or {}).items()):
+        if not isinstance(facts, dict):
+            rows.append((node, "facts", _compact(facts)))
+            continue
+        for key, value in flatten(facts):
+            rows.append((node, key, value))
+    return rows
+
+
+def flatten(data: Any, prefix: str = "", depth: int = 3) -> list[tuple[str, str]]:
+    """Nested dicts as (dotted key, short text) pairs; booleans read as pass/FAIL for checks."""
+    if not isinstance(data, dict) or depth == 0:
+        return [(prefix, _compact(data))] if prefix else []
+    out = []
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.extend(flatten(value, name, depth - 1))
+        else:
+            out.append((name, _compact(value)))
+    return out
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, bool):
+        return "pass" if value else "FAIL"
+    if isinstance(value, (dict, list)):
+        text = json.dumps(value, sort_keys=True, default=str)
+        return text if len(text) <= 300 else text[:297] + "..."
+    return "–" if value is None else str(value)
+
+
+# -------------------------------------------------------------- markdown
+
+
+def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
+    out = [f"# vcfslm report — {report.title}", "", f"Inputs: {', '.join(report.sources)}. "
+           f"SLO percentile: {report.percentile}. SLOs: {'; '.join(s.describe() for s in report.slos)}.", ""]
+    out += ["## Validity warnings", ""]
+    out += [f"- {w}" for w in report.warnings] or ["None."]
+    out.append("")
+    for meta in report.analysis.metas:
+        out += [f"## Run {meta.run_id}", "", "| field | value |", "|---|---|"]
+        out += [f"| {k} | {_md(v)} |" for k, v in meta_rows(meta)]
+        topo = topology_rows(meta)
+        out += ["", "Topology checks (guest facts):", ""]
+        if topo:
+            out += ["| node | check | result |", "|---|---|---|"]
+            out += [f"| {n} | {k} | {_md(v)} |" for n, k, v in topo]
+        else:
+            out.append("No guest facts recorded.")
+        out.append("")
+    out += ["## Tables", ""] + [t.markdown() for t in report.tables]
+    out += ["## Crossover", ""] + [f"- {c.summary()}" for c in report.crossovers] + [""]
+    out += ["## Sizing", ""] + [f"- {s.reasoning}" for s in report.sizings] + [""]
+    out += ["## Figures", ""]
+    for f in figures:
+        out += [f"### {f.title}", "", f"![{f.title}]({f.path.name})", "", f.caption, ""]
+    out += [f"- skipped {s}" for s in skipped]
+    return "\n".join(out) + "\n"
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+# ------------------------------------------------------------------ HTML
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1150px;color:#222;line-height:1.4}
+table{border-collapse:collapse;margin:.5em 0 1em;font-size:.85em}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right;vertical-align:top}
+th{background:#f0f3f7}td:first-child,th:first-child{text-align:left}
+.warn{background:#fff4e0;border-left:4px solid #e0a030;padding:.5em 1em}
+.ok{background:#eef8ee;border-left:4px solid #4a4;padding:.5em 1em}
+figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
+.fail{color:#b00;font-weight:bold}
+"""
+
+# Sets <body data-images="N ok=N broken=0"> once every image has decoded: a cheap
+# self-check that the inline figures render, also used by the tests.
+_SCRIPT = """
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+  document.body.setAttribute('data-images', imgs.length + ' ok=' + ok + ' broken=' + (imgs.length - ok));
+});
+"""
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def table_html(table: Table) -> str:
+    out = [f"<h3>{_e(table.title)}</h3>"]
+    if table.rows:
+        out.append("<table><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
+        out += ["<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in table.rows]
+        out.append("</tbody></table>")
+    else:
+        out.append("<p><em>(no rows)</em></p>")
+    out += [f"<p><small>{_e(n)}</small></p>" for n in table.notes]
+    return "\n".join(out)
+
+
+def _kv_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    body = "".join("<tr>" + "".join(f'<td class="fail">{_e(v)}</td>' if v == "FAIL" else f"<td>{_e(v)}</td>"
+                                    for v in row) + "</tr>" for row in rows)
+    return "<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + f"</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
+    parts = [f"<h1>vcfslm report — {_e(report.title)}</h1>",
+             f"<p>Inputs: {_e(', '.join(report.sources))}. SLO percentile: <b>{_e(report.percentile)}</b>. "
+             f"SLOs: {_e('; '.join(s.describe() for s in report.slos))}.</p>",
+             "<h2>Validity warnings</h2>"]
+    if report.warnings:
+        parts.append('<div class="warn"><ul>' + "".join(f"<li>{_e(w)}</li>" for w in report.warnings) + "</ul></div>")
+    else:
+        parts.append('<div class="ok">No validity warnings.</div>')
+    for meta in report.analysis.metas:
+        parts.append(f"<h2>Run {_e(meta.run_id)}</h2>")
+        parts.append(_kv_table(meta_rows(meta), ("field", "value")))
+        parts.append("<h3>Topology checks (guest facts)</h3>")
+        topo = topology_rows(meta)
+        parts.append(_kv_table(topo, ("node", "check", "result")) if topo else "<p>No guest facts recorded.</p>")
+    parts.append("<h2>Tables</h2>")
+    parts += [table_html(t) for t in report.tables]
+    parts.append("<h2>Crossover</h2><ul>" + "".join(f"<li>{_e(c.summary())}</li>" for c in report.crossovers)
+                 + "</ul>")
+    parts.append("<h2>Sizing</h2><ul>" + "".join(f"<li>{_e(s.reasoning)}</li>" for s in report.sizings) + "</ul>")
+    parts.append("<h2>Figures</h2>")
+    for f in figures:
+        data = base64.b64encode(Path(f.path).read_bytes()).decode("ascii")
+        parts.append(f'<figure><img alt="{_e(f.title)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{_e(f.caption)}</figcaption></figure>")
+    if skipped:
+        parts.append("<ul>" + "".join(f"<li>skipped {_e(s)}</li>" for s in skipped) + "</ul>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>vcfslm report — {_e(report.title)}</title><style>{_CSS}</style>"
+            f"<script>{_SCRIPT}</script></head>\n<body>\n" + "\n".join(parts) + "\n</body></html>\n")

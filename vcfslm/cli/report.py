@@ -1,0 +1,158 @@
+"""`vcfslm report` (tables, figures, crossover, HTML) and `vcfslm size` (the sizing law)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..errors import InventoryError, Problem, UsageError
+from .common import RichReporter, console, output_option, print_json
+
+PERCENTILE = click.Choice(["p50", "p90", "p99"])
+
+
+def _verbose() -> int:
+    ctx = click.get_current_context()
+    obj = ctx.find_root().obj
+    return obj.get("verbose", 0) if isinstance(obj, dict) else 0
+
+
+@click.command()
+@click.argument("runs", nargs=-1, type=click.Path(file_okay=False, path_type=Path), metavar="[RUN]...")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to write the report (default: the first RUN, or <csv>-report/).")
+@click.option("--slo", "slos", multiple=True, metavar="SLO",
+              help="An SLO name (A, B, or one from the inventory) or a spec 'name:tpot<=150ms,ttft<=2s'. "
+                   "Repeatable. Default: every SLO of the run.")
+@click.option("--percentile", type=PERCENTILE, default="p50", show_default=True,
+              help="Which percentile must meet the SLO (p90/p99 for stricter commitments).")
+@click.option("--csv", "csv_files", multiple=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A CSV of external measurements to analyse too (see vcfslm.analysis.csv_import).")
+@click.option("--peak-streams", "peaks", multiple=True, type=click.IntRange(min=1), default=(256,),
+              show_default=True, help="Peak concurrent streams for the sizing section. Repeatable.")
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Derate each VM's threshold by this fraction when sizing.")
+def report(runs, out_dir, slos, percentile, csv_files, peaks, headroom) -> None:
+    """Tables, figures, SLO crossover and sizing of one or more runs, as report.html/.md and CSV.
+
+    \b
+    Examples:
+      vcfslm report runs/20250101-single runs/20250101-cluster
+      vcfslm report runs/<id> --slo 'strict:tpot<=110ms,ttft<=1s' --percentile p90
+      vcfslm report --csv published.csv --out /tmp/published
+    """
+    from ..analysis.report import write_report
+
+    reporter = RichReporter(quiet=_verbose() == 0)
+    result = write_report(list(runs), out_dir, slos, percentile, list(csv_files), peaks, headroom, reporter)
+    click.echo(f"report written to {result.out_dir}")
+    for path in result.files:
+        click.echo(f"  {path}")
+    for c in result.report.crossovers:
+        answer = "not achievable" if c.status == "none" else f"{c.threshold_text} streams/VM"
+        click.echo(f"- {c.slo.title}, {c.input_tokens} input tokens ({c.percentile}): {answer}")
+    for name in result.skipped_figures:
+        click.echo(f"figure skipped: {name}")
+    if result.warnings:
+        click.echo(f"{len(result.warnings)} validity warning(s), listed in the report:", err=True)
+        for w in result.warnings[:10]:
+            click.echo(f"  ! {w}", err=True)
+        if len(result.warnings) > 10:
+            click.echo(f"  ... and {len(result.warnings) - 10} more", err=True)
+
+
+def latest_run(runs_dir: Path) -> Path:
+    """The newest run dir under `runs_dir` (by meta.json `created`, then name)."""
+    from ..results import read_meta
+
+    candidates = []
+    for d in runs_dir.iterdir() if runs_dir.is_dir() else ():
+        if (d / "meta.json").is_file():
+            try:
+                created = read_meta(d).created or ""
+            except (ValueError, TypeError, OSError):
+                continue
+            candidates.append((created, d.name, d))
+    if not candidates:
+        raise UsageError(f"no run dirs under {runs_dir}/ to size from; pass --results RUN|CSV "
+                         "(a run dir from `vcfslm bench` or a CSV of measurements)")
+    return max(candidates)[2]
+
+
+@click.command()
+@click.option("--peak-streams", type=click.IntRange(min=1), required=True,
+              help="Peak concurrent user streams the service must carry.")
+@click.option("--slo", "slos", multiple=True, metavar="SLO",
+              help="SLO name (A, B, ...) or spec 'name:tpot<=150ms,ttft<=2s'. Repeatable. "
+                   "Omitted: every SLO x context as a table.")
+@click.option("--input-tokens", type=click.IntRange(min=1), default=None,
+              help="Context length to size for (default: every tested one).")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=None,
+              help="Output length, when the results hold several.")
+@click.option("--results", "results", multiple=True, type=click.Path(exists=True, path_type=Path),
+              metavar="RUN|CSV", help="Run dir(s) or CSV file(s) (default: the latest run under --runs-dir).")
+@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
+              show_default=True, help="Where to look for the latest run.")
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Fraction of each VM's threshold kept free (0.1 = plan at 90%).")
+@click.option("--percentile", type=PERCENTILE, default="p50", show_default=True,
+              help="Which percentile must meet the SLO.")
+@output_option
+def size(peak_streams, slos, input_tokens, output_tokens, results, runs_dir, headroom, percentile,
+         output) -> None:
+    """Nodes needed: ceil(peak streams / single-VM crossover threshold), with the reasoning.
+
+    \b
+    Examples:
+      vcfslm size --peak-streams 256 --slo B --input-tokens 128
+      vcfslm size --peak-streams 256 --results runs/<id> --headroom 0.1
+      vcfslm size --peak-streams 1000 --results published.csv --output json
+    """
+    from ..analysis.report import known_slos, load_inputs
+    from ..analysis.slo import crossovers, resolve_slos
+    from ..analysis.slo import size as size_for
+
+    sources = list(results) or [latest_run(runs_dir)]
+    run_dirs = [p for p in sources if p.is_dir()]
+    csv_files = [p for p in sources if not p.is_dir()]
+    analysis, names = load_inputs(run_dirs, csv_files)
+    known, _ = known_slos(analysis.metas)
+    chosen = resolve_slos(slos, known)
+    cells = [c for c in analysis.cells
+             if (input_tokens is None or c.input_tokens == input_tokens)
+             and (output_tokens is None or c.output_tokens == output_tokens)]
+    if not any(c.has_data for c in cells):
+        tested = sorted({(c.input_tokens, c.output_tokens) for c in analysis.cells if c.has_data})
+        listing = ", ".join(f"{i} in / {o} out" for i, o in tested) or "none"
+        raise InventoryError([Problem(", ".join(map(str, sources)), None, None, "",
+                                      f"no measurements for the asked context; tested contexts: {listing}")])
+    answers = [size_for(c, peak_streams, headroom) for c in crossovers(cells, chosen, percentile)]
+    if output == "json":
+        print_json({"results": [str(s) for s in names], "peak_streams": peak_streams, "headroom": headroom,
+                    "percentile": percentile, "sizings": [a.to_dict() for a in answers]})
+        return
+    click.echo(f"sizing from {', '.join(map(str, names))}")
+    click.echo("SLOs: " + "; ".join(s.describe() for s in chosen))
+    if len(answers) > 1:
+        several_outputs = len({a.crossover.output_tokens for a in answers}) > 1
+        table = Table(title=f"Nodes for {peak_streams} peak streams ({percentile}, headroom {headroom:.0%})")
+        for col in ("SLO", "input tokens") + (("output tokens",) if several_outputs else ()) + (
+                "threshold streams/VM", "first failing", "binding", "nodes"):
+            table.add_column(col)
+        for a in answers:
+            c = a.crossover
+            nodes = "not achievable" if a.nodes is None else (f"≤ {a.nodes}" if c.status == "all" else str(a.nodes))
+            table.add_row(c.slo.title, str(c.input_tokens), *([str(c.output_tokens)] if several_outputs else []),
+                          c.threshold_text, "–" if c.first_failing is None else str(c.first_failing),
+                          c.binding or "–", nodes)
+        console.print(table)
+    for a in answers:
+        click.echo(f"- {a.reasoning}")
+    if len(answers) == 1:
+        a = answers[0]
+        click.echo(f"nodes: {a.nodes if a.nodes is not None else 'not achievable in this configuration'}")
+
+
+COMMANDS = [report, size]
