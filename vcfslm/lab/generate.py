@@ -1,0 +1,210 @@
+"""The lab's generated files, as pure functions: its inventory document and its env file.
+
+The inventory follows the project's schema (vcfslm/inventory.py) and names the
+simulator's objects (DC0, DC0_C0, DC0_C0_H<i>, LocalDS_0, "VM Network",
+DC0_DVPG0, the lab template). Its VM shape is this machine's real one (the
+guests are this machine), so in-guest NUMA verification passes for real.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import vcsim as sim
+
+LAB_NAME = "lab"
+VM_FOLDER = "vcfslm-lab"
+PASSWORD_ENV = "VCFSLM_VCENTER_PASSWORD"
+INVENTORY_ENV = "VCFSLM_INVENTORY"
+LOOPBACK_NETMASK = "255.0.0.0"   # 127.0.0.0/8: management and bench addresses all live on `lo`
+LOOPBACK_MTU = 65536
+SIM_HOST_NUMA_NODES = 4          # the simulated VX650 V4 host (vcsim/main.go)
+# The schema adds a fixed 8 GiB guest-OS overhead to the model replicas; below 9 GiB a lab
+# machine could not describe itself although synthetic:tiny needs only megabytes.
+MIN_MEMORY_GB = 9
+SYS_NODES = Path("/sys/devices/system/node")
+
+
+@dataclass(frozen=True)
+class MachineShape:
+    """What a lab guest really sees: CPUs, NUMA nodes, memory."""
+
+    cpus: int
+    numa_nodes: int
+    memory_gib: int
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One lab node: its simulated ESXi host and its loopback sshd guest."""
+
+    name: str
+    host: str
+    management_ip: str
+    bench_ip: str
+    ssh_port: int
+
+
+def machine_shape(sys_nodes: Path = SYS_NODES, meminfo: Path = Path("/proc/meminfo")) -> MachineShape:
+    """This machine's CPUs (usable by us), NUMA nodes and NUMA-visible memory."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    nodes = sorted(p for p in sys_nodes.glob("node[0-9]*") if (p / "meminfo").exists())
+    kib = sum(_meminfo_kib((p / "meminfo").read_text()) for p in nodes) if nodes else 0
+    if not kib:
+        try:
+            kib = _meminfo_kib(meminfo.read_text())
+        except OSError:
+            kib = 0
+    return MachineShape(cpus=max(cpus, 1), numa_nodes=max(len(nodes), 1),
+                        memory_gib=kib // (1024 * 1024))
+
+
+def _meminfo_kib(text: str) -> int:
+    for line in text.splitlines():
+        parts = line.replace(":", " ").split()
+        if "MemTotal" in parts:
+            return int(parts[parts.index("MemTotal") + 1])
+    return 0
+
+
+def vm_section(shape: MachineShape) -> dict[str, Any]:
+    """The `vm:` block sized to the machine: all CPUs, one vNUMA node per NUMA node when even."""
+    vnuma = shape.numa_nodes
+    if vnuma > SIM_HOST_NUMA_NODES or shape.cpus % vnuma:
+        vnuma = 1
+    return {
+        "vcpus": shape.cpus,
+        "cores_per_socket": shape.cpus // vnuma,
+        "vnuma_nodes": vnuma,
+        "memory_gb": max(shape.memory_gib, MIN_MEMORY_GB),
+        "reserve_all_memory": True,
+        "latency_sensitivity": "normal",
+        "hardware_version": sim.TEMPLATE_HARDWARE_VERSION,
+        "host_numa_nodes": list(range(vnuma)),
+        "advanced": {},
+    }
+
+
+def bench_section(shape: MachineShape, port: int) -> dict[str, Any]:
+    """A small matrix that finishes in seconds with synthetic:tiny: up to 2 ranks of 1 thread."""
+    return {
+        "ranks_per_node": min(2, shape.cpus),
+        "threads_per_rank": 1,
+        "batch_sizes": [1, 2],
+        "input_tokens": [16, 32],
+        "output_tokens": 8,
+        "warmup": 1,
+        "repeats": 2,
+        "port": port,
+    }
+
+
+def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca_bundle: str,
+                  template: str, nodes: Sequence[LabNode], guest_user: str, ssh_key: str,
+                  known_hosts: str, workdir: str, bench_port: int,
+                  shape: MachineShape) -> dict[str, Any]:
+    """The lab inventory as a plain document (dump it as YAML)."""
+    return {
+        "name": LAB_NAME,
+        "vcenter": {
+            "host": vcenter_host,
+            "port": vcenter_port,
+            "user": vcenter_user,
+            "password_env": PASSWORD_ENV,
+            "ca_bundle": ca_bundle,
+            "insecure": False,
+        },
+        "placement": {
+            "datacenter": sim.DATACENTER,
+            "cluster": sim.CLUSTER,
+            "datastore": sim.DATASTORE,
+            "folder": VM_FOLDER,
+            "template": template,
+            "networks": {
+                "management": {"portgroup": sim.MANAGEMENT_PORTGROUP, "netmask": LOOPBACK_NETMASK,
+                               "mtu": LOOPBACK_MTU},
+                "bench": {"portgroup": sim.BENCH_PORTGROUP, "netmask": LOOPBACK_NETMASK,
+                          "mtu": LOOPBACK_MTU},
+            },
+        },
+        "vm": vm_section(shape),
+        "nodes": [
+            {
+                "name": n.name,
+                "host": n.host,
+                "management_ip": n.management_ip,
+                "bench_ip": n.bench_ip,
+                "ssh_port": n.ssh_port,
+                # vcsim reports this as the VM's guest IP: it points at the node's sshd guest.
+                "advanced": {"SET.guest.ipAddress": n.management_ip},
+            }
+            for n in nodes
+        ],
+        "guest": {
+            "user": guest_user,
+            "ssh_key": ssh_key,
+            "known_hosts": known_hosts,
+            "python": "python3",
+            "torch": "2.13.0",
+            "torch_index_url": None,
+            "wheelhouse": None,
+            "model": "synthetic:tiny",
+            # One machine, one user: the guests share this folder (and its venv);
+            # per-node files go in node-named subfolders.
+            "workdir": workdir,
+        },
+        "bench": bench_section(shape, bench_port),
+        "slos": {
+            "A": {"tpot_ms": 130, "ttft_s": 3},
+            "B": {"tpot_ms": 200, "ttft_s": 5},
+        },
+    }
+
+
+INVENTORY_HEADER = """\
+# vcfslm local lab inventory, generated by `vcfslm lab up` (rewritten on every `up`).
+# vCenter is the lab's vcsim (TLS verified with the lab CA); nodes are loopback sshd
+# guests on this machine. The password is in the lab's env file, never here:
+#   . {env_file}
+"""
+
+
+def env_file_text(password: str, inventory: str) -> str:
+    """The lab env file: `. lab.env` (or `set -a; . lab.env`) exports the password and inventory."""
+    return (
+        "# vcfslm lab credentials and inventory (generated by `vcfslm lab up`; keep private)\n"
+        f"export {PASSWORD_ENV}={shlex.quote(password)}\n"
+        f"export {INVENTORY_ENV}={shlex.quote(inventory)}\n"
+    )
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """KEY=value pairs of an env file (optional `export`, shell quoting, # comments)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].strip()
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        words = shlex.split(value) if value else [""]
+        out[key.strip()] = words[0] if words else ""
+    return out
+
+
+def lab_nodes(count: int, ports: Mapping[str, int]) -> list[LabNode]:
+    """The first `count` lab nodes; `ports` maps node name to its sshd port."""
+    from . import guests
+
+    return [LabNode(name=guests.node_name(i), host=sim.host_name(i),
+                    management_ip=guests.management_address(i),
+                    bench_ip=guests.bench_address(i), ssh_port=ports[guests.node_name(i)])
+            for i in range(count)]

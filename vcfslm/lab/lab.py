@@ -1,0 +1,313 @@
+"""The local lab's life cycle: `up` (idempotent), `status`, `down` (exactly what it started).
+
+A lab lives in one folder (default ~/.vcfslm/lab, or $VCFSLM_LAB_DIR):
+
+    state.json         pids (+ start times), ports, URLs, paths of what runs
+    inventory.yaml     the generated inventory (issue-2 schema)
+    lab.env            VCFSLM_VCENTER_PASSWORD and VCFSLM_INVENTORY (mode 0600)
+    vcsim/             tls/ca.pem (the CA to verify vcsim), password, vcsim.log, tmp/
+    ssh/               id_ed25519 (client key), authorized_keys, known_hosts
+    guests/<node>/     sshd_config, host key, sshd.log, work/ (the guest's own folder)
+    work/              the inventory's guest.workdir, shared by all guests
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import UsageError, VcfslmError
+from ..progress import NullReporter, Reporter
+from ..results import atomic_write_json, atomic_write_text
+from . import generate, guests, vcsim
+
+LAB_DIR_ENV = "VCFSLM_LAB_DIR"
+DEFAULT_DIR = "~/.vcfslm/lab"
+DEFAULT_NODES = 4
+DEFAULT_BENCH_PORT = 29500
+STATE_VERSION = 1
+
+
+def lab_dir(given: str | os.PathLike[str] | None = None) -> Path:
+    """The lab folder: the argument, else $VCFSLM_LAB_DIR, else ~/.vcfslm/lab (absolute)."""
+    raw = given or os.environ.get(LAB_DIR_ENV) or DEFAULT_DIR
+    return Path(raw).expanduser().resolve()
+
+
+@dataclass
+class LabState:
+    """What a lab folder records about its running services."""
+
+    dir: Path
+    nodes: int
+    vcsim: vcsim.Vcsim | None
+    guests: list[guests.Guest]
+    inventory: Path
+    env_file: Path
+    bench_port: int
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def to_json(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "dir": str(self.dir),
+            "nodes": self.nodes,
+            "vcsim": self.vcsim.to_json() if self.vcsim else None,
+            "guests": [g.to_json() for g in self.guests],
+            "inventory": str(self.inventory),
+            "env_file": str(self.env_file),
+            "bench_port": self.bench_port,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> LabState:
+        return cls(dir=Path(data["dir"]), nodes=int(data["nodes"]),
+                   vcsim=vcsim.Vcsim.from_json(data["vcsim"]) if data.get("vcsim") else None,
+                   guests=[guests.Guest.from_json(g) for g in data.get("guests", [])],
+                   inventory=Path(data["inventory"]), env_file=Path(data["env_file"]),
+                   bench_port=int(data.get("bench_port", DEFAULT_BENCH_PORT)))
+
+
+@dataclass
+class UpResult:
+    """What `up` did: the lab state, and which services it started or found running."""
+
+    state: LabState
+    started: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.started or self.stopped)
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One row of `lab status`."""
+
+    name: str
+    kind: str          # vcsim | sshd
+    pid: int
+    endpoint: str
+    running: bool
+
+
+class LabError(VcfslmError):
+    """The lab folder is unusable (corrupt state, another lab command holding it)."""
+
+
+def load_state(directory: Path) -> LabState | None:
+    """The recorded state, or None when the lab was never started (or was taken down)."""
+    path = directory / "state.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LabError(f"{path}: unreadable lab state ({exc}); remove it after stopping the "
+                       "processes it names") from None
+    try:
+        return LabState.from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LabError(f"{path}: unexpected lab state ({exc!r})") from None
+
+
+def save_state(state: LabState) -> None:
+    atomic_write_json(state.state_file, state.to_json())
+
+
+@contextlib.contextmanager
+def _lab_lock(directory: Path) -> Iterator[None]:
+    """One lab command at a time per lab folder (a second `up` waits, then finds all running)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def vcenter_password(directory: Path) -> str:
+    """The simulator's password, generated once per lab folder and kept in vcsim/password (0600)."""
+    path = directory / "vcsim" / "password"
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(18)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(password + "\n")
+    return password
+
+
+def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = None,
+       vcsim_options: vcsim.VcsimOptions | None = None) -> UpResult:
+    """Start what is not running (vcsim with >= `nodes` hosts, `nodes` guests); reuse the rest."""
+    if not 1 <= nodes <= guests.MAX_NODES:
+        raise UsageError(f"--nodes must be between 1 and {guests.MAX_NODES}; got {nodes}")
+    reporter = reporter or NullReporter()
+    with _lab_lock(directory):
+        previous = load_state(directory)
+        # Start from what was recorded so a failure part-way never forgets a running process.
+        result = UpResult(state=LabState(
+            dir=directory, nodes=nodes, vcsim=previous.vcsim if previous else None,
+            guests=list(previous.guests) if previous else [],
+            inventory=directory / "inventory.yaml", env_file=directory / "lab.env",
+            bench_port=previous.bench_port if previous else _free_port(DEFAULT_BENCH_PORT)))
+        password = vcenter_password(directory)
+        try:
+            result.state.vcsim = _ensure_vcsim(directory, previous, nodes, password, result,
+                                               reporter, vcsim_options)
+            result.state.guests = _ensure_guests(directory, previous, nodes, result, reporter)
+        finally:
+            # Record whatever runs now, even after a failure, so `down` can stop it.
+            save_state(result.state)
+        write_lab_files(result.state, password)
+        save_state(result.state)
+        return result
+
+
+def _ensure_vcsim(directory: Path, previous: LabState | None, nodes: int, password: str,
+                  result: UpResult, reporter: Reporter,
+                  options: vcsim.VcsimOptions | None) -> vcsim.Vcsim:
+    old = previous.vcsim if previous else None
+    if old and vcsim.is_running(old):
+        if old.hosts >= nodes and (options is None or old.same_latency(options)):
+            result.reused.append("vcsim")
+            reporter.update("vcsim", f"running (pid {old.pid}) at {old.url}")
+            return old
+        why = (f"{old.hosts} hosts, {nodes} needed" if old.hosts < nodes
+               else "different latency settings")
+        reporter.update("vcsim", f"restarting: {why}")
+        vcsim.stop(old)
+        result.stopped.append("vcsim")
+    preferred = old.port if old else vcsim.DEFAULT_PORT
+    port = preferred if guests.port_is_free("127.0.0.1", preferred) else 0
+    # One simulated ESXi host per node unless the caller asks for more.
+    hosts = max(nodes, options.hosts) if options else nodes
+    opts = dataclasses.replace(options or vcsim.VcsimOptions(), port=port, hosts=hosts)
+    shutil.rmtree(directory / "vcsim" / "tmp", ignore_errors=True)  # datastores of a killed run
+    started = vcsim.start(directory / "vcsim", password, opts, reporter=reporter)
+    result.started.append("vcsim")
+    return started
+
+
+def _ensure_guests(directory: Path, previous: LabState | None, nodes: int, result: UpResult,
+                   reporter: Reporter) -> list[guests.Guest]:
+    client = guests.ensure_client_keys(directory / "ssh")
+    recorded = {g.name: g for g in (previous.guests if previous else [])}
+    running: list[guests.Guest] = []
+    try:
+        for i in range(nodes):
+            name = guests.node_name(i)
+            old = recorded.pop(name, None)
+            if old and guests.is_running(old) and old.key == str(client.key):
+                result.reused.append(name)
+                reporter.update(name, f"running (pid {old.pid}) on {old.address}:{old.port}")
+                running.append(old)
+                continue
+            preferred = old.port if old else guests.DEFAULT_PORT
+            running.append(guests.start_guest(i, directory / "guests", client, port=preferred,
+                                              reporter=reporter))
+            result.started.append(name)
+        for extra in recorded.values():  # the lab shrank: stop guests beyond --nodes
+            if guests.stop_guest(extra):
+                result.stopped.append(extra.name)
+                reporter.update(extra.name, "stopped")
+    except BaseException:
+        # Keep the not-yet-handled recorded guests in the state so `down` still finds them.
+        running.extend(g for g in recorded.values() if guests.is_running(g))
+        result.state.guests = running
+        raise
+    guests.write_known_hosts(client.known_hosts, running)
+    return running
+
+
+def write_lab_files(state: LabState, password: str) -> None:
+    """Write the generated inventory and env file for the running lab."""
+    if state.vcsim is None or not state.guests:
+        raise LabError("the lab has no vcsim or no guests to describe")
+    first = state.guests[0]
+    document = generate.lab_inventory(
+        vcenter_host=state.vcsim.host, vcenter_port=state.vcsim.port,
+        vcenter_user=state.vcsim.user, ca_bundle=state.vcsim.ca_file,
+        template=state.vcsim.template or vcsim.DEFAULT_TEMPLATE,
+        nodes=generate.lab_nodes(len(state.guests), {g.name: g.port for g in state.guests}),
+        guest_user=first.user, ssh_key=first.key, known_hosts=first.known_hosts,
+        workdir=str(state.dir / "work"), bench_port=state.bench_port,
+        shape=generate.machine_shape())
+    (state.dir / "work").mkdir(parents=True, exist_ok=True)
+    header = generate.INVENTORY_HEADER.format(env_file=state.env_file)
+    atomic_write_text(state.inventory, header + yaml.safe_dump(document, sort_keys=False))
+    env_text = generate.env_file_text(password, str(state.inventory))
+    atomic_write_text(state.env_file, env_text)
+    state.env_file.chmod(0o600)
+
+
+def status(directory: Path) -> list[ServiceStatus]:
+    """One row per recorded service, with whether it still runs ([] when no lab is recorded)."""
+    state = load_state(directory)
+    if state is None:
+        return []
+    rows = []
+    if state.vcsim:
+        rows.append(ServiceStatus("vcsim", "vcsim", state.vcsim.pid, state.vcsim.url,
+                                  vcsim.is_running(state.vcsim)))
+    for g in state.guests:
+        rows.append(ServiceStatus(g.name, "sshd", g.pid, f"{g.user}@{g.address}:{g.port}",
+                                  guests.is_running(g)))
+    return rows
+
+
+def down(directory: Path, reporter: Reporter | None = None) -> list[str]:
+    """Stop exactly the recorded processes (and what they spawned); remove the lab's state.
+
+    Keys, the CA and work folders stay, so the next `up` keeps the same identities.
+    Returns the names of the services that were running.
+    """
+    reporter = reporter or NullReporter()
+    with _lab_lock(directory):
+        state = load_state(directory)
+        if state is None:
+            return []
+        stopped = []
+        for g in state.guests:
+            if guests.stop_guest(g):
+                stopped.append(g.name)
+                reporter.update(g.name, "stopped")
+        if state.vcsim and vcsim.stop(state.vcsim):
+            stopped.append("vcsim")
+            reporter.update("vcsim", "stopped")
+        shutil.rmtree(directory / "vcsim" / "tmp", ignore_errors=True)
+        for path in (state.inventory, state.env_file, state.state_file):
+            path.unlink(missing_ok=True)
+        return stopped
+
+
+def _free_port(preferred: int) -> int:
+    """`preferred` when nothing listens on it (any address), else a kernel-picked port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", preferred))
+            return preferred
+        except OSError:
+            pass
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
