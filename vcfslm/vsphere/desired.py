@@ -1,0 +1,184 @@
+"""The desired VM per node: a pure function of the inventory and a few vCenter facts.
+
+vNUMA has two paths. vSphere 8.0.0.1+ with virtual hardware vmx-20+ takes
+`ConfigSpec.virtualNuma.coresPerNumaNode`; anything older (vcsim 0.24 speaks
+API 6.5) takes the advanced setting `numa.vcpu.maxPerVirtualNode`. Either way
+`numa.autosize.once=FALSE` stops ESXi from freezing the first topology it saw,
+and `numa.nodeAffinity` keeps the VM on the host NUMA nodes the inventory names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from .. import topology
+
+OWNER_KEY = "vcfslm.owner"
+CUSTOMIZATION_KEY = "vcfslm.customization"
+VNUMA_API = (8, 0, 0, 1)
+VNUMA_HARDWARE = 20
+# Newest virtual hardware each vSphere API release can create (older first).
+HARDWARE_BY_API = (
+    ((6, 5), 13), ((6, 7), 14), ((6, 7, 2), 15), ((7, 0), 17), ((7, 0, 1), 18),
+    ((7, 0, 2), 19), ((8, 0), 20), ((8, 0, 2), 21), ((9, 0), 22),
+)
+VIRTUAL_NUMA = "virtualNuma"
+ADVANCED = "advanced"
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'8.0.0.1' -> (8, 0, 0, 1); non-numeric parts end the tuple."""
+    out = []
+    for part in str(text).split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+def hardware_number(version: str) -> int:
+    """'vmx-21' -> 21 (0 when unreadable)."""
+    digits = str(version).removeprefix("vmx-")
+    return int(digits) if digits.isdigit() else 0
+
+
+def max_hardware(api_version: str) -> int:
+    """The newest virtual hardware version the given API release creates."""
+    api = parse_version(api_version)
+    best = HARDWARE_BY_API[0][1]
+    for release, hw in HARDWARE_BY_API:
+        if api >= release:
+            best = hw
+    return best
+
+
+def effective_hardware(wanted: str, api_version: str) -> str:
+    """The inventory's hardware version, capped at what the API release supports."""
+    return f"vmx-{min(hardware_number(wanted), max_hardware(api_version)):02d}"
+
+
+def vnuma_path(api_version: str, hardware_version: str) -> str:
+    """VIRTUAL_NUMA on vSphere >= 8.0.0.1 with vmx-20+, else ADVANCED (extraConfig)."""
+    if parse_version(api_version) >= VNUMA_API and hardware_number(hardware_version) >= VNUMA_HARDWARE:
+        return VIRTUAL_NUMA
+    return ADVANCED
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One network adapter and the static IPv4 settings customization gives it."""
+
+    portgroup: str
+    ip: str
+    netmask: str
+    gateway: str | None = None
+    dns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DesiredVm:
+    """Everything provision converges one VM to; `None` means "not managed"."""
+
+    name: str
+    owner: str
+    host: str
+    datacenter: str
+    cluster: str
+    datastore: str
+    folder: str
+    resource_pool: str | None
+    template: str
+    hardware_version: str
+    vnuma_path: str
+    num_cpus: int
+    cores_per_socket: int
+    memory_mb: int
+    memory_locked_to_max: bool
+    memory_reservation_mb: int | None
+    cpu_hot_add: bool
+    latency_sensitivity: str
+    cpu_reservation_mhz: int | None
+    cores_per_numa_node: int | None
+    extra_config: dict[str, str] = field(default_factory=dict)
+    nics: tuple[Nic, ...] = ()
+    hostname: str = ""
+
+    @property
+    def customization_fingerprint(self) -> str:
+        """Short hash of what guest customization sets (hostname, IPs, gateway, DNS)."""
+        text = repr((self.hostname, self.nics))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def desired_vms(inv, api_version: str, host_cpu_mhz: dict[str, int] | None = None) -> list[DesiredVm]:
+    """One DesiredVm per inventory node, in node order.
+
+    api_version: vCenter's (or the lowest of vCenter and the hosts'), deciding the
+    vNUMA path and the hardware version cap; host_cpu_mhz: per ESXi host, needed to
+    express a full CPU reservation when latency sensitivity is high.
+    """
+    host_cpu_mhz = host_cpu_mhz or {}
+    return [desired_vm(inv, node, api_version, host_cpu_mhz.get(node.host)) for node in inv.nodes]
+
+
+def desired_vm(inv, node, api_version: str, cpu_mhz: int | None = None) -> DesiredVm:
+    """The desired VM of one node (see desired_vms)."""
+    vm = inv.vm
+    hardware = effective_hardware(vm.hardware_version, api_version)
+    path = vnuma_path(api_version, hardware)
+    high = vm.latency_sensitivity == "high"
+    # Latency sensitivity high requires all memory and all CPU reserved.
+    locked = vm.reserve_all_memory or high
+    memory_mb = vm.memory_gb * 1024
+    cpu_reservation = vm.vcpus * cpu_mhz if high and cpu_mhz else None
+    node_size = topology.vnuma_node_size(vm.vcpus, vm.vnuma_nodes)
+    nets = inv.placement.networks
+    mgmt = nets.management
+    nics = (
+        Nic(mgmt.portgroup, str(node.management_ip), str(mgmt.netmask),
+            str(mgmt.gateway) if mgmt.gateway else None, tuple(str(d) for d in mgmt.dns)),
+        Nic(nets.bench.portgroup, str(node.bench_ip), str(nets.bench.netmask), None,
+            tuple(str(d) for d in nets.bench.dns)),
+    )
+    return DesiredVm(
+        name=node.name,
+        owner=inv.name,
+        host=node.host,
+        datacenter=inv.placement.datacenter,
+        cluster=inv.placement.cluster,
+        datastore=inv.placement.datastore,
+        folder=inv.placement.folder.strip("/"),
+        resource_pool=inv.placement.resource_pool,
+        template=inv.placement.template,
+        hardware_version=hardware,
+        vnuma_path=path,
+        num_cpus=vm.vcpus,
+        cores_per_socket=vm.cores_per_socket,
+        memory_mb=memory_mb,
+        memory_locked_to_max=locked,
+        memory_reservation_mb=memory_mb if locked else None,
+        cpu_hot_add=False,  # CPU hot-add disables vNUMA in the guest
+        latency_sensitivity=vm.latency_sensitivity,
+        cpu_reservation_mhz=cpu_reservation,
+        cores_per_numa_node=node_size if path == VIRTUAL_NUMA else None,
+        extra_config=extra_config(inv, node, path),
+        nics=nics,
+        hostname=node.name,
+    )
+
+
+def extra_config(inv, node, path: str) -> dict[str, str]:
+    """extraConfig keys: vNUMA (advanced path), affinity, autosize, the inventory's, the owner."""
+    vm = inv.vm
+    keys: dict[str, str] = {}
+    if path == ADVANCED:
+        keys["numa.vcpu.maxPerVirtualNode"] = str(topology.vnuma_node_size(vm.vcpus, vm.vnuma_nodes))
+    if vm.host_numa_nodes:
+        keys["numa.nodeAffinity"] = topology.numa_node_affinity(list(vm.host_numa_nodes))
+    keys["numa.autosize.once"] = "FALSE"
+    # The user's keys win over the defaults above (applied verbatim), node keys over VM keys.
+    keys.update(vm.advanced)
+    keys.update(node.advanced)
+    keys[OWNER_KEY] = inv.name  # never overridable: destroy relies on it
+    return dict(sorted(keys.items()))

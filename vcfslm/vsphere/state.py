@@ -1,0 +1,71 @@
+"""What the driver observed in vCenter, as plain data (names, not managed objects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class VmState:
+    """One existing VM as observed; `None` fields were not reported by vCenter."""
+
+    name: str
+    moref: str
+    power_state: str = "poweredOff"  # poweredOn | poweredOff | suspended
+    template: bool = False
+    host: str | None = None
+    folder: str | None = None  # path under the datacenter's VM folder ("" = the root)
+    hardware_version: str | None = None
+    num_cpus: int | None = None
+    cores_per_socket: int | None = None
+    memory_mb: int | None = None
+    memory_locked_to_max: bool | None = None
+    memory_reservation_mb: int | None = None
+    cpu_hot_add: bool | None = None
+    latency_sensitivity: str | None = None
+    cpu_reservation_mhz: int | None = None
+    cores_per_numa_node: int | None = None
+    extra_config: dict[str, str] = field(default_factory=dict)
+    nics: tuple[str, ...] = ()  # port group name per network adapter, in device order
+    ip_addresses: tuple[str, ...] = ()  # IPv4 addresses the guest reports on the management NIC
+
+    @property
+    def owner(self) -> str | None:
+        from .desired import OWNER_KEY
+
+        return self.extra_config.get(OWNER_KEY)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """One ESXi host: where it is and what it has."""
+
+    name: str
+    cluster: str | None
+    numa_nodes: int
+    memory_bytes: int
+    cpu_mhz: int
+    api_version: str = ""
+    connection_state: str = "connected"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything preflight and the diff need, from one property-collector round trip.
+
+    Names are those of the inventory's datacenter (other datacenters are not looked at);
+    `datacenter`/`cluster` are None when not found. Folders and resource pools are
+    paths ("SLM/phi3"); VMs are keyed by name (`duplicate_vms` lists names seen twice).
+    """
+
+    api_version: str
+    datacenter: str | None = None
+    cluster: str | None = None
+    hosts: dict[str, HostFacts] = field(default_factory=dict)
+    datastores: frozenset[str] = frozenset()
+    networks: frozenset[str] = frozenset()
+    folders: frozenset[str] = frozenset()
+    resource_pools: frozenset[str] = frozenset()
+    vms: dict[str, VmState] = field(default_factory=dict)
+    duplicate_vms: frozenset[str] = frozenset()
+    library_items: frozenset[str] | None = None  # "lib/item"; None = not looked up
