@@ -216,13 +216,20 @@ def _compact(value: Any) -> str:
 
 
 def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
+    """Same order as the HTML; figures are the PNG files next to it."""
     out = [f"# vcfslm report — {report.title}", "", f"Inputs: {', '.join(report.sources)}. "
            f"SLO percentile: {report.percentile}. SLOs: {'; '.join(s.describe() for s in report.slos)}.", ""]
+    out += ["## Crossover", ""] + [f"- {c.summary()}" for c in report.crossovers] + [""]
+    out += ["## Sizing", ""] + [f"- {s.reasoning}" for s in report.sizings] + [""]
     out += ["## Validity warnings", ""]
     out += [f"- {w}" for w in report.warnings] or ["None."]
-    out.append("")
+    out += ["", "## Tables", ""] + [t.markdown() for t in report.tables]
+    out += ["## Figures", ""]
+    for f in figures:
+        out += [f"### {f.title}", "", f"![{f.title}]({f.path.name})", "", f.caption, ""]
+    out += [f"- skipped {s}" for s in skipped]
     for meta in report.analysis.metas:
-        out += [f"## Run {meta.run_id}", "", "| field | value |", "|---|---|"]
+        out += ["", f"## Run {meta.run_id}", "", "| field | value |", "|---|---|"]
         out += [f"| {k} | {_md(v)} |" for k, v in meta_rows(meta)]
         topo = topology_rows(meta)
         out += ["", "Topology checks (guest facts):", ""]
@@ -231,14 +238,6 @@ def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -
             out += [f"| {n} | {k} | {_md(v)} |" for n, k, v in topo]
         else:
             out.append("No guest facts recorded.")
-        out.append("")
-    out += ["## Tables", ""] + [t.markdown() for t in report.tables]
-    out += ["## Crossover", ""] + [f"- {c.summary()}" for c in report.crossovers] + [""]
-    out += ["## Sizing", ""] + [f"- {s.reasoning}" for s in report.sizings] + [""]
-    out += ["## Figures", ""]
-    for f in figures:
-        out += [f"### {f.title}", "", f"![{f.title}]({f.path.name})", "", f.caption, ""]
-    out += [f"- skipped {s}" for s in skipped]
     return "\n".join(out) + "\n"
 
 
@@ -257,6 +256,7 @@ th{background:#f0f3f7}td:first-child,th:first-child{text-align:left}
 .ok{background:#eef8ee;border-left:4px solid #4a4;padding:.5em 1em}
 figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 .fail{color:#b00;font-weight:bold}
+table.kv td{text-align:left}
 """
 
 # Sets <body data-images="N ok=N broken=0"> once every image has decoded: a cheap
@@ -289,29 +289,25 @@ def table_html(table: Table) -> str:
 def _kv_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     body = "".join("<tr>" + "".join(f'<td class="fail">{_e(v)}</td>' if v == "FAIL" else f"<td>{_e(v)}</td>"
                                     for v in row) + "</tr>" for row in rows)
-    return "<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + f"</tr></thead><tbody>{body}</tbody></table>"
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    return f'<table class="kv"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def render_html(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
+    """The answer first (crossover, sizing), then warnings, tables, figures and the runs' metadata."""
     parts = [f"<h1>vcfslm report — {_e(report.title)}</h1>",
              f"<p>Inputs: {_e(', '.join(report.sources))}. SLO percentile: <b>{_e(report.percentile)}</b>. "
-             f"SLOs: {_e('; '.join(s.describe() for s in report.slos))}.</p>",
-             "<h2>Validity warnings</h2>"]
+             f"SLOs: {_e('; '.join(s.describe() for s in report.slos))}.</p>"]
+    parts.append("<h2>Crossover</h2><ul>" + "".join(f"<li>{_e(c.summary())}</li>" for c in report.crossovers)
+                 + "</ul>")
+    parts.append("<h2>Sizing</h2><ul>" + "".join(f"<li>{_e(s.reasoning)}</li>" for s in report.sizings) + "</ul>")
+    parts.append("<h2>Validity warnings</h2>")
     if report.warnings:
         parts.append('<div class="warn"><ul>' + "".join(f"<li>{_e(w)}</li>" for w in report.warnings) + "</ul></div>")
     else:
         parts.append('<div class="ok">No validity warnings.</div>')
-    for meta in report.analysis.metas:
-        parts.append(f"<h2>Run {_e(meta.run_id)}</h2>")
-        parts.append(_kv_table(meta_rows(meta), ("field", "value")))
-        parts.append("<h3>Topology checks (guest facts)</h3>")
-        topo = topology_rows(meta)
-        parts.append(_kv_table(topo, ("node", "check", "result")) if topo else "<p>No guest facts recorded.</p>")
     parts.append("<h2>Tables</h2>")
     parts += [table_html(t) for t in report.tables]
-    parts.append("<h2>Crossover</h2><ul>" + "".join(f"<li>{_e(c.summary())}</li>" for c in report.crossovers)
-                 + "</ul>")
-    parts.append("<h2>Sizing</h2><ul>" + "".join(f"<li>{_e(s.reasoning)}</li>" for s in report.sizings) + "</ul>")
     parts.append("<h2>Figures</h2>")
     for f in figures:
         data = base64.b64encode(Path(f.path).read_bytes()).decode("ascii")
@@ -319,6 +315,12 @@ def render_html(report: Report, figures: Sequence, skipped: Sequence[str]) -> st
                      f"<figcaption>{_e(f.caption)}</figcaption></figure>")
     if skipped:
         parts.append("<ul>" + "".join(f"<li>skipped {_e(s)}</li>" for s in skipped) + "</ul>")
+    for meta in report.analysis.metas:
+        parts.append(f"<h2>Run {_e(meta.run_id)}</h2>")
+        parts.append(_kv_table(meta_rows(meta), ("field", "value")))
+        parts.append("<h3>Topology checks (guest facts)</h3>")
+        topo = topology_rows(meta)
+        parts.append(_kv_table(topo, ("node", "check", "result")) if topo else "<p>No guest facts recorded.</p>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>vcfslm report — {_e(report.title)}</title><style>{_CSS}</style>"
             f"<script>{_SCRIPT}</script></head>\n<body>\n" + "\n".join(parts) + "\n</body></html>\n")

@@ -1,0 +1,85 @@
+"""report.html renders in headless Chromium: a non-blank page and no broken image."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from vcfslm.analysis.report import write_report
+from vcfslm.results import RunMeta, WindowRecord, write_meta, write_records
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def synthetic_run(run_dir, run_id, nodes):
+    """Two contexts x four loads, two repeats, every rank of every node, with roofline data."""
+    meta = RunMeta(run_id=run_id, created="2025-01-01T00:00:00", command=["vcfslm", "bench"],
+                   mode="cluster" if len(nodes) > 1 else "local", nodes=nodes, ranks_per_node=4,
+                   threads_per_rank=24, model="synthetic:tiny",
+                   matrix={"batch_sizes": [1, 4, 8, 16], "input_tokens": [128, 1024], "output_tokens": 64,
+                           "warmup": 1, "repeats": 2},
+                   complete=True, guests={n: {"vnuma_nodes": 4, "numa_ok": True} for n in nodes})
+    records = []
+    for batch in (1, 4, 8, 16):
+        for inp in (128, 1024):
+            tpot, ttft = 110.0 + 5 * batch + inp / 50, 0.1 * batch * inp / 128
+            for window in range(2):
+                for node_rank, node in enumerate(nodes):
+                    for local in range(4):
+                        wall = ttft + tpot * 63 / 1000
+                        records.append(WindowRecord(
+                            run_id=run_id, node=node, node_rank=node_rank, rank=node_rank * 4 + local,
+                            local_rank=local, world_size=4 * len(nodes), ranks_per_node=4, nodes=len(nodes),
+                            batch_per_rank=batch, input_tokens=inp, output_tokens=64, window=window,
+                            start_skew_s=0.001, wall_s=wall, generated_tokens=batch * 64,
+                            rank_tps=batch * 64 / wall, ttft_s=[ttft] * batch,
+                            tpot_ms=[tpot + window + local * 0.1] * batch, e2e_s=[wall] * batch,
+                            roofline_tpot_ms=100.0))
+    write_meta(run_dir, meta)
+    write_records(run_dir / "results.jsonl", records)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory):
+    base = tmp_path_factory.mktemp("render")
+    single = synthetic_run(base / "single", "single", ["vm1"])
+    cluster = synthetic_run(base / "cluster", "cluster", ["vm1", "vm2", "vm3", "vm4"])
+    result = write_report([single, cluster], base / "out")
+    assert result.skipped_figures == []
+    return base / "out" / "report.html"
+
+
+def chromium(args, tmp_path, timeout=120):
+    profile = tmp_path / "profile"
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make setup installs it)")
+def test_every_image_loads(report_html, tmp_path):
+    r = chromium(["--virtual-time-budget=10000", "--dump-dom", report_html.as_uri()], tmp_path)
+    m = re.search(r'<body data-images="(\d+) ok=(\d+) broken=(\d+)"', r.stdout)
+    assert m, f"the page's image check did not run; stderr tail:\n{r.stderr[-2000:]}"
+    total, ok, broken = map(int, m.groups())
+    assert (total, ok, broken) == (5, 5, 0)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make setup installs it)")
+def test_screenshot_is_not_blank(report_html, tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    shot = tmp_path / "shot.png"
+    r = chromium([f"--screenshot={shot}", "--window-size=1200,3000", report_html.as_uri()], tmp_path)
+    assert shot.exists(), f"no screenshot; stderr tail:\n{r.stderr[-2000:]}"
+    pixels = image.imread(shot)
+    assert pixels.shape[:2] == (3000, 1200)
+    rgb = pixels[..., :3]
+    dark = (rgb.mean(axis=2) < 0.5).mean()
+    assert rgb.std() > 0.05 and 0.005 < dark < 0.5, "the page looks blank or all dark"

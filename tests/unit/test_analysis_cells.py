@@ -1,0 +1,110 @@
+"""Window records of run dirs -> per-scope cells: pooling, spread, validity flags."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_analysis_support import make_run, record
+
+from vcfslm.analysis.cells import CLUSTER, SINGLE, CellKey, aggregate, cell_from_records, load_runs
+from vcfslm.errors import InventoryError
+from vcfslm.results import load_run
+
+TABLE = {(1, 128): (0.1, 100.0, 10.0), (4, 128): (0.4, 120.0, 33.0)}
+
+
+def analyse(*dirs):
+    return aggregate(load_runs(dirs))
+
+
+def test_scope_from_node_count_and_streams(tmp_path):
+    a = analyse(make_run(tmp_path / "s", "s", ["vm1"], TABLE),
+                make_run(tmp_path / "c", "c", ["vm1", "vm2", "vm3", "vm4"], TABLE))
+    assert a.scopes() == [SINGLE, CLUSTER]
+    single = {c.batch_per_rank: c for c in a.scope_cells(SINGLE)}
+    cluster = {c.batch_per_rank: c for c in a.scope_cells(CLUSTER)}
+    assert (single[4].streams_per_vm, single[4].streams_cluster, single[4].vms) == (16, 16, 1)
+    assert (cluster[4].streams_per_vm, cluster[4].streams_cluster, cluster[4].vms) == (16, 64, 4)
+    assert cluster[1].ranks_measured == 16 and cluster[1].windows == 16
+    assert not a.warnings
+
+
+def test_percentiles_pool_streams_of_every_rank_and_window():
+    # 4 ranks x 2 windows, one stream each: TPOT 100..107 ms; rank t/s 10..17.
+    recs = [record(local_rank=r, window=w, tpot=100.0 + 4 * w + r, ttft=0.1 * (1 + r), tps=10.0 + 4 * w + r)
+            for w in range(2) for r in range(4)]
+    c = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), recs)
+    assert c.tpot_ms.p50 == pytest.approx(103.5)
+    assert c.tpot_ms.p90 == pytest.approx(106.3)
+    assert c.ttft_s.p50 == pytest.approx(0.25)
+    assert c.rank_tps == pytest.approx(13.5)
+    # per repeat: mean rank t/s across ranks (11.5, 15.5), p50 TPOT (101.5, 105.5)
+    assert c.rank_tps_repeats == pytest.approx((11.5, 15.5))
+    assert c.tpot_repeats == pytest.approx((101.5, 105.5))
+    assert c.rank_tps_spread == pytest.approx((11.5, 15.5)) and c.repeats == 2
+    assert c.per_user_tps() == pytest.approx(1000 / 103.5)
+    assert not c.flags
+
+
+def test_roofline_efficiency():
+    c = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), [record(tpot=125.0, roofline=100.0)])
+    assert c.roofline_efficiency == pytest.approx(0.8)
+    assert cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), [record()]).roofline_efficiency is None
+
+
+def test_invalid_windows_are_left_out_and_flagged():
+    recs = [record(window=0, tpot=100.0), record(window=1, tpot=900.0, valid=False, reasons=("recompiled",),
+                                                 recompiles=2)]
+    c = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), recs)
+    assert c.tpot_ms.p50 == 100.0 and c.invalid_windows == 1 and c.recompiles == 2
+    assert any("1 invalid window(s) left out (recompiled)" in f for f in c.flags)
+    assert any("recompiles inside 1 window" in f for f in c.flags)
+
+
+def test_a_cell_without_valid_windows_has_no_numbers():
+    c = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), [record(valid=False)])
+    assert not c.has_data and math.isnan(c.tpot_ms.p50)
+    assert "no valid window: no numbers" in c.flags
+
+
+def test_start_skew_is_flagged_relative_to_the_window():
+    small = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), [record(skew=0.04, wall=10.0)])
+    assert not small.flags
+    late = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), [record(skew=0.8, wall=10.0)])
+    assert any("start skew up to 0.800 s" in f for f in late.flags)
+
+
+def test_incomplete_and_missing_scenarios(tmp_path):
+    # repeats=2 asked; the batch-4 scenario has only window 0, the batch-1 scenario is missing entirely.
+    def drop(r):
+        if r.batch_per_rank == 1 or r.window == 1:
+            return None
+        return r
+    run = make_run(tmp_path / "r", "r", ["vm1"], TABLE, repeats=2, complete=False, tweak=drop)
+    a = analyse(run)
+    cells = {c.batch_per_rank: c for c in a.cells}
+    assert not cells[1].has_data and "no windows recorded (scenario missing)" in cells[1].flags
+    assert "incomplete: 4 of 8 windows recorded" in cells[4].flags
+    text = "\n".join(a.warnings)
+    assert "run r is not complete" in text and "batch 4/rank: incomplete" in text
+
+
+def test_runs_of_the_same_scope_pool_as_repeats(tmp_path):
+    a = analyse(make_run(tmp_path / "a", "a", ["vm1"], {(1, 128): (0.1, 100.0, 10.0)}),
+                make_run(tmp_path / "b", "b", ["vm1"], {(1, 128): (0.1, 110.0, 9.0)}))
+    (cell,) = a.cells
+    assert cell.repeats == 2 and cell.rank_tps_spread == (9.0, 10.0) and cell.source == "a, b"
+    assert cell.expected_windows == 8 and not cell.flags
+
+
+def test_load_runs_reports_every_bad_dir(tmp_path):
+    good = make_run(tmp_path / "good", "good", ["vm1"], TABLE)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "meta.json").write_text("{not json")
+    with pytest.raises(InventoryError) as err:
+        load_runs([good, tmp_path / "missing", broken])
+    assert len(err.value.problems) == 2
+    assert "not a run dir (no meta.json)" in str(err.value) and "cannot read run" in str(err.value)
+    assert load_run(good)[0].run_id == "good"

@@ -1,0 +1,99 @@
+"""Figures: drawn, non-empty, labelled, log-2 axis; matplotlib stays in figures.py only."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv
+
+from vcfslm.analysis.csv_import import parse_csv
+from vcfslm.analysis.slo import DEFAULT_SLOS
+
+ANALYSIS = Path(__file__).resolve().parents[2] / "vcfslm" / "analysis"
+
+
+def both_scopes_with_roofline():
+    header = "scope,vms,ranks_per_vm,batch_per_rank,input_tokens,output_tokens,ttft_s,tpot_ms,rank_tps,roofline_tpot_ms"
+    rows = [header]
+    for scope, vms in (("single", 1), ("cluster", 4)):
+        for (inp, streams), (ttft, tpot, tps) in sorted(BRIEF_SHAPED.items()):
+            rows.append(f"{scope},{vms},4,{streams // 4},{inp},256,{ttft},{tpot},{tps},110")
+    return parse_csv("\n".join(rows) + "\n", "both.csv").cells
+
+
+def test_all_five_figures_are_drawn_and_not_blank(tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    from vcfslm.analysis.figures import render_all
+
+    figures, skipped = render_all(both_scopes_with_roofline(), DEFAULT_SLOS, tmp_path, "run-42")
+    assert skipped == []
+    assert [f.name for f in figures] == ["fig-1-throughput", "fig-2-matched-tpot", "fig-3-tpot-slo",
+                                         "fig-4-ttft-slo", "fig-5-roofline"]
+    for f in figures:
+        assert f.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        pixels = image.imread(f.path)
+        assert pixels.shape[:2] == (500, 800)
+        assert pixels.std() > 0.05, f"{f.name} looks blank"
+        assert "run-42" in f.title
+
+
+def test_missing_data_skips_figures_with_a_reason(tmp_path):
+    from vcfslm.analysis.figures import render_all
+
+    figures, skipped = render_all(parse_csv(brief_shaped_csv(), "b.csv").cells, DEFAULT_SLOS, tmp_path, "r")
+    assert len(figures) == 3
+    assert skipped == ["fig-2-matched-tpot: needs single-VM and cluster data at the same batch per rank",
+                       "fig-5-roofline: no roofline data (no bandwidth probe in this run)"]
+    assert not (tmp_path / "fig-2-matched-tpot.png").exists()
+
+
+def test_axes_units_log2_legend_and_slo_lines():
+    from vcfslm.analysis.figures import latency_figure, throughput_figure
+
+    cells = parse_csv(brief_shaped_csv(), "b.csv").cells
+    fig, title, _ = throughput_figure(cells, "my-run")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    assert list(ax.get_xticks()) == [4, 16, 32, 64]
+    assert "streams per VM" in ax.get_xlabel() and "tokens/s" in ax.get_ylabel()
+    assert "my-run" in ax.get_title() and ax.get_legend() is not None
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["128 input tokens", "512 input tokens",
+                                                                   "1024 input tokens"]
+    fig, _, _ = latency_figure(cells, DEFAULT_SLOS, "my-run", "tpot", "p50")
+    ax = fig.axes[0]
+    assert "(ms per output token)" in ax.get_ylabel()
+    limits = sorted(line.get_ydata()[0] for line in ax.get_lines() if len(set(line.get_ydata())) == 1
+                    and line.get_label().startswith("SLO"))
+    assert limits == [130, 200]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_only_figures_imports_matplotlib():
+    for path in sorted(ANALYSIS.glob("*.py")):
+        mpl = {m for m in _imports(path) if m.split(".")[0] == "matplotlib"}
+        assert bool(mpl) == (path.name == "figures.py"), path.name
+
+
+def test_report_loads_figures_lazily():
+    tree = ast.parse((ANALYSIS / "report.py").read_text())
+    top_level = {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+    top_level |= {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    assert "vcfslm.analysis.figures" not in top_level
+    code = ("import sys, vcfslm.analysis.report, vcfslm.cli.report; "
+            "print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
