@@ -255,6 +255,7 @@ def write_lab_files(state: LabState, password: str) -> None:
     (state.dir / "work").mkdir(parents=True, exist_ok=True)
     header = generate.INVENTORY_HEADER.format(env_file=state.env_file)
     atomic_write_text(state.inventory, header + yaml.safe_dump(document, sort_keys=False))
+    state.inventory.chmod(0o644)  # no secret inside; the env file stays 0600
     env_text = generate.env_file_text(password, str(state.inventory))
     atomic_write_text(state.env_file, env_text)
     state.env_file.chmod(0o600)

@@ -1,0 +1,111 @@
+"""The lab's generated inventory and env file (pure functions), and the shipped inventories/lab.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcfslm.inventory import load_inventory, parse_inventory
+from vcfslm.lab import generate
+from vcfslm.resources import resource_dir
+
+
+def _document(shape: generate.MachineShape, nodes: int = 4) -> dict:
+    ports = {f"slm-{i + 1:02d}": 40000 + i for i in range(nodes)}
+    return generate.lab_inventory(
+        vcenter_host="127.0.0.1", vcenter_port=8989, vcenter_user="administrator@vsphere.local",
+        ca_bundle="/lab/vcsim/tls/ca.pem", template="vcfslm-template",
+        nodes=generate.lab_nodes(nodes, ports), guest_user="root", ssh_key="/lab/ssh/id_ed25519",
+        known_hosts="/lab/ssh/known_hosts", workdir="/lab/work", bench_port=29500, shape=shape)
+
+
+SHAPES = [
+    generate.MachineShape(cpus=2, numa_nodes=1, memory_gib=10),
+    generate.MachineShape(cpus=1, numa_nodes=1, memory_gib=3),      # tiny runner: memory clamped
+    generate.MachineShape(cpus=4, numa_nodes=2, memory_gib=32),
+    generate.MachineShape(cpus=3, numa_nodes=2, memory_gib=16),     # uneven: one vNUMA node
+    generate.MachineShape(cpus=64, numa_nodes=8, memory_gib=512),   # more nodes than the sim host
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.cpus}cpu-{s.numa_nodes}node")
+def test_generated_inventory_passes_the_schema(shape):
+    inventory = parse_inventory(yaml.safe_dump(_document(shape)), "lab.yaml")
+    assert inventory.vm.vcpus == shape.cpus
+    assert inventory.vm.vcpus % inventory.vm.vnuma_nodes == 0
+    assert len(inventory.vm.host_numa_nodes) == inventory.vm.vnuma_nodes <= 4
+    assert inventory.bench.ranks_per_node * inventory.bench.threads_per_rank <= shape.cpus
+
+
+def test_generated_inventory_names_the_simulator_and_the_guests():
+    inventory = parse_inventory(yaml.safe_dump(_document(SHAPES[0])), "lab.yaml")
+    assert inventory.name == "lab"
+    assert (inventory.vcenter.host, inventory.vcenter.port) == ("127.0.0.1", 8989)
+    assert inventory.vcenter.password_env == "VCFSLM_VCENTER_PASSWORD"
+    assert inventory.vcenter.ca_bundle == "/lab/vcsim/tls/ca.pem"
+    assert inventory.vcenter.insecure is False
+    p = inventory.placement
+    assert (p.datacenter, p.cluster, p.datastore, p.template) == ("DC0", "DC0_C0", "LocalDS_0",
+                                                                 "vcfslm-template")
+    assert (p.networks.management.portgroup, p.networks.bench.portgroup) == ("VM Network", "DC0_DVPG0")
+    assert p.networks.bench.mtu == 65536
+    assert [(n.name, n.host, str(n.management_ip), str(n.bench_ip), n.ssh_port)
+            for n in inventory.nodes] == [
+        ("slm-01", "DC0_C0_H0", "127.0.0.11", "127.0.1.11", 40000),
+        ("slm-02", "DC0_C0_H1", "127.0.0.12", "127.0.1.12", 40001),
+        ("slm-03", "DC0_C0_H2", "127.0.0.13", "127.0.1.13", 40002),
+        ("slm-04", "DC0_C0_H3", "127.0.0.14", "127.0.1.14", 40003),
+    ]
+    assert all(n.advanced == {"SET.guest.ipAddress": str(n.management_ip)} for n in inventory.nodes)
+    g = inventory.guest
+    assert (g.user, g.ssh_key, g.known_hosts, g.workdir) == ("root", "/lab/ssh/id_ed25519",
+                                                             "/lab/ssh/known_hosts", "/lab/work")
+    assert (g.torch, g.torch_index_url, g.model) == ("2.13.0", None, "synthetic:tiny")
+    assert (inventory.bench.ranks_per_node, inventory.bench.threads_per_rank) == (2, 1)
+
+
+def test_memory_is_clamped_only_below_the_schema_floor():
+    assert generate.vm_section(generate.MachineShape(2, 1, 3))["memory_gb"] == generate.MIN_MEMORY_GB
+    assert generate.vm_section(generate.MachineShape(2, 1, 23))["memory_gb"] == 23
+
+
+def test_machine_shape_reads_numa_nodes(tmp_path: Path):
+    for node, kib in (("node0", 8 * 1024 * 1024), ("node1", 4 * 1024 * 1024)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "meminfo").write_text(f"Node {node[-1]} MemTotal:  {kib} kB\n"
+                                                 f"Node {node[-1]} MemFree:   1 kB\n")
+    shape = generate.machine_shape(sys_nodes=tmp_path)
+    assert (shape.numa_nodes, shape.memory_gib) == (2, 12)
+    assert shape.cpus >= 1
+
+
+def test_machine_shape_without_sysfs_falls_back_to_meminfo(tmp_path: Path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16777216 kB\nMemFree: 1 kB\n")
+    shape = generate.machine_shape(sys_nodes=tmp_path / "missing", meminfo=meminfo)
+    assert (shape.numa_nodes, shape.memory_gib) == (1, 16)
+
+
+def test_env_file_round_trips_awkward_values():
+    text = generate.env_file_text("pa ss'$word", "/lab dir/inventory.yaml")
+    assert "export VCFSLM_VCENTER_PASSWORD=" in text
+    assert generate.parse_env_file(text) == {"VCFSLM_VCENTER_PASSWORD": "pa ss'$word",
+                                             "VCFSLM_INVENTORY": "/lab dir/inventory.yaml"}
+
+
+def test_parse_env_file_accepts_plain_lines_and_comments():
+    assert generate.parse_env_file("# c\n\nA=1\nexport B='x y'\nnot a pair\n") == {"A": "1", "B": "x y"}
+
+
+def test_shipped_lab_inventory_validates_and_matches_the_generator():
+    path = resource_dir("inventories") / "lab.yaml"
+    shipped = load_inventory(path)
+    generated = parse_inventory(yaml.safe_dump(_document(SHAPES[0])), "generated")
+    assert shipped.vm == generated.vm
+    assert shipped.bench.model_dump(exclude={"port"}) == generated.bench.model_dump(exclude={"port"})
+    assert shipped.placement == generated.placement
+    assert [(n.name, n.host, n.management_ip, n.bench_ip, n.advanced) for n in shipped.nodes] == \
+        [(n.name, n.host, n.management_ip, n.bench_ip, n.advanced) for n in generated.nodes]
+    assert shipped.slos == generated.slos

@@ -1,0 +1,89 @@
+"""Lab folder bookkeeping and the `vcfslm lab` commands without starting servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vcfslm.cli import main
+from vcfslm.errors import UsageError
+from vcfslm.lab import lab
+from vcfslm.lab.process import ProcessRecord
+
+
+def test_lab_dir_precedence(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("VCFSLM_LAB_DIR", str(tmp_path / "env"))
+    assert lab.lab_dir(tmp_path / "arg") == tmp_path / "arg"
+    assert lab.lab_dir() == tmp_path / "env"
+    monkeypatch.delenv("VCFSLM_LAB_DIR")
+    assert lab.lab_dir() == Path("~/.vcfslm/lab").expanduser().resolve()
+
+
+def test_state_round_trips(tmp_path: Path):
+    from vcfslm.lab import vcsim
+
+    state = lab.LabState(
+        dir=tmp_path, nodes=1,
+        vcsim=vcsim.Vcsim(url="u", host="h", port=1, user="a", ca_file="c", hosts=4, template="t",
+                          api_version="6.5", log="l", process=ProcessRecord(10, 20, "m")),
+        guests=[], inventory=tmp_path / "inventory.yaml", env_file=tmp_path / "lab.env",
+        bench_port=29500)
+    lab.save_state(state)
+    again = lab.load_state(tmp_path)
+    assert again.to_json() == state.to_json()
+
+
+def test_no_lab_means_empty_status_and_a_quiet_down(tmp_path: Path):
+    assert lab.load_state(tmp_path) is None
+    assert lab.status(tmp_path) == []
+    assert lab.down(tmp_path) == []
+
+
+def test_corrupt_state_is_an_error_naming_the_file(tmp_path: Path):
+    (tmp_path / "state.json").write_text("{not json")
+    with pytest.raises(lab.LabError, match="state.json"):
+        lab.load_state(tmp_path)
+
+
+def test_down_with_dead_processes_removes_the_state(tmp_path: Path):
+    state = lab.LabState(dir=tmp_path, nodes=0, vcsim=None, guests=[],
+                         inventory=tmp_path / "inventory.yaml", env_file=tmp_path / "lab.env",
+                         bench_port=1)
+    lab.save_state(state)
+    state.inventory.write_text("x")
+    assert lab.down(tmp_path) == []
+    assert not state.state_file.exists() and not state.inventory.exists()
+
+
+def test_password_is_generated_once_and_private(tmp_path: Path):
+    first = lab.vcenter_password(tmp_path)
+    assert len(first) >= 16
+    assert lab.vcenter_password(tmp_path) == first
+    assert (tmp_path / "vcsim" / "password").stat().st_mode & 0o777 == 0o600
+
+
+def test_up_rejects_a_bad_node_count(tmp_path: Path):
+    with pytest.raises(UsageError):
+        lab.up(tmp_path, nodes=0)
+
+
+def test_cli_lab_is_registered_with_examples():
+    result = CliRunner().invoke(main, ["lab", "--help"])
+    assert result.exit_code == 0
+    for command in ("up", "status", "down"):
+        assert command in result.output
+    assert "vcfslm lab up" in result.output
+
+
+def test_cli_status_without_a_lab(tmp_path: Path):
+    result = CliRunner().invoke(main, ["lab", "status", "--dir", str(tmp_path)])
+    assert result.exit_code == 0
+    assert "no lab" in result.output
+
+
+def test_cli_bad_method_delay_is_bad_input(tmp_path: Path):
+    result = CliRunner().invoke(main, ["lab", "up", "--dir", str(tmp_path), "--method-delay", "nope"])
+    assert result.exit_code == 2
+    assert "--method-delay" in result.output
