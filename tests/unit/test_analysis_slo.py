@@ -203,3 +203,15 @@ def test_percentile_selects_the_tail():
     assert p50[128].threshold == 64 and p90[128].threshold == 32      # 178.6 + 30 > 200
     with pytest.raises(UsageError, match="p99 values are unknown"):
         crossovers(cells, [B], "p99")
+
+
+def test_a_load_without_valid_data_is_named_not_judged():
+    from vcfslm.analysis.cells import SINGLE, Cell, CellKey, Quantiles
+
+    def cell(batch, tpot):
+        return Cell(CellKey(SINGLE, 1, 4, batch, 128, 256), Quantiles(0.5), Quantiles(tpot), 10.0)
+
+    (c,) = crossovers([cell(1, 100), cell(4, 120), cell(8, float("nan")), cell(16, 150)], [A])
+    assert [v.point.streams_per_vm for v in c.verdicts] == [4, 16, 64]
+    assert (c.threshold, c.first_failing) == (16, 64)
+    assert "No valid data at 32 streams/VM: those loads are not judged." in c.summary()

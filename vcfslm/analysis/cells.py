@@ -107,7 +107,8 @@ class Cell:
 
     @property
     def has_data(self) -> bool:
-        return math.isfinite(self.tpot_ms.p50) or math.isfinite(self.ttft_s.p50)
+        """Both p50s measured: what a cell needs to be judged against an SLO."""
+        return math.isfinite(self.tpot_ms.p50) and math.isfinite(self.ttft_s.p50)
 
     def per_user_tps(self, pct: str = "p50") -> float | None:
         """Per-user speed (tokens/s) = 1000 / TPOT."""

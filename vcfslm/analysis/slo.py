@@ -351,9 +351,14 @@ def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pc
     """
     if pct not in PERCENTILES:
         raise UsageError(f"percentile must be one of {', '.join(PERCENTILES)}, not {pct!r}")
-    ctx = [c for c in cells if c.input_tokens == input_tokens and c.output_tokens == output_tokens and c.has_data]
+    everything = [c for c in cells if c.input_tokens == input_tokens and c.output_tokens == output_tokens]
+    ctx = [c for c in everything if c.has_data]
     scope = SINGLE if any(c.scope == SINGLE for c in ctx) else CLUSTER
     notes = []
+    empty = sorted({c.streams_per_vm for c in everything if c.scope == scope and not c.has_data}
+                   - {c.streams_per_vm for c in ctx if c.scope == scope})
+    if empty:
+        notes.append(f"No valid data at {', '.join(map(str, empty))} streams/VM: those loads are not judged.")
     if scope == CLUSTER and ctx:
         notes.append("No single-VM data: read from cluster cells (streams per VM of one cluster VM).")
     by_load: dict[int, list[Cell]] = defaultdict(list)
@@ -367,7 +372,7 @@ def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pc
         ttfts = [c.ttft_s.get(pct) for c in group]
         if any(v is None for v in tpots + ttfts):
             raise UsageError(f"{pct} values are unknown for {input_tokens}-token inputs at {load} streams/VM "
-                             f"(a CSV without {pct} columns?); use --percentile p50")
+                             f"(a CSV without {pct} columns, or no TTFT/TPOT measured); try --percentile p50")
         if len(group) > 1:
             notes.append(f"{len(group)} configurations at {load} streams/VM; the worse values are used.")
         points.append(LoadPoint(load, max(tpots), max(ttfts), min(c.batch_per_rank for c in group)))
