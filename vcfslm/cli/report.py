@@ -29,7 +29,9 @@ def _verbose() -> int:
 @click.option("--percentile", type=PERCENTILE, default="p50", show_default=True,
               help="Which percentile must meet the SLO (p90/p99 for stricter commitments).")
 @click.option("--csv", "csv_files", multiple=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="A CSV of external measurements to analyse too (see vcfslm.analysis.csv_import).")
+              help="A CSV of external measurements to analyse too. Columns: scope (single|cluster), vms, "
+                   "ranks_per_vm, batch_per_rank, input_tokens, output_tokens, ttft_s, tpot_ms, rank_tps; "
+                   "optional ttft_p90_s, ttft_p99_s, tpot_p90_ms, tpot_p99_ms, roofline_tpot_ms. Repeatable.")
 @click.option("--peak-streams", "peaks", multiple=True, type=click.IntRange(min=1), default=(256,),
               show_default=True, help="Peak concurrent streams for the sizing section. Repeatable.")
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
