@@ -109,8 +109,11 @@ def ssh_guests(tmp_path_factory):
     client = guests.ensure_client_keys(base / "ssh")
     started: list[guests.Guest] = []
     try:
-        for i in range(LAB_GUESTS):
-            started.append(guests.start_guest(i, base / "guests", client, port=0))
+        try:
+            for i in range(LAB_GUESTS):
+                started.append(guests.start_guest(i, base / "guests", client, port=0))
+        except guests.GuestsUnavailable as exc:  # e.g. no /run/sshd and no right to create it
+            pytest.skip(str(exc))
         guests.write_known_hosts(client.known_hosts, started)
         yield list(started)
     finally:

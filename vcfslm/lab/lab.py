@@ -203,7 +203,14 @@ def _ensure_vcsim(directory: Path, previous: LabState | None, nodes: int, passwo
     hosts = max(nodes, options.hosts) if options else nodes
     opts = dataclasses.replace(options or vcsim.VcsimOptions(), port=port, hosts=hosts)
     shutil.rmtree(directory / "vcsim" / "tmp", ignore_errors=True)  # datastores of a killed run
-    started = vcsim.start(directory / "vcsim", password, opts, reporter=reporter)
+    try:
+        started = vcsim.start(directory / "vcsim", password, opts, reporter=reporter)
+    except vcsim.VcsimFailed:
+        if opts.port == 0:
+            raise
+        # The preferred port was taken between the check and vcsim's bind: any port will do.
+        started = vcsim.start(directory / "vcsim", password, dataclasses.replace(opts, port=0),
+                              reporter=reporter)
     result.started.append("vcsim")
     return started
 
