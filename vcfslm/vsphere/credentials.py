@@ -1,4 +1,4 @@
-"""The vCenter password: from the environment, the keyring, or a prompt; always masked.
+"""The vCenter password (from the environment, the keyring, or a prompt; always masked) and TLS trust.
 
 Lookup order: the environment variable the inventory names (`vcenter.password_env`),
 then the system keyring when the optional `keyring` package is installed
@@ -11,6 +11,7 @@ it cannot leak into logs, exception messages, JSON or run directories by acciden
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Callable, Mapping
 
 from ..errors import VCenterError
@@ -56,6 +57,16 @@ class Secret:
 
     def __reduce__(self):
         raise TypeError("a Secret is not serialisable")
+
+
+def ssl_context(ca_bundle: str | None, insecure: bool) -> ssl.SSLContext:
+    """TLS verified against `ca_bundle` (or the system store); unverified only when insecure."""
+    if insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
 
 
 def keyring_username(user: str, host: str) -> str:

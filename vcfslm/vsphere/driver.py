@@ -43,7 +43,7 @@ from .changes import (
     VmPlan,
     WaitForIp,
 )
-from .credentials import Secret
+from .credentials import Secret, ssl_context
 from .desired import CUSTOMIZATION_KEY, OWNER_KEY, VNUMA_API, DesiredVm, parse_version
 from .state import HostFacts, Snapshot, VmState
 
@@ -93,16 +93,6 @@ class _Refs:
 
 class TaskFailed(VCenterError):
     """A vCenter task ended in error."""
-
-
-def ssl_context(ca_bundle: str | None, insecure: bool) -> ssl.SSLContext:
-    """TLS verified against `ca_bundle` (or the system store); unverified only when insecure."""
-    if insecure:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
-    return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
 
 
 def fault_text(exc: BaseException) -> str:

@@ -1,0 +1,276 @@
+"""`vcfslm plan`, `vcfslm provision` and `vcfslm destroy`: the inventory's VMs on vCenter."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from contextlib import contextmanager
+
+import click
+from rich.live import Live
+from rich.table import Table
+
+from ..errors import UsageError, VCenterError
+from .common import (
+    console,
+    err_console,
+    inventory_argument,
+    load,
+    output_option,
+    print_json,
+    remember_inventory,
+    resolve_inventory_path,
+)
+
+GUEST_STAGE_MODULE = "vcfslm.guest.provision"
+
+
+class VmLinesReporter:
+    """One live line per VM with its current step (plain lines when not on a terminal).
+
+    quiet: no progress lines (JSON output); events sent to `log` (warnings) still show.
+    """
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.status: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.live: Live | None = None
+
+    def __enter__(self) -> VmLinesReporter:
+        if not self.quiet and err_console.is_terminal:
+            self.live = Live(self._table(), console=err_console, refresh_per_second=8, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.__exit__(*exc)
+            self.live = None
+
+    def _table(self) -> Table:
+        table = Table.grid(padding=(0, 2))
+        for subject, status in self.status.items():
+            style = "red" if status.startswith(("failed", "blocked")) else ""
+            table.add_row(f"[bold]{subject}[/bold]", f"[{style}]{status}[/{style}]" if style else status)
+        return table
+
+    def update(self, subject: str, status: str) -> None:
+        with self.lock:
+            self.status[subject] = status
+            if self.live is not None:
+                self.live.update(self._table())
+            elif not self.quiet:
+                err_console.print(f"[bold]{subject}[/bold]: {status}")
+
+    def log(self, message: str) -> None:
+        with self.lock:
+            if self.live is not None:
+                self.live.console.print(message)
+            else:
+                err_console.print(message)
+
+
+def _prompt(question: str) -> str:
+    return click.prompt(question, hide_input=True, err=True)
+
+
+@contextmanager
+def _vcenter(inv, reporter):
+    """A connected pyVmomi driver and an Automation API client factory; sessions closed on exit."""
+    from ..vsphere.credentials import resolve_password
+    from ..vsphere.driver import PyVmomiVCenter
+
+    password = resolve_password(inv.vcenter, prompt=_prompt if sys.stdin.isatty() else None)
+
+    def automation():
+        from ..vsphere.tags import AutomationClient
+
+        return AutomationClient(inv.vcenter, password)
+
+    with PyVmomiVCenter(inv.vcenter, password, reporter) as vc:
+        yield vc, automation
+
+
+def _print_plan(plan) -> None:
+    for line in plan.lines():
+        text = line.strip()
+        if text.startswith("~"):
+            console.print(f"[yellow]{line}[/yellow]")
+        elif text.startswith("+"):
+            console.print(f"[green]{line}[/green]")
+        elif text.startswith("!") or ": blocked" in line:
+            console.print(f"[red]{line}[/red]")
+        else:
+            console.print(line, markup=False)
+
+
+@click.command()
+@inventory_argument
+@click.option("--allow-restart", is_flag=True,
+              help="Plan as provision --allow-restart would (restart-needing changes not pending).")
+@output_option
+def plan(inventory: str | None, allow_restart: bool, output: str) -> None:
+    """Show what provision would change in vCenter; change nothing.
+
+    \b
+    Per VM: create / change fields old -> new / in sync; changes that need the VM
+    powered off are marked [restart] (applied only with provision --allow-restart).
+    Examples:
+      vcfslm plan cluster.yaml
+      vcfslm plan cluster.yaml --output json
+    Exit 1 when preflight fails (every problem listed), 2 on a bad inventory.
+    """
+    from ..vsphere import reconcile
+
+    inv = load(inventory)
+    reporter = VmLinesReporter(quiet=True)  # plan observes only; warnings still show
+    with _vcenter(inv, reporter) as (vc, automation):
+        planned = reconcile.make_plan(inv, vc, allow_restart, automation)
+    if output == "json":
+        print_json(planned.plan.to_dict())
+        return
+    for w in planned.plan.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {w}")
+    console.print(f"vCenter API {planned.plan.api_version}, vNUMA via "
+                  f"{'ConfigSpec.virtualNuma' if planned.plan.vnuma_path == 'virtualNuma' else 'extraConfig numa.vcpu.maxPerVirtualNode'}",
+                  markup=False)
+    _print_plan(planned.plan)
+
+
+def _confirm_restarts(plan) -> bool:
+    names = ", ".join(v.name for v in plan.vms if v.restarts)
+    return click.confirm(f"Power off and restart running VM(s) {names}?", default=False, err=True)
+
+
+def _run_vm_stage(inv, allow_restart: bool, yes: bool, output: str):
+    from ..vsphere import reconcile
+
+    with VmLinesReporter(quiet=output == "json") as reporter:
+        with _vcenter(inv, reporter) as (vc, automation):
+            return reconcile.provision(inv, vc, reporter, allow_restart, automation,
+                                       confirm=None if yes else _confirm_restarts)
+
+
+def _print_summary(result) -> None:
+    table = Table(title=f"provision: {result.plan.change_count} change(s) planned")
+    for col in ("VM", "outcome", "IP", "detail"):
+        table.add_column(col)
+    for o in result.outcomes:
+        detail = o.message
+        if o.pending:
+            detail = "pending restart (--allow-restart): " + "; ".join(o.pending)
+        status = o.status if o.ok else f"[red]{o.status}[/red]"
+        table.add_row(o.name, status, o.ip or "", detail)
+    console.print(table)
+    for w in result.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _guest_stage(inv, stage: str, output: str):
+    """Run the guest stage when this build has it; None when it does not."""
+    if importlib.util.find_spec(GUEST_STAGE_MODULE) is None:
+        if stage == "guests":
+            raise UsageError("the guest stage is not part of this build (no vcfslm.guest.provision)")
+        err_console.print("note: the guest stage is not part of this build; provisioned VMs only")
+        return None
+    module = importlib.import_module(GUEST_STAGE_MODULE)
+    with VmLinesReporter(quiet=output == "json") as reporter:
+        return module.provision_guests(inv, reporter)
+
+
+@click.command()
+@inventory_argument
+@click.option("--allow-restart", is_flag=True,
+              help="Apply changes that need a running VM powered off (power off, change, power on).")
+@click.option("--stage", type=click.Choice(["vms", "guests", "all"]), default="all", show_default=True,
+              help="vms: vCenter only; guests: SSH playbooks only; all: both.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before restarting running VMs.")
+@output_option
+def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool, output: str) -> None:
+    """Create or converge the inventory's VMs on vCenter, then prepare the guests.
+
+    \b
+    Clones one VM per ESXi host (96 vCPUs in four vNUMA nodes in the brief's
+    inventory), pins it to the host's NUMA nodes, customizes hostname and IPs,
+    powers it on and waits for its IP; all VMs in parallel. A re-run changes
+    only what differs. Examples:
+      vcfslm provision cluster.yaml
+      vcfslm provision cluster.yaml --allow-restart --yes
+      vcfslm provision cluster.yaml --stage vms
+    Exit 1 when any VM failed or changes are pending a restart.
+    """
+    inv = load(inventory)
+    path = resolve_inventory_path(inventory)
+    result = None
+    if stage in ("vms", "all"):
+        result = _run_vm_stage(inv, allow_restart, yes, output)
+        remember_inventory(path)
+        if output == "json":
+            print_json(result.to_dict())
+        else:
+            _print_summary(result)
+        if result.failed:
+            raise VCenterError(f"{len(result.failed)} of {len(result.outcomes)} VM(s) failed: "
+                               + ", ".join(o.name for o in result.failed)
+                               + ("; the guest stage was skipped" if stage == "all" else ""))
+    else:
+        remember_inventory(path)
+    if stage in ("guests", "all"):
+        guests = _guest_stage(inv, stage, output)
+        if guests is not None and getattr(guests, "exit_code", 0):
+            sys.exit(guests.exit_code)
+    if result is not None and result.pending:
+        raise VCenterError(f"{len(result.pending)} VM(s) have changes pending a restart: "
+                           + ", ".join(o.name for o in result.pending)
+                           + " (run provision --allow-restart)")
+
+
+@click.command()
+@inventory_argument
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_option
+def destroy(inventory: str | None, yes: bool, output: str) -> None:
+    """Power off and delete the inventory's VMs (only those carrying its ownership marker).
+
+    \b
+    A VM with a node's name but without this inventory's vcfslm.owner marker is
+    refused, never deleted. Examples:
+      vcfslm destroy cluster.yaml
+      vcfslm destroy cluster.yaml --yes
+    Exit 1 when a VM was refused or failed to be destroyed.
+    """
+    from ..vsphere import reconcile
+
+    inv = load(inventory)
+
+    def confirm(dplan) -> bool:
+        names = ", ".join(v.name for v in dplan.destroy)
+        return click.confirm(f"Destroy {len(dplan.destroy)} VM(s) of '{inv.name}': {names}?",
+                             default=False, err=True)
+
+    with VmLinesReporter(quiet=output == "json") as reporter:
+        with _vcenter(inv, reporter) as (vc, automation):
+            result = reconcile.destroy(inv, vc, reporter, automation, None if yes else confirm)
+    if output == "json":
+        print_json({**result.plan.to_dict(), "warnings": result.warnings,
+                    "outcomes": [{"name": o.name, "status": o.status, "message": o.message}
+                                 for o in result.outcomes]})
+    else:
+        for o in result.outcomes:
+            console.print(f"{o.name}: {'destroyed' if o.ok else '[red]failed[/red] ' + o.message}")
+        for name in result.plan.absent:
+            console.print(f"{name}: not present", markup=False)
+        for w in result.warnings:
+            err_console.print(f"[yellow]warning:[/yellow] {w}")
+    if result.plan.refused:
+        raise VCenterError("refused to destroy:\n" + "\n".join(f"  - {r}" for r in result.plan.refused))
+    failed = [o.name for o in result.outcomes if not o.ok]
+    if failed:
+        raise VCenterError(f"failed to destroy: {', '.join(failed)}")
+
+
+COMMANDS = [plan, provision, destroy]
