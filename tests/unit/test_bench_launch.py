@@ -1,0 +1,143 @@
+"""Cluster launch command lines (golden) and the pure poll/progress parsers."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcfslm.bench import launch as L
+from vcfslm.bench.cluster import ClusterOptions, model_ref, plan_launches
+from vcfslm.errors import InventoryError
+from vcfslm.inventory import parse_inventory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def inv():
+    return parse_inventory((ROOT / "inventories" / "vx650v4-4node.yaml").read_text(), "brief.yaml")
+
+
+def test_select_nodes(inv):
+    assert [n.name for n in L.select_nodes(inv.nodes, 1)] == ["slm-01"]
+    assert [n.name for n in L.select_nodes(inv.nodes, None, ["slm-03", "slm-02"])] == ["slm-02", "slm-03"]
+    with pytest.raises(InventoryError, match="--nodes: 5 nodes asked, the inventory has 4"):
+        L.select_nodes(inv.nodes, 5)
+    with pytest.raises(InventoryError, match="not in the inventory: slm-09"):
+        L.select_nodes(inv.nodes, None, ["slm-09"])
+
+
+def test_torchrun_lines_per_node_golden(inv):
+    launches = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))
+    assert [la.global_ranks for la in launches] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
+    argv = list(launches[2].torchrun_argv)
+    assert argv == [
+        "/opt/vcfslm/venv/bin/torchrun", "--nnodes", "4", "--nproc-per-node", "4", "--node-rank", "2",
+        "--master-addr", "172.16.25.21", "--master-port", "29500", "--max-restarts", "0",
+        "--log-dir", "/opt/vcfslm/runs/r1/logs/slm-03/ranks", "--redirects", "3", "--tee", "3",
+        "--no-python", "/opt/vcfslm/launch/rank.sh",
+        "--model", "microsoft/Phi-3-mini-128k-instruct", "--batch-sizes", "1,4,8,16",
+        "--input-tokens", "128,512,1024", "--output-tokens", "128", "--warmup", "1", "--repeats", "3",
+        "--out", "/opt/vcfslm/runs/r1", "--run-id", "r1", "--node", "slm-03", "--nodes", "4",
+        "--threads", "24"]
+    # every node rendezvous on node 0's bench IP, never the management network
+    assert all("172.16.25.21" in la.torchrun_argv for la in launches)
+    assert not any("192.168.10.21" in la.torchrun_argv for la in launches)
+
+
+def test_options_reach_the_worker(inv):
+    [la] = plan_launches(inv, inv.nodes[:1], ClusterOptions(run_id="r2", resume=True, repeats=1,
+                                                             output_tokens=16, scenarios="b=1"))
+    argv = list(la.torchrun_argv)
+    assert argv[argv.index("--repeats") + 1] == "1" and argv[argv.index("--output-tokens") + 1] == "16"
+    assert "--resume" in argv and argv[argv.index("--scenarios") + 1] == "b=1"
+    assert argv[argv.index("--nnodes") + 1] == "1"
+
+
+def test_model_ref_for_a_local_dir(inv, tmp_path):
+    data = yaml.safe_load((ROOT / "inventories" / "vx650v4-4node.yaml").read_text())
+    data["guest"]["model"] = str(tmp_path)
+    local = parse_inventory(yaml.safe_dump(data), "x.yaml")
+    assert model_ref(local) == f"/opt/vcfslm/models/{tmp_path.name}"
+    assert model_ref(inv) == "microsoft/Phi-3-mini-128k-instruct"
+
+
+def test_shell_snippets_parse(inv):
+    la = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))[0]
+    for cmd in (la.launch_command, L.poll_command(la, 10), L.stop_command(la), L.lock_command(la, "r1"),
+                L.unlock_command(la)):
+        subprocess.run(["bash", "-n", "-c", cmd], check=True)
+    assert "setsid nohup bash -c" in la.launch_command
+    assert "export VCFSLM_PID_DIR=/opt/vcfslm/runs/r1/pids" in shlex.split(la.launch_command)[-1] or \
+        "VCFSLM_PID_DIR" in la.launch_command
+
+
+def test_detached_run_records_pid_and_exit(tmp_path):
+    """The launch snippet really detaches, records its pid, and writes the exit code."""
+    run = tmp_path / "run"
+    la = L.NodeLaunch(0, "n1", "127.0.0.1", "127.0.0.1", str(run), "", (0,))
+    cmd = L.detached(["bash", "-c", "echo hello; exit 3"], run_dir=str(run), pid_file=la.pid_file,
+                     exit_file=la.exit_file, log_file=la.log_file)
+    pid = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip()
+    assert pid.isdigit()
+    for _ in range(100):
+        out = subprocess.run(["bash", "-c", L.poll_command(la, 0)], capture_output=True, text=True).stdout
+        if out.startswith("EXIT"):
+            break
+        subprocess.run(["sleep", "0.05"])
+    assert L.parse_poll(out) == ("exited", 3, "hello\n")
+
+
+def test_stop_kills_group_and_pid_files(tmp_path):
+    run = tmp_path / "run"
+    la = L.NodeLaunch(0, "n1", "127.0.0.1", "127.0.0.1", str(run), "", (0,))
+    # a "worker" in its own session, as torchrun starts them, recorded in the pid file
+    script = f"setsid sleep 300 & echo $! > {run}/pids/rank-0.pid; sleep 300"
+    cmd = L.detached(["bash", "-c", script], run_dir=str(run), pid_file=la.pid_file,
+                     exit_file=la.exit_file, log_file=la.log_file)
+    subprocess.run(["bash", "-c", cmd], check=True, capture_output=True)
+    for _ in range(100):
+        if (run / "pids" / "rank-0.pid").exists():
+            break
+        subprocess.run(["sleep", "0.05"])
+    pids = [int((run / "node-n1.pid").read_text()), int((run / "pids" / "rank-0.pid").read_text())]
+    subprocess.run(["bash", "-c", L.stop_command(la, grace_s=2)], check=True)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_lock_is_exclusive_and_stale_lock_taken_over(tmp_path):
+    la = L.NodeLaunch(0, "n1", "127.0.0.1", "127.0.0.1", str(tmp_path / "runs" / "a"), "", (0,))
+    sh = lambda c: subprocess.run(["bash", "-c", c], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    assert sh(L.lock_command(la, "a")) == "LOCKED"
+    Path(la.lock_dir, "pid").write_text(str(subprocess.Popen(["sleep", "30"]).pid))
+    assert sh(L.lock_command(la, "b")) == "HELD a"
+    Path(la.lock_dir, "pid").write_text("999999")  # dead pid: stale
+    assert sh(L.lock_command(la, "c")) == "LOCKED"
+    sh(L.unlock_command(la))
+    assert not Path(la.lock_dir).exists()
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("[default3]:hello", (3, "hello")),
+    ("[12]:x", (12, "x")),
+    ("plain", (None, "plain")),
+])
+def test_split_rank_line(line, expected):
+    assert L.split_rank_line(line) == expected
+
+
+def test_parse_progress():
+    assert L.parse_progress('VCFSLM-PROGRESS {"scenario": 2, "scenarios": 4}') == {"scenario": 2, "scenarios": 4}
+    assert L.parse_progress("VCFSLM-PROGRESS {broken") is None
+    assert L.parse_progress("other") is None
+
+
+def test_parse_poll():
+    assert L.parse_poll("RUNNING\nabc\n") == ("running", None, "abc\n")
+    assert L.parse_poll("EXIT 0\n") == ("exited", 0, "")
+    assert L.parse_poll("GONE\n") == ("gone", None, "")

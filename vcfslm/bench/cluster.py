@@ -1,0 +1,423 @@
+"""`vcfslm bench --nodes N`: drive one detached torchrun per guest over SSH.
+
+The operator never carries model data: it preflights the guests, starts every node's
+torchrun at once (static rendezvous on node 0's bench IP), polls their logs, stops
+all of them on the first failure, timeout or interrupt, and fetches the records into
+`runs/<run-id>/`. Command lines come from `launch.py`; SSH from a `Transport`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import BenchError, TransportError, VcfslmError
+from ..progress import NullReporter, Reporter
+from ..results import RunMeta, load_run, read_meta, read_records, write_meta, write_records
+from . import launch as L
+
+
+@dataclass
+class ClusterOptions:
+    """What the user asked for beyond the inventory."""
+
+    run_id: str
+    runs_root: Path = Path("runs")
+    label: str | None = None
+    resume: bool = False
+    scenarios: str | None = None
+    repeats: int | None = None
+    output_tokens: int | None = None
+    timeout_s: float | None = None
+    poll_s: float = 1.0
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+
+
+def guest_paths(inv) -> dict[str, str]:
+    """Where the guest stage puts things (launch.yaml renders the scripts there)."""
+    work = inv.guest.workdir.rstrip("/")
+    venv = inv.guest.venv_path.rstrip("/")
+    return {"workdir": work, "venv": venv, "python": f"{venv}/bin/python",
+            "torchrun": f"{venv}/bin/torchrun", "rank_script": f"{work}/launch/rank.sh",
+            "runs": f"{work}/runs"}
+
+
+def model_ref(inv) -> str:
+    """The model as the worker on the guest names it (a pushed local dir lives under workdir)."""
+    model = inv.guest.model
+    if model.startswith("synthetic:"):
+        return model
+    if model.startswith(("/", "./", "~")) or Path(model).expanduser().is_dir():
+        return f"{guest_paths(inv)['workdir']}/models/{Path(model).expanduser().name}"
+    return model
+
+
+def new_run_id(name: str, nnodes: int, now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    return f"{name}-{nnodes}n-{now:%Y%m%d-%H%M%S}"
+
+
+def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaunch]:
+    """One NodeLaunch per selected node (pure: the --dry-run output is exactly this)."""
+    paths = guest_paths(inv)
+    run_dir = f"{paths['runs']}/{opts.run_id}"
+    ranks = inv.bench.ranks_per_node
+    master = str(nodes[0].bench_ip)
+    out = []
+    for i, node in enumerate(nodes):
+        args = L.worker_args(model=model_ref(inv), batch_sizes=inv.bench.batch_sizes,
+                             input_tokens=inv.bench.input_tokens,
+                             output_tokens=opts.output_tokens or inv.bench.output_tokens,
+                             warmup=inv.bench.warmup, repeats=opts.repeats or inv.bench.repeats,
+                             out=run_dir, run_id=opts.run_id, node=node.name, nodes=len(nodes),
+                             threads=inv.bench.threads_per_rank, resume=opts.resume,
+                             scenarios=opts.scenarios)
+        argv = L.torchrun_argv(torchrun=paths["torchrun"], nnodes=len(nodes), nproc_per_node=ranks,
+                               node_rank=i, master_addr=master, master_port=inv.bench.port,
+                               rank_script=paths["rank_script"],
+                               log_dir=f"{run_dir}/logs/{node.name}/ranks", args=args)
+        stub = L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, "",
+                            tuple(range(i * ranks, (i + 1) * ranks)))
+        env = {"VCFSLM_PID_DIR": f"{run_dir}/pids", "VCFSLM_RUN_DIR": run_dir}
+        cmd = L.detached(argv, run_dir=run_dir, pid_file=stub.pid_file, exit_file=stub.exit_file,
+                         log_file=stub.log_file, env=env)
+        out.append(L.NodeLaunch(i, node.name, stub.address, stub.bench_ip, run_dir, cmd,
+                                stub.global_ranks, tuple(argv)))
+    return out
+
+
+def inventory_sha256(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+@dataclass
+class NodeState:
+    launch: L.NodeLaunch
+    offset: int = 0
+    state: str = "pending"
+    exit_code: int | None = None
+    tail: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class ClusterBench:
+    """One cluster run: preflight, launch, watch, stop, collect."""
+
+    def __init__(self, inv, nodes: Sequence, connect: Callable[[Any], Any], opts: ClusterOptions,
+                 reporter: Reporter | None = None, preflight_checks: Callable[[Any, Any], list[str]] | None = None):
+        self.inv, self.nodes, self.connect, self.opts = inv, list(nodes), connect, opts
+        self.reporter = reporter or NullReporter()
+        self.preflight_checks = preflight_checks
+        self.launches = plan_launches(inv, self.nodes, opts)
+        self.states = {la.name: NodeState(la) for la in self.launches}
+        self.local_dir = Path(opts.runs_root) / opts.run_id
+        self._transports: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._rank_logs: dict[tuple[str, int], Any] = {}
+
+    # -- connections -----------------------------------------------------------------
+
+    def _t(self, name: str):
+        with self._lock:
+            t = self._transports.get(name)
+        if t is None:
+            t = self.connect(next(n for n in self.nodes if n.name == name))
+            with self._lock:
+                self._transports[name] = t
+        return t
+
+    def _drop(self, name: str) -> None:
+        with self._lock:
+            t = self._transports.pop(name, None)
+        if t is not None:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
+                pass
+
+    def _each(self, fn: Callable[[L.NodeLaunch], Any]) -> dict[str, Any]:
+        """Run fn on every node in parallel; value or the exception per node."""
+        out: dict[str, Any] = {}
+        with ThreadPoolExecutor(max_workers=min(16, len(self.launches))) as pool:
+            futures = {la.name: pool.submit(fn, la) for la in self.launches}
+            for name, fut in futures.items():
+                try:
+                    out[name] = fut.result()
+                except Exception as exc:  # noqa: BLE001 - reported per node
+                    out[name] = exc
+        return out
+
+    # -- phases ------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Scripts, venv, version, bench reachability, and the bench lock on every node."""
+        paths = guest_paths(self.inv)
+        peers = [(str(n.bench_ip), n.ssh_port) for n in self.nodes]
+
+        def check(la: L.NodeLaunch) -> list[str]:
+            t = self._t(la.name)
+            problems = []
+            probe = (f"test -x {shlex.quote(paths['rank_script'])} || echo MISSING rank script "
+                     f"{paths['rank_script']} '(run: vcfslm provision --stage guests)'; "
+                     f"test -x {shlex.quote(paths['torchrun'])} || echo MISSING torchrun {paths['torchrun']}; "
+                     f"{shlex.quote(paths['python'])} -c 'import vcfslm; print(\"VERSION\", vcfslm.__version__)' "
+                     f"2>/dev/null || echo MISSING vcfslm in {paths['venv']}")
+            out = t.run(probe, timeout=60, check=False).stdout
+            for line in out.splitlines():
+                if line.startswith("MISSING"):
+                    problems.append(line[len("MISSING "):])
+                elif line.startswith("VERSION") and line.split()[1] != __version__:
+                    problems.append(f"guest runs vcfslm {line.split()[1]}, the operator {__version__} "
+                                    "(run: vcfslm provision --stage guests)")
+            reach = ";".join(
+                f"python3 -c 'import socket; socket.create_connection((\"{ip}\", {port}), 3)' "
+                f"2>/dev/null || echo UNREACHABLE {ip}" for ip, port in peers if ip != la.bench_ip)
+            if reach:
+                for line in t.run(reach, timeout=60, check=False).stdout.splitlines():
+                    if line.startswith("UNREACHABLE"):
+                        problems.append(f"bench IP {line.split()[1]} unreachable from {la.name}")
+            if self.preflight_checks is not None:
+                problems += self.preflight_checks(self.inv, t)
+            if not problems:
+                got = t.run(L.lock_command(la, self.opts.run_id), timeout=30, check=False).stdout.strip()
+                if not got.startswith("LOCKED"):
+                    problems.append(f"another bench holds the lock ({got.split(' ', 1)[-1]}); "
+                                    f"if it is dead remove {la.lock_dir}")
+            return problems
+
+        results = self._each(check)
+        problems = []
+        for name, res in results.items():
+            if isinstance(res, Exception):
+                problems.append(f"{name}: {res}")
+            else:
+                problems += [f"{name}: {p}" for p in res]
+        if problems:
+            self._each(self._unlock)
+            raise BenchError("bench preflight failed:\n" + "\n".join(f"  - {p}" for p in problems))
+
+    def _unlock(self, la: L.NodeLaunch) -> None:
+        try:
+            self._t(la.name).run(L.unlock_command(la), timeout=30, check=False)
+        except (TransportError, OSError):
+            pass
+
+    def start(self) -> None:
+        """Start every node's torchrun, all at once."""
+        def go(la: L.NodeLaunch) -> None:
+            t = self._t(la.name)
+            pid = t.run(la.launch_command, timeout=60).stdout.strip()
+            t.run(f"echo {shlex.quote(pid)} > {shlex.quote(la.lock_dir)}/pid", timeout=30, check=False)
+            self.states[la.name].state = "running"
+            self.reporter.update(la.name, f"torchrun started (pid {pid})")
+
+        failed = {n: e for n, e in self._each(go).items() if isinstance(e, Exception)}
+        if failed:
+            raise BenchError("could not start torchrun on " + ", ".join(f"{n} ({e})" for n, e in failed.items()))
+
+    def _poll(self, la: L.NodeLaunch) -> None:
+        st = self.states[la.name]
+        try:
+            res = self._t(la.name).run(L.poll_command(la, st.offset), timeout=60, check=False)
+        except (TransportError, OSError, EOFError) as exc:
+            self._drop(la.name)  # reconnect next tick; the detached run goes on meanwhile
+            st.error = f"SSH: {exc}"
+            return
+        st.error = None
+        state, code, text = L.parse_poll(res.stdout)
+        st.offset += len(text.encode())
+        self._consume(la, text)
+        st.state, st.exit_code = state, code
+
+    def _consume(self, la: L.NodeLaunch, text: str) -> None:
+        st = self.states[la.name]
+        node_log = self.local_dir / "logs" / la.name / "torchrun.log"
+        node_log.parent.mkdir(parents=True, exist_ok=True)
+        with node_log.open("a", encoding="utf-8") as fh:
+            fh.write(text)
+        for line in text.splitlines():
+            st.tail = (st.tail + [line])[-40:]
+            local_rank, body = L.split_rank_line(line)
+            if local_rank is not None:
+                with (node_log.parent / f"rank-{la.global_ranks[0] + local_rank}.log").open("a") as fh:
+                    fh.write(body + "\n")
+            event = L.parse_progress(body)
+            if event is not None:
+                self.reporter.update(la.name, _describe(event))
+
+    def watch(self) -> str | None:
+        """Poll until every node exits; the first failure (or timeout) as text, else None."""
+        timeout = self.opts.timeout_s or self.inv.bench.timeout_s
+        deadline = time.monotonic() + timeout
+        lost_since: dict[str, float] = {}
+        while True:
+            self._each(self._poll)
+            for name, st in self.states.items():
+                if st.state == "exited" and st.exit_code != 0:
+                    return f"node {name} failed: torchrun exit {st.exit_code}"
+                if st.state == "gone":
+                    return f"node {name}: torchrun vanished without an exit code"
+                if st.error:
+                    first = lost_since.setdefault(name, time.monotonic())
+                    if time.monotonic() - first > 60:
+                        return f"node {name}: {st.error} (for over 60 s)"
+                else:
+                    lost_since.pop(name, None)
+            if all(st.state == "exited" and st.exit_code == 0 for st in self.states.values()):
+                return None
+            if time.monotonic() > deadline:
+                return f"timeout after {timeout:g} s"
+            time.sleep(self.opts.poll_s)
+
+    def stop_all(self) -> None:
+        """Stop every node's torchrun and workers (group + pid files), then release locks."""
+        def stop(la: L.NodeLaunch) -> None:
+            t = self._t(la.name)
+            t.run(L.stop_command(la), timeout=60, check=False)
+            t.run(L.unlock_command(la), timeout=30, check=False)
+        for name, res in self._each(stop).items():
+            if isinstance(res, Exception):
+                self.reporter.log(f"{name}: could not stop cleanly: {res}")
+
+    def collect(self) -> list:
+        """Fetch every node's rank files (and node 0's gathered results) into the local run dir."""
+        ranks_dir = self.local_dir / "ranks"
+        ranks_dir.mkdir(parents=True, exist_ok=True)
+
+        def fetch(la: L.NodeLaunch) -> None:
+            t = self._t(la.name)
+            listing = t.run(f"ls {shlex.quote(la.run_dir)}/ranks 2>/dev/null", timeout=60, check=False).stdout
+            for rank in la.global_ranks:
+                name = f"rank-{rank}.jsonl"
+                if name in listing.split():
+                    t.get(f"{la.run_dir}/ranks/{name}", str(ranks_dir / name))
+        for name, res in self._each(fetch).items():
+            if isinstance(res, Exception):
+                self.reporter.log(f"{name}: could not fetch records: {res}")
+        records = []
+        for p in sorted(ranks_dir.glob("rank-*.jsonl")):
+            records.extend(read_records(p))
+        records.sort(key=lambda r: (r.batch_per_rank, r.input_tokens, r.window, r.rank))
+        write_records(self.local_dir / "results.jsonl", records)
+        return records
+
+    # -- the whole run -------------------------------------------------------------------
+
+    def meta(self, complete: bool, failure: str | None) -> RunMeta:
+        inv = self.inv
+        previous = {}
+        if self.opts.resume and (self.local_dir / "meta.json").exists():
+            previous = asdict(read_meta(self.local_dir))
+        return RunMeta(
+            run_id=self.opts.run_id, created=previous.get("created") or _now(),
+            command=self.opts.command, mode="cluster", nodes=[n.name for n in self.nodes],
+            ranks_per_node=inv.bench.ranks_per_node, threads_per_rank=inv.bench.threads_per_rank,
+            model=inv.guest.model,
+            matrix={"batch_sizes": inv.bench.batch_sizes, "input_tokens": inv.bench.input_tokens,
+                    "output_tokens": self.opts.output_tokens or inv.bench.output_tokens,
+                    "warmup": inv.bench.warmup, "repeats": self.opts.repeats or inv.bench.repeats,
+                    "scenarios": self.opts.scenarios},
+            complete=complete, label=self.opts.label, inventory_sha256=inventory_sha256(inv.source),
+            failure=failure, versions={"vcfslm": __version__},
+            slos={k: v.model_dump() for k, v in inv.slos.items()},
+            vcenter=previous.get("vcenter", {}), guests=previous.get("guests", {}),
+            probe=previous.get("probe", {}))
+
+    def run(self) -> tuple[RunMeta, list]:
+        """Preflight, launch, watch, collect; BenchError (after a clean stop) on any failure."""
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        write_meta(self.local_dir, self.meta(False, None))
+        try:
+            self.preflight()
+        except VcfslmError:
+            self._close()
+            raise
+        failure: str | None = None
+        try:
+            self.start()
+            failure = self.watch()
+        except KeyboardInterrupt:
+            failure = "interrupted"
+        except VcfslmError as exc:
+            failure = str(exc)
+        finally:
+            if failure is not None:
+                self.stop_all()
+        try:
+            records = self.collect()
+            if failure is None:
+                self._each(self._unlock)
+            meta = self.meta(failure is None, failure)
+            write_meta(self.local_dir, meta)
+        finally:
+            self._close()
+        if failure is not None:
+            raise BenchError(self._failure_text(failure))
+        return meta, records
+
+    def _failure_text(self, failure: str) -> str:
+        lines = [f"run {self.opts.run_id} incomplete: {failure}",
+                 f"finished windows kept in {self.local_dir}; continue with: vcfslm bench --resume {self.opts.run_id}"]
+        for name, st in self.states.items():
+            if st.state != "exited" or st.exit_code != 0:
+                lines.append(f"last lines of {name} ({st.state}{'' if st.exit_code is None else f', exit {st.exit_code}'}):")
+                lines += [f"  | {line}" for line in st.tail[-12:]]
+        return "\n".join(lines)
+
+    def _close(self) -> None:
+        for name in list(self._transports):
+            self._drop(name)
+
+
+def _describe(event: dict) -> str:
+    if event.get("phase") == "done":
+        return "done"
+    return (f"scenario {event.get('scenario', '?')}/{event.get('scenarios', '?')} "
+            f"{event.get('phase', '')} window {event.get('window', '?')}"
+            + (f" (b={event['batch']}, in={event['input_tokens']})" if "batch" in event else ""))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def summary_rows(records: list) -> list[dict]:
+    """Per scenario: ranks seen, windows, median TTFT/TPOT, mean rank throughput."""
+    from ..results import percentile
+
+    groups: dict[tuple, list] = {}
+    for r in records:
+        groups.setdefault(r.scenario, []).append(r)
+    rows = []
+    for (batch, inp, outp), rs in sorted(groups.items()):
+        rows.append({"batch_per_rank": batch, "input_tokens": inp, "output_tokens": outp,
+                     "ranks": len({r.rank for r in rs}), "windows": len(rs),
+                     "ttft_p50_s": percentile([x for r in rs for x in r.ttft_s], 50),
+                     "tpot_p50_ms": percentile([x for r in rs for x in r.tpot_ms], 50),
+                     "rank_tps": sum(r.rank_tps for r in rs) / len(rs)})
+    return rows
+
+
+def resume_options(run_dir: Path) -> dict:
+    """What a run recorded about itself, so --resume RUN repeats its matrix and nodes."""
+    meta, _ = load_run(run_dir)
+    return {"nodes": meta.nodes, "repeats": meta.matrix.get("repeats"),
+            "output_tokens": meta.matrix.get("output_tokens"), "scenarios": meta.matrix.get("scenarios"),
+            "label": meta.label}
+
+
+__all__ = ["ClusterBench", "ClusterOptions", "plan_launches", "new_run_id", "guest_paths",
+           "summary_rows", "resume_options"]

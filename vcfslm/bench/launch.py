@@ -1,0 +1,182 @@
+"""Cluster benchmark launch: per-node torchrun command lines (pure) and their driver.
+
+Each node runs one torchrun, detached on the guest (setsid + nohup), so a dropped SSH
+connection never kills a run by accident and a stop is always explicit:
+
+    <run>/node-<name>.pid     the detached session's pid (== its process group)
+    <run>/node-<name>.exit    torchrun's exit code, written when it ends
+    <run>/logs/<name>/torchrun.log   torchrun's console (ranks teed, "[defaultN]:" prefixed)
+    <run>/pids/rank-<rank>.pid       each worker's pid (torchrun starts workers in their
+                                     own sessions, so the group alone would miss them)
+
+The operator polls these over SSH (one short command per node per tick), streams the
+new log lines, and on any failure stops every node: the process group and the pid
+files, nothing broader. This module imports no SSH library: it drives a Transport.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import InventoryError, Problem
+
+PROGRESS_PREFIX = "VCFSLM-PROGRESS "
+RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything needed to start, poll, stop and collect one node of a run."""
+
+    index: int
+    name: str
+    address: str                      # management IP (SSH)
+    bench_ip: str
+    run_dir: str                      # remote run directory (shared layout on every node)
+    launch_command: str
+    global_ranks: tuple[int, ...]
+    torchrun_argv: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def pid_file(self) -> str:
+        return f"{self.run_dir}/node-{self.name}.pid"
+
+    @property
+    def exit_file(self) -> str:
+        return f"{self.run_dir}/node-{self.name}.exit"
+
+    @property
+    def log_file(self) -> str:
+        return f"{self.run_dir}/logs/{self.name}/torchrun.log"
+
+    @property
+    def lock_dir(self) -> str:
+        return f"{self.run_dir}/../.lock-{self.name}"
+
+
+def select_nodes(nodes: Sequence, count: int | None = None, names: Iterable[str] | None = None,
+                 source: str = "") -> list:
+    """The first `count` inventory nodes, or the named ones (in inventory order)."""
+    if names:
+        wanted = [n.strip() for n in names if n.strip()]
+        known = {n.name for n in nodes}
+        unknown = [n for n in wanted if n not in known]
+        if unknown:
+            raise InventoryError([Problem(source, None, None, "--hosts",
+                                          f"not in the inventory: {', '.join(unknown)} "
+                                          f"(nodes: {', '.join(sorted(known))})")])
+        return [n for n in nodes if n.name in wanted]
+    count = len(nodes) if count is None else count
+    if count < 1 or count > len(nodes):
+        raise InventoryError([Problem(source, None, None, "--nodes",
+                                      f"{count} nodes asked, the inventory has {len(nodes)}")])
+    return list(nodes[:count])
+
+
+def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequence[int],
+                output_tokens: int, warmup: int, repeats: int, out: str, run_id: str,
+                node: str, nodes: int, threads: int, resume: bool = False,
+                scenarios: str | None = None) -> list[str]:
+    """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper)."""
+    args = ["--model", model, "--batch-sizes", ",".join(map(str, batch_sizes)),
+            "--input-tokens", ",".join(map(str, input_tokens)), "--output-tokens", str(output_tokens),
+            "--warmup", str(warmup), "--repeats", str(repeats), "--out", out, "--run-id", run_id,
+            "--node", node, "--nodes", str(nodes), "--threads", str(threads)]
+    if resume:
+        args.append("--resume")
+    if scenarios:
+        args += ["--scenarios", scenarios]
+    return args
+
+
+def torchrun_argv(*, torchrun: str, nnodes: int, nproc_per_node: int, node_rank: int,
+                  master_addr: str, master_port: int, rank_script: str, log_dir: str,
+                  args: Sequence[str]) -> list[str]:
+    """torchrun with a static rendezvous on node 0's bench IP and the rank wrapper."""
+    return [torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+            "--node-rank", str(node_rank), "--master-addr", master_addr,
+            "--master-port", str(master_port), "--max-restarts", "0",
+            "--log-dir", log_dir, "--redirects", "3", "--tee", "3",
+            "--no-python", rank_script, *args]
+
+
+def detached(argv: Sequence[str], *, run_dir: str, pid_file: str, exit_file: str, log_file: str,
+             env: dict[str, str] | None = None) -> str:
+    """Shell that starts argv in its own session, records its pid and, later, its exit code."""
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted((env or {}).items()))
+    inner = f"{exports}{shlex.join(argv)}; echo $? > {shlex.quote(exit_file)}.tmp && " \
+            f"mv {shlex.quote(exit_file)}.tmp {shlex.quote(exit_file)}"
+    log_parent = log_file.rsplit("/", 1)[0]
+    # Separate statements: a `&&` chain ending in `&` would background the mkdir too.
+    return (f"mkdir -p {shlex.quote(run_dir)}/pids {shlex.quote(log_parent)} || exit 1; "
+            f"rm -f {shlex.quote(exit_file)}; "
+            f"setsid nohup bash -c {shlex.quote(inner)} > {shlex.quote(log_file)} 2>&1 < /dev/null & "
+            f"echo $! > {shlex.quote(pid_file)}; cat {shlex.quote(pid_file)}")
+
+
+def poll_command(launch: NodeLaunch, offset: int) -> str:
+    """One round trip: exit code (or 'running'/'gone') then the log from byte `offset`."""
+    pid, ex, log = (shlex.quote(p) for p in (launch.pid_file, launch.exit_file, launch.log_file))
+    return (f"if [ -f {ex} ]; then echo EXIT $(cat {ex}); "
+            f"elif [ -f {pid} ] && kill -0 $(cat {pid}) 2>/dev/null; then echo RUNNING; "
+            f"else echo GONE; fi; tail -c +{offset + 1} {log} 2>/dev/null || true")
+
+
+def stop_command(launch: NodeLaunch, grace_s: int = 10) -> str:
+    """TERM the node's process group and every recorded worker pid, then KILL what is left."""
+    pid = shlex.quote(launch.pid_file)
+    ranks = " ".join(f"{launch.run_dir}/pids/rank-{r}.pid" for r in launch.global_ranks)
+    targets = (f"t=''; [ -f {pid} ] && t=\"-$(cat {pid})\"; "
+               f"for f in {ranks}; do [ -f \"$f\" ] && t=\"$t $(cat \"$f\")\"; done; ")
+    return (f"{targets}"
+            f"if [ -n \"$t\" ]; then kill -TERM -- $t 2>/dev/null; "
+            f"for i in $(seq {grace_s * 5}); do alive=''; for p in $t; do "
+            f"kill -0 -- $p 2>/dev/null && alive=1; done; [ -z \"$alive\" ] && break; sleep 0.2; done; "
+            f"kill -KILL -- $t 2>/dev/null; fi; true")
+
+
+def lock_command(launch: NodeLaunch, run_id: str) -> str:
+    """Take this node's bench lock (mkdir is atomic); a stale lock of a dead pid is taken over."""
+    lock = shlex.quote(launch.lock_dir)
+    return (f"mkdir -p {shlex.quote(launch.run_dir)}/.. && "
+            f"if mkdir {lock} 2>/dev/null; then echo {shlex.quote(run_id)} > {lock}/run; echo LOCKED; "
+            f"else held=$(cat {lock}/run 2>/dev/null); pidf={lock}/pid; "
+            f"if [ -f \"$pidf\" ] && kill -0 $(cat \"$pidf\") 2>/dev/null; then echo HELD $held; "
+            f"else echo {shlex.quote(run_id)} > {lock}/run; rm -f \"$pidf\"; echo LOCKED; fi; fi")
+
+
+def unlock_command(launch: NodeLaunch) -> str:
+    return f"rm -rf {shlex.quote(launch.lock_dir)}"
+
+
+def parse_poll(stdout: str) -> tuple[str, int | None, str]:
+    """(state, exit code, new log text) from poll_command's output."""
+    head, _, rest = stdout.partition("\n")
+    head = head.strip()
+    if head.startswith("EXIT"):
+        try:
+            return "exited", int(head.split()[1]), rest
+        except (IndexError, ValueError):
+            return "exited", -1, rest
+    return ("running" if head == "RUNNING" else "gone"), None, rest
+
+
+def split_rank_line(line: str) -> tuple[int | None, str]:
+    """torchrun's teed '[default3]:text' -> (3, 'text'); other lines -> (None, line)."""
+    m = RANK_LINE.match(line)
+    return (int(m.group(1)), m.group(2)) if m else (None, line)
+
+
+def parse_progress(text: str) -> dict | None:
+    """The worker's machine-readable progress event on a line, if any."""
+    i = text.find(PROGRESS_PREFIX)
+    if i < 0:
+        return None
+    try:
+        return json.loads(text[i + len(PROGRESS_PREFIX):])
+    except ValueError:
+        return None
