@@ -98,14 +98,10 @@ def _vcenter(inv, reporter):
 def _print_plan(plan) -> None:
     for line in plan.lines():
         text = line.strip()
-        if text.startswith("~"):
-            console.print(f"[yellow]{line}[/yellow]")
-        elif text.startswith("+"):
-            console.print(f"[green]{line}[/green]")
-        elif text.startswith("!") or ": blocked" in line:
-            console.print(f"[red]{line}[/red]")
-        else:
-            console.print(line, markup=False)
+        style = ("yellow" if text.startswith("~") else "green" if text.startswith("+")
+                 else "red" if text.startswith("!") or ": blocked" in line else None)
+        # No markup (extraConfig[...] is not a rich tag) and no wrapping (lines are grep-able).
+        console.print(line, style=style, markup=False, soft_wrap=True)
 
 
 @click.command()
