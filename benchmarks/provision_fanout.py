@@ -1,0 +1,93 @@
+"""Fan-out of provision: 1 VM vs 16 VMs on a vcsim with ~1 s latency per vCenter call.
+
+Every VM needs the same chain of slow calls (clone, reconfigure, customize,
+mark, power on), so if VMs are handled in parallel, 16 VMs take about as long
+as one. Prints both wall times and their ratio (target <= 1.5).
+
+    .venv/bin/python benchmarks/provision_fanout.py [--vms 16] [--delay-ms 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vcfslm.inventory import load_inventory  # noqa: E402
+from vcfslm.lab import vcsim  # noqa: E402
+from vcfslm.vsphere import reconcile  # noqa: E402
+from vcfslm.vsphere.credentials import Secret  # noqa: E402
+from vcfslm.vsphere.driver import PyVmomiVCenter  # noqa: E402
+
+SLOW_METHODS = ("CloneVM_Task", "ReconfigVM_Task", "CustomizeVM_Task", "PowerOnVM_Task",
+                "PowerOffVM_Task", "RelocateVM_Task", "Destroy_Task")
+
+
+def inventory(server: vcsim.Vcsim, name: str, count: int, workdir: Path) -> Path:
+    """The brief's VM shape on `count` simulated hosts (one VM per host)."""
+    data = yaml.safe_load((ROOT / "inventories" / "vx650v4-4node.yaml").read_text())
+    data["name"] = name
+    data["vcenter"].update(host=server.host, port=server.port, user=server.user,
+                           password_env="VCFSLM_BENCH_VC_PASSWORD", ca_bundle=server.ca_file)
+    data["placement"].update(datacenter=vcsim.DATACENTER, cluster=vcsim.CLUSTER,
+                             datastore=vcsim.DATASTORE, folder=f"bench/{name}",
+                             template=server.template)
+    data["placement"]["networks"]["management"]["portgroup"] = vcsim.MANAGEMENT_PORTGROUP
+    data["placement"]["networks"]["bench"]["portgroup"] = vcsim.BENCH_PORTGROUP
+    data["nodes"] = [{"name": f"{name}-{i:02d}", "host": vcsim.host_name(i),
+                      "management_ip": f"192.168.10.{21 + i}", "bench_ip": f"172.16.25.{21 + i}",
+                      "advanced": {"SET.guest.ipAddress": f"192.168.10.{21 + i}"}}
+                     for i in range(count)]
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def provision_time(path: Path, password: Secret) -> float:
+    """Wall time of one full provision (connect, observe, apply) of a fresh inventory."""
+    inv = load_inventory(path)
+    started = time.perf_counter()
+    with PyVmomiVCenter(inv.vcenter, password) as vc:
+        result = reconcile.provision(inv, vc)
+    elapsed = time.perf_counter() - started
+    if result.failed:
+        raise SystemExit(f"provision failed: {[(o.name, o.message) for o in result.failed]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vms", type=int, default=16)
+    parser.add_argument("--delay-ms", type=int, default=1000)
+    args = parser.parse_args()
+    password = secrets.token_urlsafe(12)
+    with tempfile.TemporaryDirectory(prefix="vcfslm-fanout-") as tmp:
+        workdir = Path(tmp)
+        opts = vcsim.VcsimOptions(hosts=args.vms,
+                                  method_delay={m: args.delay_ms for m in SLOW_METHODS})
+        server = vcsim.start(workdir / "vcsim", password, opts)
+        try:
+            secret = Secret(password)
+            one = provision_time(inventory(server, "fan-one", 1, workdir), secret)
+            many = provision_time(inventory(server, "fan-many", args.vms, workdir), secret)
+        finally:
+            vcsim.stop(server)
+    ratio = many / one
+    print(f"vcsim latency {args.delay_ms} ms on {', '.join(SLOW_METHODS)}")
+    print(f"{'VMs':>4}  {'wall time (s)':>13}")
+    print(f"{1:>4}  {one:13.2f}")
+    print(f"{args.vms:>4}  {many:13.2f}")
+    print(f"ratio {args.vms} VMs / 1 VM = {ratio:.2f} (target <= 1.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
