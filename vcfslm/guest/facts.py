@@ -1,0 +1,560 @@
+"""Facts: what a guest looks like, each as a command plus a pure parser of its output.
+
+A `Fact` also names its value on a fresh guest (`absent`), so a dry run can plan
+against a host that cannot be reached yet ("what would a new VM need").
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from ..topology import parse_cpu_list
+from .transport import Result
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Fact(Generic[T]):
+    """A read-only command and the parser of its Result.
+
+    key: cache key (same key = same fact on one host); absent: the value on a fresh guest;
+    input: stdin for the command (scripts for python3 -); sudo: needs root to read.
+    """
+
+    key: str
+    command: str
+    parse: Callable[[Result], T]
+    absent: T
+    input: str | None = None
+    sudo: bool = False
+    timeout: float = 60.0
+
+
+def q(value: str) -> str:
+    return shlex.quote(str(value))
+
+
+# ------------------------------------------------------------------ NUMA and CPUs
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    cpus: tuple[int, ...]
+    size_mb: int | None
+    free_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class NumaHardware:
+    """`numactl --hardware`: nodes with their CPUs and memory (empty when numactl is missing)."""
+
+    nodes: tuple[NumaNode, ...]
+    available: bool = True
+    error: str = ""
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return tuple(sorted(c for n in self.nodes for c in n.cpus))
+
+
+_NODE_LINE = re.compile(r"^node\s+(\d+)\s+(cpus|size|free):\s*(.*)$")
+
+
+def parse_numactl_hardware(text: str) -> NumaHardware:
+    """Parse `numactl --hardware` (the `node N cpus/size/free` lines)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for line in text.splitlines():
+        m = _NODE_LINE.match(line.strip())
+        if not m:
+            continue
+        node = nodes.setdefault(int(m.group(1)), {"cpus": (), "size": None, "free": None})
+        kind, value = m.group(2), m.group(3).strip()
+        if kind == "cpus":
+            node["cpus"] = parse_cpu_list(value)
+        else:
+            mb = re.match(r"(\d+)\s*MB", value)
+            node[kind] = int(mb.group(1)) if mb else None
+    return NumaHardware(tuple(NumaNode(i, d["cpus"], d["size"], d["free"])
+                              for i, d in sorted(nodes.items())))
+
+
+def _numa_result(r: Result) -> NumaHardware:
+    if r.exit != 0:
+        why = "numactl is not installed" if r.exit == 127 else (r.stderr.strip() or f"exit {r.exit}")
+        return NumaHardware((), available=False, error=why)
+    return parse_numactl_hardware(r.stdout)
+
+
+NUMA_HARDWARE: Fact[NumaHardware] = Fact(
+    "numa", "numactl --hardware", _numa_result,
+    NumaHardware((), available=False, error="fresh guest (not inspected)"))
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """The parts of `lscpu -J` verification needs."""
+
+    cpus: int
+    online: tuple[int, ...]
+    sockets: int | None
+    cores_per_socket: int | None
+    threads_per_core: int | None
+    numa_nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    model: str = ""
+
+
+def _lscpu_fields(items: list[dict[str, Any]], out: dict[str, str]) -> dict[str, str]:
+    for item in items:
+        name = str(item.get("field", "")).strip().rstrip(":")
+        if name and item.get("data") is not None:
+            out.setdefault(name, str(item["data"]).strip())
+        _lscpu_fields(item.get("children", []) or [], out)  # util-linux >= 2.39 nests sections
+    return out
+
+
+def parse_lscpu_json(text: str) -> CpuInfo:
+    """Parse `lscpu -J` (flat or nested)."""
+    fields = _lscpu_fields(json.loads(text).get("lscpu", []), {})
+
+    def num(name: str) -> int | None:
+        m = re.match(r"\d+", fields.get(name, ""))
+        return int(m.group(0)) if m else None
+
+    nodes = {}
+    for name, value in fields.items():
+        m = re.fullmatch(r"NUMA node(\d+) CPU\(s\)", name)
+        if m:
+            nodes[int(m.group(1))] = parse_cpu_list(value)
+    return CpuInfo(cpus=num("CPU(s)") or 0, online=parse_cpu_list(fields.get("On-line CPU(s) list", "")),
+                   sockets=num("Socket(s)"), cores_per_socket=num("Core(s) per socket"),
+                   threads_per_core=num("Thread(s) per core"), numa_nodes=nodes,
+                   model=fields.get("Model name", ""))
+
+
+def _lscpu_result(r: Result) -> CpuInfo | None:
+    if r.exit != 0:
+        return None
+    try:
+        return parse_lscpu_json(r.stdout)
+    except (ValueError, AttributeError):
+        return None
+
+
+LSCPU: Fact[CpuInfo | None] = Fact("lscpu", "lscpu -J", _lscpu_result, None)
+
+
+# ------------------------------------------------------------------ network
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    mtu: int
+    addresses: tuple[ipaddress.IPv4Interface | ipaddress.IPv6Interface, ...]
+    up: bool = True
+
+
+def parse_ip_addr_json(text: str) -> tuple[Interface, ...]:
+    """Parse `ip -j addr`: interface name, MTU, addresses with prefixes."""
+    out = []
+    for link in json.loads(text or "[]"):
+        addrs = []
+        for a in link.get("addr_info", []):
+            if "local" in a and "prefixlen" in a:
+                addrs.append(ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}"))
+        out.append(Interface(link.get("ifname", "?"), int(link.get("mtu", 0)), tuple(addrs),
+                             "UP" in link.get("flags", [])))
+    return tuple(out)
+
+
+def interface_of(ip: str | ipaddress.IPv4Address, interfaces: tuple[Interface, ...]) -> Interface | None:
+    """The interface an IP is on: the one holding it exactly, else the most specific prefix
+    containing it (loopback lab addresses 127.0.0.x live inside lo's 127.0.0.1/8)."""
+    ip = ipaddress.ip_address(str(ip))
+    best: tuple[int, Interface] | None = None
+    for iface in interfaces:
+        for addr in iface.addresses:
+            if addr.version != ip.version:
+                continue
+            if addr.ip == ip:
+                return iface
+            if ip in addr.network and (best is None or addr.network.prefixlen > best[0]):
+                best = (addr.network.prefixlen, iface)
+    return best[1] if best else None
+
+
+def _ip_result(r: Result) -> tuple[Interface, ...]:
+    if r.exit != 0:
+        return ()
+    return parse_ip_addr_json(r.stdout)
+
+
+INTERFACES: Fact[tuple[Interface, ...]] = Fact("interfaces", "ip -j addr", _ip_result, ())
+
+
+# A TCP connect answers "is this IP reachable": an accepted or refused connection both prove
+# the address answers; only a timeout or unreachable route means it does not. ping may be absent.
+_PROBE_PY = """\
+import socket, sys
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    s = socket.socket()
+    s.settimeout(float(TIMEOUT))
+    try:
+        s.connect((host, int(port)))
+        print(target, "ok")
+    except ConnectionRefusedError:
+        print(target, "refused")
+    except OSError as e:
+        print(target, "fail", (e.strerror or type(e).__name__).replace(" ", "_"))
+    finally:
+        s.close()
+"""
+
+_PROBE_SH = """for t in {targets}; do
+  if out=$(timeout {timeout} bash -c "exec 3<>/dev/tcp/${{t%:*}}/${{t##*:}}" 2>&1); then echo "$t ok";
+  elif echo "$out" | grep -qi refused; then echo "$t refused";
+  else echo "$t fail unreachable"; fi
+done"""
+
+
+@dataclass(frozen=True)
+class Reach:
+    ok: bool
+    detail: str
+
+
+def parse_probe(text: str) -> dict[str, Reach]:
+    """`ip:port ok|refused|fail why` lines -> {ip:port: Reach}."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            status = parts[1]
+            detail = " ".join(parts[2:]).replace("_", " ") or status
+            out[parts[0]] = Reach(status in ("ok", "refused"), detail)
+    return out
+
+
+def reach_probe(targets: list[str], timeout: float = 3.0) -> Fact[dict[str, Reach]]:
+    """TCP probe of `ip:port` targets from the guest (python3, else bash /dev/tcp)."""
+    code = _PROBE_PY.replace("TIMEOUT", repr(timeout))
+    args = " ".join(q(t) for t in targets)
+    cmd = (f"if command -v python3 >/dev/null 2>&1; then python3 -c {q(code)} {args}; "
+           f"else {_PROBE_SH.format(targets=args, timeout=int(max(1, timeout)))}; fi")
+
+    def parse(r: Result) -> dict[str, Reach]:
+        found = parse_probe(r.stdout)
+        return {t: found.get(t, Reach(False, r.stderr.strip() or "no answer from probe"))
+                for t in targets}
+
+    return Fact(f"reach:{','.join(targets)}", cmd, parse,
+                {t: Reach(False, "fresh guest (not probed)") for t in targets},
+                timeout=timeout * max(1, len(targets)) + 30)
+
+
+# ------------------------------------------------------------------ versions
+
+
+_VERSIONS_PY = """\
+import json, sys
+from importlib import metadata
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "prefix": sys.prefix}
+for name in ("vcfslm", "torch", "transformers"):
+    try:
+        out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Interpreter and package versions inside the guest venv (None = missing)."""
+
+    venv_exists: bool
+    python: str | None = None
+    vcfslm: str | None = None
+    torch: str | None = None
+    transformers: str | None = None
+
+
+def versions(venv: str) -> Fact[Versions]:
+    """Versions of python, vcfslm, torch, transformers in the guest venv (no heavy imports)."""
+    py = f"{venv.rstrip('/')}/bin/python"
+
+    def parse(r: Result) -> Versions:
+        if r.exit != 0:
+            return Versions(False)
+        try:
+            data = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return Versions(False)
+        return Versions(True, data.get("python"), data.get("vcfslm"), data.get("torch"),
+                        data.get("transformers"))
+
+    return Fact(f"versions:{venv}", f"test -x {q(py)} && {q(py)} -", parse, Versions(False),
+                input=_VERSIONS_PY)
+
+
+# ------------------------------------------------------------------ files and commands
+
+
+@dataclass(frozen=True)
+class FileState:
+    """A remote path: kind ('file', 'directory', 'other' or None when absent), mode, owner, sha256."""
+
+    kind: str | None
+    mode: str | None = None
+    owner: str | None = None
+    group: str | None = None
+    sha256: str | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.kind is not None
+
+
+def file_state(path: str, sudo: bool = False) -> Fact[FileState]:
+    """stat + sha256 of one remote path."""
+    p = q(path)
+    cmd = (f"if [ -e {p} ]; then stat -L -c '%F|%a|%U|%G' {p}; "
+           f"if [ -f {p} ]; then sha256sum {p} | cut -d' ' -f1; fi; else echo absent; fi")
+
+    def parse(r: Result) -> FileState:
+        lines = r.stdout.strip().splitlines()
+        if r.exit != 0 or not lines or lines[0] == "absent":
+            return FileState(None)
+        kind, mode, owner, group = (lines[0].split("|") + ["", "", "", ""])[:4]
+        kind = {"regular file": "file", "regular empty file": "file", "directory": "directory"}.get(
+            kind, "other")
+        return FileState(kind, mode.zfill(4), owner, group, lines[1].strip() if len(lines) > 1 else None)
+
+    return Fact(f"file:{path}", cmd, parse, FileState(None), sudo=sudo)
+
+
+def file_content(path: str, sudo: bool = False) -> Fact[str | None]:
+    """A small remote text file's content (None when absent)."""
+    return Fact(f"content:{path}", f"cat {q(path)} 2>/dev/null || true",
+                lambda r: r.stdout if r.stdout else None, None, sudo=sudo)
+
+
+def command_succeeds(cmd: str, sudo: bool = False) -> Fact[bool]:
+    """Whether `cmd` exits 0 (the `unless` guard)."""
+    return Fact(f"ok:{cmd}", f"{{ {cmd}\n}} >/dev/null 2>&1 && echo yes || echo no",
+                lambda r: r.stdout.strip().endswith("yes"), False, sudo=sudo)
+
+
+def path_exists(path: str, sudo: bool = False) -> Fact[bool]:
+    return Fact(f"exists:{path}", f"test -e {q(path)} && echo yes || echo no",
+                lambda r: r.stdout.strip() == "yes", False, sudo=sudo)
+
+
+def dir_listing(path: str) -> Fact[dict[str, int]]:
+    """Regular files directly in a remote folder: {name: size}."""
+    cmd = f"find {q(path)} -maxdepth 1 -type f -printf '%s %f\\n' 2>/dev/null || true"
+
+    def parse(r: Result) -> dict[str, int]:
+        out = {}
+        for line in r.stdout.splitlines():
+            size, _, name = line.partition(" ")
+            if size.isdigit() and name:
+                out[name] = int(size)
+        return out
+
+    return Fact(f"ls:{path}", cmd, parse, {})
+
+
+# ------------------------------------------------------------------ packages
+
+
+@dataclass(frozen=True)
+class Packages:
+    """The guest's package manager and which of the asked packages are installed."""
+
+    manager: str | None  # "apt", "dnf" or None
+    installed: frozenset[str]
+
+
+def packages(apt: list[str], dnf: list[str]) -> Fact[Packages]:
+    """Which package manager the guest has and which of the named packages are installed."""
+    apt_q = " ".join(q(p) for p in apt) or "''"
+    dnf_q = " ".join(q(p) for p in dnf) or "''"
+    cmd = ("if command -v dpkg-query >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then "
+           "echo manager=apt; "
+           f"dpkg-query -W -f='${{Package}} ${{db:Status-Status}}\\n' {apt_q} 2>/dev/null; "
+           "elif command -v rpm >/dev/null 2>&1 && command -v dnf >/dev/null 2>&1; then "
+           "echo manager=dnf; "
+           f"rpm -q --qf '%{{NAME}} installed\\n' {dnf_q} 2>/dev/null; "
+           "else echo manager=none; fi; true")
+
+    def parse(r: Result) -> Packages:
+        manager = None
+        installed = set()
+        for line in r.stdout.splitlines():
+            if line.startswith("manager="):
+                manager = line.split("=", 1)[1] if line != "manager=none" else None
+                continue
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == "installed":
+                installed.add(parts[0].split(":")[0])  # dpkg may print name:arch
+        return Packages(manager, frozenset(installed))
+
+    return Fact(f"packages:{apt_q}|{dnf_q}", cmd, parse, Packages("apt" if apt else "dnf", frozenset()))
+
+
+# ------------------------------------------------------------------ python environments
+
+
+_PIP_CHECK_PY = """\
+import json, sys
+from importlib import metadata
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:  # pip always vendors packaging
+    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
+missing, seen = [], set()
+
+def check(text, extras=("",)):
+    req = Requirement(text)
+    if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras):
+        return
+    try:
+        dist = metadata.distribution(req.name)
+    except metadata.PackageNotFoundError:
+        missing.append(f"{req.name} (not installed)")
+        return
+    if req.specifier and not req.specifier.contains(dist.version, prereleases=True):
+        missing.append(f"{req.name}{req.specifier} (have {dist.version})")
+        return
+    key = (canonicalize_name(req.name), tuple(sorted(req.extras)))
+    if key in seen:
+        return
+    seen.add(key)
+    for dep in dist.requires or []:
+        check(dep, ("",) + tuple(sorted(req.extras)))
+
+for text in sys.argv[1:]:
+    check(text)
+print(json.dumps(missing))
+"""
+
+
+@dataclass(frozen=True)
+class PipState:
+    """Whether requirements are satisfied in a venv (with their dependencies)."""
+
+    venv_exists: bool
+    missing: tuple[str, ...]
+
+    @property
+    def satisfied(self) -> bool:
+        return self.venv_exists and not self.missing
+
+
+def pip_state(venv: str, requirements: list[str]) -> Fact[PipState]:
+    """Check requirements (and their dependencies, extras included) against a guest venv."""
+    py = f"{venv.rstrip('/')}/bin/python"
+    cmd = f"test -x {q(py)} || {{ echo novenv; exit 0; }}; {q(py)} - " + " ".join(q(r) for r in requirements)
+
+    def parse(r: Result) -> PipState:
+        text = r.stdout.strip()
+        if text == "novenv":
+            return PipState(False, tuple(requirements))
+        if r.exit != 0:
+            return PipState(True, (f"cannot check ({(r.stderr.strip().splitlines() or ['?'])[-1]})",))
+        try:
+            return PipState(True, tuple(json.loads(text.splitlines()[-1])))
+        except (ValueError, IndexError):
+            return PipState(True, ("cannot check (unreadable output)",))
+
+    return Fact(f"pip:{venv}:{' '.join(requirements)}", cmd, parse,
+                PipState(False, tuple(requirements)), input=_PIP_CHECK_PY)
+
+
+@dataclass(frozen=True)
+class VenvState:
+    exists: bool
+    system_site_packages: bool | None = None
+    python_version: str | None = None
+
+
+def venv_state(path: str) -> Fact[VenvState]:
+    """Whether a venv exists at `path` (bin/python runs) and its pyvenv.cfg settings."""
+    p = path.rstrip("/")
+    cmd = (f"if [ -x {q(p + '/bin/python')} ] && [ -f {q(p + '/pyvenv.cfg')} ]; then "
+           f"cat {q(p + '/pyvenv.cfg')}; else echo absent; fi")
+
+    def parse(r: Result) -> VenvState:
+        if r.exit != 0 or r.stdout.strip() == "absent":
+            return VenvState(False)
+        cfg = {}
+        for line in r.stdout.splitlines():
+            k, sep, v = line.partition("=")
+            if sep:
+                cfg[k.strip()] = v.strip()
+        ssp = cfg.get("include-system-site-packages")
+        return VenvState(True, None if ssp is None else ssp.lower() == "true",
+                         cfg.get("version") or cfg.get("version_info"))
+
+    return Fact(f"venv:{path}", cmd, parse, VenvState(False))
+
+
+# ------------------------------------------------------------------ verification facts
+
+
+@dataclass(frozen=True)
+class GuestFacts:
+    """What verification looks at; parts left None were not gathered and are not checked."""
+
+    numa: NumaHardware | None = None
+    cpu: CpuInfo | None = None
+    interfaces: tuple[Interface, ...] | None = None
+    reach: dict[str, Reach] | None = None  # "ip:port" of peers -> answer
+    peers: dict[str, str] = field(default_factory=dict)  # "ip:port" -> peer node name
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for run metadata (meta.json)."""
+        out: dict[str, Any] = {}
+        if self.numa is not None:
+            out["numa_nodes"] = [{"id": n.id, "cpus": list(n.cpus), "size_mb": n.size_mb,
+                                  "free_mb": n.free_mb} for n in self.numa.nodes]
+        if self.cpu is not None:
+            out["cpu"] = {"cpus": self.cpu.cpus, "sockets": self.cpu.sockets,
+                          "cores_per_socket": self.cpu.cores_per_socket,
+                          "threads_per_core": self.cpu.threads_per_core, "model": self.cpu.model}
+        if self.interfaces is not None:
+            out["interfaces"] = [{"name": i.name, "mtu": i.mtu, "up": i.up,
+                                  "addresses": [str(a) for a in i.addresses]} for i in self.interfaces]
+        if self.reach is not None:
+            out["reach"] = {t: {"ok": r.ok, "detail": r.detail, "node": self.peers.get(t)}
+                            for t, r in self.reach.items()}
+        return out
+
+
+def peer_targets(inventory, node_name: str) -> dict[str, str]:
+    """Other nodes' bench IPs with their SSH port, as probe targets: {"ip:port": name}."""
+    return {f"{n.bench_ip}:{n.ssh_port}": n.name for n in inventory.nodes if n.name != node_name}
+
+
+def gather_guest_facts(get: Callable[[Fact], Any], inventory, node_name: str, *, numa: bool = True,
+                       network: bool = True, reachability: bool = True) -> GuestFacts:
+    """Collect what verification needs through `get` (e.g. a host context's cached fact getter)."""
+    peers = peer_targets(inventory, node_name) if reachability else {}
+    return GuestFacts(
+        numa=get(NUMA_HARDWARE) if numa else None,
+        cpu=get(LSCPU) if numa else None,
+        interfaces=get(INTERFACES) if network else None,
+        reach=(get(reach_probe(list(peers))) if peers else {}) if reachability else None,
+        peers=peers)
