@@ -13,7 +13,7 @@ from __future__ import annotations
 import ssl
 
 import requests
-from com.vmware.cis.tagging_client import CategoryModel
+from com.vmware.cis.tagging_client import Category, CategoryModel, Tag
 from com.vmware.content.library_client import Item
 from com.vmware.content_client import Library
 from com.vmware.vapi.std_client import DynamicID
@@ -95,7 +95,7 @@ class AutomationClient:
                 return cid
         if not create:
             return None
-        spec = cats.CreateSpec(name=CATEGORY, description="Clusters provisioned by vcfslm",
+        spec = Category.CreateSpec(name=CATEGORY, description="Clusters provisioned by vcfslm",
                                cardinality=CategoryModel.Cardinality.MULTIPLE,
                                associable_types={VM_TYPE})
         return cats.create(spec)
@@ -111,7 +111,7 @@ class AutomationClient:
                 return tid
         if not create:
             return None
-        return tags.create(tags.CreateSpec(name=name, description=f"vcfslm inventory {name}",
+        return tags.create(Tag.CreateSpec(name=name, description=f"vcfslm inventory {name}",
                                            category_id=cid))
 
     def attach(self, name: str, vm_ids: list[str]) -> list[str]:
