@@ -77,7 +77,7 @@ def test_missing_keyring_package_is_no_password(monkeypatch):
 
 def test_secret_is_masked_everywhere():
     s = Secret(PASSWORD)
-    for text in (repr(s), str(s), f"{s}", "%s" % s, "{}".format(s), repr([s]), repr({"pw": s})):
+    for text in (repr(s), str(s), f"{s}", "%s" % s, "{}".format(s), repr([s]), repr({"pw": s})):  # noqa: UP031, UP032
         assert PASSWORD not in text and MASK in text
     with pytest.raises(TypeError):
         pickle.dumps(s)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from vcfslm.errors import PreflightError, VCenterError
 from vcfslm.inventory import parse_inventory

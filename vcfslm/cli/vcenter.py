@@ -166,16 +166,30 @@ def _print_summary(result) -> None:
         err_console.print(f"[yellow]warning:[/yellow] {w}")
 
 
-def _guest_stage(inv, stage: str, output: str):
-    """Run the guest stage when this build has it; None when it does not."""
+def _load_guest_stage():
+    """The guest stage's module (vcfslm.guest.provision) when this build has it, else None."""
     if importlib.util.find_spec(GUEST_STAGE_MODULE) is None:
+        return None
+    return importlib.import_module(GUEST_STAGE_MODULE)
+
+
+def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict) -> None:
+    """Run the guest stage (provision_guests) when this build has it."""
+    module = _load_guest_stage()
+    if module is None:
         if stage == "guests":
             raise UsageError("the guest stage is not part of this build (no vcfslm.guest.provision)")
         err_console.print("note: the guest stage is not part of this build; provisioned VMs only")
-        return None
-    module = importlib.import_module(GUEST_STAGE_MODULE)
+        return
+    from .guests import _fail_if_any, _json, _summary_table
+
     with VmLinesReporter(quiet=output == "json") as reporter:
-        return module.provision_guests(inv, reporter)
+        summary = module.provision_guests(inv, reporter, trust_new_hosts=trust_new_hosts)
+    if output == "json":
+        doc["guests"] = _json(summary)
+    else:
+        console.print(_summary_table(summary, "guests"))
+    _fail_if_any(summary)
 
 
 @click.command()
@@ -185,8 +199,11 @@ def _guest_stage(inv, stage: str, output: str):
 @click.option("--stage", type=click.Choice(["vms", "guests", "all"]), default="all", show_default=True,
               help="vms: vCenter only; guests: SSH playbooks only; all: both.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before restarting running VMs.")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="Guest stage: record the SSH host keys of guests not yet in known_hosts.")
 @output_option
-def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool, output: str) -> None:
+def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
+              trust_new_hosts: bool, output: str) -> None:
     """Create or converge the inventory's VMs on vCenter, then prepare the guests.
 
     \b
@@ -197,16 +214,26 @@ def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
       vcfslm provision cluster.yaml
       vcfslm provision cluster.yaml --allow-restart --yes
       vcfslm provision cluster.yaml --stage vms
+      vcfslm provision cluster.yaml --trust-new-hosts   first contact with new guests
     Exit 1 when any VM failed or changes are pending a restart.
     """
     inv = load(inventory)
     path = resolve_inventory_path(inventory)
+    doc: dict = {}  # the JSON form: the VM stage's result, plus "guests"; printed once
+    try:
+        _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc)
+    finally:
+        if output == "json" and doc:
+            print_json(doc)
+
+
+def _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc) -> None:
     result = None
     if stage in ("vms", "all"):
         result = _run_vm_stage(inv, allow_restart, yes, output)
         remember_inventory(path)
         if output == "json":
-            print_json(result.to_dict())
+            doc.update(result.to_dict())
         else:
             _print_summary(result)
         if result.failed:
@@ -216,9 +243,7 @@ def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
     else:
         remember_inventory(path)
     if stage in ("guests", "all"):
-        guests = _guest_stage(inv, stage, output)
-        if guests is not None and getattr(guests, "exit_code", 0):
-            sys.exit(guests.exit_code)
+        _guest_stage(inv, stage, output, trust_new_hosts, doc)
     if result is not None and result.pending:
         raise VCenterError(f"{len(result.pending)} VM(s) have changes pending a restart: "
                            + ", ".join(o.name for o in result.pending)

@@ -1,0 +1,102 @@
+"""`vcfslm provision` stages: the guest stage is called through vcfslm.guest.provision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from vcfslm.cli import main
+from vcfslm.cli import vcenter as cli
+
+BRIEF = Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml"
+
+
+def vm_result(failed=(), pending=()):
+    outcomes = [SimpleNamespace(name=f"slm-0{i}", ok=f"slm-0{i}" not in failed,
+                                status="failed" if f"slm-0{i}" in failed else "ok", message="",
+                                step="", ip=None, moref=None,
+                                pending=["numCPUs: 8 -> 96"] if f"slm-0{i}" in pending else [])
+                for i in range(1, 5)]
+    return SimpleNamespace(
+        outcomes=outcomes, failed=[o for o in outcomes if not o.ok],
+        pending=[o for o in outcomes if o.ok and o.pending], warnings=[],
+        plan=SimpleNamespace(change_count=3),
+        to_dict=lambda: {"changes": 3, "vms": [o.name for o in outcomes]})
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"VCFSLM_STATE": str(tmp_path / "state.json"), "VCFSLM_INVENTORY": ""}
+
+
+@pytest.fixture
+def guest_calls(mocker):
+    calls = []
+
+    def provision_guests(inventory, reporter, **kw):
+        calls.append((inventory.name, kw))
+        return SimpleNamespace(ok=True, hosts=[], failed_hosts=[], log_dir=None, dry_run=False,
+                               duration=0.0)
+
+    mocker.patch.object(cli, "_load_guest_stage",
+                        return_value=SimpleNamespace(provision_guests=provision_guests))
+    mocker.patch("vcfslm.cli.guests._summary_table", return_value="guests table")
+    mocker.patch("vcfslm.cli.guests._json", return_value={"ok": True})
+    return calls
+
+
+def test_stage_all_runs_vms_then_guests_and_remembers_the_inventory(mocker, env, guest_calls):
+    mocker.patch.object(cli, "_run_vm_stage", return_value=vm_result())
+    res = CliRunner().invoke(main, ["provision", str(BRIEF), "--trust-new-hosts", "-o", "json"], env=env)
+    assert res.exit_code == 0, res.output
+    assert guest_calls == [("phi3-vx650v4", {"trust_new_hosts": True})]
+    doc = json.loads(res.stdout)
+    assert doc["changes"] == 3 and doc["guests"] == {"ok": True}
+    state = json.loads(Path(env["VCFSLM_STATE"]).read_text())
+    assert state["inventory"] == str(BRIEF.resolve())
+
+
+def test_failed_vm_skips_the_guest_stage(mocker, env, guest_calls):
+    mocker.patch.object(cli, "_run_vm_stage", return_value=vm_result(failed=("slm-02",)))
+    res = CliRunner().invoke(main, ["provision", str(BRIEF)], env=env)
+    assert res.exit_code == 1
+    assert "1 of 4 VM(s) failed: slm-02; the guest stage was skipped" in res.output
+    assert guest_calls == []
+
+
+def test_pending_restart_runs_guests_but_exits_1(mocker, env, guest_calls):
+    mocker.patch.object(cli, "_run_vm_stage", return_value=vm_result(pending=("slm-03",)))
+    res = CliRunner().invoke(main, ["provision", str(BRIEF)], env=env)
+    assert res.exit_code == 1
+    assert len(guest_calls) == 1
+    assert "slm-03" in res.output and "--allow-restart" in res.output
+
+
+def test_stage_vms_never_calls_guests(mocker, env, guest_calls):
+    mocker.patch.object(cli, "_run_vm_stage", return_value=vm_result())
+    res = CliRunner().invoke(main, ["provision", str(BRIEF), "--stage", "vms"], env=env)
+    assert res.exit_code == 0, res.output
+    assert guest_calls == []
+
+
+def test_without_a_guest_module_stage_all_notes_it(mocker, env):
+    mocker.patch.object(cli, "_load_guest_stage", return_value=None)
+    mocker.patch.object(cli, "_run_vm_stage", return_value=vm_result())
+    res = CliRunner().invoke(main, ["provision", str(BRIEF)], env=env)
+    assert res.exit_code == 0 and "guest stage is not part of this build" in res.output
+    res = CliRunner().invoke(main, ["provision", str(BRIEF), "--stage", "guests"], env=env)
+    assert res.exit_code == 2
+
+
+def test_bad_inventory_is_exit_2_before_any_connection(mocker, env, tmp_path):
+    run = mocker.patch.object(cli, "_run_vm_stage")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BRIEF.read_text().replace("vnuma_nodes: 4", "vnuma_nodes: 5"))
+    for cmd in ("plan", "provision", "destroy"):
+        res = CliRunner().invoke(main, [cmd, str(bad)], env=env)
+        assert res.exit_code == 2 and "vm.vnuma_nodes" in res.output
+    run.assert_not_called()
