@@ -282,3 +282,16 @@ def test_destroy_removes_only_owned_vms(cluster, vcsim_server, run, si):
     assert rest.exit_code == 0, rest.output
     assert "itvc-04" not in vm_names(si)
     wait(find_vm(si, "itvc-05").Destroy_Task())
+
+
+def test_the_lab_inventory_provisions_and_reports_guest_ips(lab, run, si):
+    env = {**lab.env, "VCFSLM_STATE": str(lab.dir / "state.json")}
+    runner = CliRunner()
+    res = runner.invoke(main, ["provision", str(lab.inventory), "--stage", "vms", "-o", "json"], env=env)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    inv = lab.load_inventory()
+    assert [v["ip"] for v in report["vms"]] == [str(n.management_ip) for n in inv.nodes]
+    gone = runner.invoke(main, ["destroy", str(lab.inventory), "--yes"], env=env)
+    assert gone.exit_code == 0, gone.output
+    assert not {n.name for n in inv.nodes} & vm_names(si)
