@@ -77,6 +77,7 @@ def vc(mocker):
     inv = inventory()
     v = driver.PyVmomiVCenter(inv.vcenter, Secret("pw"), RecordingReporter(), backoff=0)
     v.si = MagicMock()
+    v.si.RetrieveContent.return_value = v.si.content
     r = v.refs
     r.vm_root = vim.Folder("group-v1")
     r.folders = {"": r.vm_root, "SLM": vim.Folder("group-v2"), "SLM/phi3": vim.Folder("group-v3")}

@@ -128,6 +128,7 @@ class PyVmomiVCenter:
         self.backoff = backoff
         self.library_deploy = library_deploy
         self.si = None
+        self._content = None
         self.refs = _Refs()
         self._login_lock = threading.Lock()
         self._folder_lock = threading.Lock()
@@ -171,12 +172,16 @@ class PyVmomiVCenter:
             except Exception:  # the session may already be gone; closing is best effort
                 pass
             self.si = None
+            self._content = None
 
     @property
     def content(self):
+        """The service content, fetched once per session (each `si.content` is a round trip)."""
         if self.si is None:
             raise VCenterError("not connected to vCenter")
-        return self.si.content
+        if self._content is None:
+            self._content = self.si.RetrieveContent()
+        return self._content
 
     @property
     def api_version(self) -> str:
