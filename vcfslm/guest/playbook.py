@@ -29,7 +29,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ..errors import CommandFailed, InventoryError, PlaybookError, Problem, TransportError, VcfslmError
+from ..errors import (
+    CommandFailed,
+    InventoryError,
+    PlaybookError,
+    Problem,
+    TransportError,
+    VcfslmError,
+)
 from ..resources import resource_dir
 from .steps import STEP_TYPES, HostContext, describe, execute, slug
 
@@ -105,6 +112,7 @@ def host_variables(inventory, node) -> dict[str, Any]:
         "model": g.model, "model_ref": model_ref(inventory), "model_slug": slug(g.model),
         "torch_requirement": torch_requirement(g.torch),
         "offline": g.wheelhouse is not None,
+        "wheelhouse": _local_path(inventory, g.wheelhouse),
         "find_links": [paths.wheelhouse_dir] if g.wheelhouse else [],
         "rank_slots": inventory.rank_slots(),
         "ranks_per_node": inventory.bench.ranks_per_node,
@@ -113,6 +121,16 @@ def host_variables(inventory, node) -> dict[str, Any]:
         "bench_ip": str(node.bench_ip), "bench_mtu": inventory.placement.networks.bench.mtu,
         "sh": shlex.quote,
     }
+
+
+def _local_path(inventory, value: str | None) -> str | None:
+    """An inventory's local path, relative ones taken from the inventory file's folder."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_absolute() and Path(inventory.source).exists():
+        path = Path(inventory.source).resolve().parent / path
+    return str(path)
 
 
 # Names a playbook may reference, and (for load-time checks) the model behind each.
@@ -124,7 +142,7 @@ def _variable_models() -> dict[str, Any]:
 
 
 VARIABLES = ("inventory", "node", "nodes", "guest", "vm", "bench", *GuestPaths.__dataclass_fields__,
-             "guest_python", "model", "model_ref", "model_slug", "torch_requirement", "offline",
+             "guest_python", "model", "model_ref", "model_slug", "torch_requirement", "offline", "wheelhouse",
              "find_links", "rank_slots", "ranks_per_node", "threads_per_rank", "use_numactl",
              "bench_ip", "bench_mtu")
 
@@ -275,7 +293,7 @@ def _line(node: yaml.Node | None) -> tuple[int | None, int | None]:
 
 def _child(node: yaml.Node | None, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
+        for k, _ in node.value:
             if k.value == key:
                 return k
     return None

@@ -47,13 +47,14 @@ def provision_guests(inventory, reporter: Reporter | None = None, *,
                      playbooks: Sequence[str | Path] | None = None, dry_run: bool = False,
                      trust_new_hosts: bool = False, run_dir: str | Path | None = None,
                      hosts: Sequence[str] | None = None, max_workers: int = MAX_WORKERS,
-                     connect: Callable[[Any], Transport] | None = None,
+                     connect_wait_s: float = 60.0, connect: Callable[[Any], Transport] | None = None,
                      wheel: ProjectWheel | None = None) -> RunSummary:
     """Run playbooks (default: base, pytorch, model, launch, verify) on the inventory's guests.
 
     playbooks: shipped names or YAML paths; hosts: node names (default all); run_dir: folder of
     the per-host command logs (default ~/.vcfslm/guest-runs/<time>); dry_run: gather facts and
-    return the commands each host would run, running none; connect: Transport factory per node
+    return the commands each host would run, running none; connect_wait_s: how long to keep
+    retrying SSH to a guest that does not answer yet (a booting VM); connect: Transport factory per node
     (tests); wheel: the project wheel to push (default: built from this checkout once).
     """
     reporter = reporter or NullReporter()
@@ -64,7 +65,7 @@ def provision_guests(inventory, reporter: Reporter | None = None, *,
         def connect(node) -> Transport:
             # A dry run does not wait for booting VMs: unreachable hosts are planned as fresh.
             return open_node(inventory, node, log_dir=log_dir, trust_new_hosts=trust_new_hosts,
-                             reporter=reporter, retries=0 if dry_run else 5)
+                             reporter=reporter, wait_s=0 if dry_run else connect_wait_s)
     reporter.log(f"guests: {', '.join(b.name for b in books)} on {', '.join(n.name for n in nodes)}"
                  + (" (dry run)" if dry_run else "") + f"; command logs in {log_dir}")
     return run_hosts(inventory, books, nodes, connect, reporter=reporter, dry_run=dry_run,
@@ -73,10 +74,12 @@ def provision_guests(inventory, reporter: Reporter | None = None, *,
 
 def verify_guests(inventory, reporter: Reporter | None = None, *, trust_new_hosts: bool = False,
                   run_dir: str | Path | None = None, hosts: Sequence[str] | None = None,
+                  connect_wait_s: float = 60.0,
                   connect: Callable[[Any], Transport] | None = None) -> RunSummary:
     """In-guest verification only (the verify playbook); each host's facts land in its records."""
     return provision_guests(inventory, reporter, playbooks=["verify"], trust_new_hosts=trust_new_hosts,
-                            run_dir=run_dir, hosts=hosts, connect=connect)
+                            run_dir=run_dir, hosts=hosts, connect_wait_s=connect_wait_s,
+                            connect=connect)
 
 
 def guest_facts(inventory, transport: Transport, node_name: str | None = None) -> GuestFacts:

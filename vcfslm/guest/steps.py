@@ -153,6 +153,13 @@ class HostContext:
         return {**self.variables, "bench_interface": self.bench_interface(), **extra}
 
 
+def locked(venv: str, cmd: str) -> str:
+    """`cmd` (one program and its arguments, no shell syntax) under an exclusive lock on the
+    venv: guests sharing one venv (a shared filesystem, the lab) install one at a time.
+    flock comes with util-linux (base.yaml)."""
+    return f"flock -w 3600 {q(venv.rstrip('/') + '.lock')} {cmd}"
+
+
 def _mode(mode: str | None) -> int | None:
     return int(mode, 8) if mode is not None else None
 
@@ -338,7 +345,8 @@ class VenvStep(Step):
             return []
         parent = self.path.rstrip("/").rsplit("/", 1)[0] or "/"
         flag = " --system-site-packages" if self.system_site_packages else ""
-        return [Shell(f"mkdir -p {q(parent)} && {self.python} -m venv{flag} {q(self.path)}",
+        return [Shell(f"mkdir -p {q(parent)} && "
+                      + locked(self.path, f"{self.python} -m venv{flag} {q(self.path)}"),
                       sudo=sudo, timeout=600)]
 
 
@@ -368,8 +376,9 @@ class PipStep(Step):
     packages: list[str] = Field(min_length=1, description="Requirement specifiers.")
     index_url: str | None = None
     extra_index_urls: list[str] = Field(default_factory=list)
-    wheelhouse: str | None = Field(None, description="Local folder of wheels pushed to the guest "
-                                                     "and installed from with --no-index.")
+    wheelhouse: str | None = Field(None, description="Local folder of wheels (relative: to the "
+                                                     "playbook) pushed to the guest and installed "
+                                                     "from with --no-index.")
     remote_wheelhouse: str | None = Field(None, description="Where the wheelhouse goes on the guest.")
     constraints: list[str] = Field(default_factory=list, description="Lines of a pip -c file.")
 
@@ -382,17 +391,17 @@ class PipStep(Step):
         find_links: list[str] = []
         if self.wheelhouse:
             remote = self.remote_wheelhouse or f"{venv}.wheelhouse"
-            ops += push_folder(ctx, Path(self.wheelhouse).expanduser(), remote, sudo)
+            ops += push_folder(ctx, ctx.base_dir / Path(self.wheelhouse).expanduser(), remote, sudo)
             find_links.append(remote)
         constraints = None
         if self.constraints:
             constraints = f"{venv}/vcfslm-constraints.txt"
             ops.append(Upload(constraints, data=("\n".join(self.constraints) + "\n").encode(),
                               sudo=sudo))
-        ops.append(Shell(pip_install(f"{venv}/bin/python", self.packages, index_url=self.index_url,
-                                     extra_index_urls=self.extra_index_urls, find_links=find_links,
-                                     no_index=bool(self.wheelhouse), constraints=constraints),
-                         sudo=sudo, timeout=3600))
+        ops.append(Shell(locked(venv, pip_install(
+            f"{venv}/bin/python", self.packages, index_url=self.index_url,
+            extra_index_urls=self.extra_index_urls, find_links=find_links,
+            no_index=bool(self.wheelhouse), constraints=constraints)), sudo=sudo, timeout=3600))
         return ops
 
 
@@ -419,7 +428,8 @@ class WheelStep(Step):
     kind: ClassVar[str] = "wheel"
     venv: str
     dest: str = Field(description="Remote folder the wheel is copied to.")
-    extras: list[str] = Field(default_factory=list, description='Extras to install, e.g. ["bench"].')
+    extras: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$")]] = Field(
+        default_factory=list, description='Extras to install, e.g. ["bench"].')
     index_url: str | None = None
     find_links: list[str] = Field(default_factory=list, description="Remote folders of wheels.")
     no_index: bool = False
@@ -429,7 +439,7 @@ class WheelStep(Step):
             raise PlaybookError("no project wheel is available to this run")
         wheel = ctx.wheel.get()
         venv = self.venv.rstrip("/")
-        marker = f"{wheel.sha256} {','.join(sorted(self.extras))}"
+        marker = " ".join([wheel.sha256, *sorted(self.extras)])
         installed = ctx.fact(F.versions(venv))
         recorded = ctx.fact(F.file_content(f"{venv}/{MARKER_WHEEL}"))
         if installed.vcfslm == wheel.version and (recorded or "").strip() == marker:
@@ -440,12 +450,12 @@ class WheelStep(Step):
         opts = dict(index_url=self.index_url, find_links=self.find_links, no_index=self.no_index)
         # Same version, new build: --force-reinstall --no-deps replaces vcfslm alone;
         # the second install only resolves the extras' dependencies.
-        cmd = (pip_install(py, [remote], options=["--no-deps", "--force-reinstall"], **opts)
-               + " && " + pip_install(py, [target], **opts)
-               + f" && printf '%s\\n' {q(marker)} > {q(venv + '/' + MARKER_WHEEL)}")
         return [Shell(f"mkdir -p {q(self.dest)}", sudo=sudo),
                 Upload(remote, local=str(wheel.path), sudo=sudo),
-                Shell(cmd, sudo=sudo, timeout=3600)]
+                Shell(locked(venv, pip_install(py, [remote], options=["--no-deps", "--force-reinstall"],
+                                               **opts)), sudo=sudo, timeout=3600),
+                Shell(locked(venv, pip_install(py, [target], **opts)), sudo=sudo, timeout=3600),
+                Shell(f"echo {marker} > {q(venv + '/' + MARKER_WHEEL)}", sudo=sudo)]
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -116,18 +116,19 @@ def _section(name: str, text: str) -> str:
 
 
 class SSHTransport:
-    """A paramiko connection to one guest, opened by `connect()` (with bounded retries)."""
+    """A paramiko connection to one guest, opened by `connect()` (retried for a bounded time)."""
 
     def __init__(self, host: str, address: str, *, port: int = 22, user: str = "root",
                  key_file: str | None = None, known_hosts: str | Path,
                  trust_new_hosts: bool = False, log_dir: str | Path | None = None,
-                 connect_timeout: float = 10.0, retries: int = 5, backoff_s: float = 0.5,
+                 connect_timeout: float = 10.0, wait_s: float = 30.0, backoff_s: float = 0.5,
                  max_backoff_s: float = 8.0, default_timeout: float = DEFAULT_TIMEOUT_S,
                  reporter: Reporter | None = None, persistent_shell: bool = True):
         """host: name used in messages and the log; address/port: where sshd listens.
 
-        key_file: private key path; None = use the SSH agent. retries/backoff_s/max_backoff_s:
-        connect attempts after the first and the doubling wait between them (a booting VM).
+        key_file: private key path; None = use the SSH agent. wait_s: how long to keep retrying
+        refused or timed-out connections (a booting VM), with a doubling pause from backoff_s
+        up to max_backoff_s; 0 = one attempt.
         persistent_shell: run commands through one remote shell per connection instead of
         one SSH channel each (no login-shell start-up per command); falls back by itself.
         """
@@ -139,7 +140,7 @@ class SSHTransport:
         self.known_hosts = Path(known_hosts).expanduser()
         self.trust_new_hosts = trust_new_hosts
         self.connect_timeout = connect_timeout
-        self.retries = retries
+        self.wait_s = wait_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.default_timeout = default_timeout
@@ -162,11 +163,14 @@ class SSHTransport:
         delay = self.backoff_s
         started = time.monotonic()
         last: Exception | None = None
-        for attempt in range(self.retries + 1):
+        last_text = ""
+        attempt = 0
+        while True:
             if attempt:
-                self.reporter.update(self.host, f"connect retry {attempt}/{self.retries} in {delay:.1f}s")
+                self.reporter.update(self.host, f"connect retry {attempt} in {delay:.1f}s ({last_text})")
                 time.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
+            attempt += 1
             try:
                 self._client = self._open(paramiko)
                 self.log.write(f"connected to {self.user}@{self.address}:{self.port}")
@@ -185,8 +189,11 @@ class SSHTransport:
                                      f"{self.key_file or 'SSH agent'}") from None
             except (OSError, paramiko.SSHException, EOFError) as exc:
                 last = exc
+                last_text = _describe(exc)
+            if time.monotonic() - started + delay > self.wait_s:
+                break
         raise TransportError(f"{self.host}: cannot connect to {self.address}:{self.port} after "
-                             f"{self.retries + 1} attempts over {time.monotonic() - started:.0f}s: "
+                             f"{attempt} attempt(s) over {time.monotonic() - started:.0f}s: "
                              f"{_describe(last)}")
 
     def _open(self, paramiko):
@@ -522,10 +529,10 @@ def _describe(exc: BaseException | None) -> str:
 
 
 def open_node(inventory, node, *, log_dir: str | Path | None = None, trust_new_hosts: bool = False,
-              reporter: Reporter | None = None, retries: int = 5) -> SSHTransport:
+              reporter: Reporter | None = None, wait_s: float = 30.0) -> SSHTransport:
     """Connect to an inventory node's management IP as the inventory's guest user."""
     g = inventory.guest
     return SSHTransport(node.name, str(node.management_ip), port=node.ssh_port, user=g.user,
                         key_file=g.ssh_key, known_hosts=g.known_hosts,
-                        trust_new_hosts=trust_new_hosts, log_dir=log_dir, retries=retries,
+                        trust_new_hosts=trust_new_hosts, log_dir=log_dir, wait_s=wait_s,
                         reporter=reporter).connect()

@@ -41,12 +41,13 @@ def numa_problems(numa: NumaHardware, vcpus: int, vnuma_nodes: int) -> list[str]
                 "(the VM's vNUMA settings did not take, or the inventory's vm.vcpus/vnuma_nodes "
                 "do not describe this guest)"]
     problems = []
-    for k, node in enumerate(numa.nodes):
-        want = topology.node_cpus(vcpus, vnuma_nodes, k)
-        if tuple(node.cpus) != want:
-            problems.append(f"vNUMA node {node.id} has CPUs {topology.format_cpu_list(node.cpus)}, "
-                            f"but rank placement assumes {topology.format_cpu_list(want)} "
-                            "(CPUs numbered contiguously per node)")
+    wrong = [(node, topology.node_cpus(vcpus, vnuma_nodes, k)) for k, node in enumerate(numa.nodes)
+             if tuple(node.cpus) != topology.node_cpus(vcpus, vnuma_nodes, k)]
+    if wrong:
+        problems.append("CPUs are not numbered contiguously per vNUMA node as rank placement "
+                        "assumes: " + "; ".join(
+                            f"node {node.id} has {topology.format_cpu_list(node.cpus)} "
+                            f"(expected {topology.format_cpu_list(want)})" for node, want in wrong))
     problems.extend(memory_problems(numa))
     return problems
 

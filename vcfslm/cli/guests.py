@@ -1,0 +1,197 @@
+"""`vcfslm guests` (run guest playbooks over SSH on existing hosts) and `vcfslm verify`
+(in-guest NUMA and bench-network verification only)."""
+
+from __future__ import annotations
+
+import threading
+
+import click
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import PlaybookError
+from .common import (
+    RichReporter,
+    console,
+    err_console,
+    inventory_argument,
+    load,
+    output_option,
+    print_json,
+)
+
+
+class LiveHosts:
+    """A live table, one row per host ("host: step k/n ..."); plain lines when not a terminal."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[str, str] = {}
+        self._live: Live | None = None
+        self._plain = RichReporter(err_console) if not err_console.is_terminal else None
+
+    def __enter__(self) -> LiveHosts:
+        if self._plain is None:
+            self._live = Live(self._table(), console=err_console, refresh_per_second=8, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def _table(self) -> Table:
+        table = Table(show_header=False, box=None, pad_edge=False)
+        for host, status in self._rows.items():
+            table.add_row(f"[bold]{host}[/bold]", status)
+        return table
+
+    def update(self, subject: str, status: str) -> None:
+        status = escape(status)  # step names like "vcfslm[bench]" are not markup
+        if self._plain is not None:
+            self._plain.update(escape(subject), status)
+            return
+        with self._lock:
+            self._rows[subject] = status
+            if self._live is not None:
+                self._live.update(self._table())
+
+    def log(self, message: str) -> None:
+        if self._plain is not None:
+            self._plain.log(escape(message))
+        elif self._live is not None:
+            self._live.console.print(message, markup=False)
+
+
+def _hosts(value: str | None) -> list[str] | None:
+    return [h.strip() for h in value.split(",") if h.strip()] if value else None
+
+
+def _summary_table(summary, title: str) -> Table:
+    table = Table(title=title)
+    for col in ("host", "changed", "ok", "failed", "time", "result"):
+        table.add_column(col, justify="right" if col in ("changed", "ok", "failed", "time") else "left")
+    for h in summary.hosts:
+        if h.error:
+            result = f"[red]{escape(h.error.splitlines()[0])}[/red]"
+        else:
+            result = "[green]ok[/green]" + (f" ({escape(h.note)})" if h.note else "")
+        table.add_row(h.host, str(h.changed), str(h.ok), str(h.failed), f"{h.duration:.1f}s", result)
+    return table
+
+
+def _json(summary) -> dict:
+    return {"ok": summary.ok, "dry_run": summary.dry_run, "duration_s": round(summary.duration, 3),
+            "log_dir": str(summary.log_dir) if summary.log_dir else None,
+            "hosts": [{**h.row(), "steps": [
+                {"playbook": s.playbook, "step": s.name, "type": s.kind, "status": s.status,
+                 "commands": s.commands, "duration_s": round(s.duration, 3), "error": s.error}
+                for s in h.steps],
+                "facts": h.records["facts"].to_json() if "facts" in h.records else None}
+                for h in summary.hosts]}
+
+
+def _fail_if_any(summary) -> None:
+    if not summary.ok:
+        lines = [f"  {h.host}: {h.error}" for h in summary.failed_hosts]
+        raise PlaybookError(f"{len(lines)} of {len(summary.hosts)} host(s) failed "
+                            f"(command logs: {summary.log_dir}):\n" + "\n".join(lines))
+
+
+@click.command("guests")
+@inventory_argument
+@click.option("--playbook", "-p", "playbooks", multiple=True, metavar="NAME|FILE",
+              help="Playbook to run (repeatable; shipped: base, pytorch, model, launch, verify). "
+                   "Default: all five, in that order.")
+@click.option("--dry-run", is_flag=True, help="Read facts, print the commands each host would run, run none.")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="Record unknown host keys in guest.known_hosts (prints their fingerprints). "
+                   "A changed key is always refused.")
+@click.option("--hosts", "hosts", metavar="A,B", help="Only these nodes (comma-separated names).")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the per-host command logs (default ~/.vcfslm/guest-runs/<time>).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              metavar="SECONDS", help="How long to keep retrying SSH to guests that do not answer yet.")
+@output_option
+def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, trust_new_hosts: bool,
+           hosts: str | None, log_dir: str | None, wait_s: float, output: str) -> None:
+    """Prepare existing guests over SSH with playbooks (no VM changes).
+
+    \b
+    Examples:
+      vcfslm guests cluster.yaml                          every playbook on every node
+      vcfslm guests cluster.yaml -p launch --hosts slm-01 re-render launch scripts on one node
+      vcfslm guests cluster.yaml --dry-run                the commands each host would run
+      vcfslm guests cluster.yaml --trust-new-hosts        first contact with new VMs
+    A second run changes nothing. Exit 1 when any host failed (the others still ran).
+    """
+    from ..guest.provision import provision_guests
+
+    inv = load(inventory)
+    with LiveHosts() as reporter:
+        summary = provision_guests(inv, reporter, playbooks=list(playbooks) or None, dry_run=dry_run,
+                                   trust_new_hosts=trust_new_hosts, run_dir=log_dir,
+                                   hosts=_hosts(hosts), connect_wait_s=wait_s)
+    if output == "json":
+        print_json(_json(summary))
+    else:
+        if dry_run:
+            for h in summary.hosts:
+                cmds = [c for s in h.steps for c in s.commands]
+                console.print(f"[bold]{h.host}[/bold]: {len(cmds)} command(s) would run"
+                              + (f" ({h.note})" if h.note else ""))
+                for c in cmds:
+                    console.print(f"  $ {c}", markup=False, highlight=False, soft_wrap=True)
+        console.print(_summary_table(summary, "guests (dry run)" if dry_run else "guests"))
+        if summary.log_dir:
+            console.print(f"command logs: {summary.log_dir}")
+    _fail_if_any(summary)
+
+
+@click.command("verify")
+@inventory_argument
+@click.option("--trust-new-hosts", is_flag=True, help="Record unknown host keys (prints fingerprints).")
+@click.option("--hosts", "hosts", metavar="A,B", help="Only these nodes (comma-separated names).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              metavar="SECONDS", help="How long to keep retrying SSH to guests that do not answer yet.")
+@output_option
+def verify(inventory: str | None, trust_new_hosts: bool, hosts: str | None, wait_s: float,
+           output: str) -> None:
+    """Check inside each guest that its NUMA topology and bench network match the inventory.
+
+    \b
+    Each guest must show vm.vnuma_nodes nodes of vcpus/vnuma_nodes CPUs (numbered
+    contiguously), memory per node within 10% of even, its bench IP on an interface
+    with the bench MTU, and every other node's bench IP answering.
+    Examples:
+      vcfslm verify cluster.yaml
+      vcfslm verify cluster.yaml --hosts slm-02 --output json
+    Exit 1 with expected vs seen for every guest that does not match.
+    """
+    from ..guest.provision import verify_guests
+
+    inv = load(inventory)
+    with LiveHosts() as reporter:
+        summary = verify_guests(inv, reporter, trust_new_hosts=trust_new_hosts, hosts=_hosts(hosts),
+                                connect_wait_s=wait_s)
+    if output == "json":
+        print_json(_json(summary))
+    else:
+        table = Table(title="in-guest verification")
+        for col in ("host", "NUMA seen", "result"):
+            table.add_column(col)
+        for h in summary.hosts:
+            facts = h.records.get("facts")
+            seen = "-"
+            if facts is not None and facts.numa is not None and facts.numa.available:
+                from ..guest.verify import describe_numa
+
+                seen = describe_numa(facts.numa)
+            result = "[green]ok[/green]" if h.succeeded else f"[red]{escape(h.error)}[/red]"
+            table.add_row(h.host, seen, result)
+        console.print(table)
+    _fail_if_any(summary)
+
+
+COMMANDS = [guests, verify]
