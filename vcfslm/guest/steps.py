@@ -439,7 +439,7 @@ class WheelStep(Step):
             raise PlaybookError("no project wheel is available to this run")
         wheel = ctx.wheel.get()
         venv = self.venv.rstrip("/")
-        marker = " ".join([wheel.sha256, *sorted(self.extras)])
+        marker = "+".join([wheel.sha256, *sorted(self.extras)])  # one shell word
         installed = ctx.fact(F.versions(venv))
         recorded = ctx.fact(F.file_content(f"{venv}/{MARKER_WHEEL}"))
         if installed.vcfslm == wheel.version and (recorded or "").strip() == marker:
@@ -448,14 +448,17 @@ class WheelStep(Step):
         py = f"{venv}/bin/python"
         target = remote + (f"[{','.join(self.extras)}]" if self.extras else "")
         opts = dict(index_url=self.index_url, find_links=self.find_links, no_index=self.no_index)
-        # Same version, new build: --force-reinstall --no-deps replaces vcfslm alone;
-        # the second install only resolves the extras' dependencies.
+        marker_file = q(f"{venv}/{MARKER_WHEEL}")
+        # Same version, new build: --force-reinstall --no-deps replaces vcfslm alone; the second
+        # install only resolves the extras' dependencies. Under the venv's lock the marker is
+        # checked again: a guest sharing this venv may have installed the same build meanwhile.
+        install = (f"grep -qsx {q(marker)} {marker_file} || {{ "
+                   + pip_install(py, [remote], options=["--no-deps", "--force-reinstall"], **opts)
+                   + " && " + pip_install(py, [target], **opts)
+                   + f" && echo {marker} > {marker_file}; }}")
         return [Shell(f"mkdir -p {q(self.dest)}", sudo=sudo),
                 Upload(remote, local=str(wheel.path), sudo=sudo),
-                Shell(locked(venv, pip_install(py, [remote], options=["--no-deps", "--force-reinstall"],
-                                               **opts)), sudo=sudo, timeout=3600),
-                Shell(locked(venv, pip_install(py, [target], **opts)), sudo=sudo, timeout=3600),
-                Shell(f"echo {marker} > {q(venv + '/' + MARKER_WHEEL)}", sudo=sudo)]
+                Shell(locked(venv, f"sh -c {q(install)}"), sudo=sudo, timeout=3600)]
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
