@@ -27,7 +27,8 @@ from vcfslm.guest.provision import provision_guests, verify_guests
 from vcfslm.guest.transport import SSHTransport
 from vcfslm.guest.wheel import ProjectWheel
 from vcfslm.inventory import load_inventory
-from vcfslm.lab import generate, guests as lab_guests
+from vcfslm.lab import generate
+from vcfslm.lab import guests as lab_guests
 from vcfslm.progress import RecordingReporter
 
 pytestmark = pytest.mark.integration
@@ -138,7 +139,7 @@ def test_dry_run_lists_commands_and_runs_none(provisioned, lab_inv, wheel, tmp_p
                                    wheel=wheel)
         assert summary.ok, failures(summary)
         for host, commands in summary.commands().items():
-            assert any(c.startswith(f"put <") and c.endswith(f"-> {hosts_file} (mode 0644)")
+            assert any(c.startswith("put <") and c.endswith(f"-> {hosts_file} (mode 0644)")
                        for c in commands), (host, commands)
         assert not hosts_file.exists()
     finally:
