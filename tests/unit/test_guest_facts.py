@@ -129,8 +129,11 @@ def test_reach_probe_for_real():
         closed = _closed_port()
         targets = [f"127.0.0.1:{port}", f"127.0.0.1:{closed}"]
         got = local(F.reach_probe(targets, timeout=2))
+        by_python = subprocess.run([sys.executable, "-c", F.probe_python(2), *targets],
+                                   capture_output=True, text=True).stdout
     assert got[targets[0]] == F.Reach(True, "ok")
     assert got[targets[1]] == F.Reach(True, "refused")
+    assert F.parse_probe(by_python) == got
 
 
 def _closed_port() -> int:

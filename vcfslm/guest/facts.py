@@ -245,11 +245,11 @@ def parse_probe(text: str) -> dict[str, Reach]:
 
 
 def reach_probe(targets: list[str], timeout: float = 3.0) -> Fact[dict[str, Reach]]:
-    """TCP probe of `ip:port` targets from the guest (python3, else bash /dev/tcp)."""
-    code = _PROBE_PY.replace("TIMEOUT", repr(timeout))
+    """TCP probe of `ip:port` targets from the guest: bash's /dev/tcp (cheap), else python3."""
     args = " ".join(q(t) for t in targets)
-    cmd = (f"if command -v python3 >/dev/null 2>&1; then python3 -c {q(code)} {args}; "
-           f"else {_PROBE_SH.format(targets=args, timeout=int(max(1, timeout)))}; fi")
+    cmd = (f"if command -v bash >/dev/null 2>&1 && command -v timeout >/dev/null 2>&1; then "
+           f"{_PROBE_SH.format(targets=args, timeout=int(max(1, timeout)))}; "
+           f"else python3 -c {q(probe_python(timeout))} {args}; fi")
 
     def parse(r: Result) -> dict[str, Reach]:
         found = parse_probe(r.stdout)
@@ -259,6 +259,11 @@ def reach_probe(targets: list[str], timeout: float = 3.0) -> Fact[dict[str, Reac
     return Fact(f"reach:{','.join(targets)}", cmd, parse,
                 {t: Reach(False, "fresh guest (not probed)") for t in targets},
                 timeout=timeout * max(1, len(targets)) + 30)
+
+
+def probe_python(timeout: float) -> str:
+    """The python3 probe (for guests without bash): `python3 -c CODE ip:port ...`."""
+    return _PROBE_PY.replace("TIMEOUT", repr(timeout))
 
 
 # ------------------------------------------------------------------ versions
