@@ -218,10 +218,12 @@ def test_unknown_host_refused_unless_trusted(ssh_guests, tmp_path):
 # ------------------------------------------------------------------ the transport itself
 
 
-def test_transport_commands_files_and_logs(ssh_guests, tmp_path):
+@pytest.mark.parametrize("persistent", [True, False], ids=["one-shell", "channel-per-command"])
+def test_transport_commands_files_and_logs(ssh_guests, tmp_path, persistent):
     g = ssh_guests[3]
     with SSHTransport(g.name, g.address, port=g.port, user=g.user, key_file=g.key,
-                      known_hosts=g.known_hosts, log_dir=tmp_path / "logs").connect() as t:
+                      known_hosts=g.known_hosts, log_dir=tmp_path / "logs",
+                      persistent_shell=persistent).connect() as t:
         r = t.run("echo out; echo err >&2; exit 3", check=False)
         assert (r.exit, r.stdout, r.stderr) == (3, "out\n", "err\n")
         with pytest.raises(TransportError, match=r"command failed \(exit 3\).*\n  \| err"):

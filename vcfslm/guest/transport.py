@@ -266,7 +266,7 @@ class SSHTransport:
     def _shell_exec(self, cmd: str, timeout: float, data: bytes | None) -> tuple[int, str, str]:
         if self._shell is None or self._shell.dead:
             try:
-                self._shell = _ShellSession(self._connection(), self.connect_timeout)
+                self._shell = _ShellSession(self._connection(), self.connect_timeout, self.host)
             except _NoShell as exc:
                 # No usable /bin/sh session (restricted shell?): one exec channel per command.
                 self.log.write(f"persistent shell unavailable ({exc}); one channel per command")
@@ -401,7 +401,7 @@ class _ShellSession:
     shell (`$SHELL -c`) with its own stdin, and ends with a marker line carrying its exit
     code and the size of its captured stderr."""
 
-    def __init__(self, transport, timeout: float):
+    def __init__(self, transport, timeout: float, host: str):
         import paramiko
 
         self.token = f"__VCFSLM_{uuid.uuid4().hex}"
@@ -419,9 +419,11 @@ class _ShellSession:
                 'SHLVL=$((${SHLVL:-0} + 1)); export SHLVL\n'
                 f"printf '\\n%s %s\\n' {self.token} ready\n").encode())
             line = self._until_marker(time.monotonic() + timeout)
-        except (OSError, paramiko.SSHException, EOFError, TransportError) as exc:
+        except (OSError, paramiko.SSHException, EOFError, _Closed) as exc:
             self.close()
-            raise _NoShell(_describe(exc)) from None
+            if not transport.is_active():
+                raise TransportError(f"{host}: the SSH connection is lost ({_describe(exc)})") from None
+            raise _NoShell(_describe(exc) if not isinstance(exc, _Closed) else "the shell exited") from None
         if line != "ready":
             self.close()
             raise _NoShell(f"unexpected answer {line!r}")
