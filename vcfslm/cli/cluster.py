@@ -1,0 +1,86 @@
+"""The cluster mode of `vcfslm bench` (`--nodes N`, `--hosts a,b`, `--resume RUN`).
+
+Builds the real drivers (SSH transports, the guest preflight) and renders progress;
+the work itself is `vcfslm.bench.cluster.ClusterBench`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+from ..errors import UsageError
+from .common import RichReporter, console, err_console, load, print_json
+
+
+
+def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, resume: str | None,
+                run_id: str | None, label: str | None, scenarios: str | None, repeats: int | None,
+                output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
+                trust_new_hosts: bool, output: str) -> None:
+    """Select nodes, then preflight, launch, watch and collect the cluster run."""
+    from ..bench import cluster as C
+    from ..bench.launch import select_nodes
+
+    inv = load(inventory)
+    runs_root = Path(runs_dir)
+    names = [h for h in (hosts or "").split(",") if h.strip()] or None
+    if resume:
+        run_path = Path(resume) if Path(resume).is_dir() else runs_root / resume
+        if not (run_path / "meta.json").exists():
+            raise UsageError(f"--resume: no run at {run_path} (expected {run_path}/meta.json)")
+        previous = C.resume_options(run_path)
+        run_id, runs_root = run_path.name, run_path.parent
+        names, nodes = previous["nodes"], None
+        repeats = repeats or previous["repeats"]
+        output_tokens = output_tokens or previous["output_tokens"]
+        scenarios = scenarios or previous["scenarios"]
+        label = label or previous["label"]
+    selected = select_nodes(inv.nodes, nodes, names, source=inv.source)
+    opts = C.ClusterOptions(run_id=run_id or C.new_run_id(inv.name, len(selected)), runs_root=runs_root,
+                            label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
+                            output_tokens=output_tokens, timeout_s=timeout,
+                            command=["vcfslm", *sys.argv[1:]])
+    if dry_run:
+        launches = C.plan_launches(inv, selected, opts)
+        if output == "json":
+            print_json([{"node": la.name, "address": la.address, "run_dir": la.run_dir,
+                         "torchrun": list(la.torchrun_argv), "command": la.launch_command}
+                        for la in launches])
+            return
+        for la in launches:
+            console.print(f"[bold]{la.name}[/bold] ({la.address}), ranks {la.global_ranks[0]}-{la.global_ranks[-1]}:")
+            console.print("  " + shlex.join(la.torchrun_argv), soft_wrap=True)
+        return
+
+    from ..guest.provision import preflight_problems
+    from ..guest.transport import open_node
+
+    log_dir = runs_root / opts.run_id / "logs" / "ssh"
+    reporter = RichReporter(err_console)
+
+    def connect(node):
+        return open_node(inv, node, log_dir=log_dir, trust_new_hosts=trust_new_hosts, reporter=reporter)
+
+    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter,
+                           preflight_checks=preflight_problems)
+    err_console.print(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
+                      f"rendezvous {selected[0].bench_ip}:{inv.bench.port}")
+    meta, records = bench.run()
+    rows = C.summary_rows(records)
+    if output == "json":
+        print_json({"run_id": meta.run_id, "run_dir": str(bench.local_dir), "complete": meta.complete,
+                    "scenarios": rows})
+        return
+    table = Table(title=f"run {meta.run_id} ({len(meta.nodes)} node(s), {meta.ranks_per_node} ranks each)")
+    for col in ("batch/rank", "input", "ranks", "windows", "TTFT p50 (s)", "TPOT p50 (ms)", "rank t/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["batch_per_rank"]), str(r["input_tokens"]), str(r["ranks"]), str(r["windows"]),
+                      f"{r['ttft_p50_s']:.3f}", f"{r['tpot_p50_ms']:.1f}", f"{r['rank_tps']:.1f}")
+    console.print(table)
+    console.print(f"run dir: {bench.local_dir}")
+    console.print(f"next: vcfslm report {bench.local_dir}")
