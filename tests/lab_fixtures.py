@@ -141,4 +141,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-__all__ = ["LabInfo", "VcsimServer", "lab", "ssh_guests", "vcsim_binary", "vcsim_server"]
+__all__ = ["LabInfo", "VcsimServer", "lab", "provisioned_lab", "ssh_guests", "vcsim_binary", "vcsim_server"]
+
+
+@pytest.fixture(scope="session")
+def provisioned_lab(lab):
+    """The lab with every guest playbook applied once (venv, this project's wheel, launch
+    scripts, verification): what the bench and end-to-end tests start from."""
+    from vcfslm.guest.provision import provision_guests
+
+    inv = lab.load_inventory()
+    summary = provision_guests(inv, run_dir=lab.dir / "guest-logs")
+    assert summary.ok, [(h.host, h.error) for h in summary.failed_hosts]
+    return lab

@@ -21,6 +21,9 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,12 +263,29 @@ def write_lab_files(state: LabState, password: str) -> None:
         workdir=str(state.dir / "work"), bench_port=state.bench_port,
         shape=generate.machine_shape())
     (state.dir / "work").mkdir(parents=True, exist_ok=True)
+    seed_guest_venv(state.dir / "work" / "venv")
     header = generate.INVENTORY_HEADER.format(env_file=state.env_file)
     atomic_write_text(state.inventory, header + yaml.safe_dump(document, sort_keys=False))
     state.inventory.chmod(0o644)  # no secret inside; the env file stays 0600
     env_text = generate.env_file_text(password, str(state.inventory))
     atomic_write_text(state.env_file, env_text)
     state.env_file.chmod(0o600)
+
+
+def seed_guest_venv(path: Path) -> None:
+    """Give the lab's guests a venv that already sees PyTorch, as a golden VM image would.
+
+    Lab guests share this machine and one venv; unpacking torch into it would only copy
+    the operator's own wheel. The venv is made from the base interpreter and a .pth file
+    puts the operator's site-packages (torch included) on its path; the playbooks then
+    find torch satisfied and still install this project's wheel for real.
+    """
+    if (path / "bin" / "python").exists():
+        return
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", str(path)], check=True, capture_output=True)
+    [site] = path.glob("lib/python*/site-packages")
+    (site / "_vcfslm_lab_image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
 
 def status(directory: Path) -> list[ServiceStatus]:
