@@ -42,7 +42,7 @@ lint: venv
 	$(VENV)/bin/ruff check vcfslm tests benchmarks
 
 demo: setup
-	DEMO_MODEL=$(DEMO_MODEL) VCFSLM=$(VENV)/bin/vcfslm bash scripts/demo.sh
+	DEMO_MODEL=$(DEMO_MODEL) VCFSLM=$(VENV)/bin/vcfslm PYTHON=$(PY) bash scripts/demo.sh
 
 lab-down: venv
 	$(VENV)/bin/vcfslm lab down

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The whole vcfslm pipeline on the local lab: validate -> plan -> provision (VMs on vcsim,
+# guests over SSH, NUMA verification) -> bench 1 node -> bench 4 nodes -> report -> size.
+# Run through `make demo`, which installs everything first. Safe to re-run: provision is
+# idempotent and every run gets a new id. The lab keeps running afterwards.
+set -euo pipefail
+
+VCFSLM="${VCFSLM:-vcfslm}"
+MODEL="${DEMO_MODEL:-synthetic:tiny}"
+NODES="${DEMO_NODES:-4}"
+export VCFSLM_LAB_DIR="${VCFSLM_LAB_DIR:-$HOME/.vcfslm/lab}"
+RUNS="${DEMO_RUNS:-runs}"
+STAMP="$(date +%Y%m%d-%H%M%S)"
+
+step() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
+
+step "vcfslm lab up --nodes $NODES"
+$VCFSLM lab up --nodes "$NODES"
+# shellcheck disable=SC1091
+. "$VCFSLM_LAB_DIR/lab.env"          # VCFSLM_VCENTER_PASSWORD, VCFSLM_INVENTORY
+
+INVENTORY="$VCFSLM_INVENTORY"
+if [ "$MODEL" != "synthetic:tiny" ]; then
+  # The real Phi-3-mini shape: ~7.6 GB per replica, so one rank on one node fits this machine.
+  INVENTORY="$VCFSLM_LAB_DIR/demo-inventory.yaml"
+  "${PYTHON:-python3}" - "$VCFSLM_INVENTORY" "$INVENTORY" "$MODEL" <<'PY'
+import sys, yaml
+src, dst, model = sys.argv[1:]
+doc = yaml.safe_load(open(src))
+doc["guest"]["model"] = model
+doc["bench"].update(ranks_per_node=1, threads_per_rank=doc["vm"]["vcpus"] // doc["vm"]["vnuma_nodes"],
+                    batch_sizes=[1, 4], input_tokens=[128], output_tokens=16, repeats=1)
+doc["vm"]["memory_gb"] = max(doc["vm"]["memory_gb"], 24)
+yaml.safe_dump(doc, open(dst, "w"), sort_keys=False)
+PY
+  NODES=1
+fi
+export VCFSLM_INVENTORY="$INVENTORY"
+
+step "vcfslm validate"
+$VCFSLM validate "$INVENTORY"
+step "vcfslm plan"
+$VCFSLM plan "$INVENTORY"
+step "vcfslm provision (VMs on vcsim, then the guests over SSH)"
+$VCFSLM provision "$INVENTORY"
+
+SINGLE="lab-1n-$STAMP"
+step "vcfslm bench --nodes 1 (single-VM baseline)"
+$VCFSLM bench --nodes 1 --run-id "$SINGLE" --runs-dir "$RUNS"
+REPORT_RUNS=("$RUNS/$SINGLE")
+if [ "$NODES" -gt 1 ]; then
+  CLUSTER="lab-${NODES}n-$STAMP"
+  step "vcfslm bench --nodes $NODES (the cluster)"
+  $VCFSLM bench --nodes "$NODES" --run-id "$CLUSTER" --runs-dir "$RUNS"
+  REPORT_RUNS+=("$RUNS/$CLUSTER")
+fi
+
+step "vcfslm report ${REPORT_RUNS[*]}"
+$VCFSLM report "${REPORT_RUNS[@]}"
+step "vcfslm size --peak-streams 64"
+$VCFSLM size --peak-streams 64 --results "$RUNS/$SINGLE"
+
+step "done"
+echo "report: $(cd "$RUNS/$SINGLE" && pwd)/report.html (also report.md, tables.csv, fig-*.png)"
+echo "the lab keeps running for exploration:  . $VCFSLM_LAB_DIR/lab.env; vcfslm lab status"
+echo "stop it with:                            vcfslm lab down"
