@@ -1,0 +1,297 @@
+"""Model sources for the rank worker: a local Hugging Face folder, a hub id, or a synthetic
+Phi-3 with random bf16 weights (exact Phi-3-mini-128k-instruct shape, or tiny for tests).
+
+A source is written as text (the worker's `--model`):
+
+    /models/phi3                       a folder with config.json + *.safetensors
+    microsoft/Phi-3-mini-128k-instruct a hub id (downloaded once into the HF cache)
+    synthetic:phi-3-mini               3.82B params, 32 layers, hidden 3072, vocab 32064
+    synthetic:phi-3-mini,layers=8      the same layers, fewer of them (quick benchmarks)
+    synthetic:tiny                     2 layers, hidden 64, for tests
+
+torch and transformers are imported inside the functions that need them, so parsing a
+source stays cheap for the CLI.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SYNTHETIC_PREFIX = "synthetic:"
+SYNTHETIC_NAMES = ("phi-3-mini", "tiny")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+# Phi-3-mini-128k-instruct's LongRoPE: rotary dims/2 = 48 factors each. The synthetic
+# model needs factors of the right length, not the published values: a factor only
+# scales a frequency, it costs the same.
+PHI3_ORIGINAL_CONTEXT = 4096
+PHI3_MAX_CONTEXT = 131072
+
+
+class ModelSourceError(ValueError):
+    """A model source that cannot be parsed or found."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed model source. kind: "synthetic" | "dir" | "hub"; layers: synthetic override."""
+
+    kind: str
+    name: str
+    layers: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "synthetic":
+            return SYNTHETIC_PREFIX + self.name + (f",layers={self.layers}" if self.layers else "")
+        return self.name
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """Parse a model source (see the module docstring); raises ModelSourceError."""
+    text = text.strip()
+    if text.startswith(SYNTHETIC_PREFIX):
+        name, *options = text[len(SYNTHETIC_PREFIX):].split(",")
+        if name not in SYNTHETIC_NAMES:
+            raise ModelSourceError(f"unknown synthetic model {name!r}; known: "
+                                   + ", ".join(SYNTHETIC_PREFIX + n for n in SYNTHETIC_NAMES))
+        layers = None
+        for option in options:
+            key, _, value = option.partition("=")
+            if key.strip() != "layers" or not value.strip().isdigit() or int(value) < 1:
+                raise ModelSourceError(f"bad synthetic option {option!r} (expected layers=N, N >= 1)")
+            layers = int(value)
+        return ModelSpec("synthetic", name, layers)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"{text}: folder has no config.json")
+        return ModelSpec("dir", str(path.resolve()))
+    if text.startswith(("/", ".", "~")) or not _HUB_ID.match(text):
+        raise ModelSourceError(f"{text}: no such model folder (and not a hub id like org/name)")
+    return ModelSpec("hub", text)
+
+
+def phi3_mini_config(layers: int | None = None, **overrides: Any):
+    """The exact Phi-3-mini-128k-instruct configuration (layers may be reduced)."""
+    from transformers import Phi3Config
+
+    half_rotary = (3072 // 32) // 2
+    values: dict[str, Any] = dict(
+        vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+        num_hidden_layers=layers or 32, num_attention_heads=32, num_key_value_heads=32,
+        hidden_act="silu", max_position_embeddings=PHI3_MAX_CONTEXT,
+        original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT, rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "factor": PHI3_MAX_CONTEXT / PHI3_ORIGINAL_CONTEXT,
+            "short_factor": [1.0 + 0.05 * i / half_rotary for i in range(half_rotary)],
+            "long_factor": [1.0 + 63.0 * i / half_rotary for i in range(half_rotary)],
+        },
+        sliding_window=262144, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
+    )
+    values.update(overrides)
+    return Phi3Config(**values)
+
+
+def tiny_config(layers: int | None = None, **overrides: Any):
+    """A tiny Phi-3 (same architecture and LongRoPE, ~2.2M params) for tests."""
+    from transformers import Phi3Config
+
+    values: dict[str, Any] = dict(
+        vocab_size=16384, hidden_size=64, intermediate_size=128, num_hidden_layers=layers or 2,
+        num_attention_heads=4, num_key_value_heads=4, hidden_act="silu",
+        max_position_embeddings=PHI3_MAX_CONTEXT, original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "factor": PHI3_MAX_CONTEXT / PHI3_ORIGINAL_CONTEXT,
+                         "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                         "long_factor": [2.0 + i for i in range(8)]},
+        sliding_window=None, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    values.update(overrides)
+    return Phi3Config(**values)
+
+
+SYNTHETIC_CONFIGS = {"phi-3-mini": phi3_mini_config, "tiny": tiny_config}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine, with the facts the roofline and the records need."""
+
+    model: Any
+    spec: ModelSpec
+    load_s: float
+    rope_pinned: bool
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter (what the replica holds)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Weight bytes one decode step reads: all but the input embedding (one row per token)."""
+        embed = self.model.get_input_embeddings().weight
+        return self.weight_bytes - embed.numel() * embed.element_size()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes one token adds to the cache (every layer)."""
+        return kv_bytes_per_token(self.config)
+
+
+def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
+    """K and V, every layer, one token."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype_bytes
+
+
+def load_model(source: str | ModelSpec, *, seed: int = 0, max_context: int | None = None,
+               attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load (or build) a bf16 causal LM in eval mode; pin LongRoPE's short factor when the
+    longest context of the run (`max_context`) fits the original window."""
+    import torch
+
+    spec = parse_model_spec(source) if isinstance(source, str) else source
+    started = time.perf_counter()
+    if spec.kind == "synthetic":
+        config = SYNTHETIC_CONFIGS[spec.name](spec.layers)
+        model = build_random_model(config, seed=seed, attn_implementation=attn_implementation)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(spec.name, dtype=torch.bfloat16,
+                                                     attn_implementation=attn_implementation)
+    model.eval()
+    model.requires_grad_(False)
+    pinned = False
+    if max_context:
+        pinned = pin_short_rope(model, max_context)
+        drop_idle_sliding_window(model.config, max_context)
+    loaded = LoadedModel(model, spec, time.perf_counter() - started, pinned)
+    loaded.facts = describe(loaded)
+    return loaded
+
+
+def build_random_model(config, *, seed: int = 0, attn_implementation: str = "sdpa"):
+    """A model of `config` with random bf16 weights, built without an fp32 detour.
+
+    The module is created on the meta device, materialised in bf16, and filled from a
+    seeded generator (uniform with the config's initializer std; norms at 1), so ranks
+    built with one seed hold identical replicas.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config._attn_implementation = attn_implementation
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(seed)
+    bound = getattr(config, "initializer_range", 0.02) * 3 ** 0.5  # uniform with that std
+    # Drawing 3.8B numbers one by one takes ~30 s on a small VM; tiling each weight from
+    # a seeded random pool at a random offset takes ~2 s and reads exactly the same bytes.
+    pool = torch.empty(_POOL_ELEMENTS, dtype=torch.bfloat16).uniform_(-bound, bound, generator=gen)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 1:  # RMSNorm weights
+                param.fill_(1.0)
+            else:
+                offset = int(torch.randint(0, _POOL_ELEMENTS, (1,), generator=gen))
+                _tile_from_pool(param.view(-1), pool, offset)
+        _rebuild_rotary_buffers(model)
+    return model
+
+
+# A prime-sized pool: rows of any width start at different pool positions.
+_POOL_ELEMENTS = 16_777_259
+
+
+def _tile_from_pool(flat, pool, offset: int) -> None:
+    """Fill `flat` with `pool` starting at `offset`, wrapping around."""
+    done, n, size = 0, flat.numel(), pool.numel()
+    while done < n:
+        take = min(size - offset, n - done)
+        flat[done:done + take].copy_(pool[offset:offset + take])
+        done += take
+        offset = 0
+
+
+def _rebuild_rotary_buffers(model) -> None:
+    """Recompute rotary buffers (non-persistent, so garbage after a meta build) in fp32."""
+    for name, module in list(model.named_modules()):
+        if hasattr(module, "inv_freq") and hasattr(module, "rope_type"):
+            fresh = type(module)(config=module.config)
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, fresh)
+
+
+def pin_short_rope(model, max_context: int) -> bool:
+    """Pin LongRoPE to its short factor when every position stays within the original window.
+
+    transformers re-selects short/long factors on every forward from max(position_ids);
+    that data-dependent update mutates a buffer inside the compiled decode step. Below the
+    switch point the short factor is the only possible answer, so it is fixed once here.
+    Returns True when a rotary module was pinned.
+    """
+    import torch
+
+    pinned = False
+    for module in model.modules():
+        if getattr(module, "rope_type", None) != "longrope":
+            continue
+        params = module.config.rope_parameters
+        original = params.get("original_max_position_embeddings") or getattr(
+            module.config, "original_max_position_embeddings", None)
+        if original is None or max_context > original:
+            continue
+        with torch.no_grad():
+            module.inv_freq.copy_(module.original_inv_freq)
+        module.rope_type = "longrope-short-pinned"  # not "longrope": no per-forward update
+        pinned = True
+    return pinned
+
+
+def drop_idle_sliding_window(config, max_context: int) -> bool:
+    """Turn off a sliding window that no context of the run can reach.
+
+    Phi-3-mini-128k declares sliding_window=262144. transformers then builds sliding
+    static cache layers that track their length in a Python int, and the compiled decode
+    step recompiles at every position. A window wider than every context masks nothing,
+    so plain causal attention computes the same thing. Returns True when dropped.
+    """
+    window = getattr(config, "sliding_window", None)
+    if window is None or max_context > window:
+        return False
+    config.sliding_window = None
+    return True
+
+
+def describe(loaded: LoadedModel) -> dict[str, Any]:
+    """Shape facts for meta.json and the records."""
+    c = loaded.config
+    return {
+        "source": str(loaded.spec),
+        "architecture": type(loaded.model).__name__,
+        "params": sum(p.numel() for p in loaded.model.parameters()),
+        "layers": c.num_hidden_layers,
+        "hidden": c.hidden_size,
+        "vocab": c.vocab_size,
+        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+        "weight_bytes": loaded.weight_bytes,
+        "step_weight_bytes": loaded.step_weight_bytes,
+        "kv_bytes_per_token": loaded.kv_bytes_per_token,
+        "rope_pinned_short": loaded.rope_pinned,
+        "load_s": round(loaded.load_s, 3),
+    }

@@ -1,0 +1,176 @@
+"""Placement facts of a rank: where its threads may run, where its memory lives, and
+what the CPU and the PyTorch build can do for bf16.
+
+The parsers are pure functions of text (tested on samples); `placement_facts()` reads
+/proc, /sys and (when present) `numactl --show` for the calling process. torch is
+passed in by the worker, so this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..topology import format_cpu_list, parse_cpu_list
+
+BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "avx512_vnni")
+_NUMA_MAPS_NODE = re.compile(r"\bN(\d+)=(\d+)\b")
+_NUMA_MAPS_PAGESIZE = re.compile(r"\bkernelpagesize_kB=(\d+)\b")
+
+
+def parse_numa_maps(text: str) -> dict[int, int]:
+    """Resident bytes per NUMA node from /proc/<pid>/numa_maps text."""
+    per_node: dict[int, int] = {}
+    for line in text.splitlines():
+        size = _NUMA_MAPS_PAGESIZE.search(line)
+        page = int(size.group(1)) * 1024 if size else 4096
+        for node, pages in _NUMA_MAPS_NODE.findall(line):
+            per_node[int(node)] = per_node.get(int(node), 0) + int(pages) * page
+    return dict(sorted(per_node.items()))
+
+
+def parse_numactl_show(text: str) -> dict[str, Any]:
+    """`numactl --show` as a dict: policy, preferred node, cpubind/nodebind/membind lists."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if key in ("physcpubind", "cpubind", "nodebind", "membind", "preferred"):
+            out[key] = [int(v) for v in value.split()] if value else []
+        elif key in ("policy", "preferred node"):
+            out[key.replace(" ", "_")] = value
+    return out
+
+
+def parse_cpu_flags(cpuinfo: str) -> set[str]:
+    """The flag set of the first CPU in /proc/cpuinfo."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def dominant_node(bytes_per_node: dict[int, int]) -> int | None:
+    """The NUMA node holding most of the memory, None when unknown."""
+    if not bytes_per_node:
+        return None
+    return max(bytes_per_node, key=lambda n: bytes_per_node[n])
+
+
+def node_cpu_lists(sys_node_dir: str | Path = "/sys/devices/system/node") -> dict[int, tuple[int, ...]]:
+    """CPUs of each online NUMA node ({0: all CPUs} when the kernel shows no NUMA)."""
+    nodes: dict[int, tuple[int, ...]] = {}
+    root = Path(sys_node_dir)
+    for entry in sorted(root.glob("node[0-9]*")):
+        try:
+            cpus = parse_cpu_list((entry / "cpulist").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if cpus:
+            nodes[int(entry.name[4:])] = cpus
+    if not nodes:
+        nodes[0] = tuple(sorted(os.sched_getaffinity(0)))
+    return dict(sorted(nodes.items()))
+
+
+def nodes_of_cpus(cpus: Iterable[int], node_cpus: dict[int, tuple[int, ...]]) -> list[int]:
+    """NUMA nodes that own any of `cpus`."""
+    wanted = set(cpus)
+    return [node for node, owned in node_cpus.items() if wanted & set(owned)]
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def numactl_show() -> dict[str, Any]:
+    """This process's NUMA policy from `numactl --show` ({} when numactl is absent)."""
+    exe = shutil.which("numactl")
+    if not exe:
+        return {}
+    try:
+        done = subprocess.run([exe, "--show"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return parse_numactl_show(done.stdout) if done.returncode == 0 else {}
+
+
+def bf16_facts(torch_module: Any | None = None, flags: set[str] | None = None) -> dict[str, Any]:
+    """What the CPU and the PyTorch build offer bf16 inference (AMX / oneDNN hints)."""
+    flags = parse_cpu_flags(_read("/proc/cpuinfo")) if flags is None else flags
+    facts: dict[str, Any] = {"cpu_flags": sorted(f for f in BF16_FLAGS if f in flags),
+                             "amx": "amx_bf16" in flags and "amx_tile" in flags,
+                             "avx512_bf16": "avx512_bf16" in flags}
+    if torch_module is not None:
+        torch = torch_module
+        facts["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        facts["mkldnn"] = bool(torch.backends.mkldnn.is_available())
+        try:
+            facts["onednn_bf16"] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            facts["onednn_bf16"] = False
+        # oneDNN dispatches bf16 GEMMs to AMX tiles when the CPU has them and oneDNN
+        # can use bf16 at all; freezing packs weights for exactly that path.
+        facts["amx_in_use_likely"] = facts["amx"] and facts["onednn_bf16"]
+    return facts
+
+
+def versions(torch_module: Any | None = None) -> dict[str, str]:
+    """Python, vcfslm, and (when given) torch / transformers versions."""
+    from .. import __version__
+
+    out = {"python": platform.python_version(), "vcfslm": __version__}
+    if torch_module is not None:
+        out["torch"] = torch_module.__version__
+        try:
+            import transformers
+
+            out["transformers"] = transformers.__version__
+        except ImportError:  # pragma: no cover
+            pass
+    return out
+
+
+def placement_facts(torch_module: Any | None = None) -> dict[str, Any]:
+    """Where this process runs and what it runs on (one dict per rank, kept per record)."""
+    affinity = sorted(os.sched_getaffinity(0))
+    node_cpus = node_cpu_lists()
+    memory = parse_numa_maps(_read("/proc/self/numa_maps"))
+    facts: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "cpu_affinity": format_cpu_list(affinity),
+        "cpus": len(affinity),
+        "cpu_numa_nodes": nodes_of_cpus(affinity, node_cpus),
+        "memory_numa_nodes": {str(k): v for k, v in memory.items()},
+        "memory_numa_node": dominant_node(memory),
+        "numa_policy": numactl_show(),
+        "intended_numa_node": _int_or_none(os.environ.get("VCFSLM_NUMA_NODE")),
+        "intended_cpus": os.environ.get("VCFSLM_CPUS"),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "versions": versions(torch_module),
+    }
+    if torch_module is not None:
+        facts["threads"] = torch_module.get_num_threads()
+    facts.update(bf16_facts(torch_module))
+    return facts
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None

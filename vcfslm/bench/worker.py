@@ -1,0 +1,394 @@
+"""The rank worker: the process torchrun starts for each rank (through rank.sh).
+
+    python -m vcfslm.bench.worker --model SRC --batch-sizes 1,4 --input-tokens 128,512 \\
+        --output-tokens 128 --warmup 1 --repeats 3 --out DIR --run-id ID --node NAME \\
+        --nodes N [--resume] [--scenarios FILTER] [--threads T] [--no-probe] [--seed S]
+
+It reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR/PORT), joins a gloo process group (bounded timeout), loads one
+model replica, probes its memory bandwidth, and runs every scenario (batch per rank x
+input length): `warmup` discarded windows, then `repeats` measured ones.
+
+Every window, warmup included, starts right after a `dist.barrier()` across all ranks
+of the run. Start skew: each rank notes its wall clock (time.time()) as it leaves the
+barrier; after the window the ranks all_gather those stamps and each records its own
+minus the earliest. On one node this is exact; across nodes it also contains the
+clock offset between the nodes (NTP-synchronised guests: well under a millisecond).
+
+Output (see vcfslm/results.py for the record schema):
+- DIR/ranks/rank-<RANK>.jsonl   each measured window's WindowRecord, appended atomically
+                                as the window ends;
+- DIR/ranks/rank-<RANK>.json    this rank's facts (placement, probe, model, engine);
+- DIR/results.jsonl             written by rank 0 at the end: every rank's records,
+                                gathered over gloo, sorted;
+- DIR/ranks.json                written by rank 0: every rank's facts;
+- DIR/logs/<node>/rank-<RANK>.log  this rank's event log.
+
+Progress: one machine-readable line per event on stdout,
+
+    VCFSLM-PROGRESS {"rank": 0, "phase": "measure", "scenario": 2, "scenarios": 6,
+                     "window": 1, "batch": 4, "input_tokens": 128, "output_tokens": 128, ...}
+
+phase is one of start | loaded | probed | skip | warmup | measure | done | finished |
+failed. `scenario` counts from 1 (k of `scenarios`); `window` counts from 0 within its
+phase. warmup/measure lines come as each window ends and carry tpot_ms_p50, ttft_s_p50,
+rank_tps, wall_s, valid; done closes a scenario; finished closes the run (rank 0 adds
+results_path).
+
+`--resume` reads this rank's own file and skips the scenarios that have `repeats`
+windows; the ranks agree (all_gather) on skipping only scenarios every rank finished, so
+their barriers still line up; a scenario a rank re-runs loses its old partial records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import results
+from ..results import WindowRecord
+
+PROGRESS_PREFIX = "VCFSLM-PROGRESS "
+COMPILE_MODES = ("autotune", "freezing", "default", "eager")
+log = logging.getLogger("vcfslm.bench.worker")
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def int_list(text: str) -> list[int]:
+    """'1,4,8' -> [1, 4, 8] (positive integers)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vcfslm.bench.worker",
+                                description="One benchmark rank (started by torchrun).")
+    p.add_argument("--model", required=True, help="model source (folder, hub id, synthetic:NAME)")
+    p.add_argument("--batch-sizes", type=int_list, required=True, help="streams per rank, e.g. 1,4,8,16")
+    p.add_argument("--input-tokens", type=int_list, required=True, help="prompt lengths, e.g. 128,512")
+    p.add_argument("--output-tokens", type=int, required=True, help="generated tokens per stream (>= 2)")
+    p.add_argument("--warmup", type=int, default=1, help="discarded windows per scenario")
+    p.add_argument("--repeats", type=int, default=3, help="measured windows per scenario")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--node", "--node-name", dest="node", required=True, help="node name for the records")
+    p.add_argument("--nodes", type=int, required=True, help="number of nodes in the run")
+    p.add_argument("--resume", action="store_true", help="skip scenarios this run already finished")
+    p.add_argument("--scenarios", default=None,
+                   help="only these scenarios: comma-separated BATCHxINPUT patterns, '*' wildcard "
+                        "(e.g. '1x*,16x128')")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: OMP_NUM_THREADS, else the CPUs this rank may use)")
+    p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe (no roofline)")
+    p.add_argument("--probe-mib", type=int, default=1024, help="probe buffer size in MiB")
+    p.add_argument("--seed", type=int, default=0, help="weights (synthetic) and prompt seed")
+    p.add_argument("--compile", choices=COMPILE_MODES, default="autotune",
+                   help="decode step: compile+freezing+autotuned GEMMs (default), compile+freezing, "
+                        "plain compile, or eager")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds a collective may wait for the other ranks")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse worker arguments; a leading "--" is dropped.
+
+    torchrun's own parser rejects `--node` after the script as an ambiguous
+    abbreviation of its `--node-rank`, so launchers write `torchrun ... rank.sh -- --node X`;
+    torchrun passes the "--" through.
+    """
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    args = parser.parse_args(argv)
+    if args.output_tokens < 2:
+        parser.error("--output-tokens must be >= 2 (TPOT needs two tokens)")
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be >= 1 and --warmup >= 0")
+    return args
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """The rank's coordinates from torchrun's environment (single process when absent)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, env: dict[str, str] | None = None) -> TorchrunEnv:
+        env = dict(os.environ if env is None else env)
+        return cls(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
+                   world_size=int(env.get("WORLD_SIZE", 1)),
+                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+                   group_rank=int(env.get("GROUP_RANK", 0)),
+                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                   master_port=int(env.get("MASTER_PORT", 29500)))
+
+
+# ------------------------------------------------------------------ scenarios
+
+
+def scenario_list(batch_sizes: list[int], input_tokens: list[int], output_tokens: int,
+                  pattern: str | None = None) -> list[tuple[int, int, int]]:
+    """(batch, input, output) in run order (batch, then input length), filtered by pattern."""
+    wanted = [p.strip() for p in pattern.split(",") if p.strip()] if pattern else None
+    out = []
+    for b in sorted(set(batch_sizes)):
+        for i in sorted(set(input_tokens)):
+            if wanted is None or any(fnmatch.fnmatchcase(f"{b}x{i}", w) for w in wanted):
+                out.append((b, i, output_tokens))
+    return out
+
+
+def agreed_skips(per_rank_finished: list[set[tuple[int, int, int]]]) -> set[tuple[int, int, int]]:
+    """Scenarios every rank has finished (only those may be skipped by all)."""
+    if not per_rank_finished:
+        return set()
+    common = set(per_rank_finished[0])
+    for finished in per_rank_finished[1:]:
+        common &= set(finished)
+    return common
+
+
+def sort_key(r: WindowRecord) -> tuple:
+    return (r.node_rank, r.rank, r.batch_per_rank, r.input_tokens, r.output_tokens, r.window)
+
+
+def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple[int, int, int],
+                  window: int, gen, skew_s: float, roofline_ms: float | None, placement: dict,
+                  peak_rss: int, extra_invalid: list[str] | None = None) -> WindowRecord:
+    """A WindowRecord from one generation's timestamps (pure apart from its inputs)."""
+    batch, input_tokens, output_tokens = scenario
+    first = [gen.first_token] * batch  # a batch's streams get their tokens together
+    last = [gen.last_token] * batch
+    ttft, tpot, e2e = results.stream_metrics(gen.request_start, first, last, output_tokens)
+    wall = gen.last_token - gen.request_start
+    generated = int(gen.tokens.shape[0] * gen.tokens.shape[1])
+    reasons = list(extra_invalid or [])
+    if gen.compiles:
+        reasons.append(f"{gen.compiles} compilation(s) inside the window")
+    if tuple(gen.tokens.shape) != (batch, output_tokens):
+        reasons.append(f"generated shape {tuple(gen.tokens.shape)} != ({batch}, {output_tokens})")
+    return WindowRecord(
+        run_id=args.run_id, node=args.node, node_rank=env.group_rank, rank=env.rank,
+        local_rank=env.local_rank, world_size=env.world_size, ranks_per_node=env.local_world_size,
+        nodes=args.nodes, batch_per_rank=batch, input_tokens=input_tokens,
+        output_tokens=output_tokens, window=window, start_skew_s=skew_s, wall_s=wall,
+        generated_tokens=generated, rank_tps=generated / wall if wall > 0 else 0.0,
+        ttft_s=ttft, tpot_ms=tpot, e2e_s=e2e, peak_rss_bytes=peak_rss,
+        recompiles=gen.compiles, valid=not reasons, invalid_reasons=reasons,
+        roofline_tpot_ms=roofline_ms, placement=placement)
+
+
+# ------------------------------------------------------------------ output
+
+
+def progress(event: dict[str, Any]) -> None:
+    """One progress line on stdout (flushed: the launcher reads it live) and in the log."""
+    line = PROGRESS_PREFIX + json.dumps(event, sort_keys=True, default=str)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    log.info("%s", line)
+
+
+def rank_file(out: Path, rank: int) -> Path:
+    return out / "ranks" / f"rank-{rank}.jsonl"
+
+
+def drop_scenarios(path: Path, scenarios: set[tuple[int, int, int]]) -> int:
+    """Remove the records of `scenarios` from a rank file (a rerun replaces them); count removed."""
+    if not path.exists() or not scenarios:
+        return 0
+    kept = [r for r in results.read_records(path) if r.scenario not in scenarios]
+    removed = len(results.read_records(path)) - len(kept)
+    if removed:
+        results.write_records(path, kept)
+    return removed
+
+
+def _setup_logging(out: Path, node: str, rank: int) -> None:
+    path = out / "logs" / node / f"rank-{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = TorchrunEnv.from_environ()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _setup_logging(out, args.node, env.rank)
+    log.info("argv %s env %s", sys.argv, env)
+    base = {"rank": env.rank, "node": args.node, "local_rank": env.local_rank}
+    try:
+        return run(args, env, out, base)
+    except Exception as exc:
+        log.error("failed: %s\n%s", exc, traceback.format_exc())
+        progress({**base, "phase": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, Any]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    threads = args.threads or _default_threads()
+    torch.set_num_threads(threads)
+    progress({**base, "phase": "start", "threads": threads, "world_size": env.world_size})
+
+    dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        return _run_scenarios(args, env, out, base, torch, dist)
+    finally:
+        dist.destroy_process_group()
+
+
+def _default_threads() -> int:
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp)
+    return len(os.sched_getaffinity(0))
+
+
+def _engine_options(mode: str):
+    from .engine import CompileOptions
+
+    return {
+        "autotune": CompileOptions(),
+        "freezing": CompileOptions(max_autotune=False),
+        "default": CompileOptions(freezing=False, max_autotune=False),
+        "eager": CompileOptions(enabled=False),
+    }[mode]
+
+
+def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist) -> int:
+    from . import probe as probe_mod
+    from .engine import DecodeEngine, peak_rss_bytes, synthetic_prompt
+    from .model import load_model
+    from .placement import placement_facts
+
+    scenarios = scenario_list(args.batch_sizes, args.input_tokens, args.output_tokens, args.scenarios)
+    max_context = max((i + o for _, i, o in scenarios), default=0)
+    loaded = load_model(args.model, seed=args.seed, max_context=max_context or None)
+    engine = DecodeEngine(loaded.model, _engine_options(args.compile))
+    progress({**base, "phase": "loaded", "model": loaded.facts["source"], "load_s": loaded.facts["load_s"],
+              "params": loaded.facts["params"]})
+
+    bandwidth = None
+    if not args.no_probe:
+        dist.barrier()  # probe together: ranks of a node share its memory system
+        bandwidth = probe_mod.measure_bandwidth(torch.get_num_threads(), args.probe_mib)
+        torch.set_num_threads(args.threads or _default_threads())
+        progress({**base, "phase": "probed", "read_gbs": round(bandwidth.read_gbs, 2),
+                  "triad_gbs": round(bandwidth.triad_gbs, 2)})
+
+    placement = placement_facts(torch)
+    placement["engine"] = engine.options.label
+    placement["prefill"] = "fp32-upcast" if engine.prefill_upcast else "bf16"
+    facts = {"rank": env.rank, "local_rank": env.local_rank, "node": args.node,
+             "node_rank": env.group_rank, "placement": placement, "model": loaded.facts,
+             "probe": bandwidth.to_dict() if bandwidth else None, "engine": engine.options.label}
+    results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
+
+    my_file = rank_file(out, env.rank)
+    finished = results.finished_scenarios(results.read_records(my_file), args.repeats) \
+        if args.resume and my_file.exists() else set()
+    gathered: list[Any] = [None] * env.world_size
+    dist.all_gather_object(gathered, sorted(finished))
+    skip = agreed_skips([{tuple(s) for s in g} for g in gathered]) & set(scenarios)
+    rerun = {s for s in scenarios if s not in skip}
+    dropped = drop_scenarios(my_file, rerun) if args.resume else 0
+    if not args.resume and my_file.exists():
+        my_file.unlink()  # a fresh run in an old folder starts clean
+    if dropped:
+        log.info("dropped %d partial record(s) of scenarios to rerun", dropped)
+
+    n = len(scenarios)
+    for k, scenario in enumerate(scenarios, 1):
+        batch, input_tokens, output_tokens = scenario
+        where = {**base, "scenario": k, "scenarios": n, "batch": batch,
+                 "input_tokens": input_tokens, "output_tokens": output_tokens}
+        if scenario in skip:
+            progress({**where, "phase": "skip", "window": 0})
+            continue
+        prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
+                                  seed=args.seed * 1_000_003 + batch * 7919 + input_tokens)
+        roofline = None
+        if bandwidth:
+            step_bytes = probe_mod.decode_step_bytes(
+                loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch,
+                probe_mod.mean_decode_context(input_tokens, output_tokens))
+            roofline = probe_mod.roofline_tpot_ms(step_bytes, bandwidth.read_gbs)
+        phases = [("warmup", w) for w in range(args.warmup)] + [("measure", w) for w in range(args.repeats)]
+        for phase, window in phases:
+            dist.barrier()
+            released = time.time()
+            gen = engine.generate(prompt, output_tokens)
+            stamps: list[Any] = [None] * env.world_size
+            dist.all_gather_object(stamps, released)
+            skew = released - min(stamps)
+            record = window_record(env=env, args=args, scenario=scenario, window=window, gen=gen,
+                                   skew_s=skew, roofline_ms=roofline, placement=placement,
+                                   peak_rss=peak_rss_bytes())
+            if phase == "measure":
+                results.append_record(my_file, record)
+            progress({**where, "phase": phase, "window": window,
+                      "tpot_ms_p50": round(results.percentile(record.tpot_ms, 50), 3),
+                      "ttft_s_p50": round(results.percentile(record.ttft_s, 50), 4),
+                      "rank_tps": round(record.rank_tps, 3), "wall_s": round(record.wall_s, 4),
+                      "skew_ms": round(skew * 1000, 3), "valid": record.valid,
+                      "compiles": gen.compiles, "roofline_tpot_ms": roofline and round(roofline, 3)})
+        progress({**where, "phase": "done", "window": args.repeats})
+    engine.release()
+
+    dist.barrier()
+    mine = results.read_records(my_file) if my_file.exists() else []
+    all_records: list[Any] = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(mine, all_records, dst=0)
+    all_facts: list[Any] = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(facts, all_facts, dst=0)
+    done = {**base, "phase": "finished", "scenarios": n, "records": len(mine)}
+    if env.rank == 0:
+        merged = sorted((r for recs in all_records for r in recs), key=sort_key)
+        results.write_records(out / "results.jsonl", merged)
+        results.atomic_write_json(out / "ranks.json", sorted(all_facts, key=lambda f: f["rank"]))
+        done["results_path"] = str(out / "results.jsonl")
+        done["total_records"] = len(merged)
+    dist.barrier()
+    progress(done)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
