@@ -1,0 +1,356 @@
+"""`vcfslm bench --local`: run the rank workers on this machine under torchrun.
+
+The same rank wrapper as on the guests (templates/rank.sh.j2) pins each rank with
+numactl; torchrun runs standalone (one node, a free rendezvous port):
+
+    python -m torch.distributed.run --standalone --nproc-per-node R --no-python \\
+        RUN_DIR/launch/rank.sh -- <worker arguments>
+
+The "--" keeps torchrun's parser away from the worker's `--node` (which it would
+reject as an ambiguous abbreviation of its own `--node-rank`); the worker drops it.
+
+Pure helpers (rank placement on this machine's NUMA nodes, the commands) are separate
+from `run_local`, which does the side effects: run dir, meta.json, the subprocess, the
+progress lines, the final meta. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import results, topology
+from ..errors import BenchError, InventoryError, Problem
+from ..progress import NullReporter, Reporter
+
+PROGRESS_PREFIX = "VCFSLM-PROGRESS "  # same as vcfslm.bench.worker (which imports torch lazily)
+NODE_NAME = "local"
+DEFAULT_INDUCTOR_CACHE = "~/.cache/vcfslm/inductor"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """What a run measures."""
+
+    batch_sizes: tuple[int, ...]
+    input_tokens: tuple[int, ...]
+    output_tokens: int
+    warmup: int = 1
+    repeats: int = 3
+
+    def scenarios(self) -> list[tuple[int, int, int]]:
+        return [(b, i, self.output_tokens) for b in sorted(set(self.batch_sizes))
+                for i in sorted(set(self.input_tokens))]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["batch_sizes"], d["input_tokens"] = list(self.batch_sizes), list(self.input_tokens)
+        return d
+
+
+@dataclass
+class LocalRun:
+    """The outcome of a local run: its folder, metadata and records."""
+
+    run_dir: Path
+    meta: results.RunMeta
+    records: list[results.WindowRecord] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def plan_ranks(node_cpus: dict[int, Sequence[int]], ranks: int, threads: int) -> list[dict[str, Any]]:
+    """Place `ranks` ranks of `threads` threads on this machine's NUMA nodes.
+
+    The block placement and CPU-set arithmetic is topology.rank_slots' (the same as on
+    the guests); its CPU indices are mapped onto the real CPU ids of each node, so
+    machines whose nodes are not numbered contiguously work too. Nodes are taken at
+    the size of the smallest. Raises InventoryError when ranks cannot be placed.
+    Returns the rank.sh.j2 `ranks` context: {local_rank, numa_node, cpus, bind}.
+    """
+    nodes = sorted(node_cpus)
+    if not nodes:
+        raise InventoryError("no CPUs found on this machine")
+    size = min(len(node_cpus[n]) for n in nodes)
+    problems = topology.placement_problems(size * len(nodes), len(nodes), ranks, threads)
+    if problems:
+        raise InventoryError([Problem("", None, None, "--ranks/--threads",
+                                      f"{p} (this machine: {len(nodes)} NUMA node(s) of {size} CPUs)")
+                              for p in problems])
+    out = []
+    for slot in topology.rank_slots(size * len(nodes), len(nodes), ranks, threads):
+        node = nodes[slot.numa_node]
+        real = sorted(node_cpus[node])[:size]
+        cpus = [real[i - slot.numa_node * size] for i in slot.cpus]
+        out.append({"local_rank": slot.local_rank, "numa_node": node,
+                    "cpus": topology.format_cpu_list(cpus), "bind": slot.bind})
+    return out
+
+
+def default_threads(node_cpus: dict[int, Sequence[int]], ranks: int) -> int:
+    """Threads per rank when not given: this machine's CPUs shared evenly, within one node."""
+    size = min(len(c) for c in node_cpus.values())
+    total = size * len(node_cpus)
+    return max(1, min(size, total // max(ranks, 1)))
+
+
+def new_run_id(now: datetime.datetime | None = None, suffix: str = NODE_NAME) -> str:
+    now = now or datetime.datetime.now()
+    return now.strftime("%Y%m%d-%H%M%S") + f"-{suffix}"
+
+
+def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, node: str = NODE_NAME,
+                     nodes: int = 1, threads: int, resume: bool = False, scenarios: str | None = None,
+                     probe: bool = True, probe_mib: int = 1024, seed: int = 0,
+                     compile_mode: str = "autotune") -> list[str]:
+    """The worker's command-line arguments (after torchrun's "--")."""
+    args = ["--model", model,
+            "--batch-sizes", ",".join(str(b) for b in matrix.batch_sizes),
+            "--input-tokens", ",".join(str(i) for i in matrix.input_tokens),
+            "--output-tokens", str(matrix.output_tokens),
+            "--warmup", str(matrix.warmup), "--repeats", str(matrix.repeats),
+            "--out", str(run_dir), "--run-id", run_id, "--node", node, "--nodes", str(nodes),
+            "--threads", str(threads), "--seed", str(seed), "--compile", compile_mode,
+            "--probe-mib", str(probe_mib)]
+    if resume:
+        args.append("--resume")
+    if scenarios:
+        args += ["--scenarios", scenarios]
+    if not probe:
+        args.append("--no-probe")
+    return args
+
+
+def torchrun_command(python: str, ranks: int, wrapper: Path, worker_args: list[str]) -> list[str]:
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+            "--no-python", str(wrapper), "--", *worker_args]
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    """The event of a VCFSLM-PROGRESS line (anywhere in the line), None for other lines."""
+    at = line.find(PROGRESS_PREFIX)
+    if at < 0:
+        return None
+    try:
+        event = json.loads(line[at + len(PROGRESS_PREFIX):])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def progress_status(event: dict[str, Any]) -> str:
+    """One human line for a progress event (what the reporter shows per rank)."""
+    phase = event.get("phase", "?")
+    if phase in ("warmup", "measure", "skip", "done"):
+        head = (f"scenario {event.get('scenario')}/{event.get('scenarios')} "
+                f"b={event.get('batch')} in={event.get('input_tokens')}: {phase}")
+        if phase in ("warmup", "measure"):
+            head += (f" {event.get('window')}  TPOT {event.get('tpot_ms_p50')} ms  "
+                     f"TTFT {event.get('ttft_s_p50')} s  {event.get('rank_tps')} tok/s")
+            if not event.get("valid", True):
+                head += "  (invalid)"
+        return head
+    if phase == "probed":
+        return f"bandwidth read {event.get('read_gbs')} GB/s, triad {event.get('triad_gbs')} GB/s"
+    if phase == "loaded":
+        return f"model loaded in {event.get('load_s')} s"
+    if phase == "failed":
+        return f"failed: {event.get('error')}"
+    return phase
+
+
+def run_complete(records: list[results.WindowRecord], matrix: Matrix, world_size: int,
+                 scenarios: list[tuple[int, int, int]] | None = None) -> bool:
+    """Every rank has `repeats` windows of every scenario."""
+    wanted = scenarios if scenarios is not None else matrix.scenarios()
+    have: dict[tuple[int, tuple[int, int, int]], set[int]] = {}
+    for r in records:
+        have.setdefault((r.rank, r.scenario), set()).add(r.window)
+    return all(len(have.get((rank, s), ())) >= matrix.repeats
+               for rank in range(world_size) for s in wanted)
+
+
+def machine_node_cpus() -> dict[int, tuple[int, ...]]:
+    """This machine's NUMA nodes and their CPUs, restricted to the CPUs we may use."""
+    from .placement import node_cpu_lists
+
+    allowed = set(os.sched_getaffinity(0))
+    out = {}
+    for node, cpus in node_cpu_lists().items():
+        usable = tuple(c for c in cpus if c in allowed)
+        if usable:
+            out[node] = usable
+    return out or {0: tuple(sorted(allowed))}
+
+
+# ------------------------------------------------------------------ the driver
+
+
+def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None = None,
+              runs_dir: str | Path = "runs", run_id: str | None = None, resume: bool = False,
+              use_numactl: bool = True, seed: int = 0, compile_mode: str = "autotune",
+              probe: bool = True, probe_mib: int = 1024, scenarios: str | None = None,
+              label: str | None = None, command: list[str] | None = None,
+              slos: dict[str, Any] | None = None, inductor_cache_dir: str | None = None,
+              python: str | None = None, timeout: float | None = None,
+              reporter: Reporter | None = None) -> LocalRun:
+    """Run the matrix with `ranks` workers on this machine; returns the run (records gathered).
+
+    resume: continue the run `run_id` in place (its finished scenarios are skipped).
+    Raises BenchError when torchrun or a rank fails (meta.json records the failure).
+    """
+    from ..guest.templates import render_template
+
+    reporter = reporter or NullReporter()
+    python = python or sys.executable
+    node_cpus = machine_node_cpus()
+    threads = threads or default_threads(node_cpus, ranks)
+    slots = plan_ranks(node_cpus, ranks, threads)
+    run_id = run_id or new_run_id()
+    run_dir = Path(runs_dir) / run_id
+    if resume and not (run_dir / "meta.json").exists():
+        raise InventoryError(f"cannot resume {run_id}: {run_dir / 'meta.json'} does not exist")
+    if not resume and run_dir.exists():
+        raise InventoryError(f"run folder {run_dir} already exists (choose another --run-id or --resume)")
+    (run_dir / "launch").mkdir(parents=True, exist_ok=True)
+    log_dir = run_dir / "logs" / NODE_NAME
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    cache_dir = str(Path(inductor_cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                         or DEFAULT_INDUCTOR_CACHE).expanduser())
+    use_numactl = use_numactl and shutil.which("numactl") is not None
+    context = {"python": python, "threads_per_rank": threads, "inductor_cache_dir": cache_dir,
+               "use_numactl": use_numactl, "ranks": slots, "env_file": ""}
+    wrapper = run_dir / "launch" / "rank.sh"
+    results.atomic_write_text(wrapper, render_template("rank.sh.j2", context))
+    wrapper.chmod(0o755)
+
+    meta = _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
+                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl)
+    results.write_meta(run_dir, meta)
+
+    args = worker_arguments(model=model, matrix=matrix, run_dir=run_dir.resolve(), run_id=run_id,
+                            threads=threads, resume=resume, scenarios=scenarios, probe=probe,
+                            probe_mib=probe_mib, seed=seed, compile_mode=compile_mode)
+    cmd = torchrun_command(python, ranks, wrapper.resolve(), args)
+    reporter.log(f"run {run_id}: {ranks} rank(s) x {threads} thread(s), "
+                 f"{'numactl' if use_numactl else 'no numactl'}; folder {run_dir}")
+    rc, tail, failures = _run_streaming(cmd, log_dir / "torchrun.log", reporter, timeout)
+
+    records = results.read_records(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else []
+    _finish_meta(meta, run_dir, records, matrix, ranks, scenarios)
+    if rc != 0:
+        detail = "; ".join(failures) or "\n".join(f"  | {line}" for line in tail)
+        meta.failure = f"torchrun exited {rc}: {detail}"[:4000]
+        meta.complete = False
+        results.write_meta(run_dir, meta)
+        raise BenchError(f"local run {run_id} failed (torchrun exit {rc}); logs in {log_dir}\n{detail}")
+    if records:
+        results.records_to_csv(run_dir / "results.csv", records)
+    results.write_meta(run_dir, meta)
+    return LocalRun(run_dir, meta, records)
+
+
+def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
+                  compile_mode, scenarios, slos, node_cpus, slots, use_numactl) -> results.RunMeta:
+    if resume:
+        meta = results.read_meta(run_dir)
+        meta.failure = None
+        return meta
+    return results.RunMeta(
+        run_id=run_id, created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=list(command or sys.argv), mode="local", nodes=[NODE_NAME], ranks_per_node=ranks,
+        threads_per_rank=threads, model=model,
+        matrix={**matrix.to_dict(), "seed": seed, "compile": compile_mode, "scenarios": scenarios},
+        label=label, slos=dict(slos or {}),
+        guests={NODE_NAME: {"numa_nodes": {str(k): topology.format_cpu_list(v) for k, v in node_cpus.items()},
+                            "ranks": slots, "numactl": use_numactl}})
+
+
+def _finish_meta(meta: results.RunMeta, run_dir: Path, records, matrix: Matrix, ranks: int,
+                 scenarios: str | None) -> None:
+    facts_path = run_dir / "ranks.json"
+    if facts_path.exists():
+        facts = json.loads(facts_path.read_text(encoding="utf-8"))
+        if facts:
+            meta.versions = facts[0].get("placement", {}).get("versions", {})
+            meta.probe = {NODE_NAME: {str(f["rank"]): f.get("probe") for f in facts}}
+            meta.guests.setdefault(NODE_NAME, {})["placement"] = {
+                str(f["rank"]): f.get("placement") for f in facts}
+            meta.guests[NODE_NAME]["model"] = facts[0].get("model")
+    wanted = None
+    if scenarios:
+        from fnmatch import fnmatchcase
+
+        pats = [p.strip() for p in scenarios.split(",") if p.strip()]
+        wanted = [s for s in matrix.scenarios() if any(fnmatchcase(f"{s[0]}x{s[1]}", p) for p in pats)]
+    meta.complete = bool(records) and run_complete(records, matrix, ranks, wanted)
+
+
+def _run_streaming(cmd: list[str], log_path: Path, reporter: Reporter, timeout: float | None
+                   ) -> tuple[int, list[str], list[str]]:
+    """Run `cmd`, tee its output to `log_path`, report progress lines; (rc, last lines, failures)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    tail: deque[str] = deque(maxlen=30)
+    failures: list[str] = []
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1, env=env, start_new_session=True)
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            _stop(proc)
+
+        timer = threading.Timer(timeout, expire) if timeout else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                tail.append(line.rstrip("\n"))
+                event = parse_progress(line)
+                if event is not None:
+                    reporter.update(f"rank {event.get('rank', '?')}", progress_status(event))
+                    if event.get("phase") == "failed":
+                        failures.append(f"rank {event.get('rank')}: {event.get('error')}")
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            _stop(proc)
+            raise
+        finally:
+            if timer:
+                timer.cancel()
+    if timed_out.is_set():
+        failures.append(f"timed out after {timeout:.0f} s")
+        rc = rc or 124
+    return rc, list(tail), failures
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop torchrun and its ranks (its own process group, started by us)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

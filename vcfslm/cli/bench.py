@@ -1,0 +1,287 @@
+"""`vcfslm bench` (local mode here; cluster mode in cli/cluster.py) and `vcfslm probe`.
+
+`bench` validates its options, then dispatches: `--local` to
+`vcfslm.bench.local.run_local`, otherwise (`--nodes N` / `--hosts a,b` / `--resume RUN`
+with an inventory) to `vcfslm.cli.cluster.run_cluster`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ..errors import BenchError, InventoryError, Problem, UsageError
+from .common import RichReporter, console, err_console, inventory_option, output_option, print_json
+
+COMPILE_MODES = ("autotune", "freezing", "default", "eager")  # vcfslm.bench.worker.COMPILE_MODES
+LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
+              "seed", "compile_mode", "no_probe", "probe_mib")
+CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
+
+
+def int_list(ctx, param, value: str | None) -> list[int] | None:
+    """click callback: '1,4,8' -> [1, 4, 8]."""
+    if value is None:
+        return None
+    try:
+        values = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    return values
+
+
+@click.command("bench")
+@click.option("--local", "local", is_flag=True,
+              help="Run on this machine (torchrun standalone, numactl pinning), no VM needed.")
+@inventory_option
+@click.option("--model", default=None, metavar="SRC",
+              help="Model: folder, hub id, synthetic:phi-3-mini[,layers=N], synthetic:tiny "
+                   "(local; default: the inventory's guest.model, else synthetic:tiny).")
+@click.option("--ranks", type=click.IntRange(min=1), default=None,
+              help="Ranks (model replicas) on this machine (local; default 1 or the inventory's).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads per rank (local; default: the CPUs shared evenly).")
+@click.option("--batch-sizes", callback=int_list, default=None, metavar="LIST",
+              help="Streams per rank, comma-separated (default 1,4,8,16).")
+@click.option("--input-tokens", callback=int_list, default=None, metavar="LIST",
+              help="Prompt lengths, comma-separated (default 128,512,1024).")
+@click.option("--output-tokens", type=click.IntRange(min=2), default=None,
+              help="Generated tokens per stream (default 128).")
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Discarded windows per scenario (default 1).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None, help="Measured windows per scenario (default 3).")
+@click.option("--scenarios", default=None, metavar="PATTERNS",
+              help="Only these BATCHxINPUT scenarios, '*' wildcard (e.g. '1x*,16x128').")
+@click.option("--run-id", default=None, help="Run folder name (default: timestamp).")
+@click.option("--runs-dir", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="Where run folders go.")
+@click.option("--resume", default=None, metavar="RUN",
+              help="Continue run RUN (an id under --runs-dir, or its folder); finished scenarios are kept.")
+@click.option("--label", default=None, help="Free-text label stored in meta.json.")
+@click.option("--no-numactl", is_flag=True, help="Do not pin ranks with numactl (local).")
+@click.option("--seed", type=int, default=None, help="Weights/prompt seed (local; default 0).")
+@click.option("--compile", "compile_mode", type=click.Choice(COMPILE_MODES), default=None,
+              help="Decode step: autotune (compile + freezing + autotuned GEMMs, default), freezing, "
+                   "default (plain compile) or eager (local).")
+@click.option("--no-probe", is_flag=True, help="Skip the bandwidth probe: no roofline (local).")
+@click.option("--probe-mib", type=click.IntRange(min=16), default=None, help="Probe buffer in MiB (local; default 1024).")
+@click.option("--timeout", type=float, default=None, help="Whole-run timeout in seconds.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None, help="Cluster mode: the first N inventory nodes.")
+@click.option("--hosts", default=None, metavar="A,B", help="Cluster mode: these inventory nodes.")
+@click.option("--dry-run", is_flag=True, help="Cluster mode: print the torchrun commands and stop.")
+@click.option("--trust-new-hosts", is_flag=True, help="Cluster mode: record unknown SSH host keys.")
+@output_option
+@click.pass_context
+def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -> None:
+    """Measure TTFT, TPOT and rank throughput for each (batch per rank, input length).
+
+    \b
+    Examples:
+      vcfslm bench --local                                   tiny model, 1 rank
+      vcfslm bench --local --model synthetic:phi-3-mini --ranks 2 --batch-sizes 1,4 \\
+          --input-tokens 128 --output-tokens 64
+      vcfslm bench --local -i cluster.yaml --model synthetic:tiny   matrix from the inventory
+      vcfslm bench --local --resume 20250101-120000-local    finish an interrupted run
+      vcfslm bench --nodes 4                                 the cluster (inventory nodes)
+    """
+    given = {name for name in opts if ctx.get_parameter_source(name) not in
+             (click.core.ParameterSource.DEFAULT, None)}
+    if local:
+        bad = sorted(given & set(CLUSTER_ONLY))
+        if bad:
+            raise UsageError(f"--local cannot be combined with {_flags(bad)}")
+        _bench_local(inventory, opts)
+        return
+    bad = sorted(given & set(LOCAL_ONLY))
+    if bad:
+        raise UsageError(f"{_flags(bad)} only apply to --local runs")
+    if not (opts["nodes"] or opts["hosts"] or opts["resume"]):
+        raise UsageError("choose a mode: --local (this machine) or --nodes N / --hosts A,B (the cluster)")
+    from .cluster import run_cluster
+
+    run_cluster(inventory=inventory, nodes=opts["nodes"], hosts=opts["hosts"], resume=opts["resume"],
+                run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
+                repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
+                dry_run=opts["dry_run"], runs_dir=opts["runs_dir"],
+                trust_new_hosts=opts["trust_new_hosts"], output=opts["output"])
+
+
+def _flags(names: list[str]) -> str:
+    return ", ".join("--" + n.replace("_", "-").replace("compile-mode", "compile") for n in names)
+
+
+def _bench_local(inventory: str | None, opts: dict[str, Any]) -> None:
+    """Resolve the local run's settings (flags > resumed meta > inventory > defaults) and run it."""
+    from ..bench.local import Matrix, run_local
+    from ..bench.model import ModelSourceError, parse_model_spec
+
+    settings = _local_defaults()
+    if inventory:
+        settings.update(_from_inventory(inventory))
+    resume_id = None
+    if opts["resume"]:
+        run_dir = Path(opts["resume"]) if Path(opts["resume"]).is_dir() else Path(opts["runs_dir"]) / opts["resume"]
+        settings.update(_from_meta(run_dir))
+        resume_id, opts["runs_dir"] = run_dir.name, str(run_dir.parent)
+    for key in ("model", "ranks", "threads", "batch_sizes", "input_tokens", "output_tokens", "warmup",
+                "repeats", "seed", "compile_mode", "probe_mib", "scenarios", "label"):
+        if opts.get(key) is not None:
+            settings[key] = opts[key]
+    try:
+        parse_model_spec(settings["model"])
+    except ModelSourceError as exc:
+        raise InventoryError([Problem("", None, None, "--model", str(exc))]) from None
+    matrix = Matrix(tuple(settings["batch_sizes"]), tuple(settings["input_tokens"]),
+                    settings["output_tokens"], settings["warmup"], settings["repeats"])
+    quiet = opts["output"] == "json"
+    run = run_local(model=settings["model"], matrix=matrix, ranks=settings["ranks"],
+                    threads=settings.get("threads"), runs_dir=opts["runs_dir"],
+                    run_id=resume_id or opts["run_id"], resume=bool(resume_id),
+                    use_numactl=not opts["no_numactl"], seed=settings["seed"],
+                    compile_mode=settings["compile_mode"], probe=not opts["no_probe"],
+                    probe_mib=settings["probe_mib"], scenarios=settings.get("scenarios"),
+                    label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
+                    slos=settings.get("slos"), timeout=opts["timeout"],
+                    reporter=RichReporter(err_console, quiet=quiet))
+    rows = summary_rows(run.records)
+    if quiet:
+        print_json({"run_id": run.meta.run_id, "run_dir": str(run.run_dir), "complete": run.meta.complete,
+                    "scenarios": rows})
+        return
+    console.print(results_table(rows, f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
+                                      f"{run.meta.threads_per_rank} thread(s), {run.meta.model}"))
+    console.print(f"run dir: {run.run_dir}" + ("" if run.meta.complete else "  (incomplete)"))
+    console.print(f"next: vcfslm report {run.run_dir}")
+
+
+def _local_defaults() -> dict[str, Any]:
+    return {"model": "synthetic:tiny", "ranks": 1, "threads": None, "batch_sizes": [1, 4, 8, 16],
+            "input_tokens": [128, 512, 1024], "output_tokens": 128, "warmup": 1, "repeats": 3,
+            "seed": 0, "compile_mode": "autotune", "probe_mib": 1024, "scenarios": None, "label": None}
+
+
+def _from_inventory(path: str) -> dict[str, Any]:
+    from .common import load
+
+    inv = load(path)
+    b = inv.bench
+    return {"model": inv.guest.model, "ranks": b.ranks_per_node, "batch_sizes": list(b.batch_sizes),
+            "input_tokens": list(b.input_tokens), "output_tokens": b.output_tokens, "warmup": b.warmup,
+            "repeats": b.repeats, "slos": {k: v.model_dump() for k, v in inv.slos.items()}}
+
+
+def _from_meta(run_dir: Path) -> dict[str, Any]:
+    from ..results import read_meta
+
+    if not (run_dir / "meta.json").exists():
+        raise UsageError(f"--resume: no run at {run_dir} (expected {run_dir}/meta.json)")
+    meta = read_meta(run_dir)
+    if meta.mode != "local":
+        raise UsageError(f"--resume: {run_dir} is a {meta.mode} run; resume it without --local")
+    m = meta.matrix
+    return {"model": meta.model, "ranks": meta.ranks_per_node, "threads": meta.threads_per_rank,
+            "batch_sizes": m["batch_sizes"], "input_tokens": m["input_tokens"],
+            "output_tokens": m["output_tokens"], "warmup": m.get("warmup", 1), "repeats": m["repeats"],
+            "seed": m.get("seed", 0), "compile_mode": m.get("compile", "autotune"),
+            "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos}
+
+
+def summary_rows(records) -> list[dict[str, Any]]:
+    """Per scenario, across ranks and measured windows: p50 TTFT, p50/p90 TPOT, mean rank t/s,
+    roofline TPOT and its efficiency (roofline / measured p50), valid windows."""
+    from ..results import percentile
+
+    groups: dict[tuple[int, int, int], list] = {}
+    for r in records:
+        groups.setdefault(r.scenario, []).append(r)
+    rows = []
+    for (batch, inp, out), recs in sorted(groups.items()):
+        valid = [r for r in recs if r.valid] or recs
+        tpot = [t for r in valid for t in r.tpot_ms]
+        roof = [r.roofline_tpot_ms for r in valid if r.roofline_tpot_ms]
+        p50 = percentile(tpot, 50)
+        roofline = sum(roof) / len(roof) if roof else None
+        rows.append({"batch_per_rank": batch, "input_tokens": inp, "output_tokens": out,
+                     "ranks": len({r.rank for r in recs}), "windows": len(recs),
+                     "valid_windows": sum(r.valid for r in recs),
+                     "ttft_p50_s": percentile([t for r in valid for t in r.ttft_s], 50),
+                     "tpot_p50_ms": p50, "tpot_p90_ms": percentile(tpot, 90),
+                     "rank_tps": sum(r.rank_tps for r in valid) / len(valid),
+                     "roofline_tpot_ms": roofline,
+                     "efficiency": (roofline / p50) if roofline and p50 == p50 and p50 > 0 else None,
+                     "max_skew_ms": max(r.start_skew_s for r in recs) * 1000})
+    return rows
+
+
+def results_table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("batch/rank", "input", "ranks", "valid/windows", "TTFT p50 (s)", "TPOT p50 (ms)",
+                "TPOT p90 (ms)", "rank t/s", "roofline (ms)", "roofline/TPOT", "skew max (ms)"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["batch_per_rank"]), str(r["input_tokens"]), str(r["ranks"]),
+                      f"{r['valid_windows']}/{r['windows']}", f"{r['ttft_p50_s']:.3f}",
+                      f"{r['tpot_p50_ms']:.1f}", f"{r['tpot_p90_ms']:.1f}", f"{r['rank_tps']:.1f}",
+                      "-" if r["roofline_tpot_ms"] is None else f"{r['roofline_tpot_ms']:.1f}",
+                      "-" if r["efficiency"] is None else f"{r['efficiency']:.0%}",
+                      f"{r['max_skew_ms']:.2f}")
+    return table
+
+
+@click.command("probe")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads per probe (default: the CPUs of each NUMA node).")
+@click.option("--mib", type=click.IntRange(min=16), default=1024, show_default=True, help="Read buffer in MiB.")
+@click.option("--no-numactl", is_flag=True, help="One probe over the whole machine, unpinned.")
+@output_option
+def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
+    """Memory bandwidth (read and STREAM triad) per NUMA node, as the ranks see it.
+
+    \b
+    Each probe runs in its own process pinned with numactl to one node (CPUs and
+    memory), with that node's CPU count as threads unless --threads is given. The
+    decode roofline of a model is bytes read per step / read bandwidth.
+    Example: vcfslm probe --mib 2048
+    """
+    from ..bench.placement import node_cpu_lists
+
+    nodes = node_cpu_lists()
+    numactl = None if no_numactl else shutil.which("numactl")
+    plans = [(node, cpus) for node, cpus in nodes.items()] if numactl else [(None, None)]
+    rows = []
+    for node, cpus in plans:
+        n_threads = threads or (len(cpus) if cpus else None)
+        cmd = [sys.executable, "-m", "vcfslm.bench.probe", "--mib", str(mib)]
+        if n_threads:
+            cmd += ["--threads", str(n_threads)]
+        if numactl and node is not None:
+            cmd = [numactl, f"--cpunodebind={node}", f"--membind={node}", *cmd]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise BenchError(f"probe failed (exit {done.returncode}): {' '.join(cmd)}\n"
+                             + "\n".join(f"  | {line}" for line in done.stderr.strip().splitlines()[-10:]))
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result["numa_node"] = node
+        rows.append(result)
+    if output == "json":
+        print_json(rows)
+        return
+    table = Table(title="memory bandwidth (GB/s = 1e9 bytes/s, best of 5)")
+    for col in ("NUMA node", "CPUs", "threads", "read GB/s", "triad GB/s", "buffer MiB"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row("all" if r["numa_node"] is None else str(r["numa_node"]), r.get("cpu_affinity", "?"),
+                      str(r["threads"]), f"{r['read_gbs']:.1f}", f"{r['triad_gbs']:.1f}",
+                      str(r["buffer_bytes"] // (1024 * 1024)))
+    console.print(table)
+
+
+COMMANDS = [bench, probe]
