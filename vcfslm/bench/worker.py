@@ -264,7 +264,8 @@ def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, A
 
     threads = args.threads or _default_threads()
     torch.set_num_threads(threads)
-    progress({**base, "phase": "start", "threads": threads, "world_size": env.world_size})
+    progress({**base, "phase": "start", "threads": threads, "world_size": env.world_size,
+              "pid": os.getpid()})
 
     dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
