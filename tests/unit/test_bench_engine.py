@@ -1,0 +1,138 @@
+"""The decode engine on the tiny model: exact output length, compiled-vs-eager logits,
+compile counting, and the metrics a window record derives from its timestamps.
+
+One compiled engine is shared by the module (each compile of the tiny model costs seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from vcfslm.bench.engine import CompileOptions, DecodeEngine, Generation, synthetic_prompt  # noqa: E402
+from vcfslm.bench.worker import TorchrunEnv, window_record  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from vcfslm.bench.model import load_model
+
+    return load_model("synthetic:tiny", seed=0, max_context=64)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    # compile + freezing; autotuned GEMMs cost ~30 s per shape, so only one test uses them
+    return DecodeEngine(tiny.model, CompileOptions(max_autotune=False))
+
+
+@pytest.fixture(scope="module")
+def eager(tiny):
+    return DecodeEngine(tiny.model, CompileOptions(enabled=False))
+
+
+def prompt(batch=2, length=6, seed=1):
+    return synthetic_prompt(batch, length, 16384, seed)
+
+
+def test_exactly_output_tokens_and_one_compile_per_shape(engine):
+    first = engine.generate(prompt(), 7)
+    assert tuple(first.tokens.shape) == (2, 7)
+    assert first.compiles == 1  # the warmup window compiles
+    again = engine.generate(prompt(), 7)
+    assert again.compiles == 0  # same shape: the graph is reused, cache addresses kept
+    assert torch.equal(first.tokens, again.tokens)
+    assert again.request_start < again.first_token < again.last_token
+
+
+def test_eos_is_ignored(eager, tiny):
+    p = prompt(batch=1, length=4)
+    first = eager.generate(p, 2).tokens[0, 0].item()
+    saved = tiny.model.config.eos_token_id
+    tiny.model.config.eos_token_id = first  # the very first token is now "end of sequence"
+    try:
+        gen = eager.generate(p, 9)
+    finally:
+        tiny.model.config.eos_token_id = saved
+    assert gen.tokens.shape == (1, 9) and gen.tokens[0, 0].item() == first
+
+
+@pytest.mark.parametrize("options", [CompileOptions(max_autotune=False), CompileOptions()],
+                         ids=["freezing", "freezing+autotune"])
+def test_compiled_logits_match_eager(tiny, engine, options):
+    run = engine if options == engine.options else DecodeEngine(tiny.model, options)
+    p = prompt(batch=2, length=6, seed=5)
+    forced = synthetic_prompt(2, 8, 16384, seed=9)
+    compiled = run.step_logits(p, forced, compiled=True)
+    eager = run.step_logits(p, forced, compiled=False)
+    run.release()
+    assert compiled.shape == (2, 8, 16384)
+    scale = eager.abs().max().item()
+    diff = (compiled - eager).abs().max().item()
+    assert diff <= 0.05 * scale, (diff, scale)
+    # the comparison can fail: logits one position off differ by far more than the tolerance
+    shifted = (compiled[:, 1:] - eager[:, :-1]).abs().max().item()
+    assert shifted > 0.05 * scale
+
+
+def test_compiled_greedy_tokens_match_eager_on_the_tiny_model(engine, eager):
+    p = prompt(batch=2, length=6, seed=11)
+    a = engine.generate(p, 12).tokens
+    b = eager.generate(p, 12).tokens
+    agree = (a == b).float().mean().item()
+    assert agree >= 0.9, (a, b)
+
+
+def test_a_new_shape_compiles_inside_its_generation(engine):
+    gen = engine.generate(prompt(batch=3, length=6), 5)
+    assert gen.compiles == 1
+    assert engine.generate(prompt(batch=3, length=6), 5).compiles == 0
+
+
+def test_fp32_prefill_matches_bf16_prefill(tiny):
+    wide = prompt(batch=4, length=32, seed=2)  # 128 rows: the fp32 path is taken
+    with torch.inference_mode():
+        up = DecodeEngine(tiny.model, CompileOptions(enabled=False), prefill_upcast=True)
+        native = DecodeEngine(tiny.model, CompileOptions(enabled=False), prefill_upcast=False)
+        a = up._prefill(wide, up.cache_for(4, 40)).float()
+        b = native._prefill(wide, native.cache_for(4, 40)).float()
+    assert (a - b).abs().max().item() <= 0.05 * b.abs().max().item()
+
+
+def _args(**kw):
+    base = dict(run_id="r", node="n0", nodes=1)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_window_metrics_from_recorded_timestamps():
+    gen = Generation(tokens=torch.zeros(4, 11, dtype=torch.long), request_start=100.0,
+                     first_token=100.5, last_token=102.5)
+    env = TorchrunEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, group_rank=1,
+                      master_addr="x", master_port=1)
+    rec = window_record(env=env, args=_args(), scenario=(4, 128, 11), window=2, gen=gen, skew_s=0.001,
+                        roofline_ms=150.0, placement={"cpu_affinity": "0-1"}, peak_rss=123)
+    assert rec.ttft_s == [0.5] * 4
+    assert rec.e2e_s == [2.5] * 4
+    assert rec.tpot_ms == pytest.approx([200.0] * 4)  # (2.5 - 0.5) / (11 - 1) s
+    assert rec.generated_tokens == 44
+    assert rec.rank_tps == pytest.approx(44 / 2.5)
+    assert rec.wall_s == pytest.approx(2.5)
+    assert (rec.rank, rec.local_rank, rec.node_rank, rec.ranks_per_node) == (3, 1, 1, 2)
+    assert rec.valid and rec.invalid_reasons == []
+
+
+def test_a_compile_or_a_short_output_invalidates_the_window():
+    gen = Generation(tokens=torch.zeros(2, 9, dtype=torch.long), request_start=0.0, first_token=1.0,
+                     last_token=2.0, compiles=1)
+    env = TorchrunEnv(0, 0, 1, 1, 0, "x", 1)
+    rec = window_record(env=env, args=_args(), scenario=(2, 16, 10), window=0, gen=gen, skew_s=0.0,
+                        roofline_ms=None, placement={}, peak_rss=0)
+    assert not rec.valid
+    assert any("compilation" in r for r in rec.invalid_reasons)
+    assert any("(2, 9)" in r for r in rec.invalid_reasons)
+    assert rec.recompiles == 1

@@ -1,0 +1,178 @@
+"""`bench --local`'s pure parts, the rank wrapper it renders, and the command's option checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vcfslm.bench import local
+from vcfslm.errors import InventoryError
+from vcfslm.guest.templates import render_template
+from vcfslm.results import WindowRecord
+
+
+def test_plan_ranks_maps_topology_slots_onto_real_cpu_ids():
+    # two nodes whose CPUs interleave (0,2,4,.. on node 0): rank CPU sets follow the real ids
+    nodes = {0: tuple(range(0, 8, 2)), 1: tuple(range(1, 8, 2))}
+    assert local.plan_ranks(nodes, ranks=2, threads=4) == [
+        {"local_rank": 0, "numa_node": 0, "cpus": "0,2,4,6", "bind": "node"},
+        {"local_rank": 1, "numa_node": 1, "cpus": "1,3,5,7", "bind": "node"}]
+    assert local.plan_ranks(nodes, ranks=4, threads=2) == [
+        {"local_rank": 0, "numa_node": 0, "cpus": "0,2", "bind": "cpus"},
+        {"local_rank": 1, "numa_node": 0, "cpus": "4,6", "bind": "cpus"},
+        {"local_rank": 2, "numa_node": 1, "cpus": "1,3", "bind": "cpus"},
+        {"local_rank": 3, "numa_node": 1, "cpus": "5,7", "bind": "cpus"}]
+
+
+def test_plan_ranks_on_one_small_node():
+    assert local.plan_ranks({0: (0, 1)}, ranks=2, threads=1) == [
+        {"local_rank": 0, "numa_node": 0, "cpus": "0", "bind": "cpus"},
+        {"local_rank": 1, "numa_node": 0, "cpus": "1", "bind": "cpus"}]
+    assert local.default_threads({0: (0, 1)}, 2) == 1
+    assert local.default_threads({0: (0, 1)}, 1) == 2
+    assert local.default_threads({0: tuple(range(24)), 1: tuple(range(24, 48))}, 2) == 24
+
+
+def test_plan_ranks_refuses_oversubscription():
+    with pytest.raises(InventoryError, match="exceeds"):
+        local.plan_ranks({0: (0, 1)}, ranks=3, threads=1)
+    with pytest.raises(InventoryError, match="span"):
+        local.plan_ranks({0: (0, 1), 1: (2, 3)}, ranks=1, threads=3)
+
+
+def test_torchrun_command_separates_worker_arguments():
+    matrix = local.Matrix((1, 4), (128,), 16, warmup=0, repeats=2)
+    args = local.worker_arguments(model="synthetic:tiny", matrix=matrix, run_dir=Path("/r/x"), run_id="x",
+                                  threads=2, resume=True, scenarios="1x*", probe=False)
+    cmd = local.torchrun_command("/py", 2, Path("/r/x/launch/rank.sh"), args)
+    assert cmd[:8] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                       "--no-python", "/r/x/launch/rank.sh"]
+    assert cmd[8] == "--"  # torchrun would reject the worker's --node as an abbreviation
+    tail = cmd[9:]
+    assert tail[tail.index("--node") + 1] == "local" and tail[tail.index("--batch-sizes") + 1] == "1,4"
+    assert "--resume" in tail and "--no-probe" in tail and tail[tail.index("--scenarios") + 1] == "1x*"
+    from vcfslm.bench.worker import parse_args
+
+    parsed = parse_args(cmd[8:])
+    assert parsed.batch_sizes == [1, 4] and parsed.warmup == 0 and parsed.resume and parsed.no_probe
+
+
+def test_parse_progress_lines():
+    line = '[default0]:VCFSLM-PROGRESS {"rank": 1, "phase": "measure", "scenario": 2, "scenarios": 4}\n'
+    assert local.parse_progress(line)["rank"] == 1
+    assert local.parse_progress("plain output\n") is None
+    assert local.parse_progress("VCFSLM-PROGRESS {broken\n") is None
+    status = local.progress_status({"phase": "measure", "scenario": 2, "scenarios": 4, "batch": 4,
+                                    "input_tokens": 128, "window": 1, "tpot_ms_p50": 80.1,
+                                    "ttft_s_p50": 0.5, "rank_tps": 40.0, "valid": False})
+    assert "2/4" in status and "80.1" in status and "invalid" in status
+
+
+def _rec(rank, batch, window):
+    return WindowRecord(run_id="r", node="local", node_rank=0, rank=rank, local_rank=rank, world_size=2,
+                        ranks_per_node=2, nodes=1, batch_per_rank=batch, input_tokens=8, output_tokens=4,
+                        window=window, start_skew_s=0, wall_s=1, generated_tokens=4, rank_tps=4,
+                        ttft_s=[0.1], tpot_ms=[1.0], e2e_s=[1.0])
+
+
+def test_run_complete_needs_every_rank_and_window():
+    matrix = local.Matrix((1, 2), (8,), 4, repeats=2)
+    recs = [_rec(r, b, w) for r in (0, 1) for b in (1, 2) for w in (0, 1)]
+    assert local.run_complete(recs, matrix, world_size=2)
+    assert not local.run_complete(recs[:-1], matrix, world_size=2)
+    assert local.run_complete(recs[:4], matrix, world_size=1)
+    assert local.run_complete([r for r in recs if r.batch_per_rank == 1], matrix, 2, [(1, 8, 4)])
+
+
+# ------------------------------------------------------------------ rank.sh
+
+
+CONTEXT = {"python": "PYTHON", "threads_per_rank": 1, "inductor_cache_dir": "/tmp/vcfslm-inductor",
+           "use_numactl": True, "env_file": "",
+           "ranks": [{"local_rank": 0, "numa_node": 0, "cpus": "0", "bind": "cpus"},
+                     {"local_rank": 1, "numa_node": 0, "cpus": "1", "bind": "cpus"}]}
+
+
+def render(tmp_path: Path, **overrides) -> Path:
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "echo \"ARGS $*\"\necho \"OMP=$OMP_NUM_THREADS BIND=${OMP_PROC_BIND:-} "
+                    "CACHE=$TORCHINDUCTOR_CACHE_DIR NODE=$VCFSLM_NUMA_NODE CPUS=$VCFSLM_CPUS\"\n"
+                    "echo \"AFFINITY $(cut -d' ' -f1 <<< \"$(taskset -pc $$ | sed 's/.*: //')\")\"\n")
+    fake.chmod(0o755)
+    context = {**CONTEXT, "python": str(fake), **overrides}
+    script = tmp_path / "rank.sh"
+    script.write_text(render_template("rank.sh.j2", context))
+    script.chmod(0o755)
+    return script
+
+
+def test_rank_sh_renders_and_passes_bash_n(tmp_path):
+    script = render(tmp_path)
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "OMP_NUM_THREADS=1" in text and "vcfslm.bench.worker" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not shutil.which("taskset"),
+                    reason="needs 2 CPUs and taskset")
+@pytest.mark.parametrize("use_numactl", [True, False])
+def test_rank_sh_pins_each_local_rank(tmp_path, use_numactl):
+    script = render(tmp_path, use_numactl=use_numactl)
+    env = {**os.environ, "LOCAL_RANK": "1"}
+    env.pop("OMP_PROC_BIND", None)
+    out = subprocess.run([str(script), "--", "--node", "x"], capture_output=True, text=True, env=env, check=True).stdout
+    assert "ARGS -m vcfslm.bench.worker -- --node x" in out
+    assert "OMP=1" in out and "CACHE=/tmp/vcfslm-inductor" in out and "NODE=0 CPUS=1" in out
+    if use_numactl:
+        assert "AFFINITY 1" in out and "BIND=close" in out
+    else:
+        assert "BIND=" in out and "BIND=close" not in out
+
+
+def test_rank_sh_refuses_an_unplanned_local_rank(tmp_path):
+    script = render(tmp_path)
+    done = subprocess.run([str(script)], capture_output=True, text=True, env={**os.environ, "LOCAL_RANK": "7"})
+    assert done.returncode == 64 and "no placement for LOCAL_RANK=7" in done.stderr
+
+
+def test_rank_sh_accepts_topology_rank_slots(tmp_path):
+    from vcfslm.topology import rank_slots
+
+    context = {k: v for k, v in CONTEXT.items() if k != "ranks"}
+    text = render_template("rank.sh.j2", {**context, "rank_slots": rank_slots(96, 4, 4, 24)})
+    assert "3) NUMA_NODE=3; CPUS='72-95'; BIND='node' ;;" in text
+
+
+# ------------------------------------------------------------------ the command's checks
+
+
+def invoke(*args):
+    from vcfslm.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["bench", "--local", "--nodes", "2"], "cannot be combined with --nodes"),
+    (["bench", "--ranks", "2", "--nodes", "1"], "--ranks only apply to --local"),
+    (["bench"], "choose a mode"),
+    (["bench", "--local", "--model", "synthetic:gpt5"], "unknown synthetic model"),
+    (["bench", "--local", "--batch-sizes", "1,x"], "comma-separated integers"),
+    (["bench", "--local", "--resume", "no-such-run"], "no run at"),
+])
+def test_bench_option_errors_exit_2(args, message, tmp_path):
+    result = invoke(*args, "--runs-dir", str(tmp_path)) if "--resume" in args else invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_bench_and_probe_are_registered():
+    result = invoke("--help")
+    assert "bench" in result.output and "probe" in result.output

@@ -1,0 +1,115 @@
+"""Model sources: parsing, the synthetic shapes, loading a save_pretrained folder, and the
+compile-friendly fixes (LongRoPE pinned, idle sliding window dropped)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vcfslm.bench.model import ModelSourceError, ModelSpec, parse_model_spec
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("synthetic:tiny", ModelSpec("synthetic", "tiny")),
+    ("synthetic:phi-3-mini", ModelSpec("synthetic", "phi-3-mini")),
+    ("synthetic:phi-3-mini,layers=8", ModelSpec("synthetic", "phi-3-mini", 8)),
+    ("microsoft/Phi-3-mini-128k-instruct", ModelSpec("hub", "microsoft/Phi-3-mini-128k-instruct")),
+])
+def test_parse_model_spec(text, expected):
+    assert parse_model_spec(text) == expected
+    assert str(parse_model_spec(text)) == text
+
+
+@pytest.mark.parametrize("text", ["synthetic:gpt", "synthetic:tiny,layers=0", "synthetic:tiny,depth=2",
+                                  "/no/such/folder", "./missing", "not a model"])
+def test_parse_model_spec_rejects(text):
+    with pytest.raises(ModelSourceError):
+        parse_model_spec(text)
+
+
+def test_folder_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelSourceError, match="config.json"):
+        parse_model_spec(str(tmp_path))
+
+
+def test_phi3_mini_config_is_the_published_shape():
+    from vcfslm.bench.model import phi3_mini_config
+
+    c = phi3_mini_config()
+    assert (c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size) == (32, 3072, 8192, 32064)
+    assert (c.num_attention_heads, c.num_key_value_heads) == (32, 32)
+    assert c.rope_parameters["rope_type"] == "longrope"
+    assert len(c.rope_parameters["short_factor"]) == 48
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(c)
+    assert sum(p.numel() for p in model.parameters()) == 3_821_079_552
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from vcfslm.bench.model import load_model
+
+    return load_model("synthetic:tiny", seed=3, max_context=64)
+
+
+def test_synthetic_tiny_is_bf16_and_deterministic(tiny):
+    from vcfslm.bench.model import load_model
+
+    assert {p.dtype for p in tiny.model.parameters()} == {torch.bfloat16}
+    again = load_model("synthetic:tiny", seed=3, max_context=64)
+    other = load_model("synthetic:tiny", seed=4, max_context=64)
+    w = tiny.model.model.layers[0].mlp.down_proj.weight
+    assert torch.equal(w, again.model.model.layers[0].mlp.down_proj.weight)
+    assert not torch.equal(w, other.model.model.layers[0].mlp.down_proj.weight)
+    assert tiny.facts["params"] == sum(p.numel() for p in tiny.model.parameters())
+    # the input embedding is read one row per token: not part of a decode step's bytes
+    embed = tiny.model.get_input_embeddings().weight
+    assert tiny.step_weight_bytes == tiny.weight_bytes - embed.numel() * 2
+
+
+def test_rotary_buffers_are_real_and_pinned_to_the_short_factor(tiny):
+    from vcfslm.bench.model import tiny_config
+
+    rope = tiny.model.model.rotary_emb
+    assert rope.inv_freq.dtype == torch.float32 and torch.isfinite(rope.inv_freq).all()
+    short = torch.tensor(tiny_config().rope_parameters["short_factor"])
+    expected = 1.0 / (short * 10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+    torch.testing.assert_close(rope.inv_freq, expected)
+    assert tiny.rope_pinned and rope.rope_type != "longrope"
+
+
+def test_long_contexts_keep_longrope_switching():
+    from vcfslm.bench.model import load_model
+
+    loaded = load_model("synthetic:tiny", max_context=8192)
+    assert not loaded.rope_pinned
+    assert loaded.model.model.rotary_emb.rope_type == "longrope"
+
+
+def test_idle_sliding_window_is_dropped():
+    from vcfslm.bench.model import drop_idle_sliding_window, phi3_mini_config
+
+    c = phi3_mini_config(layers=1)
+    assert not drop_idle_sliding_window(c, 300_000)
+    assert c.sliding_window == 262144
+    assert drop_idle_sliding_window(c, 1152)
+    assert c.sliding_window is None
+
+
+def test_loads_a_save_pretrained_folder(tmp_path, tiny):
+    from vcfslm.bench.model import load_model
+
+    tiny.model.save_pretrained(tmp_path / "phi3")
+    assert list((tmp_path / "phi3").glob("*.safetensors"))
+    loaded = load_model(str(tmp_path / "phi3"), max_context=64)
+    assert loaded.spec.kind == "dir"
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
+    ids = torch.randint(100, 16000, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a = tiny.model(ids).logits
+        b = loaded.model(ids).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -1,0 +1,92 @@
+"""Bandwidth probe (real, small buffer) and roofline arithmetic; placement parsers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vcfslm.bench import placement, probe
+
+
+def test_roofline_arithmetic():
+    # 7.445 GB of weights at 35 GB/s: the brief's 213 ms floor
+    assert probe.roofline_tpot_ms(7.445e9, 35.0) == pytest.approx(212.71, abs=0.01)
+    assert probe.roofline_tpot_ms(1e9, 0) is None
+    step = probe.decode_step_bytes(7_445_000_000, 393_216, batch=16, context_tokens=192)
+    assert step == 7_445_000_000 + 16 * 192 * 393_216
+    assert probe.mean_decode_context(128, 128) == 192
+    assert probe.mean_decode_context(128, 1) == 128
+
+
+def test_probe_returns_positive_sane_figures():
+    pytest.importorskip("torch")
+    bw = probe.measure_bandwidth(threads=1, mib=64, repeats=2)
+    assert 0.1 < bw.read_gbs < 2000 and 0.1 < bw.triad_gbs < 2000
+    assert bw.threads == 1 and bw.buffer_bytes == 64 * 1024 * 1024
+
+
+def test_probe_module_prints_json():
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, "-m", "vcfslm.bench.probe", "--mib", "32", "--repeats", "1",
+                          "--threads", "1"], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["read_gbs"] > 0 and result["threads"] == 1 and "cpu_affinity" in result
+
+
+NUMA_MAPS = """\
+7f0000000000 bind:0 anon=2048 dirty=2048 N0=2048 kernelpagesize_kB=4
+7f1000000000 bind:0 anon=10 dirty=10 N0=6 N1=4 kernelpagesize_kB=4
+7f2000000000 default file=/usr/lib/libc.so.6 mapped=100 N1=100 kernelpagesize_kB=4
+7f3000000000 default anon=2 N0=2 kernelpagesize_kB=2048
+"""
+
+NUMACTL_SHOW = """\
+policy: bind
+preferred node: 1
+physcpubind: 24 25 26
+cpubind: 1
+nodebind: 1
+membind: 1
+preferred:
+"""
+
+
+def test_parse_numa_maps():
+    per_node = placement.parse_numa_maps(NUMA_MAPS)
+    assert per_node == {0: (2048 + 6) * 4096 + 2 * 2048 * 1024, 1: (4 + 100) * 4096}
+    assert placement.dominant_node(per_node) == 0
+    assert placement.dominant_node({}) is None
+
+
+def test_parse_numactl_show():
+    show = placement.parse_numactl_show(NUMACTL_SHOW)
+    assert show["policy"] == "bind" and show["preferred_node"] == "1"
+    assert show["physcpubind"] == [24, 25, 26] and show["membind"] == [1] and show["preferred"] == []
+
+
+def test_cpu_flags_and_bf16_facts():
+    flags = placement.parse_cpu_flags("processor: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n")
+    facts = placement.bf16_facts(None, flags)
+    assert facts["amx"] and facts["avx512_bf16"] and "amx_bf16" in facts["cpu_flags"]
+    assert not placement.bf16_facts(None, {"avx2"})["amx"]
+
+
+def test_node_cpu_lists_and_nodes_of_cpus(tmp_path):
+    for node, cpus in ((0, "0-1,4"), (1, "2-3")):
+        (tmp_path / f"node{node}").mkdir()
+        (tmp_path / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    nodes = placement.node_cpu_lists(tmp_path)
+    assert nodes == {0: (0, 1, 4), 1: (2, 3)}
+    assert placement.nodes_of_cpus([3, 4], nodes) == [0, 1]
+
+
+def test_placement_facts_of_this_process():
+    torch = pytest.importorskip("torch")
+    facts = placement.placement_facts(torch)
+    assert facts["cpus"] >= 1 and facts["threads"] == torch.get_num_threads()
+    assert facts["cpu_capability"] and facts["versions"]["torch"] == torch.__version__
+    assert facts["memory_numa_node"] is not None
+    assert isinstance(facts["onednn_bf16"], bool)

@@ -1,0 +1,120 @@
+"""The worker's pure parts: arguments, scenario selection, resume agreement, record files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vcfslm import results
+from vcfslm.bench import worker
+
+
+def record(rank=0, batch=1, inp=128, out=16, window=0, **kw):
+    base = dict(run_id="r", node="n", node_rank=0, rank=rank, local_rank=rank, world_size=2,
+                ranks_per_node=2, nodes=1, batch_per_rank=batch, input_tokens=inp, output_tokens=out,
+                window=window, start_skew_s=0.0001, wall_s=2.0, generated_tokens=batch * out,
+                rank_tps=batch * out / 2.0, ttft_s=[0.5] * batch, tpot_ms=[100.0] * batch,
+                e2e_s=[2.0] * batch, peak_rss_bytes=10, roofline_tpot_ms=80.0,
+                placement={"cpu_affinity": "0-23", "memory_numa_node": 0})
+    base.update(kw)
+    return results.WindowRecord(**base)
+
+
+ARGS = ["--model", "synthetic:tiny", "--batch-sizes", "1,4", "--input-tokens", "128,512",
+        "--output-tokens", "16", "--out", "/tmp/x", "--run-id", "r", "--node", "n0", "--nodes", "2"]
+
+
+def test_parse_args_contract():
+    a = worker.parse_args(ARGS + ["--resume", "--scenarios", "1x*", "--threads", "3", "--no-probe",
+                                  "--seed", "7"])
+    assert (a.batch_sizes, a.input_tokens, a.output_tokens) == ([1, 4], [128, 512], 16)
+    assert (a.warmup, a.repeats, a.node, a.nodes, a.threads, a.seed) == (1, 3, "n0", 2, 3, 7)
+    assert a.resume and a.no_probe and a.scenarios == "1x*" and a.compile == "autotune"
+
+
+def test_parse_args_drops_torchruns_separator_and_accepts_node_name():
+    a = worker.parse_args(["--"] + [("--node-name" if x == "--node" else x) for x in ARGS])
+    assert a.node == "n0"
+
+
+@pytest.mark.parametrize("bad", [["--output-tokens", "1"], ["--batch-sizes", "1,x"], ["--batch-sizes", "0"],
+                                 ["--repeats", "0"]])
+def test_parse_args_rejects(bad, capsys):
+    argv = list(ARGS)
+    flag = bad[0]
+    i = argv.index(flag) if flag in argv else None
+    if i is not None:
+        argv[i + 1] = bad[1]
+    else:
+        argv += bad
+    with pytest.raises(SystemExit) as exc:
+        worker.parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_torchrun_env():
+    env = worker.TorchrunEnv.from_environ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+                                           "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+                                           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.group_rank) == (5, 1, 8, 4, 1)
+    assert worker.TorchrunEnv.from_environ({}).world_size == 1
+
+
+def test_scenarios_in_order_and_filtered():
+    assert worker.scenario_list([4, 1], [512, 128], 16) == [(1, 128, 16), (1, 512, 16), (4, 128, 16), (4, 512, 16)]
+    assert worker.scenario_list([1, 4, 16], [128, 512], 8, "1x*,16x128") == [(1, 128, 8), (1, 512, 8), (16, 128, 8)]
+    assert worker.scenario_list([1], [128], 8, "2x*") == []
+
+
+def test_only_scenarios_every_rank_finished_are_skipped():
+    a, b, c = (1, 128, 16), (1, 512, 16), (4, 128, 16)
+    assert worker.agreed_skips([{a, b}, {a}, {a, c}]) == {a}
+    assert worker.agreed_skips([{a, b}, set()]) == set()
+    assert worker.agreed_skips([]) == set()
+
+
+def test_record_schema_round_trip(tmp_path):
+    path = tmp_path / "ranks" / "rank-0.jsonl"
+    recs = [record(window=w) for w in range(3)] + [record(batch=4, window=0, valid=False,
+                                                          invalid_reasons=["1 compilation(s)"])]
+    for r in recs:
+        results.append_record(path, r)
+    back = results.read_records(path)
+    assert back == recs
+    line = json.loads(path.read_text().splitlines()[0])
+    assert line["schema"] == results.SCHEMA_VERSION and line["placement"]["cpu_affinity"] == "0-23"
+    assert results.finished_scenarios(back, repeats=3) == {(1, 128, 16)}
+
+
+def test_drop_scenarios_keeps_the_others(tmp_path):
+    path = tmp_path / "rank-0.jsonl"
+    results.write_records(path, [record(window=0), record(window=1), record(batch=4, window=0)])
+    assert worker.drop_scenarios(path, {(4, 128, 16)}) == 1
+    assert [r.scenario for r in results.read_records(path)] == [(1, 128, 16)] * 2
+    assert worker.drop_scenarios(path, {(8, 128, 16)}) == 0
+    assert worker.drop_scenarios(tmp_path / "missing.jsonl", {(1, 128, 16)}) == 0
+
+
+def test_records_sort_by_node_rank_then_scenario():
+    recs = [record(rank=1, window=0), record(rank=0, batch=4), record(rank=0, window=1), record(rank=0)]
+    ordered = sorted(recs, key=worker.sort_key)
+    assert [(r.rank, r.batch_per_rank, r.window) for r in ordered] == [(0, 1, 0), (0, 1, 1), (0, 4, 0), (1, 1, 0)]
+
+
+def test_progress_line_is_one_json_object(capsys):
+    worker.progress({"rank": 0, "phase": "measure", "scenario": 1, "scenarios": 2, "window": 0})
+    line = capsys.readouterr().out
+    assert line.startswith(worker.PROGRESS_PREFIX) and line.endswith("\n") and line.count("\n") == 1
+    assert json.loads(line[len(worker.PROGRESS_PREFIX):])["phase"] == "measure"
+
+
+def test_worker_module_keeps_heavy_imports_lazy():
+    import subprocess
+    import sys
+
+    code = ("import sys, vcfslm.bench.worker, vcfslm.bench.local, vcfslm.bench.placement; "
+            "print(sorted(m for m in ('torch', 'transformers', 'paramiko', 'pyVmomi', 'click') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
