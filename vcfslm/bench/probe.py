@@ -17,6 +17,7 @@ one least disturbed). Buffers are far larger than any last-level cache.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -49,14 +50,14 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     started = time.perf_counter()
     n = max(mib * 1024 * 1024 // 4, 1024)
     buf = torch.ones(n, dtype=torch.float32)  # written once: pages are resident before timing
-    read_s = _best(lambda: buf.sum(), repeats)
+    read_s = _best(buf.sum, repeats)
     read_bytes = buf.numel() * buf.element_size()
     del buf
     m = max(n // 4, 1024)  # triad: three arrays, together ~3/4 of the read buffer
     a = torch.zeros(m, dtype=torch.float32)
     b = torch.ones(m, dtype=torch.float32)
     c = torch.full((m,), 2.0, dtype=torch.float32)
-    triad_s = _best(lambda: torch.add(b, c, alpha=3.0, out=a), repeats)
+    triad_s = _best(functools.partial(torch.add, b, c, alpha=3.0, out=a), repeats)
     triad_bytes = 3 * m * 4
     del a, b, c
     return Bandwidth(read_gbs=read_bytes / read_s / 1e9, triad_gbs=triad_bytes / triad_s / 1e9,
@@ -107,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = measure_bandwidth(args.threads, args.mib, args.repeats).to_dict()
     try:
-        from .placement import placement_facts
-
         import torch
+
+        from .placement import placement_facts
 
         facts = placement_facts(torch)
         result["cpu_affinity"] = facts["cpu_affinity"]

@@ -275,6 +275,15 @@ def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, A
         dist.destroy_process_group()
 
 
+def _injected_delay(rank: int) -> None:
+    """Fault injection for tests: VCFSLM_FAULT_DELAY="RANK:SECONDS" makes that rank late to
+    every window's barrier (a barrier that works keeps the start skew small anyway)."""
+    spec = os.environ.get("VCFSLM_FAULT_DELAY", "")
+    who, _, seconds = spec.partition(":")
+    if who.strip().isdigit() and int(who) == rank and seconds:
+        time.sleep(float(seconds))
+
+
 def _default_threads() -> int:
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:
@@ -353,6 +362,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist) -
             roofline = probe_mod.roofline_tpot_ms(step_bytes, bandwidth.read_gbs)
         phases = [("warmup", w) for w in range(args.warmup)] + [("measure", w) for w in range(args.repeats)]
         for phase, window in phases:
+            _injected_delay(env.rank)
             dist.barrier()
             released = time.time()
             gen = engine.generate(prompt, output_tokens)

@@ -1,0 +1,122 @@
+"""The rank worker under a real torchrun (2 ranks, gloo, the tiny model): barrier-aligned
+windows, resume after a killed rank, and `vcfslm bench --local` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vcfslm import results
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+PREFIX = "VCFSLM-PROGRESS "
+
+
+def torchrun(out: Path, *extra: str, scenarios_b=("1", "2"), env_extra=None) -> subprocess.Popen:
+    """Two worker ranks on this machine, one thread each, the eager decode step (fast to start)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "vcfslm.bench.worker", "--",
+           "--model", "synthetic:tiny", "--batch-sizes", ",".join(scenarios_b), "--input-tokens", "8",
+           "--output-tokens", "5", "--warmup", "1", "--repeats", "2", "--out", str(out),
+           "--run-id", "t", "--node", "local", "--nodes", "1", "--threads", "1",
+           "--compile", "eager", "--probe-mib", "32", *extra]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
+def events(lines):
+    return [json.loads(line[line.index(PREFIX) + len(PREFIX):]) for line in lines if PREFIX in line]
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, list[str]]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    return proc.returncode, out.splitlines()
+
+
+def test_windows_start_together_across_two_ranks(tmp_path):
+    # rank 1 reaches every barrier 0.4 s late: only a working barrier keeps the skew small
+    rc, lines = finish(torchrun(tmp_path, env_extra={"VCFSLM_FAULT_DELAY": "1:0.4"}))
+    assert rc == 0, "\n".join(lines[-30:])
+    recs = results.read_records(tmp_path / "results.jsonl")
+    assert {(r.rank, r.batch_per_rank, r.window) for r in recs} == {
+        (rank, b, w) for rank in (0, 1) for b in (1, 2) for w in (0, 1)}
+    assert all(r.world_size == 2 and r.valid for r in recs)
+    assert max(r.start_skew_s for r in recs) < 0.2, [r.start_skew_s for r in recs]
+    assert min(r.start_skew_s for r in recs) == 0.0  # the earliest rank defines the origin
+    assert all(len(r.ttft_s) == r.batch_per_rank and r.roofline_tpot_ms > 0 for r in recs)
+    facts = json.loads((tmp_path / "ranks.json").read_text())
+    assert [f["rank"] for f in facts] == [0, 1] and facts[0]["probe"]["read_gbs"] > 0
+    phases = {(e["rank"], e["phase"]) for e in events(lines)}
+    assert {(0, "warmup"), (1, "measure"), (0, "done"), (1, "finished")} <= phases
+    # each rank appended its own records as windows ended
+    assert len(results.read_records(tmp_path / "ranks" / "rank-1.jsonl")) == 4
+
+
+def test_resume_after_a_killed_rank(tmp_path):
+    proc = torchrun(tmp_path)
+    seen, done_first, pids = [], set(), {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        for e in events([line]):
+            if e["phase"] == "start":
+                pids[e["rank"]] = e["pid"]
+            if e["phase"] == "done" and e["scenario"] == 1:
+                done_first.add(e["rank"])
+        if done_first == {0, 1}:
+            os.kill(pids[1], signal.SIGKILL)  # rank 1 dies in scenario 2
+            break
+    rc, rest = finish(proc)
+    assert rc != 0, "torchrun should fail when a rank is killed"
+    assert not (tmp_path / "results.jsonl").exists()
+    partial = results.read_records(tmp_path / "ranks" / "rank-1.jsonl")
+    assert {r.batch_per_rank for r in partial} == {1}
+
+    rc, lines = finish(torchrun(tmp_path, "--resume"))
+    assert rc == 0, "\n".join(lines[-30:])
+    ev = events(lines)
+    assert {(e["rank"], e["scenario"]) for e in ev if e["phase"] == "skip"} == {(0, 1), (1, 1)}
+    recs = results.read_records(tmp_path / "results.jsonl")
+    keys = [(r.rank, r.batch_per_rank, r.window) for r in recs]
+    assert sorted(keys) == sorted({(rank, b, w) for rank in (0, 1) for b in (1, 2) for w in (0, 1)})
+
+
+def test_bench_local_end_to_end(tmp_path):
+    from click.testing import CliRunner
+
+    from vcfslm.cli import main
+
+    started = time.monotonic()
+    result = CliRunner().invoke(main, [
+        "bench", "--local", "--model", "synthetic:tiny", "--ranks", "2", "--batch-sizes", "1,2",
+        "--input-tokens", "8", "--output-tokens", "5", "--warmup", "1", "--repeats", "2",
+        "--compile", "default", "--probe-mib", "32", "--runs-dir", str(tmp_path), "--run-id", "e2e"])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "e2e"
+    meta, recs = results.load_run(run)
+    assert meta.complete and meta.mode == "local" and meta.ranks_per_node == 2
+    assert {r.rank for r in recs} == {0, 1} and len(recs) == 8
+    assert all(r.placement["engine"] == "compile" for r in recs)
+    assert (run / "results.csv").exists() and (run / "launch" / "rank.sh").exists()
+    assert (run / "logs" / "local" / "torchrun.log").exists()
+    assert meta.probe["local"]["0"]["read_gbs"] > 0
+    if len(os.sched_getaffinity(0)) >= 2:
+        affinities = {r.rank: r.placement["cpu_affinity"] for r in recs}
+        assert affinities[0] != affinities[1]  # each rank pinned to its own CPU
+    assert "TPOT" in result.output and "next: vcfslm report" in result.output
+    assert time.monotonic() - started < 300
