@@ -174,6 +174,10 @@ class Bench(_Model):
     port: Port = Field(29500, description="torchrun rendezvous port on node 0's bench IP.")
     interface: str | None = Field(None, description="Guest bench interface; null = found from bench_ip.")
     timeout_s: Annotated[float, Field(gt=0)] = Field(6 * 3600, description="Whole-run timeout.")
+    compile: Literal["autotune", "freezing", "default", "eager"] = Field(
+        "autotune", description="Decode step: torch.compile with Inductor freezing + GEMM autotuning "
+                                "(fastest decode, slowest compile), freezing only, plain compile, or "
+                                "eager (no compile: checks and quick runs).")
 
     @field_validator("batch_sizes", "input_tokens")
     @classmethod

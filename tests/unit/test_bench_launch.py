@@ -36,14 +36,14 @@ def test_torchrun_lines_per_node_golden(inv):
     assert [la.global_ranks for la in launches] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
     argv = list(launches[2].torchrun_argv)
     assert argv == [
-        "/opt/vcfslm/venv/bin/torchrun", "--nnodes", "4", "--nproc-per-node", "4", "--node-rank", "2",
+        "/opt/vcfslm/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "4", "--node-rank", "2",
         "--master-addr", "172.16.25.21", "--master-port", "29500", "--max-restarts", "0",
         "--log-dir", "/opt/vcfslm/runs/r1/logs/slm-03/ranks", "--redirects", "3", "--tee", "3",
-        "--no-python", "/opt/vcfslm/launch/rank.sh",
+        "--no-python", "/opt/vcfslm/launch/rank.sh", "--",
         "--model", "microsoft/Phi-3-mini-128k-instruct", "--batch-sizes", "1,4,8,16",
         "--input-tokens", "128,512,1024", "--output-tokens", "128", "--warmup", "1", "--repeats", "3",
         "--out", "/opt/vcfslm/runs/r1", "--run-id", "r1", "--node", "slm-03", "--nodes", "4",
-        "--threads", "24"]
+        "--threads", "24", "--compile", "autotune"]
     # every node rendezvous on node 0's bench IP, never the management network
     assert all("172.16.25.21" in la.torchrun_argv for la in launches)
     assert not any("192.168.10.21" in la.torchrun_argv for la in launches)

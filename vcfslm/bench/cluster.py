@@ -39,6 +39,7 @@ class ClusterOptions:
     repeats: int | None = None
     output_tokens: int | None = None
     timeout_s: float | None = None
+    compile_mode: str | None = None
     poll_s: float = 1.0
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -48,7 +49,7 @@ def guest_paths(inv) -> dict[str, str]:
     work = inv.guest.workdir.rstrip("/")
     venv = inv.guest.venv_path.rstrip("/")
     return {"workdir": work, "venv": venv, "python": f"{venv}/bin/python",
-            "torchrun": f"{venv}/bin/torchrun", "rank_script": f"{work}/launch/rank.sh",
+            "rank_script": f"{work}/launch/rank.sh",
             "runs": f"{work}/runs"}
 
 
@@ -80,9 +81,10 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
                              output_tokens=opts.output_tokens or inv.bench.output_tokens,
                              warmup=inv.bench.warmup, repeats=opts.repeats or inv.bench.repeats,
                              out=run_dir, run_id=opts.run_id, node=node.name, nodes=len(nodes),
-                             threads=inv.bench.threads_per_rank, resume=opts.resume,
+                             threads=inv.bench.threads_per_rank,
+                             compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
                              scenarios=opts.scenarios)
-        argv = L.torchrun_argv(torchrun=paths["torchrun"], nnodes=len(nodes), nproc_per_node=ranks,
+        argv = L.torchrun_argv(torchrun=[paths["python"], "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
                                node_rank=i, master_addr=master, master_port=inv.bench.port,
                                rank_script=paths["rank_script"],
                                log_dir=f"{run_dir}/logs/{node.name}/ranks", args=args)
@@ -163,32 +165,24 @@ class ClusterBench:
     # -- phases ------------------------------------------------------------------------
 
     def preflight(self) -> None:
-        """Scripts, venv, version, bench reachability, and the bench lock on every node."""
+        """Scripts, venv, version, the in-guest checks (NUMA, bench network), the bench lock."""
         paths = guest_paths(self.inv)
-        peers = [(str(n.bench_ip), n.ssh_port) for n in self.nodes]
 
         def check(la: L.NodeLaunch) -> list[str]:
             t = self._t(la.name)
             problems = []
-            probe = (f"test -x {shlex.quote(paths['rank_script'])} || echo MISSING rank script "
+            probe = (f"test -x {shlex.quote(paths['rank_script'])} || echo MISSING the rank script "
                      f"{paths['rank_script']} '(run: vcfslm provision --stage guests)'; "
-                     f"test -x {shlex.quote(paths['torchrun'])} || echo MISSING torchrun {paths['torchrun']}; "
-                     f"{shlex.quote(paths['python'])} -c 'import vcfslm; print(\"VERSION\", vcfslm.__version__)' "
-                     f"2>/dev/null || echo MISSING vcfslm in {paths['venv']}")
+                     f"{shlex.quote(paths['python'])} -c 'import torch.distributed.run, vcfslm; "
+                     f"print(\"VERSION\", vcfslm.__version__)' 2>/dev/null "
+                     f"|| echo MISSING torch or vcfslm in {paths['venv']} '(run: vcfslm provision --stage guests)'")
             out = t.run(probe, timeout=60, check=False).stdout
             for line in out.splitlines():
                 if line.startswith("MISSING"):
-                    problems.append(line[len("MISSING "):])
+                    problems.append("missing " + line[len("MISSING "):])
                 elif line.startswith("VERSION") and line.split()[1] != __version__:
                     problems.append(f"guest runs vcfslm {line.split()[1]}, the operator {__version__} "
                                     "(run: vcfslm provision --stage guests)")
-            reach = ";".join(
-                f"python3 -c 'import socket; socket.create_connection((\"{ip}\", {port}), 3)' "
-                f"2>/dev/null || echo UNREACHABLE {ip}" for ip, port in peers if ip != la.bench_ip)
-            if reach:
-                for line in t.run(reach, timeout=60, check=False).stdout.splitlines():
-                    if line.startswith("UNREACHABLE"):
-                        problems.append(f"bench IP {line.split()[1]} unreachable from {la.name}")
             if self.preflight_checks is not None:
                 problems += self.preflight_checks(self.inv, t)
             if not problems:
@@ -329,7 +323,8 @@ class ClusterBench:
             matrix={"batch_sizes": inv.bench.batch_sizes, "input_tokens": inv.bench.input_tokens,
                     "output_tokens": self.opts.output_tokens or inv.bench.output_tokens,
                     "warmup": inv.bench.warmup, "repeats": self.opts.repeats or inv.bench.repeats,
-                    "scenarios": self.opts.scenarios},
+                    "scenarios": self.opts.scenarios,
+                    "compile": self.opts.compile_mode or inv.bench.compile},
             complete=complete, label=self.opts.label, inventory_sha256=inventory_sha256(inv.source),
             failure=failure, versions={"vcfslm": __version__},
             slos={k: v.model_dump() for k, v in inv.slos.items()},
@@ -416,6 +411,7 @@ def resume_options(run_dir: Path) -> dict:
     meta, _ = load_run(run_dir)
     return {"nodes": meta.nodes, "repeats": meta.matrix.get("repeats"),
             "output_tokens": meta.matrix.get("output_tokens"), "scenarios": meta.matrix.get("scenarios"),
+            "compile": meta.matrix.get("compile"),
             "label": meta.label}
 
 

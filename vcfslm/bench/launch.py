@@ -79,13 +79,13 @@ def select_nodes(nodes: Sequence, count: int | None = None, names: Iterable[str]
 
 def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequence[int],
                 output_tokens: int, warmup: int, repeats: int, out: str, run_id: str,
-                node: str, nodes: int, threads: int, resume: bool = False,
-                scenarios: str | None = None) -> list[str]:
+                node: str, nodes: int, threads: int, compile_mode: str = "autotune",
+                resume: bool = False, scenarios: str | None = None) -> list[str]:
     """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper)."""
     args = ["--model", model, "--batch-sizes", ",".join(map(str, batch_sizes)),
             "--input-tokens", ",".join(map(str, input_tokens)), "--output-tokens", str(output_tokens),
             "--warmup", str(warmup), "--repeats", str(repeats), "--out", out, "--run-id", run_id,
-            "--node", node, "--nodes", str(nodes), "--threads", str(threads)]
+            "--node", node, "--nodes", str(nodes), "--threads", str(threads), "--compile", compile_mode]
     if resume:
         args.append("--resume")
     if scenarios:
@@ -93,15 +93,20 @@ def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequenc
     return args
 
 
-def torchrun_argv(*, torchrun: str, nnodes: int, nproc_per_node: int, node_rank: int,
+def torchrun_argv(*, torchrun: Sequence[str], nnodes: int, nproc_per_node: int, node_rank: int,
                   master_addr: str, master_port: int, rank_script: str, log_dir: str,
                   args: Sequence[str]) -> list[str]:
-    """torchrun with a static rendezvous on node 0's bench IP and the rank wrapper."""
-    return [torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+    """torchrun with a static rendezvous on node 0's bench IP and the rank wrapper.
+
+    torchrun: how to start it, e.g. [venv python, "-m", "torch.distributed.run"] (the module
+    works wherever torch imports; the console script may live elsewhere).
+    """
+    return [*torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
             "--node-rank", str(node_rank), "--master-addr", master_addr,
             "--master-port", str(master_port), "--max-restarts", "0",
             "--log-dir", log_dir, "--redirects", "3", "--tee", "3",
-            "--no-python", rank_script, *args]
+            # "--" keeps torchrun's parser off the worker's options (--node vs --node-rank).
+            "--no-python", rank_script, "--", *args]
 
 
 def detached(argv: Sequence[str], *, run_dir: str, pid_file: str, exit_file: str, log_file: str,

@@ -22,7 +22,7 @@ from .common import RichReporter, console, err_console, inventory_option, output
 
 COMPILE_MODES = ("autotune", "freezing", "default", "eager")  # vcfslm.bench.worker.COMPILE_MODES
 LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
-              "seed", "compile_mode", "no_probe", "probe_mib")
+              "seed", "no_probe", "probe_mib")
 CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
 
 
@@ -110,7 +110,7 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
     run_cluster(inventory=inventory, nodes=opts["nodes"], hosts=opts["hosts"], resume=opts["resume"],
                 run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
                 repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
-                dry_run=opts["dry_run"], runs_dir=opts["runs_dir"],
+                dry_run=opts["dry_run"], runs_dir=opts["runs_dir"], compile_mode=opts["compile_mode"],
                 trust_new_hosts=opts["trust_new_hosts"], output=opts["output"])
 
 

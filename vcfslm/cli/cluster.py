@@ -20,6 +20,7 @@ from .common import RichReporter, console, err_console, load, print_json
 def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, resume: str | None,
                 run_id: str | None, label: str | None, scenarios: str | None, repeats: int | None,
                 output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
+                compile_mode: str | None,
                 trust_new_hosts: bool, output: str) -> None:
     """Select nodes, then preflight, launch, watch and collect the cluster run."""
     from ..bench import cluster as C
@@ -39,10 +40,11 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         output_tokens = output_tokens or previous["output_tokens"]
         scenarios = scenarios or previous["scenarios"]
         label = label or previous["label"]
+        compile_mode = compile_mode or previous["compile"]
     selected = select_nodes(inv.nodes, nodes, names, source=inv.source)
     opts = C.ClusterOptions(run_id=run_id or C.new_run_id(inv.name, len(selected)), runs_root=runs_root,
                             label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
-                            output_tokens=output_tokens, timeout_s=timeout,
+                            output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
                             command=["vcfslm", *sys.argv[1:]])
     if dry_run:
         launches = C.plan_launches(inv, selected, opts)

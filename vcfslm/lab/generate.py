@@ -101,6 +101,9 @@ def bench_section(shape: MachineShape, port: int) -> dict[str, Any]:
         "warmup": 1,
         "repeats": 2,
         "port": port,
+        # Freezing without GEMM autotuning: the compiled decode path, at a compile cost
+        # this small machine pays in seconds per rank rather than a minute.
+        "compile": "freezing",
     }
 
 
