@@ -4,7 +4,10 @@ Decode reads every weight once per step, so the fastest possible step is
 bytes read per step / read bandwidth. The probe measures that bandwidth where the rank
 runs (the worker calls it after numactl has pinned it, so it sees its own NUMA node):
 
-- read:  sum of a float32 buffer (a streaming read, like the weights in a GEMV);
+- read:  the faster of two read-only passes over a float32 buffer: a sum, and a
+         matrix-vector product (MKL's SGEMV streams the matrix like decode streams
+         weights). Taking the faster keeps the roofline a floor: a slow read kernel
+         would understate bandwidth and flatter the engine's efficiency;
 - triad: a = b + s * c over float32 arrays (STREAM's triad; 2 reads + 1 write, counted
          as STREAM counts them, without write-allocate traffic).
 
@@ -32,6 +35,7 @@ class Bandwidth:
 
     read_gbs: float
     triad_gbs: float
+    read_kernel: str
     threads: int
     buffer_bytes: int
     repeats: int
@@ -48,11 +52,16 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
-    n = max(mib * 1024 * 1024 // 4, 1024)
+    n = max(mib * 1024 * 1024 // 4, 4096)
+    n -= n % 4096
     buf = torch.ones(n, dtype=torch.float32)  # written once: pages are resident before timing
-    read_s = _best(buf.sum, repeats)
+    vec = torch.ones(4096, dtype=torch.float32)
+    kernels = {"sum": _best(buf.sum, repeats),
+               "sgemv": _best(functools.partial(torch.mv, buf.view(-1, 4096), vec), repeats)}
+    read_kernel = min(kernels, key=kernels.get)
+    read_s = kernels[read_kernel]
     read_bytes = buf.numel() * buf.element_size()
-    del buf
+    del buf, vec
     m = max(n // 4, 1024)  # triad: three arrays, together ~3/4 of the read buffer
     a = torch.zeros(m, dtype=torch.float32)
     b = torch.ones(m, dtype=torch.float32)
@@ -61,6 +70,7 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     triad_bytes = 3 * m * 4
     del a, b, c
     return Bandwidth(read_gbs=read_bytes / read_s / 1e9, triad_gbs=triad_bytes / triad_s / 1e9,
+                     read_kernel=read_kernel,
                      threads=torch.get_num_threads(), buffer_bytes=read_bytes, repeats=repeats,
                      seconds=time.perf_counter() - started)
 
