@@ -15,6 +15,14 @@ Why it is built this way (gpt-fast's recipe on CPU):
 
 Compiles are counted by the backend itself, so a window can tell whether a compile
 happened inside it (and is then flagged invalid by the worker).
+
+Memory: freezing folds the weights into the graph as constants; with pre-packing
+(oneDNN on AVX512-BF16/AMX CPUs, or the autotuned C++ GEMM template elsewhere) those
+constants are a second, packed copy. The original weights cannot be dropped
+(`freezing_discard_parameters`): eager prefill uses them, and every new (batch, context)
+shape recompiles from them. So a replica holds about 2x its weights while a graph is
+live, never more: a new shape first releases the previous graph and its constants
+(`release()`, which resets Dynamo for the whole process: one engine per process).
 """
 
 from __future__ import annotations
@@ -43,12 +51,15 @@ class CompileOptions:
 
     def inductor_patches(self) -> dict[str, Any]:
         patches: dict[str, Any] = {"freezing": self.freezing}
+        if self.freezing:
+            # The FX graph cache stores a frozen graph's folded constants (the packed
+            # weights) inside its entry: a full copy of the model on disk per (batch,
+            # context) graph, and the pickled copy stays in memory. Compiled C++ kernels
+            # and autotuning results are still cached (their own caches).
+            patches["fx_graph_cache"] = False
         if self.max_autotune:
-            # The FX graph cache stores pre-packed weights inside each cache entry: a full
-            # copy of the model per (batch, context) graph on disk, and the pickled copy
-            # stays in memory. Autotuning results are still cached (a separate cache).
             patches.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                            "fx_graph_cache": False, "autotune_num_choices_displayed": 0,
+                            "autotune_num_choices_displayed": 0,
                             "max_autotune_report_choices_stats": False})
         return patches
 
