@@ -1,0 +1,160 @@
+"""End to end: the README's lab walkthrough, command by command, on a fresh lab.
+
+Every command of the README's "The local lab" block runs as written (the benches get a
+smaller matrix so CI stays quick), then the outputs are checked: the VMs in vcsim carry
+the inventory's configuration, the guests pass verification, both run directories are
+complete, the report holds the crossover table, and `lab down` leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcfslm.lab import generate
+from vcfslm.results import load_run
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# Smaller matrix for CI: one input length, one measured window; the 4-node run eager.
+FAST = ["--scenarios", "*x16", "--repeats", "1"]
+
+
+def readme_block(heading: str) -> list[str]:
+    """The commands of the first ```bash block after `heading` (comments dropped)."""
+    text = README.read_text()
+    section = text.split(heading, 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line.split(" #", 1)[0].strip() for line in section.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_readme_lab_block_is_the_pipeline():
+    cmds = readme_block("## The local lab")
+    subcommands = [shlex.split(c)[1] for c in cmds if c.startswith("vcfslm")]
+    assert subcommands == ["lab", "validate", "plan", "provision", "bench", "bench", "report", "size",
+                           "lab", "lab"]
+
+
+def test_readme_vcenter_block_commands_parse():
+    """The own-vCenter walkthrough: every vcfslm command in it is a real command with real options."""
+    from click.testing import CliRunner
+
+    from vcfslm.cli import main
+
+    for cmd in readme_block("## From the demo to your vCenter"):
+        argv = shlex.split(cmd)
+        if argv[0] != "vcfslm":
+            continue
+        result = CliRunner().invoke(main, [*argv[1:], "--help"])
+        assert result.exit_code == 0, (cmd, result.output)
+
+
+def test_demo_script_is_valid_bash():
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "demo.sh")], check=True)
+
+
+@pytest.fixture(scope="module")
+def walkthrough(tmp_path_factory):
+    """Run the README's lab block in a fresh folder with its own lab; yield what it left."""
+    work = tmp_path_factory.mktemp("readme")
+    lab_dir = work / "lab"
+    env = {**os.environ, "VCFSLM_LAB_DIR": str(lab_dir), "VCFSLM_STATE": str(work / "state.json"),
+           "COLUMNS": "200"}
+    env.pop("VCFSLM_INVENTORY", None)
+    outputs: dict[str, subprocess.CompletedProcess] = {}
+    cmds = readme_block("## The local lab")
+    try:
+        for cmd in cmds:
+            argv = shlex.split(cmd)
+            if argv[0] == ".":  # `. ~/.vcfslm/lab/lab.env`: the lab's env file, in our lab folder
+                env.update(generate.parse_env_file((lab_dir / "lab.env").read_text()))
+                continue
+            if argv[:2] == ["vcfslm", "lab"] and argv[2] == "down":
+                continue  # after the checks below
+            if argv[1] == "bench":
+                argv += FAST + (["--compile", "eager"] if "4" in argv else [])
+            proc = subprocess.run([sys.executable, "-m", "vcfslm.cli", *argv[1:]], cwd=work, env=env,
+                                  capture_output=True, text=True, timeout=900)
+            outputs[cmd] = proc
+            assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
+        yield work, env, outputs
+    finally:
+        down = subprocess.run([sys.executable, "-m", "vcfslm.cli", "lab", "down"], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+
+
+def test_vms_exist_in_vcsim_with_the_inventorys_config(walkthrough):
+    from pyVim.connect import Disconnect, SmartConnect
+    from pyVmomi import vim
+
+    work, env, _ = walkthrough
+    inv = yaml.safe_load(Path(env["VCFSLM_INVENTORY"]).read_text())
+    vc = inv["vcenter"]
+    ctx = ssl.create_default_context(cafile=vc["ca_bundle"])
+    si = SmartConnect(host=vc["host"], port=vc["port"], user=vc["user"],
+                      pwd=env["VCFSLM_VCENTER_PASSWORD"], sslContext=ctx)
+    try:
+        view = si.content.viewManager.CreateContainerView(si.content.rootFolder, [vim.VirtualMachine], True)
+        vms = {vm.name: vm for vm in view.view}
+        for node in inv["nodes"]:
+            vm = vms[node["name"]]
+            assert vm.config.hardware.numCPU == inv["vm"]["vcpus"]
+            assert vm.config.hardware.numCoresPerSocket == inv["vm"]["cores_per_socket"]
+            assert vm.config.memoryReservationLockedToMax is True
+            extra = {o.key: str(o.value) for o in vm.config.extraConfig}
+            assert extra["vcfslm.owner"] == inv["name"]
+            assert extra["numa.vcpu.maxPerVirtualNode"] == str(inv["vm"]["vcpus"] // inv["vm"]["vnuma_nodes"])
+            assert extra["numa.nodeAffinity"] == ",".join(map(str, inv["vm"]["host_numa_nodes"]))
+            assert vm.runtime.powerState == "poweredOn"
+    finally:
+        Disconnect(si)
+
+
+def test_guests_verified(walkthrough):
+    work, env, _ = walkthrough
+    proc = subprocess.run([sys.executable, "-m", "vcfslm.cli", "verify"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_both_runs_complete_and_the_report_answers(walkthrough):
+    work, env, outputs = walkthrough
+    inv = yaml.safe_load(Path(env["VCFSLM_INVENTORY"]).read_text())
+    ranks = inv["bench"]["ranks_per_node"]
+    for run, nodes in (("lab-1n", 1), ("lab-4n", 4)):
+        meta, records = load_run(work / "runs" / run)
+        assert meta.complete, meta.failure
+        assert {r.rank for r in records} == set(range(nodes * ranks))
+        assert {(r.batch_per_rank, r.input_tokens) for r in records} == {(b, 16) for b in inv["bench"]["batch_sizes"]}
+    report_dir = work / "runs" / "lab-1n"
+    for name in ("report.html", "report.md", "tables.csv"):
+        assert (report_dir / name).stat().st_size > 0, name
+    md = (report_dir / "report.md").read_text()
+    assert "## Crossover" in md and "SLO" in md
+    assert list(report_dir.glob("fig-*.png"))
+    size_out = next(p.stdout for c, p in outputs.items() if c.startswith("vcfslm size"))
+    assert "node" in size_out.lower()
+
+
+def test_lab_down_leaves_nothing(walkthrough):
+    work, env, _ = walkthrough
+    status = subprocess.run([sys.executable, "-m", "vcfslm.cli", "lab", "status", "-o", "json"], cwd=work,
+                            env=env, capture_output=True, text=True, timeout=60)
+    services = json.loads(status.stdout)["services"]
+    assert len(services) == 5 and all(s["running"] for s in services)
+    subprocess.run([sys.executable, "-m", "vcfslm.cli", "lab", "down"], cwd=work, env=env, check=True,
+                   capture_output=True, timeout=120)
+    for pid in (s["pid"] for s in services):
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z", pid
