@@ -119,16 +119,21 @@ class ClusterBench:
     """One cluster run: preflight, launch, watch, stop, collect."""
 
     def __init__(self, inv, nodes: Sequence, connect: Callable[[Any], Any], opts: ClusterOptions,
-                 reporter: Reporter | None = None, preflight_checks: Callable[[Any, Any], list[str]] | None = None):
+                 reporter: Reporter | None = None, preflight_checks: Callable[[Any, Any], list[str]] | None = None,
+                 guest_facts: Callable[[Any, Any], dict] | None = None,
+                 vcenter_facts: Callable[[Any, list[str]], dict] | None = None):
         self.inv, self.nodes, self.connect, self.opts = inv, list(nodes), connect, opts
         self.reporter = reporter or NullReporter()
         self.preflight_checks = preflight_checks
+        self.guest_facts = guest_facts
+        self.vcenter_facts = vcenter_facts
+        self.facts: dict[str, Any] = {}
         self.launches = plan_launches(inv, self.nodes, opts)
         self.states = {la.name: NodeState(la) for la in self.launches}
         self.local_dir = Path(opts.runs_root) / opts.run_id
         self._transports: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._rank_logs: dict[tuple[str, int], Any] = {}
+        self._vcenter: dict[str, Any] = {}
 
     # -- connections -----------------------------------------------------------------
 
@@ -185,6 +190,11 @@ class ClusterBench:
                                     "(run: vcfslm provision --stage guests)")
             if self.preflight_checks is not None:
                 problems += self.preflight_checks(self.inv, t)
+            if self.guest_facts is not None:
+                try:
+                    self.facts[la.name] = self.guest_facts(self.inv, t)
+                except (VcfslmError, OSError) as exc:  # facts are for the record, not a gate
+                    self.facts[la.name] = {"error": str(exc)}
             if not problems:
                 got = t.run(L.lock_command(la, self.opts.run_id), timeout=30, check=False).stdout.strip()
                 if not got.startswith("LOCKED"):
@@ -328,12 +338,14 @@ class ClusterBench:
             complete=complete, label=self.opts.label, inventory_sha256=inventory_sha256(inv.source),
             failure=failure, versions={"vcfslm": __version__},
             slos={k: v.model_dump() for k, v in inv.slos.items()},
-            vcenter=previous.get("vcenter", {}), guests=previous.get("guests", {}),
-            probe=previous.get("probe", {}))
+            vcenter=self._vcenter or previous.get("vcenter", {}),
+            guests=self.facts or previous.get("guests", {}), probe=previous.get("probe", {}))
 
     def run(self) -> tuple[RunMeta, list]:
         """Preflight, launch, watch, collect; BenchError (after a clean stop) on any failure."""
         self.local_dir.mkdir(parents=True, exist_ok=True)
+        if self.vcenter_facts is not None:
+            self._vcenter = self.vcenter_facts(self.inv, [n.name for n in self.nodes])
         write_meta(self.local_dir, self.meta(False, None))
         try:
             self.preflight()

@@ -13,8 +13,7 @@ from pathlib import Path
 from rich.table import Table
 
 from ..errors import UsageError
-from .common import RichReporter, console, err_console, load, print_json
-
+from .common import RichReporter, console, err_console, load, print_json, to_jsonable
 
 
 def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, resume: str | None,
@@ -68,7 +67,8 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         return open_node(inv, node, log_dir=log_dir, trust_new_hosts=trust_new_hosts, reporter=reporter)
 
     bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter,
-                           preflight_checks=preflight_problems)
+                           preflight_checks=preflight_problems, guest_facts=_guest_facts,
+                           vcenter_facts=_observed_vms)
     err_console.print(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
                       f"rendezvous {selected[0].bench_ip}:{inv.bench.port}")
     meta, records = bench.run()
@@ -86,3 +86,24 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
     console.print(table)
     console.print(f"run dir: {bench.local_dir}")
     console.print(f"next: vcfslm report {bench.local_dir}")
+
+
+def _guest_facts(inv, transport) -> dict:
+    """The guest's NUMA topology, interfaces and versions, for meta.json."""
+    from ..guest.provision import guest_facts
+
+    return to_jsonable(guest_facts(inv, transport))
+
+
+def _observed_vms(inv, names: list[str]) -> dict:
+    """The VMs' configuration as vCenter reports it, when vCenter can be reached without a prompt."""
+    try:
+        from ..vsphere.credentials import resolve_password
+        from ..vsphere.driver import PyVmomiVCenter
+
+        with PyVmomiVCenter(inv.vcenter, resolve_password(inv.vcenter, prompt=None), retries=0) as vc:
+            snapshot = vc.observe(inv)
+        return {"api_version": snapshot.api_version,
+                "vms": {n: to_jsonable(snapshot.vms[n]) for n in names if n in snapshot.vms}}
+    except Exception as exc:  # noqa: BLE001 - best effort: the run does not need vCenter
+        return {"unreachable": str(exc).splitlines()[0][:300]}

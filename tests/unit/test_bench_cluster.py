@@ -1,0 +1,172 @@
+"""ClusterBench over scripted transports: success, a failed node, a dropped connection,
+a timeout, a held lock — every failure stops every node and keeps what finished."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from vcfslm import __version__
+from vcfslm.bench import launch as L
+from vcfslm.bench.cluster import ClusterBench, ClusterOptions
+from vcfslm.errors import BenchError
+from vcfslm.guest.fake import FakeTransport
+from vcfslm.inventory import parse_inventory
+from vcfslm.results import WindowRecord, load_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def inv():
+    return parse_inventory((ROOT / "inventories" / "vx650v4-4node.yaml").read_text(), "brief.yaml")
+
+
+def record(rank: int, node: str, batch: int = 1, window: int = 0) -> str:
+    return WindowRecord(run_id="r", node=node, node_rank=rank // 4, rank=rank, local_rank=rank % 4,
+                        world_size=8, ranks_per_node=4, nodes=2, batch_per_rank=batch, input_tokens=128,
+                        output_tokens=128, window=window, start_skew_s=0.001, wall_s=2.0,
+                        generated_tokens=128 * batch, rank_tps=64.0 * batch, ttft_s=[0.1] * batch,
+                        tpot_ms=[15.0] * batch, e2e_s=[2.0] * batch).to_json() + "\n"
+
+
+def scripted(name: str, polls: list[str], *, lock: str = "LOCKED", ranks=range(4)) -> FakeTransport:
+    """A node whose preflight passes, whose launch prints a pid, and whose polls follow `polls`."""
+    t = FakeTransport(name)
+    t.add(re.compile(r"test -x .*rank\.sh.*"), f"VERSION {__version__}\n")
+    t.add(re.compile(r"mkdir -p .*\.\./\.lock-.*"), lock + "\n")
+    t.add(re.compile(r"mkdir -p .*/pids .*setsid nohup.*"), "4242\n")
+    t.add(re.compile(r"echo 4242 > .*"), "")
+    t.add(re.compile(r"if \[ -f .*node-.*\.exit.*"), list(polls))
+    t.add(re.compile(r"t=''; .*kill -TERM.*"), "")
+    t.add(re.compile(r"rm -rf .*\.lock-.*"), "")
+    t.add(re.compile(r"ls .*/ranks 2>/dev/null"), "\n".join(f"rank-{r}.jsonl" for r in ranks) + "\n")
+    return t
+
+
+def bench_for(inv, transports: dict, tmp_path: Path, **opts) -> ClusterBench:
+    def connect(node):
+        return transports[node.name]
+    return ClusterBench(inv, inv.nodes[:len(transports)], connect,
+                        ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0, **opts))
+
+
+def with_records(t: FakeTransport, run_dir: str, ranks, node: str) -> None:
+    for r in ranks:
+        t.files[f"{run_dir}/ranks/rank-{r}.jsonl"] = record(r, node).encode()
+
+
+def stops(t: FakeTransport) -> int:
+    return sum("kill -TERM" in c for c in t.calls)
+
+
+def test_success_collects_every_rank(inv, tmp_path):
+    a = scripted("slm-01", ["RUNNING\n[default0]:VCFSLM-PROGRESS {\"scenario\": 1, \"scenarios\": 1}\n",
+                            "EXIT 0\n"])
+    b = scripted("slm-02", ["EXIT 0\n"], ranks=range(4, 8))
+    bench = bench_for(inv, {"slm-01": a, "slm-02": b}, tmp_path)
+    with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
+    with_records(b, bench.launches[1].run_dir, range(4, 8), "slm-02")
+    meta, records = bench.run()
+    assert meta.complete and {r.rank for r in records} == set(range(8))
+    assert load_run(tmp_path / "r")[0].complete
+    assert stops(a) == stops(b) == 0
+    assert (tmp_path / "r" / "logs" / "slm-01" / "rank-0.log").read_text().startswith("VCFSLM-PROGRESS")
+    assert all(c.closed for c in (a, b))
+
+
+def test_one_failed_node_stops_all_and_keeps_records(inv, tmp_path):
+    a = scripted("slm-01", ["RUNNING\n"] * 3)
+    b = scripted("slm-02", ["RUNNING\n", "EXIT 1\n[default2]:Traceback: rank died\n"], ranks=range(4, 8))
+    bench = bench_for(inv, {"slm-01": a, "slm-02": b}, tmp_path)
+    with_records(a, bench.launches[0].run_dir, range(2), "slm-01")  # what finished before
+    with pytest.raises(BenchError) as info:
+        bench.run()
+    text = str(info.value)
+    assert "node slm-02 failed: torchrun exit 1" in text and "rank died" in text
+    assert "vcfslm bench --resume r" in text
+    assert stops(a) == 1 and stops(b) == 1
+    meta, records = load_run(tmp_path / "r")
+    assert not meta.complete and "slm-02" in meta.failure
+    assert {r.rank for r in records} == {0, 1}
+
+
+def test_timeout_stops_everything(inv, tmp_path):
+    a = scripted("slm-01", ["RUNNING\n"])
+    bench = bench_for(inv, {"slm-01": a}, tmp_path, timeout_s=0.0001)
+    with pytest.raises(BenchError, match="timeout after"):
+        bench.run()
+    assert stops(a) == 1
+
+
+def test_vanished_torchrun_is_a_failure(inv, tmp_path):
+    a = scripted("slm-01", ["GONE\n"])
+    with pytest.raises(BenchError, match="vanished"):
+        bench_for(inv, {"slm-01": a}, tmp_path).run()
+    assert stops(a) == 1
+
+
+def test_held_lock_fails_preflight_and_starts_nothing(inv, tmp_path):
+    a = scripted("slm-01", ["EXIT 0\n"])
+    b = scripted("slm-02", ["EXIT 0\n"], lock="HELD other-run")
+    with pytest.raises(BenchError, match="another bench holds the lock \\(other-run\\)"):
+        bench_for(inv, {"slm-01": a, "slm-02": b}, tmp_path).run()
+    assert not any("setsid" in c for c in a.calls + b.calls)
+    assert any("rm -rf" in c and ".lock-slm-01" in c for c in a.calls)  # the lock it took is released
+
+
+def test_preflight_reports_version_mismatch_and_missing_scripts(inv, tmp_path):
+    a = scripted("slm-01", ["EXIT 0\n"])
+    a.script = {k: v for k, v in a.script.items() if not (isinstance(k, re.Pattern) and "rank" in k.pattern)}
+    a.add(re.compile(r"test -x .*rank\.sh.*"), "MISSING the rank script /opt/vcfslm/launch/rank.sh\nVERSION 0.0.1\n")
+    with pytest.raises(BenchError) as info:
+        bench_for(inv, {"slm-01": a}, tmp_path).run()
+    assert "missing the rank script" in str(info.value)
+    assert "guest runs vcfslm 0.0.1" in str(info.value)
+
+
+def test_lost_ssh_while_running_reconnects(inv, tmp_path):
+    """A dropped connection is not a failure by itself: the detached run goes on."""
+    a = scripted("slm-01", ["RUNNING\n", "EXIT 0\n"])
+    first = {"n": 0}
+    fresh = scripted("slm-01", ["EXIT 0\n"])
+    original_run = a.run
+
+    def flaky(cmd, *args, **kw):
+        if cmd.startswith("if [ -f") and first["n"] == 0:
+            first["n"] += 1
+            from vcfslm.errors import TransportError
+            raise TransportError("connection reset")
+        return original_run(cmd, *args, **kw)
+
+    a.run = flaky
+    conns = iter([a, fresh])
+    bench = ClusterBench(inv, inv.nodes[:1], lambda node: next(conns),
+                         ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0))
+    with_records(fresh, bench.launches[0].run_dir, range(4), "slm-01")
+    meta, _ = bench.run()
+    assert meta.complete
+
+
+def test_progress_events_reach_the_reporter(inv, tmp_path):
+    from vcfslm.progress import RecordingReporter
+
+    event = {"rank": 0, "phase": "measure", "scenario": 2, "scenarios": 4, "window": 1}
+    a = scripted("slm-01", [f"RUNNING\n[default0]:VCFSLM-PROGRESS {json.dumps(event)}\n", "EXIT 0\n"])
+    rep = RecordingReporter()
+    bench = ClusterBench(inv, inv.nodes[:1], lambda n: a,
+                         ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0), reporter=rep)
+    with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
+    bench.run()
+    assert any("scenario 2/4 measure window 1" in s for _, s in rep.updates)
+
+
+def test_stop_command_targets_only_this_runs_pids(inv):
+    la = L.NodeLaunch(0, "slm-01", "x", "y", "/opt/vcfslm/runs/r", "", (0, 1))
+    cmd = L.stop_command(la)
+    assert "/opt/vcfslm/runs/r/node-slm-01.pid" in cmd
+    assert "/opt/vcfslm/runs/r/pids/rank-0.pid" in cmd and "/opt/vcfslm/runs/r/pids/rank-1.pid" in cmd
+    assert "pkill" not in cmd and "killall" not in cmd
