@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ from vcfslm.guest.provision import provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
 from vcfslm.inventory import load_inventory  # noqa: E402
 from vcfslm.lab import generate, guests  # noqa: E402
+from vcfslm.lab.lab import seed_guest_venv  # noqa: E402
 
 FIRST_INDEX = 80  # 127.0.0.91.. : away from the lab's and the tests' guests
 
@@ -59,14 +58,6 @@ def write_inventory(started, workdir: Path, path: Path) -> Path:
         workdir=str(workdir), bench_port=29500, shape=generate.machine_shape())
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def prepare_shared_venv(path: Path) -> None:
-    """The lab's shared venv: this interpreter, seeing this environment's packages (torch)."""
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip",
-                    str(path)], check=True, capture_output=True)
-    [site] = path.glob("lib/python*/site-packages")
-    (site / "_operator_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
 
 def timed(inv, playbooks, wheel, logs: Path, repeats: int) -> float:
@@ -96,7 +87,7 @@ def main() -> None:
             guests.write_known_hosts(client.known_hosts, started)
             work = base / "work"
             work.mkdir()
-            prepare_shared_venv(work / "venv")
+            seed_guest_venv(work / "venv")
             one = load_inventory(write_inventory(started[:1], work, base / "one.yaml"))
             many = load_inventory(write_inventory(started, work, base / "many.yaml"))
             book = base / "guest-bound.yaml"

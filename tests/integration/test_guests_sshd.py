@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
-import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -29,22 +27,13 @@ from vcfslm.guest.wheel import ProjectWheel
 from vcfslm.inventory import load_inventory
 from vcfslm.lab import generate
 from vcfslm.lab import guests as lab_guests
+from vcfslm.lab.lab import seed_guest_venv
 from vcfslm.progress import RecordingReporter
 
 pytestmark = pytest.mark.integration
 
 
 # ------------------------------------------------------------------ helpers and fixtures
-
-
-def prepare_shared_venv(path: Path) -> None:
-    """A venv of this interpreter that sees this environment's packages (torch included)."""
-    if (path / "bin" / "python").exists():
-        return
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip",
-                    str(path)], check=True, capture_output=True)
-    [site] = path.glob("lib/python*/site-packages")
-    (site / "_operator_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
 
 def write_inventory(guests, workdir: Path, path: Path, **vm) -> Path:
@@ -72,7 +61,7 @@ def wheel() -> ProjectWheel:
 @pytest.fixture(scope="module")
 def lab_inv(ssh_guests, tmp_path_factory):
     base = tmp_path_factory.mktemp("guest-stage")
-    prepare_shared_venv(base / "work" / "venv")
+    seed_guest_venv(base / "work" / "venv")
     return load_inventory(write_inventory(ssh_guests, base / "work", base / "inventory.yaml"))
 
 
