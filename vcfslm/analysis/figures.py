@@ -11,6 +11,7 @@ A figure without the data it needs is skipped with a reason, never drawn empty.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,8 @@ def _scope(cells: Sequence[Cell]) -> str:
 def _new(title: str) -> tuple[MplFigure, object]:
     fig = MplFigure(figsize=(8, 5), layout="constrained")
     ax = fig.add_subplot()
-    ax.set_title(title, fontsize=10)
+    # Run ids are long: wrap rather than let the title run off the canvas.
+    ax.set_title(textwrap.fill(title, width=90), fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     return fig, ax
 
