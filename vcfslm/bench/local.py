@@ -265,16 +265,17 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
 
 def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
                   compile_mode, scenarios, slos, node_cpus, slots, use_numactl) -> results.RunMeta:
+    matrix_dict = {**matrix.to_dict(), "seed": seed, "compile": compile_mode, "scenarios": scenarios}
     if resume:
         meta = results.read_meta(run_dir)
         meta.failure = None
+        meta.matrix = matrix_dict  # a resume may extend the matrix
         return meta
     return results.RunMeta(
         run_id=run_id, created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=list(command or sys.argv), mode="local", nodes=[NODE_NAME], ranks_per_node=ranks,
         threads_per_rank=threads, model=model,
-        matrix={**matrix.to_dict(), "seed": seed, "compile": compile_mode, "scenarios": scenarios},
-        label=label, slos=dict(slos or {}),
+        matrix=matrix_dict, label=label, slos=dict(slos or {}),
         guests={NODE_NAME: {"numa_nodes": {str(k): topology.format_cpu_list(v) for k, v in node_cpus.items()},
                             "ranks": slots, "numactl": use_numactl}})
 
