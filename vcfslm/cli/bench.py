@@ -69,8 +69,8 @@ def int_list(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--no-numactl", is_flag=True, help="Do not pin ranks with numactl (local).")
 @click.option("--seed", type=int, default=None, help="Weights/prompt seed (local; default 0).")
 @click.option("--compile", "compile_mode", type=click.Choice(COMPILE_MODES), default=None,
-              help="Decode step: autotune (compile + freezing + autotuned GEMMs, default), freezing, "
-                   "default (plain compile) or eager (local).")
+              help="Decode step: autotune (compile + freezing + autotuned GEMMs), freezing, default "
+                   "(plain compile) or eager (default: the inventory's bench.compile, else autotune).")
 @click.option("--no-probe", is_flag=True, help="Skip the bandwidth probe: no roofline (local).")
 @click.option("--probe-mib", type=click.IntRange(min=16), default=None, help="Probe buffer in MiB (local; default 1024).")
 @click.option("--timeout", type=float, default=None, help="Whole-run timeout in seconds.")
@@ -175,7 +175,8 @@ def _from_inventory(path: str) -> dict[str, Any]:
     b = inv.bench
     return {"model": inv.guest.model, "ranks": b.ranks_per_node, "batch_sizes": list(b.batch_sizes),
             "input_tokens": list(b.input_tokens), "output_tokens": b.output_tokens, "warmup": b.warmup,
-            "repeats": b.repeats, "slos": {k: v.model_dump() for k, v in inv.slos.items()}}
+            "repeats": b.repeats, "compile_mode": b.compile,
+            "slos": {k: v.model_dump() for k, v in inv.slos.items()}}
 
 
 def _from_meta(run_dir: Path) -> dict[str, Any]:
