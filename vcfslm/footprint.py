@@ -33,7 +33,7 @@ class ModelShape:
 
 
 PHI3_MINI = ModelShape(params=3_821_079_552, layers=32, hidden=3072, kv_heads=32, head_dim=96)
-TINY = ModelShape(params=2_200_000, layers=2, hidden=64, kv_heads=4, head_dim=16)
+TINY = ModelShape(params=2_179_392, layers=2, hidden=64, kv_heads=4, head_dim=16)
 
 KNOWN_SHAPES: dict[str, ModelShape] = {
     "synthetic:phi-3-mini": PHI3_MINI,

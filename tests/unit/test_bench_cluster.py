@@ -161,7 +161,8 @@ def test_progress_events_reach_the_reporter(inv, tmp_path):
                          ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0), reporter=rep)
     with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
     bench.run()
-    assert any("scenario 2/4 measure window 1" in s for _, s in rep.updates)
+    assert any(subject == "slm-01/rank 0" and "scenario 2/4" in s and "measure 1" in s
+               for subject, s in rep.updates)
 
 
 def test_stop_command_targets_only_this_runs_pids(inv):

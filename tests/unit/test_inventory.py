@@ -38,7 +38,7 @@ def test_shipped_brief_inventory_is_valid():
 def test_error_names_file_line_column_and_key():
     text = BRIEF.read_text().replace("vnuma_nodes: 4 ", "vnuma_nodes: 5 ")
     msgs = problems_of(text)
-    line = next(i for i, l in enumerate(text.splitlines(), 1) if "vnuma_nodes: 5" in l)
+    line = next(i for i, text_line in enumerate(text.splitlines(), 1) if "vnuma_nodes: 5" in text_line)
     assert msgs[0] == f"cluster.yaml:{line}:3 vm.vnuma_nodes: 96 vCPUs cannot split into 5 vNUMA nodes"
 
 

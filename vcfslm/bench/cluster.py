@@ -260,7 +260,7 @@ class ClusterBench:
                     fh.write(body + "\n")
             event = L.parse_progress(body)
             if event is not None:
-                self.reporter.update(la.name, _describe(event))
+                self.reporter.update(f"{la.name}/rank {event.get('rank', '?')}", L.progress_status(event))
 
     def watch(self) -> str | None:
         """Poll until every node exits; the first failure (or timeout) as text, else None."""
@@ -387,14 +387,6 @@ class ClusterBench:
     def _close(self) -> None:
         for name in list(self._transports):
             self._drop(name)
-
-
-def _describe(event: dict) -> str:
-    if event.get("phase") == "done":
-        return "done"
-    return (f"scenario {event.get('scenario', '?')}/{event.get('scenarios', '?')} "
-            f"{event.get('phase', '')} window {event.get('window', '?')}"
-            + (f" (b={event['batch']}, in={event['input_tokens']})" if "batch" in event else ""))
 
 
 def _now() -> str:

@@ -182,6 +182,28 @@ def parse_progress(text: str) -> dict | None:
     if i < 0:
         return None
     try:
-        return json.loads(text[i + len(PROGRESS_PREFIX):])
+        event = json.loads(text[i + len(PROGRESS_PREFIX):])
     except ValueError:
         return None
+    return event if isinstance(event, dict) else None
+
+
+def progress_status(event: dict) -> str:
+    """One human line for a progress event (what the reporter shows per rank)."""
+    phase = event.get("phase", "?")
+    if phase in ("warmup", "measure", "skip", "done"):
+        head = (f"scenario {event.get('scenario')}/{event.get('scenarios')} "
+                f"b={event.get('batch')} in={event.get('input_tokens')}: {phase}")
+        if phase in ("warmup", "measure"):
+            head += (f" {event.get('window')}  TPOT {event.get('tpot_ms_p50')} ms  "
+                     f"TTFT {event.get('ttft_s_p50')} s  {event.get('rank_tps')} tok/s")
+            if not event.get("valid", True):
+                head += "  (invalid)"
+        return head
+    if phase == "probed":
+        return f"bandwidth read {event.get('read_gbs')} GB/s, triad {event.get('triad_gbs')} GB/s"
+    if phase == "loaded":
+        return f"model loaded in {event.get('load_s')} s"
+    if phase == "failed":
+        return f"failed: {event.get('error')}"
+    return phase

@@ -33,8 +33,8 @@ from typing import Any
 from .. import results, topology
 from ..errors import BenchError, InventoryError, Problem
 from ..progress import NullReporter, Reporter
+from .launch import parse_progress, progress_status, worker_args
 
-PROGRESS_PREFIX = "VCFSLM-PROGRESS "  # same as vcfslm.bench.worker (which imports torch lazily)
 NODE_NAME = "local"
 DEFAULT_INDUCTOR_CACHE = "~/.cache/vcfslm/inductor"
 
@@ -115,19 +115,13 @@ def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, 
                      nodes: int = 1, threads: int, resume: bool = False, scenarios: str | None = None,
                      probe: bool = True, probe_mib: int = 1024, seed: int = 0,
                      compile_mode: str = "autotune") -> list[str]:
-    """The worker's command-line arguments (after torchrun's "--")."""
-    args = ["--model", model,
-            "--batch-sizes", ",".join(str(b) for b in matrix.batch_sizes),
-            "--input-tokens", ",".join(str(i) for i in matrix.input_tokens),
-            "--output-tokens", str(matrix.output_tokens),
-            "--warmup", str(matrix.warmup), "--repeats", str(matrix.repeats),
-            "--out", str(run_dir), "--run-id", run_id, "--node", node, "--nodes", str(nodes),
-            "--threads", str(threads), "--seed", str(seed), "--compile", compile_mode,
-            "--probe-mib", str(probe_mib)]
-    if resume:
-        args.append("--resume")
-    if scenarios:
-        args += ["--scenarios", scenarios]
+    """The worker's command-line arguments (after torchrun's "--"): the cluster's, plus the
+    local-only seed and probe settings."""
+    args = worker_args(model=model, batch_sizes=matrix.batch_sizes, input_tokens=matrix.input_tokens,
+                       output_tokens=matrix.output_tokens, warmup=matrix.warmup, repeats=matrix.repeats,
+                       out=str(run_dir), run_id=run_id, node=node, nodes=nodes, threads=threads,
+                       compile_mode=compile_mode, resume=resume, scenarios=scenarios)
+    args += ["--seed", str(seed), "--probe-mib", str(probe_mib)]
     if not probe:
         args.append("--no-probe")
     return args
@@ -136,39 +130,6 @@ def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, 
 def torchrun_command(python: str, ranks: int, wrapper: Path, worker_args: list[str]) -> list[str]:
     return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
             "--no-python", str(wrapper), "--", *worker_args]
-
-
-def parse_progress(line: str) -> dict[str, Any] | None:
-    """The event of a VCFSLM-PROGRESS line (anywhere in the line), None for other lines."""
-    at = line.find(PROGRESS_PREFIX)
-    if at < 0:
-        return None
-    try:
-        event = json.loads(line[at + len(PROGRESS_PREFIX):])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
-
-
-def progress_status(event: dict[str, Any]) -> str:
-    """One human line for a progress event (what the reporter shows per rank)."""
-    phase = event.get("phase", "?")
-    if phase in ("warmup", "measure", "skip", "done"):
-        head = (f"scenario {event.get('scenario')}/{event.get('scenarios')} "
-                f"b={event.get('batch')} in={event.get('input_tokens')}: {phase}")
-        if phase in ("warmup", "measure"):
-            head += (f" {event.get('window')}  TPOT {event.get('tpot_ms_p50')} ms  "
-                     f"TTFT {event.get('ttft_s_p50')} s  {event.get('rank_tps')} tok/s")
-            if not event.get("valid", True):
-                head += "  (invalid)"
-        return head
-    if phase == "probed":
-        return f"bandwidth read {event.get('read_gbs')} GB/s, triad {event.get('triad_gbs')} GB/s"
-    if phase == "loaded":
-        return f"model loaded in {event.get('load_s')} s"
-    if phase == "failed":
-        return f"failed: {event.get('error')}"
-    return phase
 
 
 def run_complete(records: list[results.WindowRecord], matrix: Matrix, world_size: int,
