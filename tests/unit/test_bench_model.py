@@ -113,3 +113,17 @@ def test_loads_a_save_pretrained_folder(tmp_path, tiny):
         a = tiny.model(ids).logits
         b = loaded.model(ids).logits
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_footprint_shapes_match_the_synthetic_configs():
+    """The inventory's memory check and the roofline use footprint's shapes: keep them true."""
+    from vcfslm import footprint
+    from vcfslm.bench.model import kv_bytes_per_token, load_model, phi3_mini_config, tiny_config
+
+    for shape, config in ((footprint.TINY, tiny_config()), (footprint.PHI3_MINI, phi3_mini_config())):
+        head_dim = config.hidden_size // config.num_attention_heads
+        assert (shape.layers, shape.hidden, shape.kv_heads, shape.head_dim) == (
+            config.num_hidden_layers, config.hidden_size, config.num_key_value_heads, head_dim)
+        assert shape.kv_bytes_per_token == kv_bytes_per_token(config)
+    model = load_model("synthetic:tiny").model
+    assert sum(p.numel() for p in model.parameters()) == footprint.TINY.params
