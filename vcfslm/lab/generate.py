@@ -26,7 +26,11 @@ LOOPBACK_MTU = 65536
 SIM_HOST_NUMA_NODES = 4          # the simulated VX650 V4 host (vcsim/main.go)
 # The schema adds a fixed 8 GiB guest-OS overhead to the model replicas; below 9 GiB a lab
 # machine could not describe itself although synthetic:tiny needs only megabytes.
-MIN_MEMORY_GB = 9
+# The lab VMs' memory: fixed, because this machine's NUMA-visible memory moves (memory
+# ballooning) and a changing size would make every `lab up` a restart-pending change.
+# 16 GiB holds the inventory's 8 GiB guest overhead plus two tiny replicas, or one
+# Phi-3-mini replica (DEMO_MODEL=synthetic:phi-3-mini).
+LAB_MEMORY_GB = 16
 SYS_NODES = Path("/sys/devices/system/node")
 
 
@@ -81,7 +85,7 @@ def vm_section(shape: MachineShape) -> dict[str, Any]:
         "vcpus": shape.cpus,
         "cores_per_socket": shape.cpus // vnuma,
         "vnuma_nodes": vnuma,
-        "memory_gb": max(shape.memory_gib, MIN_MEMORY_GB),
+        "memory_gb": LAB_MEMORY_GB,
         "reserve_all_memory": True,
         "latency_sensitivity": "normal",
         "hardware_version": sim.TEMPLATE_HARDWARE_VERSION,
