@@ -12,7 +12,7 @@ import click
 from rich.live import Live
 from rich.table import Table
 
-from ..errors import PlaybookError, UsageError, VCenterError
+from ..errors import UsageError, VCenterError
 from .common import (
     console,
     err_console,
@@ -183,28 +183,14 @@ def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict)
         return
     with VmLinesReporter(quiet=output == "json") as reporter:
         summary = module.provision_guests(inv, reporter, trust_new_hosts=trust_new_hosts)
-    try:  # the `guests` command's renderers, so both commands show a run alike
-        from .guests import _fail_if_any, _json, _summary_table
-    except ImportError:
-        _fail_if_any, _json, _summary_table = _guests_failed, _guests_json, _guests_lines
+    # the `guests` command's renderers, so both commands show a run alike
+    from .guests import _fail_if_any, _json, _summary_table
+
     if output == "json":
         doc["guests"] = _json(summary)
     else:
         console.print(_summary_table(summary, "guests"))
     _fail_if_any(summary)
-
-
-def _guests_lines(summary, title: str) -> str:
-    return "\n".join(f"{h.host}: {h.error or 'ok'}" for h in summary.hosts)
-
-
-def _guests_json(summary) -> dict:
-    return {"ok": summary.ok, "hosts": [{"host": h.host, "error": h.error} for h in summary.hosts]}
-
-
-def _guests_failed(summary) -> None:
-    if not summary.ok:
-        raise PlaybookError("guest stage failed on: " + ", ".join(h.host for h in summary.failed_hosts))
 
 
 @click.command()
