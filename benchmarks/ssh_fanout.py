@@ -49,13 +49,7 @@ steps:
 
 
 def write_inventory(started, workdir: Path, path: Path) -> Path:
-    doc = generate.lab_inventory(
-        vcenter_host="127.0.0.1", vcenter_port=443, vcenter_user="lab", ca_bundle="/dev/null",
-        template="lab-template",
-        nodes=[generate.LabNode(name=g.name, host=f"DC0_C0_H{i}", management_ip=g.address,
-                                bench_ip=g.bench_address, ssh_port=g.port) for i, g in enumerate(started)],
-        guest_user=started[0].user, ssh_key=started[0].key, known_hosts=started[0].known_hosts,
-        workdir=str(workdir), bench_port=29500, shape=generate.machine_shape())
+    doc = generate.guests_inventory(started, str(workdir))
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

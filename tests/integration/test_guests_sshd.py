@@ -38,13 +38,7 @@ pytestmark = pytest.mark.integration
 
 def write_inventory(guests, workdir: Path, path: Path, **vm) -> Path:
     """The lab's inventory document for these guests (vm overrides: another topology)."""
-    doc = generate.lab_inventory(
-        vcenter_host="127.0.0.1", vcenter_port=443, vcenter_user="lab", ca_bundle="/dev/null",
-        template="lab-template",
-        nodes=[generate.LabNode(name=g.name, host=f"DC0_C0_H{i}", management_ip=g.address,
-                                bench_ip=g.bench_address, ssh_port=g.port) for i, g in enumerate(guests)],
-        guest_user=guests[0].user, ssh_key=guests[0].key, known_hosts=guests[0].known_hosts,
-        workdir=str(workdir), bench_port=29500, shape=generate.machine_shape())
+    doc = generate.guests_inventory(guests, str(workdir))
     doc["vm"].update(vm)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -215,3 +215,15 @@ def lab_nodes(count: int, ports: Mapping[str, int]) -> list[LabNode]:
                     management_ip=guests.management_address(i),
                     bench_ip=guests.bench_address(i), ssh_port=ports[guests.node_name(i)])
             for i in range(count)]
+
+
+def guests_inventory(guests: Sequence[Any], workdir: str) -> dict[str, Any]:
+    """A lab inventory for running sshd guests alone (no vcsim behind it): for the guest
+    stage's tests and benchmarks, which never contact vCenter."""
+    return lab_inventory(
+        vcenter_host="127.0.0.1", vcenter_port=443, vcenter_user="lab", ca_bundle="/dev/null",
+        template="lab-template",
+        nodes=[LabNode(name=g.name, host=f"DC0_C0_H{i}", management_ip=g.address,
+                       bench_ip=g.bench_address, ssh_port=g.port) for i, g in enumerate(guests)],
+        guest_user=guests[0].user, ssh_key=guests[0].key, known_hosts=guests[0].known_hosts,
+        workdir=workdir, bench_port=29500, shape=machine_shape())
