@@ -37,6 +37,7 @@ says `_ms`):
     valid             bool  false when something makes the window untrustworthy
     invalid_reasons   list[str]
     roofline_tpot_ms  float | null  bytes read per step / measured bandwidth
+    roofline_ttft_s   float | null  prompt FLOPs / measured bf16 GEMM rate (the prefill floor)
     placement         dict  cpu affinity, numa node, threads, versions, cpu capability
 """
 
@@ -83,6 +84,7 @@ class WindowRecord:
     valid: bool = True
     invalid_reasons: list[str] = field(default_factory=list)
     roofline_tpot_ms: float | None = None
+    roofline_ttft_s: float | None = None
     placement: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
