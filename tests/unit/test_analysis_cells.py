@@ -53,6 +53,30 @@ def test_roofline_efficiency():
     assert cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), [record()]).roofline_efficiency is None
 
 
+def test_ttft_efficiency_is_the_p50_prefill_floor_of_valid_windows_over_measured_ttft():
+    key = CellKey(SINGLE, 1, 4, 1, 128, 64)
+    recs = [record(window=0, ttft=0.5, roofline_ttft=0.30), record(window=1, ttft=0.5, roofline_ttft=0.40),
+            record(window=2, ttft=0.5, roofline_ttft=0.35),
+            record(window=3, ttft=9.0, roofline_ttft=9.0, valid=False, reasons=("recompiled",))]
+    c = cell_from_records(key, recs)
+    assert c.roofline_ttft_s == pytest.approx(0.35) and c.ttft_efficiency == pytest.approx(0.7)
+    old = cell_from_records(key, [record(ttft=0.5, roofline=100.0)])     # a run from before the compute probe
+    assert old.roofline_ttft_s is None and old.ttft_efficiency is None and old.roofline_efficiency is not None
+
+
+def test_a_failed_numerics_gate_names_the_node_and_rank_once(tmp_path):
+    def gate(r):
+        if r.node == "vm2" and r.local_rank == 1:
+            r.valid, r.invalid_reasons = False, ["numerics gate: top-1 agreement 0.62 < 0.99"]
+        return r
+    a = analyse(make_run(tmp_path / "c", "c", ["vm1", "vm2"], TABLE, tweak=gate))
+    assert a.warnings[0] == ("run c: numerics gate failed on node vm2, rank 5 (local rank 1): top-1 agreement "
+                             "0.62 < 0.99; its 2 window(s) are left out of every number")
+    assert sum("top-1 agreement" in w for w in a.warnings) == 1
+    cell = a.scope_cells(CLUSTER)[0]
+    assert "1 invalid window(s) left out (numerics gate failed on vm2 rank 5)" in cell.flags
+
+
 def test_invalid_windows_are_left_out_and_flagged():
     recs = [record(window=0, tpot=100.0), record(window=1, tpot=900.0, valid=False, reasons=("recompiled",),
                                                  recompiles=2)]

@@ -15,14 +15,16 @@ HEADER = "scope,vms,ranks_per_vm,batch_per_rank,input_tokens,output_tokens,ttft_
 
 def test_a_good_table_with_comments_bom_and_optional_columns(tmp_path):
     path = tmp_path / "published.csv"
-    path.write_text("\ufeff# hand-made, for the tests\n" + HEADER + ",tpot_p90_ms,roofline_tpot_ms\n"
-                    "single,1,4,1,128,256,0.3,116,8.4,120,100\n"
+    path.write_text("\ufeff# hand-made, for the tests\n" + HEADER + ",tpot_p90_ms,roofline_tpot_ms,roofline_ttft_s\n"
+                    "single,1,4,1,128,256,0.3,116,8.4,120,100,0.24\n"
                     "\n"
-                    "cluster,4,4,16,128,256,2.0,159,96.7,,\n", encoding="utf-8")
+                    "cluster,4,4,16,128,256,2.0,159,96.7,,,\n", encoding="utf-8")
     cells = import_csv(path).cells
     single, cluster = cells
     assert single.scope == SINGLE and single.streams_per_vm == 4 and single.tpot_ms.p90 == 120.0
     assert single.roofline_tpot_ms == 100.0 and single.origin == "csv" and single.source == "published.csv:3"
+    assert single.roofline_ttft_s == 0.24 and single.ttft_efficiency == pytest.approx(0.8)
+    assert cluster.roofline_ttft_s is None and cluster.ttft_efficiency is None
     assert (cluster.streams_per_vm, cluster.streams_cluster) == (64, 256)
     assert cluster.tpot_ms.get("p90") is None and cluster.rank_tps == 96.7
 
@@ -81,15 +83,16 @@ def test_unreadable_file(tmp_path):
 
 def test_tables_csv_reads_back(tmp_path):
     run = make_run(tmp_path / "r", "r", ["vm1"], {(1, 128): (0.1, 100.0, 10.0), (4, 512): (0.7, 130.0, 30.0)},
-                   repeats=2, roofline=90.0)
+                   repeats=2, roofline=90.0, roofline_ttft=0.05)
     # the matrix also asks for (1, 512) and (4, 128): empty cells, which tables.csv leaves out
     original = [c for c in aggregate(load_runs([run])).cells if c.has_data]
     assert len(original) == 2
     again = parse_csv(cells_csv(original), "tables.csv").cells
     assert [c.key for c in again] == [c.key for c in original]
     for a, b in zip(original, again, strict=True):
-        assert (b.ttft_s, b.tpot_ms, b.rank_tps, b.roofline_tpot_ms) == (a.ttft_s, a.tpot_ms, a.rank_tps,
-                                                                        a.roofline_tpot_ms)
+        assert (b.ttft_s, b.tpot_ms, b.rank_tps, b.roofline_tpot_ms, b.roofline_ttft_s) == \
+            (a.ttft_s, a.tpot_ms, a.rank_tps, a.roofline_tpot_ms, a.roofline_ttft_s)
+        assert b.ttft_efficiency == pytest.approx(a.ttft_efficiency)
 
 
 def test_brief_shaped_table_parses():

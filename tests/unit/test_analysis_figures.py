@@ -47,8 +47,26 @@ def test_missing_data_skips_figures_with_a_reason(tmp_path):
     figures, skipped = render_all(parse_csv(brief_shaped_csv(), "b.csv").cells, DEFAULT_SLOS, tmp_path, "r")
     assert len(figures) == 3
     assert skipped == ["fig-2-matched-tpot: needs single-VM and cluster data at the same batch per rank",
-                       "fig-5-roofline: no roofline data (no bandwidth probe in this run)"]
+                       "fig-5-roofline: no roofline data (no bandwidth or compute probe in this run)"]
     assert not (tmp_path / "fig-2-matched-tpot.png").exists()
+
+
+def test_roofline_figure_has_a_panel_per_measured_floor():
+    from vcfslm.analysis.figures import roofline_figure
+
+    header = "scope,vms,ranks_per_vm,batch_per_rank,input_tokens,output_tokens,ttft_s,tpot_ms,rank_tps"
+    rows = [f"single,1,4,{b},128,256,{0.2 * b},{110 + b},{8 * b},100,{0.1 * b}" for b in (1, 4, 16)]
+    both = parse_csv("\n".join([header + ",roofline_tpot_ms,roofline_ttft_s", *rows]) + "\n", "x.csv").cells
+    fig, title, caption = roofline_figure(both, "r")
+    assert [ax.get_title() for ax in fig.axes] == ["TPOT: measured vs bandwidth floor",
+                                                    "TTFT: measured vs compute floor"]
+    assert fig.axes[1].get_ylabel() == "TTFT p50 (s)" and "TPOT and TTFT" in title
+    assert "compute floor = prompt FLOPs / measured bf16 GEMM rate" in caption
+    floor = [line for line in fig.axes[1].get_lines() if line.get_label().startswith("compute floor")][0]
+    assert list(floor.get_ydata()) == pytest.approx([0.1, 0.4, 1.6])
+    tpot_only = [c for c in both_scopes_with_roofline() if c.scope == "single"]
+    fig, title, _ = roofline_figure(tpot_only, "r")
+    assert len(fig.axes) == 1 and "TTFT" not in title
 
 
 def test_axes_units_log2_legend_and_slo_lines():

@@ -32,7 +32,8 @@ def record(run_id: str = "run", node: str = "vm1", node_rank: int = 0, local_ran
            ranks: int = 4, batch: int = 1, inp: int = 128, out: int = 64, window: int = 0,
            ttft: float | list[float] = 0.1, tpot: float | list[float] = 100.0, tps: float | None = None,
            skew: float = 0.0, wall: float = 10.0, valid: bool = True, reasons: tuple[str, ...] = (),
-           recompiles: int = 0, roofline: float | None = None) -> WindowRecord:
+           recompiles: int = 0, roofline: float | None = None, roofline_ttft: float | None = None
+           ) -> WindowRecord:
     ttfts = ttft if isinstance(ttft, list) else [ttft] * batch
     tpots = tpot if isinstance(tpot, list) else [tpot] * batch
     return WindowRecord(
@@ -41,11 +42,13 @@ def record(run_id: str = "run", node: str = "vm1", node_rank: int = 0, local_ran
         batch_per_rank=batch, input_tokens=inp, output_tokens=out, window=window, start_skew_s=skew,
         wall_s=wall, generated_tokens=batch * out, rank_tps=tps if tps is not None else batch * out / wall,
         ttft_s=ttfts, tpot_ms=tpots, e2e_s=[a + b * (out - 1) / 1000 for a, b in zip(ttfts, tpots, strict=True)],
-        recompiles=recompiles, valid=valid, invalid_reasons=list(reasons), roofline_tpot_ms=roofline)
+        recompiles=recompiles, valid=valid, invalid_reasons=list(reasons), roofline_tpot_ms=roofline,
+        roofline_ttft_s=roofline_ttft)
 
 
 def make_run(run_dir: Path, run_id: str, nodes: list[str], table: Mapping[tuple[int, int], tuple[float, float, float]],
              repeats: int = 1, ranks: int = 4, out: int = 64, complete: bool = True, roofline: float | None = None,
+             roofline_ttft: float | None = None,
              slos: dict | None = None, created: str = "2025-01-01T00:00:00", guests: dict | None = None,
              tweak=None) -> Path:
     """A run dir whose every rank and window reports `table[(batch, input)] = (ttft, tpot, tps)`.
@@ -67,7 +70,7 @@ def make_run(run_dir: Path, run_id: str, nodes: list[str], table: Mapping[tuple[
             for node_rank, node in enumerate(nodes):
                 for local_rank in range(ranks):
                     r = record(run_id, node, node_rank, local_rank, len(nodes), ranks, batch, inp, out, window,
-                               ttft, tpot, tps, roofline=roofline)
+                               ttft, tpot, tps, roofline=roofline, roofline_ttft=roofline_ttft)
                     r = tweak(r) if tweak else r
                     if r is not None:
                         records.append(r)

@@ -107,3 +107,18 @@ def test_brief_shaped_crossover_table():
     rows = {(r[0][:5], r[1]): r[3] for r in t.rows}
     assert rows[("SLO-B", "128")] == "≥ 64" and rows[("SLO-A", "128")] == "16"
     assert (rows[("SLO-B", "512")], rows[("SLO-B", "1024")]) == ("32", "16")
+
+
+def test_efficiency_columns_sit_side_by_side_and_only_with_a_floor():
+    header = "scope,vms,ranks_per_vm,batch_per_rank,input_tokens,output_tokens,ttft_s,tpot_ms,rank_tps"
+    both = parse_csv(header + ",roofline_tpot_ms,roofline_ttft_s\nsingle,1,4,1,128,256,0.5,125,8,100,0.4\n",
+                     "x.csv").cells
+    t = results_table(both, SINGLE)
+    i = t.columns.index("TPOT efficiency")
+    assert t.columns[i + 1] == "TTFT efficiency" and t.rows[0][i:i + 2] == ["80%", "80%"]
+    assert any(n.startswith("TTFT efficiency = prefill floor") for n in t.notes)
+    old = parse_csv(header + ",roofline_tpot_ms\nsingle,1,4,1,128,256,0.5,125,8,100\n", "x.csv").cells
+    assert "TPOT efficiency" in results_table(old, SINGLE).columns
+    assert "TTFT efficiency" not in results_table(old, SINGLE).columns
+    bare = parse_csv(brief_shaped_csv(), "b.csv").cells
+    assert not {"TPOT efficiency", "TTFT efficiency"} & set(results_table(bare, SINGLE).columns)

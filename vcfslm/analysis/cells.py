@@ -37,6 +37,11 @@ SCOPE_TITLES = {SINGLE: "single VM", CLUSTER: "cluster"}
 SKEW_WARN_S = 0.05
 SKEW_WARN_FRACTION = 0.05
 
+# The worker marks every window of a rank whose compiled step disagrees with eager with
+# a reason of this prefix; such a rank measured a different computation, so the report
+# names it (node and rank) rather than only counting its windows.
+NUMERICS_PREFIX = "numerics gate:"
+
 
 @dataclass(frozen=True)
 class Quantiles:
@@ -77,6 +82,7 @@ class Cell:
     ttft_repeats: tuple[float, ...] = ()      # per-repeat p50 TTFT (s)
     tpot_repeats: tuple[float, ...] = ()      # per-repeat p50 TPOT (ms)
     roofline_tpot_ms: float | None = None
+    roofline_ttft_s: float | None = None      # prefill floor: prompt FLOPs / measured GEMM rate
     windows: int = 0
     invalid_windows: int = 0
     expected_windows: int | None = None
@@ -122,6 +128,14 @@ class Cell:
         if self.roofline_tpot_ms is None or not tpot:
             return None
         return self.roofline_tpot_ms / tpot
+
+    @property
+    def ttft_efficiency(self) -> float | None:
+        """Roofline TTFT / measured p50 TTFT: 1.0 means prefill runs at the compute floor."""
+        ttft = self.ttft_s.get("p50")
+        if self.roofline_ttft_s is None or not ttft:
+            return None
+        return self.roofline_ttft_s / ttft
 
     @property
     def rank_tps_spread(self) -> tuple[float, float] | None:
@@ -191,8 +205,10 @@ def aggregate(runs: Sequence[tuple[RunMeta, Sequence[WindowRecord]]]) -> Analysi
     expected: dict[CellKey, int] = defaultdict(int)
     sources: dict[CellKey, set[str]] = defaultdict(set)
     warnings: list[str] = []
+    numerics: list[str] = []
     for meta, records in runs:
         scope, vms = scope_of(meta), max(len(meta.nodes), 1)
+        numerics.extend(numerics_warnings(meta.run_id, records))
         warnings.extend(run_warnings(meta, records))
         for r in records:
             key = CellKey(scope, vms, r.ranks_per_node, r.batch_per_rank, r.input_tokens, r.output_tokens)
@@ -208,7 +224,8 @@ def aggregate(runs: Sequence[tuple[RunMeta, Sequence[WindowRecord]]]) -> Analysi
                                  ", ".join(sorted(sources[key])))
         cells.append(cell)
         warnings.extend(f"{describe(cell)}: {flag}" for flag in cell.flags)
-    return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=warnings)
+    # A failed numerics gate voids a rank's every number: say it before anything else.
+    return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=numerics + warnings)
 
 
 def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: int | None = None,
@@ -222,6 +239,7 @@ def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: i
         by_repeat[(r.run_id, r.window)].append(r)
     repeats = [by_repeat[k] for k in sorted(by_repeat)]
     rooflines = [r.roofline_tpot_ms for r in valid if r.roofline_tpot_ms is not None]
+    ttft_floors = [r.roofline_ttft_s for r in valid if r.roofline_ttft_s is not None]   # None in old runs
     skews = [r.start_skew_s for r in records]
     cell = Cell(
         key=key,
@@ -233,6 +251,7 @@ def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: i
         ttft_repeats=tuple(percentile([v for r in rs for v in r.ttft_s], 50) for rs in repeats),
         tpot_repeats=tuple(percentile([v for r in rs for v in r.tpot_ms], 50) for rs in repeats),
         roofline_tpot_ms=percentile(rooflines, 50) if rooflines else None,
+        roofline_ttft_s=percentile(ttft_floors, 50) if ttft_floors else None,
         windows=len(records),
         invalid_windows=len(records) - len(valid),
         expected_windows=expected,
@@ -251,7 +270,12 @@ def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
     elif cell.expected_windows and cell.windows < cell.expected_windows:
         flags.append(f"incomplete: {cell.windows} of {cell.expected_windows} windows recorded")
     if cell.invalid_windows:
-        reasons = sorted({why for r in records if not r.valid for why in r.invalid_reasons})
+        invalid = [r for r in records if not r.valid]
+        reasons = sorted({why for r in invalid for why in r.invalid_reasons if not is_numerics(why)})
+        # The gate's own message is said once per rank (numerics_warnings); here only who.
+        failed = sorted({rank_name(r) for r in invalid if any(is_numerics(w) for w in r.invalid_reasons)})
+        if failed:
+            reasons.append(f"numerics gate failed on {', '.join(failed)}")
         detail = f" ({'; '.join(reasons)})" if reasons else ""
         flags.append(f"{cell.invalid_windows} invalid window(s) left out{detail}")
         if cell.invalid_windows == cell.windows:
@@ -264,6 +288,30 @@ def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
         worst = max(r.start_skew_s for r in skewed)
         flags.append(f"start skew up to {worst:.3f} s in {len(skewed)} window(s)")
     return flags
+
+
+def is_numerics(reason: str) -> bool:
+    return reason.strip().lower().startswith(NUMERICS_PREFIX)
+
+
+def rank_name(r: WindowRecord) -> str:
+    return f"{r.node} rank {r.rank}"
+
+
+def numerics_warnings(run_id: str, records: Sequence[WindowRecord]) -> list[str]:
+    """One warning per rank whose windows failed the numerics gate: which node and rank, and why."""
+    by_rank: dict[tuple[str, int], list[WindowRecord]] = defaultdict(list)
+    for r in records:
+        if not r.valid and any(is_numerics(w) for w in r.invalid_reasons):
+            by_rank[(r.node, r.rank)].append(r)
+    out = []
+    for (node, rank), rs in sorted(by_rank.items()):
+        why = sorted({w.strip()[len(NUMERICS_PREFIX):].strip() for r in rs for w in r.invalid_reasons
+                      if is_numerics(w)})
+        out.append(f"run {run_id}: numerics gate failed on node {node}, rank {rank} (local rank "
+                   f"{rs[0].local_rank}): {'; '.join(w for w in why if w) or 'no detail recorded'}; "
+                   f"its {len(rs)} window(s) are left out of every number")
+    return out
 
 
 def describe(cell: Cell) -> str:

@@ -12,7 +12,8 @@ One row per cell. Columns (header names, any order):
     tpot_ms          p50 TPOT in milliseconds
     rank_tps         rank throughput, generated tokens/s
   optional:
-    ttft_p90_s, ttft_p99_s, tpot_p90_ms, tpot_p99_ms, roofline_tpot_ms
+    ttft_p90_s, ttft_p99_s, tpot_p90_ms, tpot_p99_ms,
+    roofline_tpot_ms (decode floor, ms), roofline_ttft_s (prefill floor, s)
 
 Lines starting with `#` are comments. The derived columns that `tables.csv` writes
 (streams_per_vm, per_user_tps, ...) are accepted and ignored, so a report's
@@ -34,9 +35,9 @@ from vcfslm.errors import InventoryError, Problem
 INT_COLUMNS = ("vms", "ranks_per_vm", "batch_per_rank", "input_tokens", "output_tokens")
 FLOAT_COLUMNS = ("ttft_s", "tpot_ms", "rank_tps")
 REQUIRED = ("scope",) + INT_COLUMNS + FLOAT_COLUMNS
-OPTIONAL = ("ttft_p90_s", "ttft_p99_s", "tpot_p90_ms", "tpot_p99_ms", "roofline_tpot_ms")
+OPTIONAL = ("ttft_p90_s", "ttft_p99_s", "tpot_p90_ms", "tpot_p99_ms", "roofline_tpot_ms", "roofline_ttft_s")
 DERIVED = ("streams_per_vm", "streams_cluster", "per_user_tps", "per_user_p90_tps", "per_user_p99_tps",
-           "rank_tps_min", "rank_tps_max", "repeats", "roofline_efficiency", "windows",
+           "rank_tps_min", "rank_tps_max", "repeats", "roofline_efficiency", "ttft_efficiency", "windows",
            "invalid_windows", "flags", "source")
 SCOPES = {"single": SINGLE, "single-vm": SINGLE, "single vm": SINGLE, "cluster": CLUSTER}
 
@@ -171,6 +172,7 @@ def _row_to_cell(row: dict[str, str], header: list[str], line: int, filename: st
         ttft_repeats=(floats["ttft_s"],),
         tpot_repeats=(floats["tpot_ms"],),
         roofline_tpot_ms=floats["roofline_tpot_ms"],
+        roofline_ttft_s=floats["roofline_ttft_s"],
         windows=1,
     )
 

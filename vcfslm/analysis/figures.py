@@ -4,7 +4,8 @@
 2. per-rank TPOT, single VM vs cluster at matched per-rank load;
 3. TPOT vs streams per VM with SLO threshold lines;
 4. TTFT vs streams per VM with SLO threshold lines;
-5. measured TPOT vs the roofline floor (when probe data exist).
+5. measured TPOT vs its bandwidth floor and TTFT vs its compute floor (one panel
+   each, for whichever floor the probes measured).
 A figure without the data it needs is skipped with a reason, never drawn empty.
 """
 
@@ -177,25 +178,48 @@ def latency_figure(cells: Sequence[Cell], slos: Sequence[Slo], run_title: str, i
     return fig, title, f"Points at or below an SLO line meet that SLO's {name} limit."
 
 
+# (panel, Cell attribute of the floor, how the measured p50 is read, y label, what the floor is)
+ROOFLINE_PANELS = (
+    ("TPOT", "roofline_tpot_ms", lambda c: c.tpot_ms.p50, "TPOT p50 (ms per output token)",
+     "bandwidth floor"),
+    ("TTFT", "roofline_ttft_s", lambda c: c.ttft_s.p50, "TTFT p50 (s)", "compute floor"),
+)
+
+
 def roofline_figure(cells: Sequence[Cell], run_title: str):
-    cells = [c for c in cells if c.roofline_tpot_ms is not None and math.isfinite(c.tpot_ms.p50)]
-    if not cells:
-        return "no roofline data (no bandwidth probe in this run)"
+    """Measured TPOT and TTFT against their floors: one panel per indicator with a floor."""
+    cells = [c for c in cells if c.has_data]
+    panels = [p for p in ROOFLINE_PANELS if any(getattr(c, p[1]) is not None for c in cells)]
+    if not panels:
+        return "no roofline data (no bandwidth or compute probe in this run)"
+    cells = [c for c in cells if any(getattr(c, p[1]) is not None for p in panels)]
     scope = _scope(cells)
     cells = [c for c in cells if c.scope == scope]
-    title = f"Measured TPOT vs roofline floor ({SCOPE_TITLES[scope]}) — {run_title}"
-    fig, ax = _new(title)
+    names = " and ".join(p[0] for p in panels)
+    title = f"Measured {names} vs roofline floor ({SCOPE_TITLES[scope]}) — {run_title}"
+    # Two panels stack (shared x axis) so each keeps the width of the other figures.
+    fig = MplFigure(figsize=(8, 5 if len(panels) == 1 else 8), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    fig.suptitle(textwrap.fill(title, width=90), fontsize=10)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    groups = _by_input(cells)
-    for n, (key, group) in enumerate(groups.items()):
-        color = colors[n % len(colors)]
-        xs = [c.streams_per_vm for c in group]
-        ax.plot(xs, [c.tpot_ms.p50 for c in group], marker="o", color=color,
-                label=f"measured, {_ctx_label(key, groups)}")
-        ax.plot(xs, [c.roofline_tpot_ms for c in group], linestyle="--", color=color,
-                label=f"roofline floor, {_ctx_label(key, groups)}")
-    _log2_axis(ax, [c.streams_per_vm for c in cells], "concurrent streams per VM (log 2)")
-    ax.set_ylabel("TPOT p50 (ms per output token)")
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    return fig, title, "Roofline floor = bytes read per decode step / measured memory bandwidth."
+    for ax, (name, floor_attr, measured, ylabel, floor_name) in zip(axes, panels, strict=True):
+        ax.grid(True, which="major", alpha=0.3)
+        groups = _by_input([c for c in cells if getattr(c, floor_attr) is not None])
+        for n, (key, group) in enumerate(groups.items()):
+            color = colors[n % len(colors)]
+            xs = [c.streams_per_vm for c in group]
+            ax.plot(xs, [measured(c) for c in group], marker="o", color=color,
+                    label=f"measured, {_ctx_label(key, groups)}")
+            ax.plot(xs, [getattr(c, floor_attr) for c in group], linestyle="--", color=color,
+                    label=f"{floor_name}, {_ctx_label(key, groups)}")
+        ax.set_title(f"{name}: measured vs {floor_name}", fontsize=9)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    _log2_axis(axes[-1], [c.streams_per_vm for c in cells], "concurrent streams per VM (log 2)")
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
+    caption = {"TPOT": "bandwidth floor = bytes read per decode step / measured memory bandwidth",
+               "TTFT": "compute floor = prompt FLOPs / measured bf16 GEMM rate"}
+    return fig, title, "Dashed: the floor each indicator cannot beat; " + \
+        "; ".join(caption[p[0]] for p in panels) + "."

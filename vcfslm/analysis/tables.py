@@ -1,7 +1,9 @@
 """Tables of the answer as data, markdown and CSV (no plotting, no file I/O).
 
 - results per scope: rows = input length x batch per rank; streams per VM and
-  cluster-wide, TTFT, TPOT, per-user speed, rank throughput, roofline efficiency;
+  cluster-wide, TTFT, TPOT, per-user speed, rank throughput, and (when a probe
+  ran) TPOT efficiency against the bandwidth floor and TTFT efficiency against the
+  compute floor;
 - matched-load comparison single VM vs cluster: difference in % and whether it
   lies within the run-to-run spread;
 - crossover per SLO x context and sizing per SLO x context.
@@ -80,8 +82,12 @@ def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Tab
     cols += ["batch/rank", "streams/VM", "streams cluster-wide", "TTFT p50 (s)"]
     cols += ["TTFT p90 (s)", "TTFT p99 (s)"] if tails else []
     cols += ["TPOT p50 (ms)"] + (["TPOT p90 (ms)", "TPOT p99 (ms)"] if tails else [])
-    cols += ["per-user speed (t/s)", "rank throughput p50 (t/s)", "rank t/s over repeats",
-             "roofline efficiency", "windows", "flags"]
+    cols += ["per-user speed (t/s)", "rank throughput p50 (t/s)", "rank t/s over repeats"]
+    # Efficiency columns only when some cell has the floor: a column of dashes says nothing.
+    tpot_eff = any(c.roofline_efficiency is not None for c in cells)
+    ttft_eff = any(c.ttft_efficiency is not None for c in cells)
+    cols += (["TPOT efficiency"] if tpot_eff else []) + (["TTFT efficiency"] if ttft_eff else [])
+    cols += ["windows", "flags"]
     rows = []
     for c in sorted(cells, key=lambda c: (c.vms, c.ranks_per_vm, c.input_tokens, c.output_tokens,
                                           c.batch_per_rank)):
@@ -92,16 +98,25 @@ def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Tab
         row += [fmt(c.tpot_ms.p50)] + ([fmt(c.tpot_ms.p90), fmt(c.tpot_ms.p99)] if tails else [])
         s = c.rank_tps_spread
         row += [fmt(c.per_user_tps()), fmt(c.rank_tps),
-                f"{s[0]:.1f}–{s[1]:.1f} ({c.repeats})" if s else "–",
-                fmt(None if c.roofline_efficiency is None else 100 * c.roofline_efficiency, 0, "%"),
-                _windows(c), "; ".join(c.flags)]
+                f"{s[0]:.1f}–{s[1]:.1f} ({c.repeats})" if s else "–"]
+        row += [_pct_of(c.roofline_efficiency)] if tpot_eff else []
+        row += [_pct_of(c.ttft_efficiency)] if ttft_eff else []
+        row += [_windows(c), "; ".join(c.flags)]
         rows.append(row)
     notes = ["Per-user speed = 1000 / TPOT p50. Streams/VM = batch per rank × ranks per VM.",
              "TTFT/TPOT percentiles pool every stream of every rank and valid window; rank throughput "
              "spread is min–max over repeats of the mean across ranks."]
-    if any(c.roofline_efficiency is not None for c in cells):
-        notes.append("Roofline efficiency = roofline TPOT floor / measured TPOT p50.")
+    if tpot_eff:
+        notes.append("TPOT efficiency = decode floor (bytes read per step / probed memory bandwidth) "
+                     "/ measured TPOT p50; 100% is decode at the bandwidth floor.")
+    if ttft_eff:
+        notes.append("TTFT efficiency = prefill floor (prompt FLOPs / probed bf16 GEMM rate) "
+                     "/ measured TTFT p50; 100% is prefill at the compute floor.")
     return Table(title, cols, rows, notes)
+
+
+def _pct_of(ratio: float | None) -> str:
+    return fmt(None if ratio is None else 100 * ratio, 0, "%")
 
 
 def _windows(c: Cell) -> str:
@@ -250,8 +265,8 @@ def sizing_table(sizings: Sequence[Sizing]) -> Table:
 CSV_COLUMNS = ["scope", "vms", "ranks_per_vm", "batch_per_rank", "input_tokens", "output_tokens",
                "streams_per_vm", "streams_cluster", "ttft_s", "ttft_p90_s", "ttft_p99_s", "tpot_ms",
                "tpot_p90_ms", "tpot_p99_ms", "per_user_tps", "rank_tps", "rank_tps_min", "rank_tps_max",
-               "repeats", "roofline_tpot_ms", "roofline_efficiency", "windows", "invalid_windows", "flags",
-               "source"]
+               "repeats", "roofline_tpot_ms", "roofline_efficiency", "roofline_ttft_s", "ttft_efficiency",
+               "windows", "invalid_windows", "flags", "source"]
 
 
 def cells_csv(cells: Sequence[Cell]) -> str:
@@ -268,7 +283,8 @@ def cells_csv(cells: Sequence[Cell]) -> str:
                     _raw(c.ttft_s.p99), _raw(c.tpot_ms.p50), _raw(c.tpot_ms.p90), _raw(c.tpot_ms.p99),
                     _raw(c.per_user_tps()), _raw(c.rank_tps), _raw(s[0] if s else None),
                     _raw(s[1] if s else None), c.repeats, _raw(c.roofline_tpot_ms),
-                    _raw(c.roofline_efficiency), c.windows, c.invalid_windows, "; ".join(c.flags), c.source])
+                    _raw(c.roofline_efficiency), _raw(c.roofline_ttft_s), _raw(c.ttft_efficiency), c.windows,
+                    c.invalid_windows, "; ".join(c.flags), c.source])
     return buf.getvalue()
 
 

@@ -31,7 +31,8 @@ def _verbose() -> int:
 @click.option("--csv", "csv_files", multiple=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="A CSV of external measurements to analyse too. Columns: scope (single|cluster), vms, "
                    "ranks_per_vm, batch_per_rank, input_tokens, output_tokens, ttft_s, tpot_ms, rank_tps; "
-                   "optional ttft_p90_s, ttft_p99_s, tpot_p90_ms, tpot_p99_ms, roofline_tpot_ms. Repeatable.")
+                   "optional ttft_p90_s, ttft_p99_s, tpot_p90_ms, tpot_p99_ms, roofline_tpot_ms, roofline_ttft_s. "
+                   "Repeatable.")
 @click.option("--peak-streams", "peaks", multiple=True, type=click.IntRange(min=1), default=(256,),
               show_default=True, help="Peak concurrent streams for the sizing section. Repeatable.")
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
