@@ -12,6 +12,7 @@ import click
 
 from .. import __version__
 from ..errors import VcfslmError
+from .console import LINE_ENDS
 
 # Command modules, each with a COMMANDS list. Imported eagerly: they must import
 # torch, transformers, pyVmomi and paramiko lazily, inside their commands.
@@ -25,10 +26,10 @@ class VcfslmGroup(click.Group):
         try:
             return super().invoke(ctx)
         except VcfslmError as exc:
-            click.echo(f"error: {exc}", err=True)
+            LINE_ENDS.write("stderr", f"error: {exc}\n")
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
+            LINE_ENDS.write("stderr", "interrupted\n")
             sys.exit(130)
 
 

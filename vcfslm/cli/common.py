@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import InventoryError, Problem
+from .console import LINE_ENDS, make_console
 
 INVENTORY_ENV = "VCFSLM_INVENTORY"
 STATE_FILE_ENV = "VCFSLM_STATE"
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# The console policy (vcfslm/cli/console.py): rich on a terminal, whole lines off one.
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def state_file() -> Path:
@@ -86,20 +88,53 @@ def to_jsonable(value: Any) -> Any:
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, sort_keys=True, default=str) + "\n")
+    LINE_ENDS.write("stdout", json.dumps(to_jsonable(value), indent=2, sort_keys=True, default=str) + "\n")
 
 
 class RichReporter:
-    """Renders library progress (vcfslm.progress.Reporter) as rich lines on stderr."""
+    """Renders library progress (vcfslm.progress) on stderr: one whole line per record;
+    sized work as bars on a terminal, as periodic lines off one.
 
-    def __init__(self, console: Console = err_console, quiet: bool = False):
+    quiet: nothing but `log` events dropped too (JSON output); verbose: show `detail`.
+    Use as a context manager so a terminal's bars are closed.
+    """
+
+    def __init__(self, console: Console = err_console, quiet: bool = False, verbose: bool = False):
+        from .progress_view import ProgressLines, TerminalBars
+
         self.console = console
         self.quiet = quiet
+        self.verbose = verbose
+        self._lines = ProgressLines()
+        self._bars = TerminalBars(console)
+
+    def __enter__(self) -> RichReporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._bars.close()
 
     def update(self, subject: str, status: str) -> None:
         if not self.quiet:
-            self.console.print(f"[bold]{subject}[/bold]: {status}")
+            self.console.print(f"[bold]{escape(subject)}[/bold]: {escape(status)}", soft_wrap=True)
 
     def log(self, message: str) -> None:
         if not self.quiet:
-            self.console.print(message)
+            self.console.print(message, markup=False, soft_wrap=True)
+
+    def detail(self, subject: str, status: str) -> None:
+        if self.verbose:
+            self.update(subject, status)
+
+    def progress(self, p) -> None:
+        if self.quiet:
+            return
+        if self.console.is_terminal:
+            self._bars.show(p)
+            return
+        line = self._lines.take(p)
+        if line is not None:
+            self.console.print(line, markup=False, soft_wrap=True)
