@@ -32,8 +32,17 @@ def test_report_writes_every_file_and_prints_the_answer(tmp_path):
                  "fig-2-matched-tpot.png", "fig-3-tpot-slo.png", "fig-4-ttft-slo.png"):
         assert (out / name).stat().st_size > 0, name
     assert not (out / "fig-5-roofline.png").exists()
-    assert "SLO-A, 128 input tokens (p50): 16 streams/VM" in r.output
-    assert "SLO-B, 128 input tokens (p50): ≥ 64 streams/VM" in r.output
+    lines = r.output.splitlines()
+    # The answer opens stdout, as whole aligned lines (nothing wrapped or cut off a terminal).
+    assert lines[:5] == [
+        "Single-VM threshold and nodes per SLO and input length (p50)",
+        "SLO    input tokens  threshold (streams/VM)  first failing (streams/VM)  binding  nodes for 256 streams",
+        "-----  ------------  ----------------------  --------------------------  -------  ---------------------",
+        "SLO-A  128           16                      32                          TPOT     16",
+        "SLO-B  128           ≥ 64                    > 64                        –        ≤ 4"]
+    assert "SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Percentile judged: p50." \
+        in lines
+    assert lines.index(f"report written to {out}") > 4
     md = (out / "report.md").read_text()
     assert "### Matched per-rank load: single VM vs cluster" in md and "Distribution shows no per-rank cost" in md
     assert "## Run cluster" in md and "| vm4 | numa_ok | pass |" in md
@@ -45,10 +54,16 @@ def test_report_default_out_is_the_run_and_slo_flags(tmp_path):
     run_dir = make_run(tmp_path / "r", "r", ["vm1"], SHORT, slos={"gold": {"tpot_ms": 120, "ttft_s": 1}})
     r = run("report", run_dir)
     assert r.exit_code == 0, r.output
-    assert (run_dir / "report.html").exists() and "SLO-gold, 128 input tokens (p50): 4 streams/VM" in r.output
-    r = run("report", run_dir, "--slo", "tight:tpot<=110ms", "--percentile", "p99")
+    assert (run_dir / "report.html").exists()
+    assert "SLO-gold  128           4                       16                          TPOT     64" \
+        in r.output.splitlines()
+    r = run("report", run_dir, "--slo", "tight:tpot<=110ms", "--percentile", "p99", "--peak-streams", 256,
+            "--peak-streams", 1000)
     assert r.exit_code == 0, r.output
-    assert "SLO-tight, 128 input tokens (p99): not achievable" in r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "Single-VM threshold and nodes per SLO and input length (p99)"
+    assert lines[3] == ("SLO-tight  128           none                    4                           TPOT     "
+                        "not achievable         not achievable")
 
 
 def test_report_warns_about_validity(tmp_path):
@@ -96,8 +111,11 @@ def test_size_without_slo_gives_every_slo_and_context(tmp_path):
     got = {(s["slo"]["name"], s["input_tokens"]): s["nodes"] for s in data["sizings"]}
     assert got == {("A", 128): 18, ("A", 512): 72, ("A", 1024): 72,
                    ("B", 128): 5, ("B", 512): 9, ("B", 1024): 18}
-    r = run("size", "--peak-streams", 256, "--results", path)
-    assert r.exit_code == 0 and "Nodes for 256 peak streams" in r.output
+    r = run("size", "--peak-streams", 256, "--results", path, "--headroom", "0.1")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert "Single-VM threshold and nodes per SLO and input length (p50, headroom 10%)" in lines
+    assert "SLO-B  128           ≥ 64                    > 64                        –              ≤ 5" in lines
 
 
 def test_size_uses_the_latest_run_or_says_what_to_do(tmp_path, monkeypatch):

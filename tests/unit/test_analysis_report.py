@@ -27,9 +27,13 @@ def test_html_is_self_contained_escaped_and_answer_first(tmp_path):
     html = (tmp_path / "out" / "report.html").read_text()
     assert "<script>alert(1)</script>" not in html and "lab &lt;script&gt;" in html
     assert "&lt;b&gt;odd&lt;/b&gt;" in html and '<td class="fail">FAIL</td>' in html
-    assert html.index("<h2>Crossover</h2>") < html.index("<h2>Tables</h2>") < html.index("<h2>Figures</h2>") \
-        < html.index("<h2>Run r</h2>")
-    assert html.count("data:image/png;base64,") == 4 and "fig-2" not in html.split("<h2>Figures</h2>")[1][:200]
+    order = ['<table id="summary"', 'id="validity"', "<h2>Key figures</h2>", 'id="fig-3-tpot-slo"',
+             'id="fig-4-ttft-slo"', "<h2>Reasoning per SLO</h2>", "<h2>Tables</h2>", "<h2>More figures</h2>",
+             'id="fig-1-throughput"', 'id="fig-5-roofline"', "<h2>Run r</h2>"]
+    assert [html.index(m) for m in order] == sorted(html.index(m) for m in order)
+    assert html.count("data:image/png;base64,") == 4 and 'id="fig-2' not in html
+    assert html.count("<details>") == 2 and "<summary>SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s): 16 streams/VM at 128" \
+        " input tokens</summary>" in html
     assert "http://" not in html and "https://" not in html
     assert result.skipped_figures == ["fig-2-matched-tpot: needs single-VM and cluster data at the same batch per rank"]
     assert reporter.last("report").startswith("written to")
@@ -45,10 +49,43 @@ def test_markdown_holds_crossover_sizing_and_validity(tmp_path):
     run_dir = make_run(tmp_path / "r", "r", ["vm1"], SHORT, tweak=late)
     write_report([run_dir], tmp_path / "out", peaks=(256, 1000))
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "every tested load meets it, so the threshold is ≥ 64 streams/VM" in md
-    assert "Nodes = ceil(1000 / 64) = ceil(15.62) = 16." in md
+    lines = md.splitlines()
+    assert lines[4:9] == ["## Answer", "", "### Single-VM threshold and nodes per SLO and input length (p50)", "",
+                          "| SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding "
+                          "| nodes for 256 streams | nodes for 1000 streams |"]
+    assert "| SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 |" in lines
+    assert "| SLO-A | 128 | 16 | 32 | TPOT | 16 | 63 |" in lines
+    assert lines.index("## Answer") < lines.index("## Validity warnings") < lines.index("## Key figures") \
+        < lines.index("## Reasoning per SLO") < lines.index("## Tables") < lines.index("## More figures")
+    # The reasoning: one entry per SLO, one line per context under it.
+    assert sum(line.startswith("- **SLO-") for line in lines) == 2
+    assert ("  - 128 input tokens: every tested load meets it (at 64 streams/VM: TPOT 178.6 ms ≤ 200, TTFT 2.00 s "
+            "≤ 5), so the threshold is ≥ 64 and the node counts are upper bounds. Nodes: 256 streams → "
+            "ceil(256 / 64) = 4 at most; 1000 streams → ceil(1000 / 64) = 16 at most.") in lines
+    assert md.count("Per-rank latency does not change with scale-out") == 1
     assert "start skew up to 2.000 s in 1 window(s)" in md
-    assert "![" in md and "(fig-1-throughput.png)" in md
+    key = md.split("## Key figures")[1].split("## Reasoning")[0]
+    assert "(fig-3-tpot-slo.png)" in key and "(fig-4-ttft-slo.png)" in key and "(fig-1-throughput.png)" not in key
+    assert "(fig-1-throughput.png)" in md.split("## More figures")[1]
+
+
+def test_numerics_gate_failures_lead_the_validity_warnings(tmp_path):
+    def gate(r):
+        if r.node == "vm3" and r.local_rank == 2:
+            r.valid, r.invalid_reasons = False, ["numerics gate: max |logit diff| 0.9 > 0.25 (bf16 tolerance)"]
+        return r
+    run_dir = make_run(tmp_path / "c", "c", ["vm1", "vm2", "vm3", "vm4"], SHORT, tweak=gate)
+    result = write_report([run_dir], tmp_path / "out")
+    named = ("run c: numerics gate failed on node vm3, rank 10 (local rank 2): max |logit diff| 0.9 > 0.25 "
+             "(bf16 tolerance); its 4 window(s) are left out of every number")
+    assert result.warnings[0] == named
+    md = (tmp_path / "out" / "report.md").read_text()
+    warnings = md.split("## Validity warnings")[1].split("## Key figures")[0]
+    assert warnings.lstrip().startswith("- " + named)
+    html = (tmp_path / "out" / "report.html").read_text()
+    box = html.split('id="validity"')[1].split("</div>")[0]
+    assert "Validity warnings (" in box and "numerics gate failed on node vm3, rank 10" in box
+    assert html.index('id="validity"') < html.index("<h2>Key figures</h2>")
 
 
 def test_tails_shown_only_with_repeats_or_a_stricter_percentile(tmp_path):

@@ -1,5 +1,11 @@
 """Write the answer of one or more runs (and/or CSV tables) as report.html, report.md, CSVs and PNGs.
 
+Every rendering (HTML, markdown, the CLI's text) opens with the answer: the summary
+table (SLO x input length -> threshold, first failing load, binding indicator,
+nodes per peak), then the validity warnings, then the key figures (TPOT and TTFT
+against the SLO lines, single VM vs cluster), then the reasoning said once per SLO,
+then the detail tables, the remaining figures and the runs' metadata.
+
 report.html is self-contained: figures are inline base64 data URIs and the
 styles are inline, so the file can be mailed. matplotlib is loaded only when
 figures are drawn (vcfslm.analysis.figures).
@@ -19,6 +25,7 @@ from typing import Any
 from vcfslm.analysis.cells import Analysis, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv
 from vcfslm.analysis.slo import Crossover, Sizing, crossovers, resolve_slos, size, slos_from_meta
+from vcfslm.analysis.summary import SloReasons, reasoning_intro, slo_reasons, summary_table
 from vcfslm.analysis.tables import (
     Table,
     cells_csv,
@@ -26,13 +33,16 @@ from vcfslm.analysis.tables import (
     comparison_table,
     crossover_table,
     results_table,
-    sizing_table,
 )
 from vcfslm.errors import InventoryError, Problem
 from vcfslm.progress import NullReporter, Reporter
 from vcfslm.results import RunMeta, atomic_write_text
 
 DEFAULT_PEAKS = (256,)
+
+# The figures that answer the question, shown right under the answer table, in this
+# order; the others (throughput, roofline) follow the detail tables.
+KEY_FIGURES = ("fig-3-tpot-slo", "fig-4-ttft-slo", "fig-2-matched-tpot")
 
 
 @dataclass
@@ -47,6 +57,9 @@ class Report:
     crossovers: list[Crossover]
     sizings: list[Sizing]
     tables: list[Table]
+    summary: Table
+    reasons: list[SloReasons]
+    reasons_intro: str
     warnings: list[str] = field(default_factory=list)
 
 
@@ -105,9 +118,11 @@ def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] =
         tables.append(comparison_table(comparisons))
     xs = crossovers(cells, slos, percentile)
     sizings = [size(c, peak, headroom) for c in xs for peak in peaks]
-    tables += [crossover_table(xs), sizing_table(sizings)]
+    # Crossover and sizing are both in the summary table; no second copy among the tables.
     return Report(title=run_title(analysis, sources), analysis=analysis, sources=list(sources),
                   percentile=percentile, slos=slos, crossovers=xs, sizings=sizings, tables=tables,
+                  summary=summary_table(xs, sizings, percentile, headroom),
+                  reasons=slo_reasons(xs, sizings, headroom), reasons_intro=reasoning_intro(headroom),
                   warnings=warnings + analysis.warnings)
 
 
@@ -215,18 +230,35 @@ def _compact(value: Any) -> str:
 # -------------------------------------------------------------- markdown
 
 
+def split_figures(figures: Sequence) -> tuple[list, list]:
+    """(key figures in KEY_FIGURES order, the rest in drawing order)."""
+    by_name = {f.name: f for f in figures}
+    key = [by_name[n] for n in KEY_FIGURES if n in by_name]
+    return key, [f for f in figures if f.name not in KEY_FIGURES]
+
+
+def slo_line(report: Report) -> str:
+    return f"SLOs: {'; '.join(s.describe() for s in report.slos)}. Percentile judged: {report.percentile}."
+
+
+def render_text(report: Report) -> list[str]:
+    """What `vcfslm report` prints first: the answer as plain lines (never wrapped or cut)."""
+    return [*report.summary.text(), slo_line(report)]
+
+
 def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
     """Same order as the HTML; figures are the PNG files next to it."""
-    out = [f"# vcfslm report — {report.title}", "", f"Inputs: {', '.join(report.sources)}. "
-           f"SLO percentile: {report.percentile}. SLOs: {'; '.join(s.describe() for s in report.slos)}.", ""]
-    out += ["## Crossover", ""] + [f"- {c.summary()}" for c in report.crossovers] + [""]
-    out += ["## Sizing", ""] + [f"- {s.reasoning}" for s in report.sizings] + [""]
+    key, more = split_figures(figures)
+    out = [f"# vcfslm report — {report.title}", "", f"Inputs: {', '.join(report.sources)}. {slo_line(report)}",
+           "", "## Answer", "", report.summary.markdown()]
     out += ["## Validity warnings", ""]
     out += [f"- {w}" for w in report.warnings] or ["None."]
+    out += ["", "## Key figures", ""] + _md_figures(key)
+    out += ["## Reasoning per SLO", "", report.reasons_intro, ""]
+    for r in report.reasons:
+        out += [f"- **{r.headline}.** {r.rule}"] + [f"  - {line}" for line in r.contexts]
     out += ["", "## Tables", ""] + [t.markdown() for t in report.tables]
-    out += ["## Figures", ""]
-    for f in figures:
-        out += [f"### {f.title}", "", f"![{f.title}]({f.path.name})", "", f.caption, ""]
+    out += ["## More figures", ""] + _md_figures(more)
     out += [f"- skipped {s}" for s in skipped]
     for meta in report.analysis.metas:
         out += ["", f"## Run {meta.run_id}", "", "| field | value |", "|---|---|"]
@@ -239,6 +271,13 @@ def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -
         else:
             out.append("No guest facts recorded.")
     return "\n".join(out) + "\n"
+
+
+def _md_figures(figures: Sequence) -> list[str]:
+    out = []
+    for f in figures:
+        out += [f"### {f.title}", "", f"![{f.title}]({f.path.name})", "", f.caption, ""]
+    return out
 
 
 def _md(text: str) -> str:
@@ -257,6 +296,12 @@ th{background:#f0f3f7}td:first-child,th:first-child{text-align:left}
 figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#555}
 .fail{color:#b00;font-weight:bold}
 table.kv td{text-align:left}
+p.meta{color:#555;font-size:.9em}.scroll{overflow-x:auto}
+table.summary{font-size:1em}
+.warn h2{margin:.2em 0;font-size:1.1em}.warn ul{margin:.3em 0}
+.figs{display:grid;grid-template-columns:repeat(auto-fit,minmax(540px,1fr));gap:0 1em}
+details{margin:.4em 0;padding:.3em .6em;border:1px solid #ddd;border-radius:4px}
+summary{cursor:pointer;font-weight:600}details ul{margin:.3em 0}
 """
 
 # Sets <body data-images="N ok=N broken=0"> once every image has decoded: a cheap
@@ -274,12 +319,15 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def table_html(table: Table) -> str:
+def table_html(table: Table, css_id: str | None = None) -> str:
     out = [f"<h3>{_e(table.title)}</h3>"]
     if table.rows:
-        out.append("<table><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
+        attr = f' id="{_e(css_id)}" class="{_e(css_id)}"' if css_id else ""
+        # A wide table scrolls inside its box instead of widening the page.
+        out.append(f'<div class="scroll"><table{attr}><thead><tr>'
+                   + "".join(f"<th>{_e(c)}</th>" for c in table.columns) + "</tr></thead><tbody>")
         out += ["<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in table.rows]
-        out.append("</tbody></table>")
+        out.append("</tbody></table></div>")
     else:
         out.append("<p><em>(no rows)</em></p>")
     out += [f"<p><small>{_e(n)}</small></p>" for n in table.notes]
@@ -293,26 +341,42 @@ def _kv_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return f'<table class="kv"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _figure_html(f) -> str:
+    data = base64.b64encode(Path(f.path).read_bytes()).decode("ascii")
+    return (f'<figure id="{_e(f.name)}"><img alt="{_e(f.title)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_e(f.caption)}</figcaption></figure>")
+
+
+def _warnings_html(warnings: Sequence[str]) -> str:
+    if not warnings:
+        return '<div class="ok" id="validity">No validity warnings.</div>'
+    items = "".join(f"<li>{_e(w)}</li>" for w in warnings)
+    return (f'<div class="warn" id="validity"><h2>Validity warnings ({len(warnings)})</h2>'
+            f"<ul>{items}</ul></div>")
+
+
+def _reasons_html(reasons: Sequence[SloReasons]) -> str:
+    out = []
+    for r in reasons:
+        lines = "".join(f"<li>{_e(line)}</li>" for line in r.contexts)
+        out.append(f"<details><summary>{_e(r.headline)}</summary><p>{_e(r.rule)}</p><ul>{lines}</ul></details>")
+    return "\n".join(out)
+
+
 def render_html(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
-    """The answer first (crossover, sizing), then warnings, tables, figures and the runs' metadata."""
+    """The answer first (summary table, warnings, key figures), then reasoning, tables, figures, metadata."""
+    key, more = split_figures(figures)
     parts = [f"<h1>vcfslm report — {_e(report.title)}</h1>",
-             f"<p>Inputs: {_e(', '.join(report.sources))}. SLO percentile: <b>{_e(report.percentile)}</b>. "
-             f"SLOs: {_e('; '.join(s.describe() for s in report.slos))}.</p>"]
-    parts.append("<h2>Crossover</h2><ul>" + "".join(f"<li>{_e(c.summary())}</li>" for c in report.crossovers)
-                 + "</ul>")
-    parts.append("<h2>Sizing</h2><ul>" + "".join(f"<li>{_e(s.reasoning)}</li>" for s in report.sizings) + "</ul>")
-    parts.append("<h2>Validity warnings</h2>")
-    if report.warnings:
-        parts.append('<div class="warn"><ul>' + "".join(f"<li>{_e(w)}</li>" for w in report.warnings) + "</ul></div>")
-    else:
-        parts.append('<div class="ok">No validity warnings.</div>')
+             f'<p class="meta">Inputs: {_e(", ".join(report.sources))}. {_e(slo_line(report))}</p>',
+             '<section id="answer"><h2>Answer</h2>' + table_html(report.summary, "summary") + "</section>",
+             _warnings_html(report.warnings)]
+    if key:
+        parts.append('<h2>Key figures</h2><div class="figs">' + "".join(_figure_html(f) for f in key) + "</div>")
+    parts.append(f"<h2>Reasoning per SLO</h2><p>{_e(report.reasons_intro)}</p>" + _reasons_html(report.reasons))
     parts.append("<h2>Tables</h2>")
     parts += [table_html(t) for t in report.tables]
-    parts.append("<h2>Figures</h2>")
-    for f in figures:
-        data = base64.b64encode(Path(f.path).read_bytes()).decode("ascii")
-        parts.append(f'<figure><img alt="{_e(f.title)}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{_e(f.caption)}</figcaption></figure>")
+    parts.append("<h2>More figures</h2>")
+    parts += [_figure_html(f) for f in more]
     if skipped:
         parts.append("<ul>" + "".join(f"<li>skipped {_e(s)}</li>" for s in skipped) + "</ul>")
     for meta in report.analysis.metas:

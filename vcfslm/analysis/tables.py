@@ -43,6 +43,18 @@ class Table:
             out.extend(f"- {n}" for n in self.notes)
         return "\n".join(out) + "\n"
 
+    def text(self) -> list[str]:
+        """Plain aligned lines (no box drawing, no wrapping): what a terminal, a pipe and a test all read."""
+        grid = [self.columns] + self.rows
+        widths = [max(len(str(r[i])) for r in grid) for i in range(len(self.columns))]
+
+        def line(cells) -> str:
+            return "  ".join(str(v).ljust(w) for v, w in zip(cells, widths, strict=True)).rstrip()
+
+        out = [self.title, line(self.columns), line(["-" * w for w in widths])]
+        out += [line(r) for r in self.rows] or ["(no rows)"]
+        return out + [f"  {n}" for n in self.notes]
+
     def csv(self) -> str:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")

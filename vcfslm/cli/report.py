@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from ..errors import InventoryError, Problem, UsageError
-from .common import RichReporter, console, output_option, print_json
+from .common import RichReporter, output_option, print_json
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])
 
@@ -46,16 +45,16 @@ def report(runs, out_dir, slos, percentile, csv_files, peaks, headroom) -> None:
       vcfslm report runs/<id> --slo 'strict:tpot<=110ms,ttft<=1s' --percentile p90
       vcfslm report --csv published.csv --out /tmp/published
     """
-    from ..analysis.report import write_report
+    from ..analysis.report import render_text, write_report
 
     reporter = RichReporter(quiet=_verbose() == 0)
     result = write_report(list(runs), out_dir, slos, percentile, list(csv_files), peaks, headroom, reporter)
+    # The answer first, as pre-formatted lines: off a terminal nothing may wrap or be cut.
+    for line in render_text(result.report):
+        click.echo(line)
     click.echo(f"report written to {result.out_dir}")
     for path in result.files:
         click.echo(f"  {path}")
-    for c in result.report.crossovers:
-        answer = "not achievable" if c.status == "none" else f"{c.threshold_text} streams/VM"
-        click.echo(f"- {c.slo.title}, {c.input_tokens} input tokens ({c.percentile}): {answer}")
     for name in result.skipped_figures:
         click.echo(f"figure skipped: {name}")
     if result.warnings:
@@ -116,6 +115,7 @@ def size(peak_streams, slos, input_tokens, output_tokens, results, runs_dir, hea
     from ..analysis.report import known_slos, load_inputs
     from ..analysis.slo import crossovers, resolve_slos
     from ..analysis.slo import size as size_for
+    from ..analysis.summary import summary_table
 
     sources = list(results) or [latest_run(runs_dir)]
     run_dirs = [p for p in sources if p.is_dir()]
@@ -139,18 +139,10 @@ def size(peak_streams, slos, input_tokens, output_tokens, results, runs_dir, hea
     click.echo(f"sizing from {', '.join(map(str, names))}")
     click.echo("SLOs: " + "; ".join(s.describe() for s in chosen))
     if len(answers) > 1:
-        several_outputs = len({a.crossover.output_tokens for a in answers}) > 1
-        table = Table(title=f"Nodes for {peak_streams} peak streams ({percentile}, headroom {headroom:.0%})")
-        for col in ("SLO", "input tokens") + (("output tokens",) if several_outputs else ()) + (
-                "threshold streams/VM", "first failing", "binding", "nodes"):
-            table.add_column(col)
-        for a in answers:
-            c = a.crossover
-            nodes = "not achievable" if a.nodes is None else (f"≤ {a.nodes}" if c.status == "all" else str(a.nodes))
-            table.add_row(c.slo.title, str(c.input_tokens), *([str(c.output_tokens)] if several_outputs else []),
-                          c.threshold_text, "–" if c.first_failing is None else str(c.first_failing),
-                          c.binding or "–", nodes)
-        console.print(table)
+        # Plain aligned lines, not a rich table: piped output must keep every value whole.
+        xs = list(dict.fromkeys(a.crossover for a in answers))
+        for line in summary_table(xs, answers, percentile, headroom).text():
+            click.echo(line)
     for a in answers:
         click.echo(f"- {a.reasoning}")
     if len(answers) == 1:
