@@ -68,9 +68,9 @@ def table_lines(title: str | None, headers: list[str], rows: list[list[str]],
 
     out = [title] if title else []
     if show_header:
-        rule = {"right": "-{}:", "center": ":{}:"}
+        rules = {"right": lambda w: "-" * (w - 1) + ":", "center": lambda w: ":" + "-" * (w - 2) + ":"}
         out.append(line(heads))
-        out.append("| " + " | ".join(rule.get(justify[i], "{}-").format("-" * (widths[i] - 1))
+        out.append("| " + " | ".join(rules.get(justify[i], lambda w: "-" * w)(widths[i])
                                      for i in range(ncols)) + " |")
     out += [line(r) for r in rows]
     return out

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import PlaybookError
+from ..progress import Progress, describe
 from .common import (
     RichReporter,
     console,
@@ -20,14 +21,17 @@ from .common import (
     output_option,
     print_json,
 )
+from .progress_view import bar
 
 
 class LiveHosts:
-    """A live table, one row per host ("host: step k/n ..."); plain lines when not a terminal."""
+    """A live table, one row per host ("host: step k/n ...", a bar while a transfer runs);
+    plain whole lines when not a terminal."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rows: dict[str, str] = {}
+        self._bars: dict[str, Progress] = {}
         self._live: Live | None = None
         self._plain = RichReporter(err_console) if not err_console.is_terminal else None
 
@@ -44,24 +48,44 @@ class LiveHosts:
     def _table(self) -> Table:
         table = Table(show_header=False, box=None, pad_edge=False)
         for host, status in self._rows.items():
-            table.add_row(f"[bold]{host}[/bold]", status)
+            p = self._bars.get(host)
+            if p is None:
+                table.add_row(f"[bold]{escape(host)}[/bold]", escape(status))
+            else:
+                table.add_row(f"[bold]{escape(host)}[/bold]", escape(status), bar(p), escape(describe(p)))
         return table
 
     def update(self, subject: str, status: str) -> None:
-        status = escape(status)  # step names like "vcfslm[bench]" are not markup
         if self._plain is not None:
-            self._plain.update(escape(subject), status)
+            self._plain.update(subject, status)
             return
         with self._lock:
             self._rows[subject] = status
+            self._bars.pop(subject, None)  # a new step: its transfer (if any) is over
+            if self._live is not None:
+                self._live.update(self._table())
+
+    def detail(self, subject: str, status: str) -> None:
+        self.update(subject, status)
+
+    def progress(self, p: Progress) -> None:
+        if self._plain is not None:
+            self._plain.progress(p)
+            return
+        with self._lock:
+            self._rows.setdefault(p.subject, "")
+            if p.final:
+                self._bars.pop(p.subject, None)
+            else:
+                self._bars[p.subject] = p
             if self._live is not None:
                 self._live.update(self._table())
 
     def log(self, message: str) -> None:
         if self._plain is not None:
-            self._plain.log(escape(message))
+            self._plain.log(message)
         elif self._live is not None:
-            self._live.console.print(message, markup=False)
+            self._live.console.print(message, markup=False, soft_wrap=True)
 
 
 def _hosts(value: str | None) -> list[str] | None:

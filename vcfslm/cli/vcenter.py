@@ -10,9 +10,11 @@ from contextlib import contextmanager
 
 import click
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import UsageError, VCenterError
+from ..progress import Progress, describe
 from .common import (
     console,
     err_console,
@@ -23,6 +25,7 @@ from .common import (
     remember_inventory,
     resolve_inventory_path,
 )
+from .progress_view import ProgressLines, bar
 
 GUEST_STAGE_MODULE = "vcfslm.guest.provision"
 
@@ -36,8 +39,10 @@ class VmLinesReporter:
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
         self.status: dict[str, str] = {}
+        self.bars: dict[str, Progress] = {}
         self.lock = threading.Lock()
         self.live: Live | None = None
+        self.lines = ProgressLines()
 
     def __enter__(self) -> VmLinesReporter:
         if not self.quiet and err_console.is_terminal:
@@ -54,24 +59,47 @@ class VmLinesReporter:
     def _table(self) -> Table:
         table = Table.grid(padding=(0, 2))
         for subject, status in self.status.items():
-            style = "red" if status.startswith(("failed", "blocked")) else ""
-            table.add_row(f"[bold]{subject}[/bold]", f"[{style}]{status}[/{style}]" if style else status)
+            style = "red" if status.startswith(("failed", "blocked", "FAILED")) else ""
+            text = escape(status)
+            cells = [f"[bold]{escape(subject)}[/bold]", f"[{style}]{text}[/{style}]" if style else text]
+            p = self.bars.get(subject)
+            if p is not None:
+                cells += [bar(p), escape(describe(p))]
+            table.add_row(*cells)
         return table
 
     def update(self, subject: str, status: str) -> None:
         with self.lock:
             self.status[subject] = status
+            self.bars.pop(subject, None)  # a new step: its transfer (if any) is over
             if self.live is not None:
                 self.live.update(self._table())
             elif not self.quiet:
-                err_console.print(f"[bold]{subject}[/bold]: {status}")
+                err_console.print(f"[bold]{escape(subject)}[/bold]: {escape(status)}", soft_wrap=True)
+
+    def detail(self, subject: str, status: str) -> None:
+        self.update(subject, status)
+
+    def progress(self, p: Progress) -> None:
+        with self.lock:
+            if self.live is not None:
+                self.status.setdefault(p.subject, "")
+                if p.final:
+                    self.bars.pop(p.subject, None)
+                else:
+                    self.bars[p.subject] = p
+                self.live.update(self._table())
+                return
+        line = None if self.quiet else self.lines.take(p)
+        if line is not None:
+            err_console.print(line, markup=False, soft_wrap=True)
 
     def log(self, message: str) -> None:
         with self.lock:
             if self.live is not None:
-                self.live.console.print(message)
+                self.live.console.print(message, markup=False, soft_wrap=True)
             else:
-                err_console.print(message)
+                err_console.print(message, markup=False, soft_wrap=True)
 
 
 def _prompt(question: str) -> str:

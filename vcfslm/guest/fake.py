@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import CommandFailed, TransportError
 from .transport import Result, sudo_wrap
 
+PUT_CHUNK = 32768  # paramiko's SFTP chunk: how often put reports progress
 Response = Result | tuple[int, str, str] | tuple[int, str] | str | Callable[[str, bytes | None], object]
 
 
@@ -80,8 +81,14 @@ class FakeTransport:
             return response.pop(0) if len(response) > 1 else response[0]
         return response
 
-    def put(self, local: str | Path, remote: str, mode: int | None = None) -> None:
-        self.put_bytes(Path(local).read_bytes(), remote, mode)
+    def put(self, local: str | Path, remote: str, mode: int | None = None,
+            progress=None) -> None:
+        data = Path(local).read_bytes()
+        if progress is not None:  # as SFTP does: after each chunk, and once at the end
+            for sent in range(PUT_CHUNK, len(data), PUT_CHUNK):
+                progress(sent)
+            progress(len(data))
+        self.put_bytes(data, remote, mode)
 
     def put_bytes(self, data: bytes, remote: str, mode: int | None = None) -> None:
         with self._lock:

@@ -38,7 +38,7 @@ from ..errors import (
     VcfslmError,
 )
 from ..resources import resource_dir
-from .steps import STEP_TYPES, HostContext, describe, execute, slug
+from .steps import STEP_TYPES, HostContext, Op, Shell, Upload, describe, execute, slug
 
 COMMON_KEYS = {"name", "sudo", "timeout"}
 TOP_KEYS = {"name", "description", "steps"}
@@ -471,6 +471,37 @@ class StepResult:
     connection_lost: bool = False
 
 
+METERED_BYTES = 4 * 1024 * 1024  # smaller pushes end before a progress line could help
+
+
+def execute_ops(ops: list[Op], ctx: HostContext, label: str, timeout: float | None) -> None:
+    """Run a step's operations, reporting its uploads' bytes (one meter for all of them) and
+    the elapsed time of commands that run long."""
+    from .meter import Heartbeat, TransferMeter
+
+    if ctx.reporter is None:
+        for op in ops:
+            execute(op, ctx.transport, timeout)
+        return
+    sizes = {id(op): Path(op.local).stat().st_size for op in ops
+             if isinstance(op, Upload) and op.local is not None}
+    total = sum(sizes.values())
+    meter = None
+    if total >= METERED_BYTES:
+        meter = TransferMeter(ctx.reporter, ctx.node.name, f"{label}: push {len(sizes)} file(s)", total)
+    for op in ops:
+        if meter is not None and id(op) in sizes:
+            execute(op, ctx.transport, timeout, progress=meter.file_callback())
+            meter.file_done(sizes[id(op)])
+        elif isinstance(op, Shell):
+            with Heartbeat(ctx.reporter, ctx.node.name, label):
+                execute(op, ctx.transport, timeout)
+        else:
+            execute(op, ctx.transport, timeout)
+    if meter is not None:
+        meter.finish()
+
+
 def run_step(playbook: Playbook, step: PlaybookStep, ctx: HostContext, *, dry_run: bool) -> StepResult:
     """Plan one step against the host's facts and (unless dry_run) run what it still needs."""
     started = time.monotonic()
@@ -481,8 +512,7 @@ def run_step(playbook: Playbook, step: PlaybookStep, ctx: HostContext, *, dry_ru
         result.commands = [describe(op, ctx.user) for op in ops]
         if ops and not dry_run:
             try:
-                for op in ops:
-                    execute(op, ctx.transport, step.timeout)
+                execute_ops(ops, ctx, f"{playbook.name}: {step.name}", step.timeout)
             finally:
                 ctx.forget()  # partly or fully changed: facts must be read again
         result.status = "changed" if ops else "ok"

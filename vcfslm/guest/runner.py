@@ -130,7 +130,7 @@ def _run_host(inventory, playbooks, node, connect, reporter: Reporter, dry_run: 
             return summary
         summary.note = f"not reachable, planned as a fresh guest ({exc})"
     ctx = HostContext(inventory, node, host_variables(inventory, node), transport, wheel,
-                      templates_dir=templates_dir, records=summary.records)
+                      templates_dir=templates_dir, records=summary.records, reporter=reporter)
     k = 0
     try:
         for playbook in playbooks:

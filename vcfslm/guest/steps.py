@@ -12,6 +12,7 @@ import hashlib
 import re
 import shlex
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -71,25 +72,33 @@ def describe(op: Op, user: str) -> str:
     return f"put {op.label} -> {op.remote}{mode}"
 
 
-def execute(op: Op, transport: Transport, default_timeout: float | None) -> None:
-    """Run one operation; an upload needing root goes through a temp file and `sudo install`."""
+def execute(op: Op, transport: Transport, default_timeout: float | None,
+            progress: Callable[[int], None] | None = None) -> None:
+    """Run one operation; an upload needing root goes through a temp file and `sudo install`.
+
+    progress: for an upload of a local file, called with the bytes sent so far.
+    """
     if isinstance(op, Shell):
         transport.run(op.cmd, timeout=op.timeout or default_timeout, sudo=op.sudo)
         return
     if op.sudo and transport.user != "root":
         tmp = f"/tmp/.vcfslm-upload-{uuid.uuid4().hex[:12]}"
-        _put(op, transport, tmp, 0o600)
+        _put(op, transport, tmp, 0o600, progress)
         mode = f"{op.mode:04o}" if op.mode is not None else "0644"
         transport.run(f"install -m {mode} {q(tmp)} {q(op.remote)}.vcfslm-tmp && "
                       f"mv -f {q(op.remote)}.vcfslm-tmp {q(op.remote)}; rm -f {q(tmp)}",
                       timeout=default_timeout, sudo=True)
         return
-    _put(op, transport, op.remote, op.mode)
+    _put(op, transport, op.remote, op.mode, progress)
 
 
-def _put(op: Upload, transport: Transport, remote: str, mode: int | None) -> None:
+def _put(op: Upload, transport: Transport, remote: str, mode: int | None,
+         progress: Callable[[int], None] | None) -> None:
     if op.local is not None:
-        transport.put(op.local, remote, mode)
+        if progress is None:
+            transport.put(op.local, remote, mode)
+        else:
+            transport.put(op.local, remote, mode, progress=progress)
     else:
         transport.put_bytes(op.data or b"", remote, mode)
 
@@ -112,6 +121,7 @@ class HostContext:
     base_dir: Path = Path(".")
     templates_dir: Path | None = None
     records: dict[str, Any] = field(default_factory=dict)
+    reporter: Any = None  # vcfslm.progress.Reporter for long operations (None: not reported)
     _facts: dict[str, Any] = field(default_factory=dict)
 
     @property

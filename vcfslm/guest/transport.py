@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -58,8 +59,12 @@ class Transport(Protocol):
         sudo: run as root (`sudo -n`) when the login user is not root; input: bytes fed to stdin.
         """
 
-    def put(self, local: str | Path, remote: str, mode: int | None = None) -> None:
-        """Copy a local file to `remote` atomically (temp file + rename)."""
+    def put(self, local: str | Path, remote: str, mode: int | None = None,
+            progress: Callable[[int], None] | None = None) -> None:
+        """Copy a local file to `remote` atomically (temp file + rename).
+
+        progress: called with the bytes sent so far, as they go.
+        """
 
     def put_bytes(self, data: bytes, remote: str, mode: int | None = None) -> None:
         """Write `data` to `remote` atomically (temp file + rename)."""
@@ -330,24 +335,29 @@ class SSHTransport:
                 raise TransportError(f"{self.host}: cannot open SFTP ({_describe(exc)})") from None
         return self._sftp
 
-    def put(self, local: str | Path, remote: str, mode: int | None = None) -> None:
+    def put(self, local: str | Path, remote: str, mode: int | None = None,
+            progress: Callable[[int], None] | None = None) -> None:
         """Upload a local file atomically: write `<remote>.tmp-<id>`, then rename over `remote`."""
         with open(local, "rb") as f:
-            self._put_fileobj(f, remote, mode, f"put {local} -> {remote}")
+            self._put_fileobj(f, remote, mode, f"put {local} -> {remote}", progress,
+                              os.fstat(f.fileno()).st_size)
 
     def put_bytes(self, data: bytes, remote: str, mode: int | None = None) -> None:
         import io
 
         self._put_fileobj(io.BytesIO(data), remote, mode, f"put <{len(data)} bytes> -> {remote}")
 
-    def _put_fileobj(self, fileobj, remote: str, mode: int | None, what: str) -> None:
+    def _put_fileobj(self, fileobj, remote: str, mode: int | None, what: str,
+                     progress: Callable[[int], None] | None = None, size: int = 0) -> None:
         import paramiko
 
         started = time.monotonic()
         sftp = self._sftp_client()
         tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
         try:
-            sftp.putfo(fileobj, tmp)
+            # paramiko calls back after each chunk with (bytes so far, size)
+            callback = (lambda sent, _total: progress(sent)) if progress is not None else None
+            sftp.putfo(fileobj, tmp, file_size=size, callback=callback)
             if mode is not None:
                 sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, remote)
