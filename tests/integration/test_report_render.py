@@ -1,7 +1,10 @@
-"""report.html renders in headless Chromium: a non-blank page and no broken image."""
+"""report.html renders in headless Chromium: the answer table above the first figure, a
+visible validity warning naming a rank that failed the numerics gate, no broken image,
+and a non-blank page."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -14,12 +17,16 @@ from vcfslm.results import RunMeta, WindowRecord, write_meta, write_records
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make setup installs it)")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def synthetic_run(run_dir, run_id, nodes):
-    """Two contexts x four loads, two repeats, every rank of every node, with roofline data."""
+def synthetic_run(run_dir, run_id, nodes, gate_failed=None):
+    """Two contexts x four loads, two repeats, every rank of every node, with roofline data.
+
+    `gate_failed` = (node, local rank) whose windows all failed the numerics gate.
+    """
     meta = RunMeta(run_id=run_id, created="2025-01-01T00:00:00", command=["vcfslm", "bench"],
                    mode="cluster" if len(nodes) > 1 else "local", nodes=nodes, ranks_per_node=4,
                    threads_per_rank=24, model="synthetic:tiny",
@@ -41,7 +48,10 @@ def synthetic_run(run_dir, run_id, nodes):
                             start_skew_s=0.001, wall_s=wall, generated_tokens=batch * 64,
                             rank_tps=batch * 64 / wall, ttft_s=[ttft] * batch,
                             tpot_ms=[tpot + window + local * 0.1] * batch, e2e_s=[wall] * batch,
-                            roofline_tpot_ms=100.0))
+                            roofline_tpot_ms=100.0, roofline_ttft_s=0.7 * ttft))
+                        if (node, local) == gate_failed:
+                            records[-1].valid = False
+                            records[-1].invalid_reasons = ["numerics gate: top-1 agreement 0.81 < 0.99"]
     write_meta(run_dir, meta)
     write_records(run_dir / "results.jsonl", records)
     return run_dir
@@ -51,7 +61,7 @@ def synthetic_run(run_dir, run_id, nodes):
 def report_html(tmp_path_factory):
     base = tmp_path_factory.mktemp("render")
     single = synthetic_run(base / "single", "single", ["vm1"])
-    cluster = synthetic_run(base / "cluster", "cluster", ["vm1", "vm2", "vm3", "vm4"])
+    cluster = synthetic_run(base / "cluster", "cluster", ["vm1", "vm2", "vm3", "vm4"], gate_failed=("vm3", 1))
     result = write_report([single, cluster], base / "out")
     assert result.skipped_figures == []
     return base / "out" / "report.html"
@@ -63,16 +73,43 @@ def chromium(args, tmp_path, timeout=120):
                           text=True, timeout=timeout)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make setup installs it)")
-def test_every_image_loads(report_html, tmp_path):
-    r = chromium(["--virtual-time-budget=10000", "--dump-dom", report_html.as_uri()], tmp_path)
-    m = re.search(r'<body data-images="(\d+) ok=(\d+) broken=(\d+)"', r.stdout)
-    assert m, f"the page's image check did not run; stderr tail:\n{r.stderr[-2000:]}"
+@pytest.fixture(scope="module")
+def dom(report_html, tmp_path_factory):
+    """The page after load, as Chromium laid it out (its own script records image and layout checks)."""
+    r = chromium(["--virtual-time-budget=10000", "--window-size=1200,3000", "--dump-dom", report_html.as_uri()],
+                 tmp_path_factory.mktemp("chromium"))
+    assert "<body" in r.stdout, f"no DOM dumped; stderr tail:\n{r.stderr[-2000:]}"
+    return r.stdout
+
+
+@needs_chromium
+def test_every_image_loads(dom):
+    m = re.search(r'data-images="(\d+) ok=(\d+) broken=(\d+)"', dom)
+    assert m, "the page's image check did not run"
     total, ok, broken = map(int, m.groups())
     assert (total, ok, broken) == (5, 5, 0)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make setup installs it)")
+@needs_chromium
+def test_the_answer_table_is_laid_out_above_the_first_figure(dom):
+    m = re.search(r'data-layout="summary=(-?\d+) warnings=(-?\d+) first-figure=(-?\d+)"', dom)
+    assert m, "the page's layout check did not run"
+    summary, warnings, figure = map(int, m.groups())
+    assert 0 < summary < warnings < figure, (summary, warnings, figure)
+    assert summary < 400, "the answer should be on the first screen"
+    # And in the document: the answer table, then the warnings, then the first image.
+    assert dom.index('<table id="summary"') < dom.index('id="validity"') < dom.index("<img")
+    assert dom.count("<details>") == 2        # one collapsible reasoning per SLO, not one per context
+
+
+@needs_chromium
+def test_a_rank_that_failed_the_numerics_gate_is_named_in_the_visible_warnings(dom):
+    box = dom.split('id="validity"')[1].split("</div>")[0]
+    assert "run cluster: numerics gate failed on node vm3, rank 9 (local rank 1): top-1 agreement 0.81 &lt; " \
+        "0.99; its 16 window(s) are left out of every number" in box
+
+
+@needs_chromium
 def test_screenshot_is_not_blank(report_html, tmp_path):
     image = pytest.importorskip("matplotlib.image")
     shot = tmp_path / "shot.png"
@@ -83,3 +120,6 @@ def test_screenshot_is_not_blank(report_html, tmp_path):
     rgb = pixels[..., :3]
     dark = (rgb.mean(axis=2) < 0.5).mean()
     assert rgb.std() > 0.05 and 0.005 < dark < 0.5, "the page looks blank or all dark"
+    keep = os.environ.get("VCFSLM_KEEP_SCREENSHOT")
+    if keep:                       # to look at the page by eye: VCFSLM_KEEP_SCREENSHOT=/tmp/report.png
+        shutil.copy(shot, keep)

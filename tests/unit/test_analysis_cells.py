@@ -75,6 +75,23 @@ def test_a_failed_numerics_gate_names_the_node_and_rank_once(tmp_path):
     assert sum("top-1 agreement" in w for w in a.warnings) == 1
     cell = a.scope_cells(CLUSTER)[0]
     assert "1 invalid window(s) left out (numerics gate failed on vm2 rank 5)" in cell.flags
+    # Said once, per rank: the cells it voids do not each repeat it among the warnings.
+    assert len(a.warnings) == 1
+
+
+def test_a_cell_with_other_invalid_windows_still_warns_beside_the_gate(tmp_path):
+    def gate(r):
+        if r.local_rank == 1:
+            r.valid, r.invalid_reasons = False, ["numerics gate: logits differ"]
+        elif r.local_rank == 2 and r.batch_per_rank == 4:
+            r.valid, r.invalid_reasons = False, ["recompiled"]
+        return r
+    a = analyse(make_run(tmp_path / "s", "s", ["vm1"], TABLE, tweak=gate))
+    assert a.warnings == [
+        "run s: numerics gate failed on node vm1, rank 1 (local rank 1): logits differ; its 2 window(s) are left "
+        "out of every number",
+        "single VM (1 VM x 4 ranks) input 128 / output 64, batch 4/rank: 2 invalid window(s) left out "
+        "(recompiled; numerics gate failed on vm1 rank 1)"]
 
 
 def test_invalid_windows_are_left_out_and_flagged():

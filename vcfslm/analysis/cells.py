@@ -223,7 +223,9 @@ def aggregate(runs: Sequence[tuple[RunMeta, Sequence[WindowRecord]]]) -> Analysi
         cell = cell_from_records(key, groups.get(key, []), expected.get(key) or None,
                                  ", ".join(sorted(sources[key])))
         cells.append(cell)
-        warnings.extend(f"{describe(cell)}: {flag}" for flag in cell.flags)
+        explained = numerics_flag(groups.get(key, []))
+        # A cell whose only invalid windows are a gate-failed rank's is already said per rank.
+        warnings.extend(f"{describe(cell)}: {flag}" for flag in cell.flags if flag != explained)
     # A failed numerics gate voids a rank's every number: say it before anything else.
     return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=numerics + warnings)
 
@@ -288,6 +290,16 @@ def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
         worst = max(r.start_skew_s for r in skewed)
         flags.append(f"start skew up to {worst:.3f} s in {len(skewed)} window(s)")
     return flags
+
+
+def numerics_flag(records: Sequence[WindowRecord]) -> str | None:
+    """The invalid-window flag of a cell whose invalid windows all (and only) failed the numerics gate."""
+    invalid = [r for r in records if not r.valid]
+    if not invalid or not all(r.invalid_reasons and all(is_numerics(w) for w in r.invalid_reasons)
+                              for r in invalid):
+        return None
+    failed = sorted({rank_name(r) for r in invalid})
+    return f"{len(invalid)} invalid window(s) left out (numerics gate failed on {', '.join(failed)})"
 
 
 def is_numerics(reason: str) -> bool:

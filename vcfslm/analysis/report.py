@@ -304,13 +304,18 @@ details{margin:.4em 0;padding:.3em .6em;border:1px solid #ddd;border-radius:4px}
 summary{cursor:pointer;font-weight:600}details ul{margin:.3em 0}
 """
 
-# Sets <body data-images="N ok=N broken=0"> once every image has decoded: a cheap
-# self-check that the inline figures render, also used by the tests.
+# Once every image has decoded, sets <body data-images="N ok=N broken=0"> and
+# data-layout="summary=Y warnings=Y first-figure=Y" (page offsets in CSS px): a cheap
+# self-check that the inline figures render and the answer is laid out above them,
+# which the browser tests read from the dumped DOM.
 _SCRIPT = """
 window.addEventListener('load', function () {
   var imgs = Array.prototype.slice.call(document.images);
   var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
   document.body.setAttribute('data-images', imgs.length + ' ok=' + ok + ' broken=' + (imgs.length - ok));
+  function top(el) { return el ? Math.round(el.getBoundingClientRect().top + window.scrollY) : -1; }
+  document.body.setAttribute('data-layout', 'summary=' + top(document.getElementById('summary'))
+    + ' warnings=' + top(document.getElementById('validity')) + ' first-figure=' + top(imgs[0]));
 });
 """
 
