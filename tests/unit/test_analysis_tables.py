@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import replace
 
 import pytest
 from test_analysis_support import brief_shaped_csv
@@ -122,3 +123,11 @@ def test_efficiency_columns_sit_side_by_side_and_only_with_a_floor():
     assert "TTFT efficiency" not in results_table(old, SINGLE).columns
     bare = parse_csv(brief_shaped_csv(), "b.csv").cells
     assert not {"TPOT efficiency", "TTFT efficiency"} & set(results_table(bare, SINGLE).columns)
+
+
+def test_flags_column_only_when_a_cell_is_flagged():
+    cells = parse_csv(brief_shaped_csv(), "b.csv").cells
+    assert "flags" not in results_table(cells, SINGLE).columns
+    flagged = [replace(cells[0], flags=("recompiles inside 1 window(s)",))] + cells[1:]
+    t = results_table(flagged, SINGLE)
+    assert t.columns[-1] == "flags" and t.rows[0][-1] == "recompiles inside 1 window(s)" and t.rows[1][-1] == ""

@@ -99,7 +99,8 @@ def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Tab
     tpot_eff = any(c.roofline_efficiency is not None for c in cells)
     ttft_eff = any(c.ttft_efficiency is not None for c in cells)
     cols += (["TPOT efficiency"] if tpot_eff else []) + (["TTFT efficiency"] if ttft_eff else [])
-    cols += ["windows", "flags"]
+    flagged = any(c.flags for c in cells)      # an empty flags column only widens the table
+    cols += ["windows"] + (["flags"] if flagged else [])
     rows = []
     for c in sorted(cells, key=lambda c: (c.vms, c.ranks_per_vm, c.input_tokens, c.output_tokens,
                                           c.batch_per_rank)):
@@ -113,7 +114,7 @@ def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Tab
                 f"{s[0]:.1f}–{s[1]:.1f} ({c.repeats})" if s else "–"]
         row += [_pct_of(c.roofline_efficiency)] if tpot_eff else []
         row += [_pct_of(c.ttft_efficiency)] if ttft_eff else []
-        row += [_windows(c), "; ".join(c.flags)]
+        row += [_windows(c)] + (["; ".join(c.flags)] if flagged else [])
         rows.append(row)
     notes = ["Per-user speed = 1000 / TPOT p50. Streams/VM = batch per rank × ranks per VM.",
              "TTFT/TPOT percentiles pool every stream of every rank and valid window; rank throughput "
