@@ -161,8 +161,12 @@ def test_progress_events_reach_the_reporter(inv, tmp_path):
                          ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0), reporter=rep)
     with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
     bench.run()
+    # per-rank lines are detail (shown with -v); the run's position is one Progress
     assert any(subject == "slm-01/rank 0" and "scenario 2/4" in s and "measure 1" in s
-               for subject, s in rep.updates)
+               for subject, s in rep.details)
+    assert not any(subject.startswith("slm-01/rank") for subject, _ in rep.updates)
+    [p] = [p for p in rep.progresses if p.subject == "bench"]
+    assert (p.label, p.done, p.unit) == ("scenario 2/4 (batch None, input None)", 1, "windows")
 
 
 def test_stop_command_targets_only_this_runs_pids(inv):

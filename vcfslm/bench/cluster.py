@@ -25,6 +25,7 @@ from ..errors import BenchError, TransportError, VcfslmError
 from ..progress import NullReporter, Reporter
 from ..results import RunMeta, load_run, read_meta, read_records, write_meta, write_records
 from . import launch as L
+from .tracker import BenchTracker
 
 
 @dataclass
@@ -134,6 +135,8 @@ class ClusterBench:
         self._transports: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._vcenter: dict[str, Any] = {}
+        self.tracker = BenchTracker(inv.bench.warmup + (opts.repeats or inv.bench.repeats),
+                                    started=time.monotonic())
 
     # -- connections -----------------------------------------------------------------
 
@@ -260,7 +263,7 @@ class ClusterBench:
                     fh.write(body + "\n")
             event = L.parse_progress(body)
             if event is not None:
-                self.reporter.update(f"{la.name}/rank {event.get('rank', '?')}", L.progress_status(event))
+                L.report_event(self.reporter, self.tracker, f"{la.name}/rank {event.get('rank', '?')}", event)
 
     def watch(self) -> str | None:
         """Poll until every node exits; the first failure (or timeout) as text, else None."""

@@ -188,6 +188,23 @@ def parse_progress(text: str) -> dict | None:
     return event if isinstance(event, dict) else None
 
 
+def report_event(reporter, tracker, subject: str, event: dict, now: float | None = None) -> None:
+    """One worker event to the reporter: the rank's line as detail (a failure as a status
+    everyone sees), the run's position as Progress when `tracker` moves."""
+    import time
+
+    from ..progress import emit_detail, emit_progress
+
+    if event.get("phase") == "failed":
+        reporter.update(subject, progress_status(event))
+    else:
+        emit_detail(reporter, subject, progress_status(event))
+    if tracker is not None:
+        p = tracker.feed(event, time.monotonic() if now is None else now)
+        if p is not None:
+            emit_progress(reporter, p)
+
+
 def progress_status(event: dict) -> str:
     """One human line for a progress event (what the reporter shows per rank)."""
     phase = event.get("phase", "?")

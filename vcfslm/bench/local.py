@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,7 +34,8 @@ from typing import Any
 from .. import results, topology
 from ..errors import BenchError, InventoryError, Problem
 from ..progress import NullReporter, Reporter
-from .launch import parse_progress, progress_status, worker_args
+from .launch import parse_progress, progress_status, report_event, worker_args  # noqa: F401 - progress_status: re-exported
+from .tracker import BenchTracker
 
 NODE_NAME = "local"
 DEFAULT_INDUCTOR_CACHE = "~/.cache/vcfslm/inductor"
@@ -208,7 +210,8 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     cmd = torchrun_command(python, ranks, wrapper.resolve(), args)
     reporter.log(f"run {run_id}: {ranks} rank(s) x {threads} thread(s), "
                  f"{'numactl' if use_numactl else 'no numactl'}; folder {run_dir}")
-    rc, tail, failures = _run_streaming(cmd, log_dir / "torchrun.log", reporter, timeout)
+    tracker = BenchTracker(matrix.warmup + matrix.repeats, started=time.monotonic())
+    rc, tail, failures = _run_streaming(cmd, log_dir / "torchrun.log", reporter, timeout, tracker)
 
     records = results.read_records(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else []
     _finish_meta(meta, run_dir, records, matrix, ranks, scenarios)
@@ -261,9 +264,12 @@ def _finish_meta(meta: results.RunMeta, run_dir: Path, records, matrix: Matrix, 
     meta.complete = bool(records) and run_complete(records, matrix, ranks, wanted)
 
 
-def _run_streaming(cmd: list[str], log_path: Path, reporter: Reporter, timeout: float | None
-                   ) -> tuple[int, list[str], list[str]]:
-    """Run `cmd`, tee its output to `log_path`, report progress lines; (rc, last lines, failures)."""
+def _run_streaming(cmd: list[str], log_path: Path, reporter: Reporter, timeout: float | None,
+                   tracker: BenchTracker | None = None) -> tuple[int, list[str], list[str]]:
+    """Run `cmd`, tee its output to `log_path`, report progress; (rc, last lines, failures).
+
+    The run's position (tracker) goes to the reporter as Progress, each rank's as detail.
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     tail: deque[str] = deque(maxlen=30)
     failures: list[str] = []
@@ -289,7 +295,7 @@ def _run_streaming(cmd: list[str], log_path: Path, reporter: Reporter, timeout: 
                 tail.append(line.rstrip("\n"))
                 event = parse_progress(line)
                 if event is not None:
-                    reporter.update(f"rank {event.get('rank', '?')}", progress_status(event))
+                    report_event(reporter, tracker, f"rank {event.get('rank', '?')}", event)
                     if event.get("phase") == "failed":
                         failures.append(f"rank {event.get('rank')}: {event.get('error')}")
             rc = proc.wait()

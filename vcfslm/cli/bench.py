@@ -94,11 +94,12 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
     """
     given = {name for name in opts if ctx.get_parameter_source(name) not in
              (click.core.ParameterSource.DEFAULT, None)}
+    verbose = (ctx.find_root().obj or {}).get("verbose", 0)
     if local:
         bad = sorted(given & set(CLUSTER_ONLY))
         if bad:
             raise UsageError(f"--local cannot be combined with {_flags(bad)}")
-        _bench_local(inventory, opts)
+        _bench_local(inventory, opts, verbose)
         return
     bad = sorted(given & set(LOCAL_ONLY))
     if bad:
@@ -111,14 +112,14 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
                 run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
                 repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
                 dry_run=opts["dry_run"], runs_dir=opts["runs_dir"], compile_mode=opts["compile_mode"],
-                trust_new_hosts=opts["trust_new_hosts"], output=opts["output"])
+                trust_new_hosts=opts["trust_new_hosts"], output=opts["output"], verbose=verbose)
 
 
 def _flags(names: list[str]) -> str:
     return ", ".join("--" + n.replace("_", "-").replace("compile-mode", "compile") for n in names)
 
 
-def _bench_local(inventory: str | None, opts: dict[str, Any]) -> None:
+def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) -> None:
     """Resolve the local run's settings (flags > resumed meta > inventory > defaults) and run it."""
     from ..bench.local import Matrix, run_local
     from ..bench.model import ModelSourceError, parse_model_spec
@@ -142,15 +143,15 @@ def _bench_local(inventory: str | None, opts: dict[str, Any]) -> None:
     matrix = Matrix(tuple(settings["batch_sizes"]), tuple(settings["input_tokens"]),
                     settings["output_tokens"], settings["warmup"], settings["repeats"])
     quiet = opts["output"] == "json"
-    run = run_local(model=settings["model"], matrix=matrix, ranks=settings["ranks"],
-                    threads=settings.get("threads"), runs_dir=opts["runs_dir"],
-                    run_id=resume_id or opts["run_id"], resume=bool(resume_id),
-                    use_numactl=not opts["no_numactl"], seed=settings["seed"],
-                    compile_mode=settings["compile_mode"], probe=not opts["no_probe"],
-                    probe_mib=settings["probe_mib"], scenarios=settings.get("scenarios"),
-                    label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
-                    slos=settings.get("slos"), timeout=opts["timeout"],
-                    reporter=RichReporter(err_console, quiet=quiet))
+    with RichReporter(err_console, quiet=quiet, verbose=verbose > 0) as reporter:
+        run = run_local(model=settings["model"], matrix=matrix, ranks=settings["ranks"],
+                        threads=settings.get("threads"), runs_dir=opts["runs_dir"],
+                        run_id=resume_id or opts["run_id"], resume=bool(resume_id),
+                        use_numactl=not opts["no_numactl"], seed=settings["seed"],
+                        compile_mode=settings["compile_mode"], probe=not opts["no_probe"],
+                        probe_mib=settings["probe_mib"], scenarios=settings.get("scenarios"),
+                        label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
+                        slos=settings.get("slos"), timeout=opts["timeout"], reporter=reporter)
     rows = summary_rows(run.records)
     if quiet:
         print_json({"run_id": run.meta.run_id, "run_dir": str(run.run_dir), "complete": run.meta.complete,

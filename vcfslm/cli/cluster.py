@@ -20,7 +20,7 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
                 run_id: str | None, label: str | None, scenarios: str | None, repeats: int | None,
                 output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
                 compile_mode: str | None,
-                trust_new_hosts: bool, output: str) -> None:
+                trust_new_hosts: bool, output: str, verbose: int = 0) -> None:
     """Select nodes, then preflight, launch, watch and collect the cluster run."""
     from ..bench import cluster as C
     from ..bench.launch import select_nodes
@@ -57,24 +57,12 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
             console.print("  " + shlex.join(la.torchrun_argv), soft_wrap=True)
         return
 
-    from ..guest.provision import preflight_problems
-    from ..guest.transport import open_node
-
     log_dir = runs_root / opts.run_id / "logs" / "ssh"
-    reporter = RichReporter(err_console)
-
-    def connect(node):
-        return open_node(inv, node, log_dir=log_dir, trust_new_hosts=trust_new_hosts, reporter=reporter)
-
-    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter,
-                           preflight_checks=preflight_problems, guest_facts=_guest_facts,
-                           vcenter_facts=_observed_vms)
-    err_console.print(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
-                      f"rendezvous {selected[0].bench_ip}:{inv.bench.port}")
-    meta, records = bench.run()
+    with RichReporter(err_console, verbose=verbose > 0) as reporter:
+        meta, records, local_dir = _run(inv, selected, opts, reporter, log_dir, trust_new_hosts)
     rows = C.summary_rows(records)
     if output == "json":
-        print_json({"run_id": meta.run_id, "run_dir": str(bench.local_dir), "complete": meta.complete,
+        print_json({"run_id": meta.run_id, "run_dir": str(local_dir), "complete": meta.complete,
                     "scenarios": rows})
         return
     table = Table(title=f"run {meta.run_id} ({len(meta.nodes)} node(s), {meta.ranks_per_node} ranks each)")
@@ -84,8 +72,26 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         table.add_row(str(r["batch_per_rank"]), str(r["input_tokens"]), str(r["ranks"]), str(r["windows"]),
                       f"{r['ttft_p50_s']:.3f}", f"{r['tpot_p50_ms']:.1f}", f"{r['rank_tps']:.1f}")
     console.print(table)
-    console.print(f"run dir: {bench.local_dir}")
-    console.print(f"next: vcfslm report {bench.local_dir}")
+    console.print(f"run dir: {local_dir}")
+    console.print(f"next: vcfslm report {local_dir}")
+
+
+def _run(inv, selected, opts, reporter, log_dir, trust_new_hosts):
+    """Preflight, launch, watch and collect; (meta, records, the local run folder)."""
+    from ..bench import cluster as C
+    from ..guest.provision import preflight_problems
+    from ..guest.transport import open_node
+
+    def connect(node):
+        return open_node(inv, node, log_dir=log_dir, trust_new_hosts=trust_new_hosts, reporter=reporter)
+
+    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter,
+                           preflight_checks=preflight_problems, guest_facts=_guest_facts,
+                           vcenter_facts=_observed_vms)
+    reporter.log(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
+                 f"rendezvous {selected[0].bench_ip}:{inv.bench.port}")
+    meta, records = bench.run()
+    return meta, records, bench.local_dir
 
 
 def _guest_facts(inv, transport) -> dict:
