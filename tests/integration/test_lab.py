@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -220,9 +221,12 @@ def test_the_lab_fixture_inventory_validates(lab):
 # ------------------------------------------------------------------ `vcfslm lab` commands
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vcfslm.cli", "lab", *args],
-                          capture_output=True, text=True, timeout=300)
+def _cli(*args: str, merged: bool = False) -> subprocess.CompletedProcess:
+    """`vcfslm lab ...` with pipes for stdout and stderr (merged: one pipe, as `2>&1 | cat`), in a
+    40-column environment: its lines must come out whole whatever the width and the paths."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT if merged else subprocess.PIPE}
+    return subprocess.run([sys.executable, "-m", "vcfslm.cli", "lab", *args], **streams, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "40"})
 
 
 def _recorded(directory: Path) -> list[process.ProcessRecord]:
@@ -239,7 +243,8 @@ def test_lab_up_is_idempotent_and_down_leaves_no_process(tmp_path, vcsim_binary)
         guests.tools()
     except guests.GuestsUnavailable as exc:
         pytest.skip(str(exc))
-    directory = tmp_path / "lab"
+    # A path longer than any terminal line: output must not depend on its length.
+    directory = tmp_path.joinpath(*["a-long-folder-name-for-the-lab"] * 4, "lab")
     records: list[process.ProcessRecord] = []
     spawned: list[process.ProcessRecord] = []
     session = None
@@ -260,7 +265,13 @@ def test_lab_up_is_idempotent_and_down_leaves_no_process(tmp_path, vcsim_binary)
 
         second = _cli("up", "--nodes", "2", "--dir", str(directory))
         assert second.returncode == 0, second.stderr
-        assert "everything was running" in second.stdout
+        lines = second.stdout.splitlines()
+        assert f"lab {directory}: everything was running" in lines
+        assert f"  . {directory / 'lab.env'}" in lines
+        assert {"vcsim", "slm-01", "slm-02"} <= {line.split("|")[1].strip() for line in lines
+                                                 if line.startswith("| ")}
+        running = f"slm-01: running (pid {records[1].pid}) on 127.0.0.11:{inventory.nodes[0].ssh_port}"
+        assert running in second.stderr.splitlines()
         assert _recorded(directory) == records
 
         status = _cli("status", "--dir", str(directory), "--output", "json")
@@ -281,8 +292,12 @@ def test_lab_up_is_idempotent_and_down_leaves_no_process(tmp_path, vcsim_binary)
         spawned = [process.record(p, marker="") for p in process.descendants(sshd_pid)]
         assert spawned, "the ssh session did not start"
     finally:
-        down = _cli("down", "--dir", str(directory))
-    assert down.returncode == 0, down.stderr
+        down = _cli("down", "--dir", str(directory), merged=True)
+    assert down.returncode == 0, down.stdout
+    # stdout and stderr share one pipe here: each record is still a line of its own
+    assert sorted(down.stdout.splitlines()) == sorted([
+        "slm-01: stopped", "slm-02: stopped", "vcsim: stopped",
+        f"lab {directory}: stopped slm-01, slm-02, vcsim"])
     assert not any(process.is_alive(r) for r in records)
     assert not any(process.is_alive(r) for r in spawned)
     if session is not None:

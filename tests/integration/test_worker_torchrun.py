@@ -120,3 +120,43 @@ def test_bench_local_end_to_end(tmp_path):
         assert affinities[0] != affinities[1]  # each rank pinned to its own CPU
     assert "TPOT" in result.output and "next: vcfslm report" in result.output
     assert time.monotonic() - started < 300
+
+
+def _vcfslm_bench(runs: Path, run_id: str, *extra: str, verbose: bool = False) -> subprocess.CompletedProcess:
+    """`vcfslm bench --local` with stdout and stderr pipes (as under `| cat` or in CI), 40 columns."""
+    return subprocess.run(
+        [sys.executable, "-m", "vcfslm.cli", *(["-v"] if verbose else []), "bench", "--local",
+         "--model", "synthetic:tiny", "--batch-sizes", "1,2", "--input-tokens", "8", "--output-tokens", "5",
+         "--warmup", "1", "--repeats", "2", "--compile", "eager", "--no-probe", "--runs-dir", str(runs),
+         "--run-id", run_id, *extra],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "40"})
+
+
+def test_bench_local_output_is_whole_lines_in_a_pipe(tmp_path):
+    runs = tmp_path.joinpath(*["a-long-folder-name-for-the-runs"] * 5)
+    done = _vcfslm_bench(runs, "pipe")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert "…" not in done.stdout and f"run dir: {runs / 'pipe'}" in out
+    rows = [line for line in out if line.startswith("|") and not line.startswith("| batch") and "---" not in line]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert [c[:3] for c in cells] == [["1", "8", "1"], ["2", "8", "1"]]
+    for c in cells:
+        assert c[3] == "2/2" and all(float(v) >= 0 for v in c[4:8])  # every figure whole
+    err = done.stderr.splitlines()
+    assert [line.split(",")[0] for line in err if line.startswith("bench: ")] == [
+        "bench: scenario 1/2 (batch 1", "bench: scenario 2/2 (batch 2", "bench: finished"]
+    assert any(line.startswith("bench: finished, 6/6 windows, 100%, done in ") for line in err)
+    assert not any(line.startswith("rank 0:") for line in err)  # per-rank lines need -v
+
+
+def test_bench_local_verbose_shows_each_rank_and_json_is_machine_checked(tmp_path):
+    loud = _vcfslm_bench(tmp_path, "loud", verbose=True)
+    assert loud.returncode == 0, loud.stderr
+    ranks = [line for line in loud.stderr.splitlines() if line.startswith("rank 0: scenario 2/2 b=2 in=8: measure 1")]
+    assert len(ranks) == 1 and " TPOT " in ranks[0] and " tok/s" in ranks[0]  # one record, one line
+    done = _vcfslm_bench(tmp_path, "json", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["complete"] and [(s["batch_per_rank"], s["input_tokens"]) for s in data["scenarios"]] == \
+        [(1, 8), (2, 8)]
