@@ -297,3 +297,43 @@ def test_cli_guests_json(provisioned, lab_inv, tmp_path):
     data = json.loads(r.output[r.output.index("{"):])
     assert data["ok"] and all(h["changed"] == 0 for h in data["hosts"])
     assert data["hosts"][0]["facts"]["numa_nodes"][0]["cpus"]
+
+
+# ------------------------------------------------------------------ transfer progress
+
+
+PUSH = """\
+name: push
+steps:
+  - name: model
+    model: {{model: "{folder}", models_dir: "{{{{ workdir }}}}/pushed-models", python: "python3"}}
+"""
+
+
+def test_pushing_a_model_folder_reports_bytes_per_host(lab_inv, tmp_path):
+    from click.testing import CliRunner
+
+    from vcfslm.cli import main
+
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    (folder / "model-00001.safetensors").write_bytes(b"\x01" * (5 * 1024 * 1024))
+    (folder / "config.json").write_text("{}")
+    book = tmp_path / "push.yaml"
+    book.write_text(PUSH.format(folder=folder))
+    reporter = RecordingReporter()
+    summary = provision_guests(lab_inv, reporter, playbooks=[str(book)], hosts=["slm-01"],
+                               run_dir=tmp_path / "logs")
+    assert summary.ok, failures(summary)
+    pushed = [p for p in reporter.progresses if p.unit == "B"]
+    assert pushed and {p.subject for p in pushed} == {"slm-01"}
+    assert pushed[-1].final and pushed[-1].done == pushed[-1].total == 5 * 1024 * 1024 + 2
+    assert [p.done for p in pushed] == sorted(p.done for p in pushed)
+    # the CLI off a terminal: one whole line per record, the last one with the total
+    (folder / "config.json").write_text('{"changed": true}')  # a new manifest: pushed again
+    result = CliRunner().invoke(main, ["guests", lab_inv.source, "-p", str(book), "--hosts", "slm-02",
+                                       "--log-dir", str(tmp_path / "cli")], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("slm-02: push: model: push 2 file(s)")]
+    assert lines and lines[-1].startswith("slm-02: push: model: push 2 file(s), 5 MiB / 5 MiB, 100%, ")
+    assert "done in" in lines[-1]
