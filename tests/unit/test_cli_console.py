@@ -3,6 +3,8 @@ the width; each of stdout and stderr ends its own lines."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from rich.table import Table
 
@@ -125,3 +127,15 @@ def test_bench_lines_come_once_per_scenario():
     assert lines.take(Progress("bench", first.label, 1, 48, "windows", 30)) is None
     assert lines.take(Progress("bench", "scenario 2/12 (batch 1, input 512)", 4, 48, "windows", 90)) \
         is not None
+
+
+def test_under_a_live_display_the_console_writes_to_the_real_stream(streams, monkeypatch):
+    # rich's Live swaps sys.stdout for a proxy that prints through the console: the console
+    # must write past it, or it would print into itself forever
+    from rich.file_proxy import FileProxy
+
+    console = make_console()
+    monkeypatch.setattr(sys, "stdout", FileProxy(console, sys.stdout))
+    console.print("slm-01: step 3/20 pytorch: torch")
+    monkeypatch.undo()
+    assert streams.read().out == "slm-01: step 3/20 pytorch: torch\n"

@@ -88,6 +88,13 @@ def markdown_table(table: Table) -> str:
     return "\n".join(lines)
 
 
+def _std(name: str):
+    """sys.stdout or sys.stderr now; under a rich Live (which swaps in a proxy that prints
+    through the console) the real stream, or the console would write into itself."""
+    stream = getattr(sys, name)
+    return getattr(stream, "rich_proxied_file", stream)
+
+
 class _LineEnds:
     """Which of stdout/stderr has a line open; ends it before the other stream writes."""
 
@@ -100,14 +107,14 @@ class _LineEnds:
             other = "stderr" if name == "stdout" else "stdout"
             if self.open[other]:
                 self._end(other)
-            stream = getattr(sys, name)
+            stream = _std(name)
             stream.write(text)
             stream.flush()
             if text:
                 self.open[name] = not text.endswith("\n")
 
     def _end(self, name: str) -> None:
-        stream = getattr(sys, name)
+        stream = _std(name)
         try:
             stream.write("\n")
             stream.flush()
@@ -138,18 +145,18 @@ class StdStream:
         return len(text)
 
     def flush(self) -> None:
-        getattr(sys, self.name).flush()
+        _std(self.name).flush()
 
     def isatty(self) -> bool:
-        stream = getattr(sys, self.name)
+        stream = _std(self.name)
         return bool(getattr(stream, "isatty", lambda: False)())
 
     def fileno(self) -> int:
-        return getattr(sys, self.name).fileno()
+        return _std(self.name).fileno()
 
     @property
     def encoding(self) -> str:
-        return getattr(getattr(sys, self.name), "encoding", None) or "utf-8"
+        return getattr(_std(self.name), "encoding", None) or "utf-8"
 
 
 class PolicyConsole(Console):
