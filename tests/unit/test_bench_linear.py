@@ -1,0 +1,123 @@
+"""Packed linears: one copy of each weight, the same numbers as F.linear on every kernel,
+a pack check that can fail, no weight expansion for strided inputs, and a compiled graph
+that holds no weight constants."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch.nn.functional as F  # noqa: E402
+
+from vcfslm.bench import linear  # noqa: E402
+from vcfslm.bench.linear import (  # noqa: E402
+    DENSE_BF16,
+    ONEDNN_PACKED,
+    KernelPlan,
+    PackCheckError,
+    PackedLinear,
+    choose_plan,
+    pack_linears,
+    packed_kernels,
+)
+
+PLANS = [KernelPlan(DENSE_BF16)]
+if linear.onednn_bf16():
+    PLANS += [KernelPlan(ONEDNN_PACKED, 1), KernelPlan(ONEDNN_PACKED, 4)]
+
+
+def net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(96, 160, bias=True, dtype=torch.bfloat16), torch.nn.SiLU(),
+                               torch.nn.Linear(160, 48, bias=False, dtype=torch.bfloat16))
+
+
+def test_plan_follows_the_cpu():
+    assert choose_plan(True) == KernelPlan(ONEDNN_PACKED, linear.DEFAULT_MIN_ROWS)
+    assert choose_plan(True, min_rows=1).min_rows == 1
+    assert choose_plan(False) == KernelPlan(DENSE_BF16)
+    with pytest.raises(ValueError, match="unknown linear kernel"):
+        KernelPlan("fast")
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label)
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 70])
+def test_packed_linear_matches_f_linear(plan, rows):
+    m = net()
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = m(x).float()
+    pack_linears(m, plan)
+    with torch.inference_mode():
+        got = m(x).float()
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label)
+def test_one_copy_originals_are_freed(plan):
+    m = net()
+    originals = [weakref.ref(layer.weight) for layer in m if isinstance(layer, torch.nn.Linear)]
+    weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    report = pack_linears(m, plan)
+    gc.collect()
+    assert all(ref() is None for ref in originals), "an original weight is still alive"
+    assert list(m.parameters()) == []
+    held = sum(b.numel() * b.element_size() for b in m.buffers())
+    assert held == weight_bytes  # packed weights + biases: exactly one copy
+    assert report.linears == 2 and packed_kernels(m) == {plan.kernel: 2}
+
+
+def test_pack_check_catches_a_wrong_layout(monkeypatch):
+    m = net()
+    real = PackedLinear.__init__
+
+    def broken(self, weight, bias, plan):
+        real(self, weight.flip(0), bias, plan)  # rows in the wrong order
+
+    monkeypatch.setattr(PackedLinear, "__init__", broken)
+    with pytest.raises(PackCheckError, match="differs from F.linear"):
+        pack_linears(m, KernelPlan(DENSE_BF16))
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label)
+def test_a_strided_last_position_slice_never_expands_the_weight(plan):
+    """HF slices hidden[:, -1:, :] for logits_to_keep=1; at batch > 1 that is strided, and a
+    3-D matmul on it goes through bmm with the weight expanded once per stream."""
+    head = torch.nn.Linear(64, 4000, bias=False, dtype=torch.bfloat16)
+    hidden = torch.randn(8, 5, 64, dtype=torch.bfloat16)
+    last = hidden[:, -1:, :]
+    assert not last.is_contiguous()
+    with torch.no_grad():
+        want = F.linear(last.contiguous(), head.weight).float()
+    packed = PackedLinear(head.weight, None, plan)
+    from torch.profiler import profile
+
+    with torch.inference_mode(), profile() as prof:
+        got = packed(last).float()
+    names = {e.name for e in prof.events()}
+    assert "aten::bmm" not in names and "aten::expand" not in names, names
+    assert got.shape == (8, 1, 4000)
+    assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
+
+
+def test_compiled_graph_holds_no_weight_constants():
+    """No freezing: Inductor's generated module keeps no tensor the size of a weight."""
+    from torch._inductor.codecache import PyCodeCache
+
+    m = net(seed=2)
+    pack_linears(m, choose_plan(linear.onednn_bf16()))
+    x = torch.randn(2, 96, dtype=torch.bfloat16)
+    compiled = torch.compile(m, fullgraph=True, dynamic=False)
+    with torch.inference_mode():
+        eager_out = m(x)
+        out = compiled(x)
+    assert torch.allclose(out.float(), eager_out.float(), atol=1e-2, rtol=1e-2)
+    constants = [v for mod in list(PyCodeCache.modules)
+                 for v in vars(mod).values() if isinstance(v, torch.Tensor) and v.numel() >= 96 * 48]
+    assert constants == []

@@ -1,0 +1,241 @@
+"""One copy of every weight, in the layout the CPU's fastest bf16 kernel reads, for prefill
+and decode alike.
+
+`pack_linears(model)` swaps each `nn.Linear` of a model for a `PackedLinear` that holds
+only its weight in that layout, dropping the original as it goes (the peak stays near one
+copy of the weights). Both phases then call one opaque op, `vcfslm::linear`; under
+`torch.compile` it is a custom op, so Inductor fuses what lies between the linears (norms,
+rotary, activations, the cache update) while the matrix products stay on the chosen kernel,
+and the graph holds no frozen constants (no second copy; the FX graph cache works).
+
+The kernel plan, chosen once per process from what the CPU offers:
+
+- `onednn-packed` (oneDNN has bf16: AVX512-BF16 or AMX): the weight is reordered once
+  into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`) and every call runs
+  `mkldnn._linear_pointwise` on it: the AMX/AVX512-BF16 GEMM for prefill, and for decode
+  a GEMV that reads the packed layout faster than the plain one (peers-and-amx.md:
+  32.8 vs 22.7 GB/s). Rows fewer than `min_rows` are padded up to it: oneDNN's
+  one-row path is slower than its few-row one, and extra rows add no weight reads.
+- `dense-bf16` (no bf16 in oneDNN, e.g. AVX2 only): the weight stays a plain bf16
+  matrix. Few rows (decode) go through ATen's bf16 GEMV one row at a time (it streams
+  the weight once per row with fp32 accumulation); many rows (prefill) convert the weight
+  into one reused fp32 scratch matrix and run SGEMM, several times faster than a bf16
+  GEMM without hardware bf16.
+
+A weight is checked when it is packed: the packed kernel's output on a few random rows
+must match `F.linear` on the original weight, or packing fails loudly. This catches a
+wrong layout before any window is measured.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ONEDNN_PACKED = "onednn-packed"
+DENSE_BF16 = "dense-bf16"
+KERNELS = (ONEDNN_PACKED, DENSE_BF16)
+
+# dense-bf16: at most this many rows run as one GEMV each; more convert to fp32 SGEMM
+# (one conversion reads 2 + writes 4 bytes per weight, then SGEMM reads 4: ~5 GEMVs' worth).
+DENSE_GEMV_MAX_ROWS = 4
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """How every linear of a replica runs. min_rows: onednn-packed pads fewer rows to this."""
+
+    kernel: str
+    min_rows: int = 1
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown linear kernel {self.kernel!r}; known: {', '.join(KERNELS)}")
+        if self.min_rows < 1:
+            raise ValueError("min_rows must be >= 1")
+
+    @property
+    def label(self) -> str:
+        return self.kernel + (f" (rows padded to {self.min_rows})" if self.min_rows > 1 else "")
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN has a native bf16 GEMM on this CPU (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        return False
+
+
+def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None) -> KernelPlan:
+    """The kernel plan for a CPU (pure). min_rows: override the one-row padding."""
+    if has_onednn_bf16:
+        return KernelPlan(ONEDNN_PACKED, DEFAULT_MIN_ROWS if min_rows is None else min_rows)
+    return KernelPlan(DENSE_BF16)
+
+
+# oneDNN's M=1 bf16 path reads the packed weight slower than its M=4 path on the CPUs
+# measured (benchmarks/decode_efficiency.py prints both); 4 rows cost the same reads.
+DEFAULT_MIN_ROWS = 4
+
+
+# ------------------------------------------------------------------ the op
+
+_scratch: dict[str, torch.Tensor] = {}
+
+
+def _fp32_scratch(numel: int) -> torch.Tensor:
+    """One fp32 buffer reused by every wide dense-bf16 call (the largest weight's size)."""
+    buf = _scratch.get("w")
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=torch.float32)
+        _scratch["w"] = buf
+    return buf[:numel]
+
+
+def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str,
+         min_rows: int) -> torch.Tensor:
+    """y = x2 @ weight.T + bias for a contiguous 2-D x2, on the planned kernel."""
+    rows = x2.shape[0]
+    if kernel == ONEDNN_PACKED:
+        if rows < min_rows:
+            padded = x2.new_zeros(min_rows, x2.shape[1])
+            padded[:rows] = x2
+            return torch.ops.mkldnn._linear_pointwise(padded, weight, bias, "none", [], "")[:rows]
+        return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
+    if rows <= DENSE_GEMV_MAX_ROWS:
+        out = torch.empty(rows, weight.shape[0], dtype=x2.dtype)
+        for i in range(rows):
+            torch.mv(weight, x2[i], out=out[i])
+        return out if bias is None else out + bias
+    w32 = _fp32_scratch(weight.numel()).view(weight.shape)
+    w32.copy_(weight)
+    y = F.linear(x2.float(), w32, None if bias is None else bias.float())
+    return y.to(x2.dtype)
+
+
+@torch.library.custom_op("vcfslm::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+           kernel: str, min_rows: int) -> torch.Tensor:
+    """x [..., in] -> [..., out_features] through a weight held by `kernel`'s layout."""
+    lead = x.shape[:-1]
+    # A contiguous 2-D input: a strided one (HF's last-position slice for batch > 1) would
+    # send a 3-D matmul through bmm, which expands the weight once per stream.
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    return _run(x2, weight, bias, kernel, min_rows).view(*lead, out_features)
+
+
+@linear.register_fake
+def _linear_fake(x, weight, bias, out_features, kernel, min_rows):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+# ------------------------------------------------------------------ modules
+
+
+class PackedLinear(torch.nn.Module):
+    """A linear layer that holds one copy of its weight, in its kernel's layout."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, plan: KernelPlan):
+        super().__init__()
+        self.in_features = int(weight.shape[1])
+        self.out_features = int(weight.shape[0])
+        self.kernel = plan.kernel
+        self.min_rows = plan.min_rows
+        self.weight_nbytes = weight.numel() * weight.element_size()
+        if plan.kernel == ONEDNN_PACKED:
+            stored = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), plan.min_rows)
+        else:
+            stored = weight.detach().contiguous()
+        # Buffers, not parameters: nothing may treat them as trainable or re-materialise them.
+        self.register_buffer("packed_weight", stored)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.packed_weight, self.bias, self.out_features, self.kernel, self.min_rows)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """What pack_linears did: how many linears, their weight bytes, the worst check error."""
+
+    plan: KernelPlan
+    linears: int
+    weight_bytes: int
+    max_rel_error: float
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.plan.kernel, "min_rows": self.plan.min_rows, "label": self.plan.label,
+                "linears": self.linears, "weight_bytes": self.weight_bytes,
+                "pack_check_max_rel_error": self.max_rel_error}
+
+
+class PackCheckError(RuntimeError):
+    """A packed weight does not reproduce F.linear on its original weight."""
+
+
+# Packing must not change what a linear computes beyond bf16 output rounding (2^-8
+# relative) plus a different accumulation order.
+PACK_CHECK_RTOL = 2e-2
+_CHECK_ROWS = 3
+_CHECK_SLICE = 1024
+
+
+@torch.no_grad()
+def pack_linears(model: torch.nn.Module, plan: KernelPlan, *, check: bool = True,
+                 seed: int = 0) -> PackReport:
+    """Replace every nn.Linear of `model` by a PackedLinear, one at a time, dropping each
+    original weight before the next is packed (so the peak stays near one copy)."""
+    gen = torch.Generator().manual_seed(seed)
+    names = [name for name, m in model.named_modules() if type(m) is torch.nn.Linear]
+    total, worst = 0, 0.0
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        original = getattr(parent, child)
+        packed = PackedLinear(original.weight, original.bias, plan)
+        if check:
+            worst = max(worst, _check(original, packed, gen))
+        total += packed.weight_nbytes
+        setattr(parent, child, packed)
+        del original
+    gc.collect()
+    return PackReport(plan, len(names), total, worst)
+
+
+def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator) -> float:
+    """Relative max error of the packed kernel against F.linear on a few random rows."""
+    w = original.weight
+    x = torch.randn(_CHECK_ROWS, w.shape[1], generator=gen).to(w.dtype)
+    # The fp32 reference is built a slice of rows at a time: a whole fp32 copy of the
+    # lm_head would be the largest allocation of the replica's life.
+    want = torch.cat([F.linear(x.float(), rows.float()) for rows in w.split(_CHECK_SLICE)], dim=1)
+    if original.bias is not None:
+        want += original.bias.float()
+    got = packed(x).float()
+    scale = want.abs().max().item() or 1.0
+    err = (got - want).abs().max().item() / scale
+    if not err <= PACK_CHECK_RTOL:  # also catches NaN
+        raise PackCheckError(f"packed {packed.kernel} weight {tuple(w.shape)} differs from F.linear: "
+                             f"max relative error {err:.3g} > {PACK_CHECK_RTOL}")
+    return err
+
+
+def packed_kernels(model: torch.nn.Module) -> dict[str, int]:
+    """How many linears of `model` run on each kernel ('torch.nn.Linear' for unpacked ones)."""
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            key = m.kernel
+        elif isinstance(m, torch.nn.Linear):
+            key = "torch.nn.Linear"
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    return counts
