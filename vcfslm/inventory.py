@@ -174,10 +174,18 @@ class Bench(_Model):
     port: Port = Field(29500, description="torchrun rendezvous port on node 0's bench IP.")
     interface: str | None = Field(None, description="Guest bench interface; null = found from bench_ip.")
     timeout_s: Annotated[float, Field(gt=0)] = Field(6 * 3600, description="Whole-run timeout.")
-    compile: Literal["autotune", "freezing", "default", "eager"] = Field(
-        "autotune", description="Decode step: torch.compile with Inductor freezing + GEMM autotuning "
-                                "(fastest decode, slowest compile), freezing only, plain compile, or "
-                                "eager (no compile: checks and quick runs).")
+    compile: Literal["compile", "eager"] = Field(
+        "compile", description="Decode step: compile (torch.compile over one packed copy of the "
+                               "weights: the measurement mode) or eager (no compile: a baseline for "
+                               "checks and quick runs, labelled as such in the report). autotune, "
+                               "freezing and default are read as compile.")
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _legacy_compile(cls, v):
+        # Earlier versions offered Inductor freezing / GEMM autotuning, which held a second
+        # copy of the weights; those names now mean the one-copy compiled step.
+        return "compile" if v in ("autotune", "freezing", "default") else v
 
     @field_validator("batch_sizes", "input_tokens")
     @classmethod

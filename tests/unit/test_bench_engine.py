@@ -1,5 +1,6 @@
 """The decode engine on the tiny model: exact output length, compiled-vs-eager logits,
-compile counting, and the metrics a window record derives from its timestamps.
+compile counting, the lm_head at batch > 1, and the metrics a window record derives
+from its timestamps.
 
 One compiled engine is shared by the module (each compile of the tiny model costs seconds).
 """
@@ -13,7 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.bench.engine import CompileOptions, DecodeEngine, Generation, synthetic_prompt  # noqa: E402
+from vcfslm.bench.engine import (  # noqa: E402
+    DecodeEngine,
+    Generation,
+    normalize_compile_mode,
+    synthetic_prompt,
+)
+from vcfslm.bench.linear import DENSE_BF16, KernelPlan, PackedLinear  # noqa: E402
 from vcfslm.bench.worker import TorchrunEnv, window_record  # noqa: E402
 
 
@@ -26,13 +33,13 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    # compile + freezing; autotuned GEMMs cost ~30 s per shape, so only one test uses them
-    return DecodeEngine(tiny.model, CompileOptions(max_autotune=False))
+    return DecodeEngine(tiny.model, "compile")
 
 
 @pytest.fixture(scope="module")
-def eager(tiny):
-    return DecodeEngine(tiny.model, CompileOptions(enabled=False))
+def eager(tiny, engine):
+    # The same (already packed) modules, run without compile.
+    return DecodeEngine(tiny.model, "eager")
 
 
 def prompt(batch=2, length=6, seed=1):
@@ -61,15 +68,11 @@ def test_eos_is_ignored(eager, tiny):
     assert gen.tokens.shape == (1, 9) and gen.tokens[0, 0].item() == first
 
 
-@pytest.mark.parametrize("options", [CompileOptions(max_autotune=False), CompileOptions()],
-                         ids=["freezing", "freezing+autotune"])
-def test_compiled_logits_match_eager(tiny, engine, options):
-    run = engine if options == engine.options else DecodeEngine(tiny.model, options)
+def test_compiled_logits_match_eager(engine):
     p = prompt(batch=2, length=6, seed=5)
     forced = synthetic_prompt(2, 8, 16384, seed=9)
-    compiled = run.step_logits(p, forced, compiled=True)
-    eager = run.step_logits(p, forced, compiled=False)
-    run.release()
+    compiled = engine.step_logits(p, forced, compiled=True)
+    eager = engine.step_logits(p, forced, compiled=False)
     assert compiled.shape == (2, 8, 16384)
     scale = eager.abs().max().item()
     diff = (compiled - eager).abs().max().item()
@@ -77,6 +80,15 @@ def test_compiled_logits_match_eager(tiny, engine, options):
     # the comparison can fail: logits one position off differ by far more than the tolerance
     shifted = (compiled[:, 1:] - eager[:, :-1]).abs().max().item()
     assert shifted > 0.05 * scale
+
+
+def test_every_linear_is_packed_and_the_modes_have_names(engine, tiny):
+    assert not any(type(m) is torch.nn.Linear for m in tiny.model.modules())
+    assert sum(isinstance(m, PackedLinear) for m in tiny.model.modules()) == engine.pack.linears == 9
+    assert engine.is_measurement_mode and "compile" in engine.label
+    assert normalize_compile_mode("autotune") == "compile" == normalize_compile_mode("freezing")
+    with pytest.raises(ValueError, match="unknown compile mode"):
+        normalize_compile_mode("fast")
 
 
 def test_compiled_greedy_tokens_match_eager_on_the_tiny_model(engine, eager):
@@ -93,14 +105,40 @@ def test_a_new_shape_compiles_inside_its_generation(engine):
     assert engine.generate(prompt(batch=3, length=6), 5).compiles == 0
 
 
-def test_fp32_prefill_matches_bf16_prefill(tiny):
-    wide = prompt(batch=4, length=32, seed=2)  # 128 rows: the fp32 path is taken
+def test_prefill_logits_at_batch_above_one_match_the_unpacked_model():
+    """The lm_head at batch > 1 reads a strided last-position slice: it must give each
+    stream its own logits (the unpacked eager model is the reference)."""
+    from vcfslm.bench.model import load_model
+
+    fresh = load_model("synthetic:tiny", seed=3, max_context=64)
+    p = prompt(batch=4, length=9, seed=2)
     with torch.inference_mode():
-        up = DecodeEngine(tiny.model, CompileOptions(enabled=False), prefill_upcast=True)
-        native = DecodeEngine(tiny.model, CompileOptions(enabled=False), prefill_upcast=False)
-        a = up._prefill(wide, up.cache_for(4, 40)).float()
-        b = native._prefill(wide, native.cache_for(4, 40)).float()
-    assert (a - b).abs().max().item() <= 0.05 * b.abs().max().item()
+        want = fresh.model(input_ids=p).logits[:, -1, :].float()
+        packed = DecodeEngine(fresh.model, "eager")
+        got = packed.prefill(p, packed.cache_for(4, 16)).float()
+        one = packed.prefill(p[2:3], packed.cache_for(1, 16)).float()
+    assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
+    assert (got[2] - one[0]).abs().max().item() <= 0.02 * want.abs().max().item()
+
+
+def test_dense_plan_prefill_and_decode_match_the_unpacked_model():
+    """The plan for CPUs without oneDNN bf16: GEMV rows for decode, fp32 SGEMM for prefill."""
+    from vcfslm.bench.model import load_model
+
+    ref = load_model("synthetic:tiny", seed=4, max_context=80)
+    dense = load_model("synthetic:tiny", seed=4, max_context=80)
+    wide = prompt(batch=4, length=32, seed=2)  # 128 rows: the SGEMM path
+    forced = synthetic_prompt(4, 3, 16384, seed=6)
+    with torch.inference_mode():
+        full = torch.cat([wide, forced], dim=1)
+        want = ref.model(input_ids=full).logits[:, -4:, :].float()
+        engine = DecodeEngine(dense.model, "eager", plan=KernelPlan(DENSE_BF16))
+        got = engine.step_logits(wide, forced)  # logits after each forced token
+        last_prefill = engine.prefill(wide, engine.cache_for(4, 40)).float()
+    scale = want.abs().max().item()
+    assert engine.pack.plan.kernel == DENSE_BF16
+    assert (last_prefill - want[:, 0]).abs().max().item() <= 0.02 * scale
+    assert (got - want[:, 1:]).abs().max().item() <= 0.03 * scale
 
 
 def _args(**kw):

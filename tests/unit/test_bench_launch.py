@@ -43,7 +43,7 @@ def test_torchrun_lines_per_node_golden(inv):
         "--model", "microsoft/Phi-3-mini-128k-instruct", "--batch-sizes", "1,4,8,16",
         "--input-tokens", "128,512,1024", "--output-tokens", "128", "--warmup", "1", "--repeats", "3",
         "--out", "/opt/vcfslm/runs/r1", "--run-id", "r1", "--node", "slm-03", "--nodes", "4",
-        "--threads", "24", "--compile", "autotune"]
+        "--threads", "24", "--compile", "compile"]
     # every node rendezvous on node 0's bench IP, never the management network
     assert all("172.16.25.21" in la.torchrun_argv for la in launches)
     assert not any("192.168.10.21" in la.torchrun_argv for la in launches)

@@ -30,7 +30,7 @@ def test_parse_args_contract():
                                   "--seed", "7"])
     assert (a.batch_sizes, a.input_tokens, a.output_tokens) == ([1, 4], [128, 512], 16)
     assert (a.warmup, a.repeats, a.node, a.nodes, a.threads, a.seed) == (1, 3, "n0", 2, 3, 7)
-    assert a.resume and a.no_probe and a.scenarios == "1x*" and a.compile == "autotune"
+    assert a.resume and a.no_probe and a.scenarios == "1x*" and a.compile == "compile"
 
 
 def test_parse_args_drops_torchruns_separator_and_accepts_node_name():

@@ -1,28 +1,30 @@
-"""The decode engine: static KV cache, eager prefill, a torch.compile'd one-token decode
-step (Inductor, freezing), greedy sampling, exactly `output_tokens` tokens per stream.
+"""The decode engine: one packed copy of the weights, eager prefill, a torch.compile'd
+one-token decode step, static KV cache, greedy sampling, exactly `output_tokens` tokens
+per stream.
 
-Why it is built this way (gpt-fast's recipe on CPU):
-- Decode is memory-bound: every step reads every weight once. Freezing lets Inductor
-  treat weights as constants (constant folding, pre-packed GEMM weights, fused
-  pointwise ops), so a step gets closer to the bandwidth floor than eager PyTorch.
+Why it is built this way (gpt-fast's recipe, on CPU):
+- Every linear holds one copy of its weight, in the layout of the CPU's fastest bf16
+  kernel (vcfslm.bench.linear), and prefill and decode both call that kernel. Inductor
+  freezing would instead fold a second, packed copy into each compiled graph and keep the
+  originals for eager prefill (2-3x the weights per replica); here the graph holds no
+  constants, so a replica stays near 1x and Inductor's FX graph cache can be on (the
+  brief's "warm compilation cache").
+- Decode is memory-bound: every step reads every weight once. torch.compile fuses what
+  lies between the linears (norms, rotary, activations, the cache update) into a few
+  C++ kernels, so a step is the weight reads plus little else.
 - The KV cache is a `StaticCache` sized to input + output tokens, so the decode step
   has one static shape per (batch, context) and compiles to one graph; `cache.reset()`
   keeps its addresses, so windows after the first reuse that graph.
-- Prefill runs eagerly (a big matrix product per layer, compute-bound, one call) with
-  `logits_to_keep=1` so the prompt's logits are never materialised.
+- Prefill runs eagerly (one big matrix product per linear, compute-bound) with
+  `logits_to_keep=1`, so the prompt's logits are never materialised, and the lm_head
+  reads one contiguous row per stream.
 - On CPU every op is synchronous: the time after a call returns is when its tokens
   exist; the loop needs no `.item()`.
 
 Compiles are counted by the backend itself, so a window can tell whether a compile
-happened inside it (and is then flagged invalid by the worker).
-
-Memory: freezing folds the weights into the graph as constants; with pre-packing
-(oneDNN on AVX512-BF16/AMX CPUs, or the autotuned C++ GEMM template elsewhere) those
-constants are a second, packed copy. The original weights cannot be dropped
-(`freezing_discard_parameters`): eager prefill uses them, and every new (batch, context)
-shape recompiles from them. So a replica holds about 2x its weights while a graph is
-live, never more: a new shape first releases the previous graph and its constants
-(`release()`, which resets Dynamo for the whole process: one engine per process).
+happened inside it (and is then flagged invalid by the worker). A new (batch, context)
+shape resets Dynamo first, so a matrix of many shapes never reaches Dynamo's recompile
+limit (past it a step would silently run eagerly): one engine per process.
 """
 
 from __future__ import annotations
@@ -30,51 +32,32 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from .linear import KernelPlan, PackReport, choose_plan, onednn_bf16, pack_linears
 
-@dataclass(frozen=True)
-class CompileOptions:
-    """How the decode step is compiled. enabled=False runs it eagerly (the baseline).
+COMPILE_MODES = ("compile", "eager")
+# Modes of earlier versions (Inductor freezing, autotuned GEMM templates) held a second,
+# packed copy of the weights; their names now mean the one-copy compiled step.
+LEGACY_COMPILE_MODES = {"autotune": "compile", "freezing": "compile", "default": "compile"}
+# Modes whose figures are the instrument's: eager leaves every op between the linears
+# unfused, so its TPOT carries per-op overhead and is a baseline, not a measurement.
+MEASUREMENT_MODES = ("compile",)
 
-    max_autotune: let Inductor pick its C++ GEMM template (weights pre-packed at freeze
-    time) over ATen per matrix shape; slower to compile, faster decode on CPUs where
-    oneDNN has no bf16 packing path.
-    """
 
-    enabled: bool = True
-    freezing: bool = True
-    max_autotune: bool = True
-    fullgraph: bool = True
-
-    def inductor_patches(self) -> dict[str, Any]:
-        patches: dict[str, Any] = {"freezing": self.freezing}
-        if self.freezing:
-            # The FX graph cache stores a frozen graph's folded constants (the packed
-            # weights) inside its entry: a full copy of the model on disk per (batch,
-            # context) graph, and the pickled copy stays in memory. Compiled C++ kernels
-            # and autotuning results are still cached (their own caches).
-            patches["fx_graph_cache"] = False
-        if self.max_autotune:
-            patches.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                            "autotune_num_choices_displayed": 0,
-                            "max_autotune_report_choices_stats": False})
-        return patches
-
-    @property
-    def label(self) -> str:
-        if not self.enabled:
-            return "eager"
-        return "compile" + ("+freezing" if self.freezing else "") + ("+autotune" if self.max_autotune else "")
+def normalize_compile_mode(mode: str) -> str:
+    """A compile mode by its current name ('autotune' -> 'compile'); ValueError if unknown."""
+    mode = LEGACY_COMPILE_MODES.get(mode, mode)
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"unknown compile mode {mode!r}; known: {', '.join(COMPILE_MODES)}")
+    return mode
 
 
 class CompileCounter:
     """A torch.compile backend (Inductor) that counts the graphs it compiles."""
 
-    def __init__(self, patches: dict[str, Any]):
-        self.patches = dict(patches)
+    def __init__(self):
         self.graphs = 0
         self.seconds = 0.0
 
@@ -90,7 +73,7 @@ class CompileCounter:
 
 
 class _DecodeStep(torch.nn.Module):
-    """One greedy decode step as a module, so Inductor freezing sees the weights as parameters."""
+    """One greedy decode step as a module (what torch.compile traces)."""
 
     def __init__(self, model):
         super().__init__()
@@ -119,41 +102,37 @@ class Generation:
 
 
 class DecodeEngine:
-    """Greedy batched generation with a static cache and a compiled decode step.
+    """Greedy batched generation with packed weights, a static cache and a compiled step.
 
-    One engine holds one model; scenarios of a new (batch, context) shape get a new
-    cache and a new graph (the previous scenario's graph and cache are dropped first, so
-    a replica never holds two sets of frozen weights).
+    model: a bf16 causal LM; its nn.Linear layers are replaced in place by packed ones
+    (the originals are dropped). mode: "compile" or "eager". plan: the linear kernel
+    (default: the best this CPU offers).
     """
 
-    def __init__(self, model, options: CompileOptions | None = None, *,
-                 prefill_upcast: bool | None = None):
+    def __init__(self, model, mode: str = "compile", *, plan: KernelPlan | None = None,
+                 check_packing: bool = True):
         self.model = model
-        self.options = options or CompileOptions()
-        # Prefill is compute-bound; without a native bf16 GEMM (oneDNN bf16: AVX512-BF16
-        # or AMX) PyTorch's bf16 matmul is several times slower than fp32 SGEMM.
-        self.prefill_upcast = (not native_bf16_gemm()) if prefill_upcast is None else prefill_upcast
-        self._prefill_mode = _Float32WideLinear() if self.prefill_upcast else None
-        self.counter = CompileCounter(self.options.inductor_patches())
+        self.mode = normalize_compile_mode(mode)
+        self.plan = plan or choose_plan(onednn_bf16())
+        self.pack: PackReport = pack_linears(model, self.plan, check=check_packing)
+        self.counter = CompileCounter()
         self._step_module = _DecodeStep(model).eval()
         self._step = self._make_step()
         self._cache = None
         self._cache_shape: tuple[int, int] | None = None
 
+    @property
+    def label(self) -> str:
+        return f"{self.mode}, linears {self.plan.label}"
+
+    @property
+    def is_measurement_mode(self) -> bool:
+        return self.mode in MEASUREMENT_MODES
+
     def _make_step(self):
-        if not self.options.enabled:
+        if self.mode == "eager":
             return self._step_module
-        compiled = torch.compile(self._step_module, backend=self.counter,
-                                 fullgraph=self.options.fullgraph, dynamic=False)
-        patches = self.counter.patches
-
-        def step(*args):
-            # Dynamo reads `freezing` while tracing (parameters become constants only
-            # then), so the options must be live around the call, not only in compile_fx.
-            with torch._inductor.config.patch(patches):
-                return compiled(*args)
-
-        return step
+        return torch.compile(self._step_module, backend=self.counter, fullgraph=True, dynamic=False)
 
     @property
     def compiles(self) -> int:
@@ -175,12 +154,11 @@ class DecodeEngine:
         return self._cache
 
     def release(self) -> None:
-        """Drop the cache and every compiled graph (and the frozen weights they hold)."""
+        """Drop the cache and every compiled graph."""
         self._cache = None
         self._cache_shape = None
-        if self.options.enabled:
+        if self.mode != "eager":
             torch._dynamo.reset()
-            _drop_generated_constants()
             self._step = self._make_step()
         gc.collect()
 
@@ -199,7 +177,7 @@ class DecodeEngine:
         compiles_before = self.counter.graphs
         request_start = time.perf_counter()
         cache = self.cache_for(batch, prompt_len + output_tokens)
-        token = self._prefill(prompt, cache).argmax(dim=-1, keepdim=True)
+        token = self.prefill(prompt, cache).argmax(dim=-1, keepdim=True)
         first_token = time.perf_counter()
         out = [token]
         position = torch.full((batch, 1), prompt_len, dtype=torch.long)
@@ -217,32 +195,28 @@ class DecodeEngine:
         return Generation(torch.cat(out, dim=1), request_start, first_token, last_token, steps,
                           self.counter.graphs - compiles_before)
 
-    def _prefill(self, prompt: torch.Tensor, cache) -> torch.Tensor:
+    def prefill(self, prompt: torch.Tensor, cache) -> torch.Tensor:
         """Run the prompt through the model (eager), filling `cache`; last position's logits."""
         batch, prompt_len = prompt.shape
         positions = torch.arange(prompt_len, dtype=torch.long).unsqueeze(0).expand(batch, -1)
-        if self._prefill_mode is None:
-            out = self.model(input_ids=prompt, position_ids=positions, cache=cache, use_cache=True,
-                             logits_to_keep=1)
-        else:
-            with self._prefill_mode:
-                out = self.model(input_ids=prompt, position_ids=positions, cache=cache,
-                                 use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=prompt, position_ids=positions, cache=cache, use_cache=True,
+                         logits_to_keep=1)
         return out.logits[:, -1, :]
 
     @torch.inference_mode()
-    def step_logits(self, prompt: torch.Tensor, forced: torch.Tensor, *, compiled: bool = True
-                    ) -> torch.Tensor:
+    def step_logits(self, prompt: torch.Tensor, forced: torch.Tensor, *, compiled: bool = True,
+                    max_len: int | None = None) -> torch.Tensor:
         """Logits of each decode step when the tokens fed are `forced` [batch, steps].
 
         Teacher forcing makes the compiled and the eager step see identical inputs, so
         their logits compare position by position (free-running greedy tokens diverge
-        on near-ties). Returns float32 [batch, steps, vocab].
+        on near-ties). max_len: the cache length (default prompt + steps; pass a
+        scenario's context to reuse its compiled graph). Returns float32 [batch, steps, vocab].
         """
         batch, prompt_len = prompt.shape
         steps = forced.shape[1]
-        cache = self.cache_for(batch, prompt_len + steps)
-        self._prefill(prompt, cache)
+        cache = self.cache_for(batch, max(max_len or 0, prompt_len + steps))
+        self.prefill(prompt, cache)
         step = self._step if compiled else self._step_module
         out = []
         for i in range(steps):
@@ -250,65 +224,6 @@ class DecodeEngine:
             _, logits = step(forced[:, i:i + 1].contiguous(), position, cache)
             out.append(logits.float().clone())
         return torch.stack(out, dim=1)
-
-
-def native_bf16_gemm() -> bool:
-    """Whether oneDNN has a native bf16 GEMM on this CPU (AVX512-BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
-        return False
-
-
-class _Float32WideLinear(torch.overrides.TorchFunctionMode):
-    """Inside this mode, bf16 linears with many rows run as fp32 SGEMM.
-
-    The weights stay bf16 in memory; each wide call converts one weight into a reused
-    fp32 scratch buffer (a bf16 GEMM accumulates in fp32 anyway). Narrow calls (the
-    lm_head on one row per stream) keep the bf16 path.
-    """
-
-    MIN_ROWS = 64
-
-    def __init__(self):
-        super().__init__()
-        self._scratch = torch.empty(0, dtype=torch.float32)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.linear:
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if (x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
-                    and x.numel() // max(x.shape[-1], 1) >= self.MIN_ROWS):
-                if self._scratch.numel() < weight.numel():
-                    self._scratch = torch.empty(weight.numel(), dtype=torch.float32)
-                w32 = self._scratch[:weight.numel()].view(weight.shape)
-                w32.copy_(weight)
-                b32 = None if bias is None else bias.float()
-                return torch.nn.functional.linear(x.float(), w32, b32).to(x.dtype)
-        return func(*args, **kwargs)
-
-
-def _drop_generated_constants() -> None:
-    """Free the constants (frozen, pre-packed weights) of Inductor's generated modules.
-
-    torch._dynamo.reset() forgets the graphs, but Inductor keeps every generated
-    module alive (PyCodeCache and sys.modules) with its constants as attributes; without
-    this a new scenario would add one more packed copy of the weights.
-    """
-    import sys
-
-    try:
-        from torch._inductor.codecache import PyCodeCache
-    except ImportError:  # pragma: no cover - other torch layouts
-        return
-    for module in list(PyCodeCache.modules):
-        for name, value in list(vars(module).items()):
-            if isinstance(value, torch.Tensor):
-                delattr(module, name)
-        sys.modules.pop(module.__name__, None)
-    PyCodeCache.cache_clear()
 
 
 def synthetic_prompt(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:

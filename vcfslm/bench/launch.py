@@ -79,7 +79,7 @@ def select_nodes(nodes: Sequence, count: int | None = None, names: Iterable[str]
 
 def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequence[int],
                 output_tokens: int, warmup: int, repeats: int, out: str, run_id: str,
-                node: str, nodes: int, threads: int, compile_mode: str = "autotune",
+                node: str, nodes: int, threads: int, compile_mode: str = "compile",
                 resume: bool = False, scenarios: str | None = None) -> list[str]:
     """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper)."""
     args = ["--model", model, "--batch-sizes", ",".join(map(str, batch_sizes)),

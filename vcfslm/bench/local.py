@@ -116,7 +116,7 @@ def new_run_id(now: datetime.datetime | None = None, suffix: str = NODE_NAME) ->
 def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, node: str = NODE_NAME,
                      nodes: int = 1, threads: int, resume: bool = False, scenarios: str | None = None,
                      probe: bool = True, probe_mib: int = 1024, seed: int = 0,
-                     compile_mode: str = "autotune") -> list[str]:
+                     compile_mode: str = "compile") -> list[str]:
     """The worker's command-line arguments (after torchrun's "--"): the cluster's, plus the
     local-only seed and probe settings."""
     args = worker_args(model=model, batch_sizes=matrix.batch_sizes, input_tokens=matrix.input_tokens,
@@ -163,7 +163,7 @@ def machine_node_cpus() -> dict[int, tuple[int, ...]]:
 
 def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None = None,
               runs_dir: str | Path = "runs", run_id: str | None = None, resume: bool = False,
-              use_numactl: bool = True, seed: int = 0, compile_mode: str = "autotune",
+              use_numactl: bool = True, seed: int = 0, compile_mode: str = "compile",
               probe: bool = True, probe_mib: int = 1024, scenarios: str | None = None,
               label: str | None = None, command: list[str] | None = None,
               slos: dict[str, Any] | None = None, inductor_cache_dir: str | None = None,

@@ -20,7 +20,9 @@ from rich.table import Table
 from ..errors import BenchError, InventoryError, Problem, UsageError
 from .common import RichReporter, console, err_console, inventory_option, output_option, print_json
 
-COMPILE_MODES = ("autotune", "freezing", "default", "eager")  # vcfslm.bench.worker.COMPILE_MODES
+# vcfslm.bench.worker.COMPILE_MODES + LEGACY_COMPILE_MODES (the worker module is light,
+# but the CLI's help must not import the bench package).
+COMPILE_MODES = ("compile", "eager", "autotune", "freezing", "default")
 LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
               "seed", "no_probe", "probe_mib")
 CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
@@ -69,8 +71,9 @@ def int_list(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--no-numactl", is_flag=True, help="Do not pin ranks with numactl (local).")
 @click.option("--seed", type=int, default=None, help="Weights/prompt seed (local; default 0).")
 @click.option("--compile", "compile_mode", type=click.Choice(COMPILE_MODES), default=None,
-              help="Decode step: autotune (compile + freezing + autotuned GEMMs), freezing, default "
-                   "(plain compile) or eager (default: the inventory's bench.compile, else autotune).")
+              help="Decode step: compile (torch.compile over one packed copy of the weights: the "
+                   "measurement mode) or eager (a baseline); autotune, freezing and default are older "
+                   "names of compile (default: the inventory's bench.compile, else compile).")
 @click.option("--no-probe", is_flag=True, help="Skip the bandwidth probe: no roofline (local).")
 @click.option("--probe-mib", type=click.IntRange(min=16), default=None, help="Probe buffer in MiB (local; default 1024).")
 @click.option("--timeout", type=float, default=None, help="Whole-run timeout in seconds.")
@@ -166,7 +169,7 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) 
 def _local_defaults() -> dict[str, Any]:
     return {"model": "synthetic:tiny", "ranks": 1, "threads": None, "batch_sizes": [1, 4, 8, 16],
             "input_tokens": [128, 512, 1024], "output_tokens": 128, "warmup": 1, "repeats": 3,
-            "seed": 0, "compile_mode": "autotune", "probe_mib": 1024, "scenarios": None, "label": None}
+            "seed": 0, "compile_mode": "compile", "probe_mib": 1024, "scenarios": None, "label": None}
 
 
 def _from_inventory(path: str) -> dict[str, Any]:
@@ -192,7 +195,7 @@ def _from_meta(run_dir: Path) -> dict[str, Any]:
     return {"model": meta.model, "ranks": meta.ranks_per_node, "threads": meta.threads_per_rank,
             "batch_sizes": m["batch_sizes"], "input_tokens": m["input_tokens"],
             "output_tokens": m["output_tokens"], "warmup": m.get("warmup", 1), "repeats": m["repeats"],
-            "seed": m.get("seed", 0), "compile_mode": m.get("compile", "autotune"),
+            "seed": m.get("seed", 0), "compile_mode": m.get("compile", "compile"),
             "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos}
 
 
