@@ -32,7 +32,8 @@ says `_ms`):
     ttft_s            list[float] per stream
     tpot_ms           list[float] per stream: (e2e - ttft) / (output_tokens - 1)
     e2e_s             list[float] per stream
-    peak_rss_bytes    int
+    peak_rss_bytes    int   the rank's peak resident set so far (compile transients included)
+    rss_bytes         int   its resident set at the window's end (the steady footprint)
     recompiles        int   compilations that happened inside this window
     valid             bool  false when something makes the window untrustworthy
     invalid_reasons   list[str]
@@ -80,6 +81,7 @@ class WindowRecord:
     tpot_ms: list[float]
     e2e_s: list[float]
     peak_rss_bytes: int = 0
+    rss_bytes: int = 0
     recompiles: int = 0
     valid: bool = True
     invalid_reasons: list[str] = field(default_factory=list)

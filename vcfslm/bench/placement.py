@@ -59,6 +59,89 @@ def parse_cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
+def parse_status_binding(status: str) -> dict[str, str]:
+    """CPUs and memory nodes a task may use, from /proc/<pid>/status text.
+
+    {"cpus": "0-23", "mems": "0"}; keys are absent when the text lacks them.
+    """
+    out: dict[str, str] = {}
+    for line in status.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key == "Cpus_allowed_list":
+            out["cpus"] = value.strip()
+        elif sep and key == "Mems_allowed_list":
+            out["mems"] = value.strip()
+    return out
+
+
+def parse_task_cpu(stat: str) -> int | None:
+    """The CPU a task last ran on: field 39 of /proc/<pid>/task/<tid>/stat.
+
+    The command name (field 2) is in parentheses and may hold spaces, so fields are
+    counted after its closing parenthesis.
+    """
+    _, sep, rest = stat.rpartition(")")
+    fields = rest.split()
+    # rest starts at field 3 (state); field 39 is at index 36.
+    if not sep or len(fields) < 37:
+        return None
+    try:
+        return int(fields[36])
+    except ValueError:
+        return None
+
+
+def thread_cpus(task_dir: str | Path = "/proc/self/task") -> dict[int, dict[str, Any]]:
+    """Each thread of this process: the CPU it last ran on and the CPUs it may use."""
+    threads: dict[int, dict[str, Any]] = {}
+    for entry in sorted(Path(task_dir).iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+        if not entry.name.isdigit():
+            continue
+        cpu = parse_task_cpu(_read(str(entry / "stat")))
+        allowed = parse_status_binding(_read(str(entry / "status"))).get("cpus")
+        if cpu is not None:
+            threads[int(entry.name)] = {"cpu": cpu, "allowed": allowed}
+    return threads
+
+
+def placement_problems(*, process_cpus: str | None, process_mems: str | None,
+                       intended_cpus: str | None, intended_node: int | None,
+                       threads: dict[int, dict[str, Any]] | None = None,
+                       memory_node: int | None = None) -> list[str]:
+    """Why a rank did not run where it was meant to (pure; [] when it did or nothing was meant).
+
+    process_cpus/process_mems: what the process was given at start (numactl's binding,
+    read before OpenMP bound its threads); intended_*: what the rank wrapper asked for;
+    threads: thread_cpus(); memory_node: the node holding most of the rank's memory.
+    """
+    problems: list[str] = []
+    given = set(parse_cpu_list(process_cpus)) if process_cpus else None
+    if intended_cpus and given is not None and given != set(parse_cpu_list(intended_cpus)):
+        problems.append(f"placement: process CPUs {process_cpus} != intended {intended_cpus}")
+    if intended_node is not None and process_mems:
+        mems = set(parse_cpu_list(process_mems))
+        if mems != {intended_node}:
+            problems.append(f"placement: memory nodes {process_mems} != intended node {intended_node}")
+    if intended_node is not None and memory_node is not None and memory_node != intended_node:
+        problems.append(f"placement: most memory on node {memory_node}, intended node {intended_node}")
+    if given is not None and threads:
+        outside = sorted({t["cpu"] for t in threads.values() if t["cpu"] not in given})
+        if outside:
+            problems.append(f"placement: threads ran on CPU(s) {format_cpu_list(outside)} outside "
+                            f"{process_cpus}")
+    return problems
+
+
+def omp_thread_cores(threads: dict[int, dict[str, Any]]) -> list[int]:
+    """Cores of the threads that are bound to one CPU each (OpenMP's, under OMP_PROC_BIND)."""
+    cores = []
+    for info in threads.values():
+        allowed = info.get("allowed")
+        if allowed and len(parse_cpu_list(allowed)) == 1:
+            cores.append(info["cpu"])
+    return sorted(cores)
+
+
 def dominant_node(bytes_per_node: dict[int, int]) -> int | None:
     """The NUMA node holding most of the memory, None when unknown."""
     if not bytes_per_node:
@@ -122,7 +205,7 @@ def bf16_facts(torch_module: Any | None = None, flags: set[str] | None = None) -
         except (AttributeError, RuntimeError):
             facts["onednn_bf16"] = False
         # oneDNN dispatches bf16 GEMMs to AMX tiles when the CPU has them and oneDNN
-        # can use bf16 at all; freezing packs weights for exactly that path.
+        # can use bf16 at all; the engine's packed weights are laid out for that path.
         facts["amx_in_use_likely"] = facts["amx"] and facts["onednn_bf16"]
     return facts
 
@@ -143,16 +226,35 @@ def versions(torch_module: Any | None = None) -> dict[str, str]:
     return out
 
 
-def placement_facts(torch_module: Any | None = None) -> dict[str, Any]:
-    """Where this process runs and what it runs on (one dict per rank, kept per record)."""
-    affinity = sorted(os.sched_getaffinity(0))
+def start_binding() -> dict[str, str]:
+    """The CPUs and memory nodes this process was given (call before OpenMP starts).
+
+    OpenMP under OMP_PROC_BIND binds the main thread to one core when its runtime
+    starts; after that os.sched_getaffinity(0) reports that one core, not numactl's set.
+    """
+    return parse_status_binding(_read("/proc/self/status"))
+
+
+def placement_facts(torch_module: Any | None = None, binding: dict[str, str] | None = None
+                    ) -> dict[str, Any]:
+    """Where this process runs and what it runs on (one dict per rank, kept per record).
+
+    binding: start_binding() as read at process start (default: read now).
+    """
+    binding = binding or start_binding()
+    affinity = sorted(parse_cpu_list(binding["cpus"])) if binding.get("cpus") else \
+        sorted(os.sched_getaffinity(0))
     node_cpus = node_cpu_lists()
     memory = parse_numa_maps(_read("/proc/self/numa_maps"))
+    threads = thread_cpus()
     facts: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "cpu_affinity": format_cpu_list(affinity),
         "cpus": len(affinity),
+        "memory_nodes_allowed": binding.get("mems"),
+        "thread_cpus": {str(tid): t["cpu"] for tid, t in threads.items()},
+        "omp_thread_cores": omp_thread_cores(threads),
         "cpu_numa_nodes": nodes_of_cpus(affinity, node_cpus),
         "memory_numa_nodes": {str(k): v for k, v in memory.items()},
         "memory_numa_node": dominant_node(memory),
@@ -166,6 +268,17 @@ def placement_facts(torch_module: Any | None = None) -> dict[str, Any]:
     if torch_module is not None:
         facts["threads"] = torch_module.get_num_threads()
     facts.update(bf16_facts(torch_module))
+    # VCFSLM_PIN: what the rank wrapper pinned with (numactl | taskset | none); unset for
+    # a wrapper that predates it, which always pinned when it could.
+    pinned_by = os.environ.get("VCFSLM_PIN")
+    facts["pinned_by"] = pinned_by
+    cpus_applied = pinned_by != "none"
+    memory_applied = pinned_by in (None, "numactl")
+    facts["problems"] = placement_problems(
+        process_cpus=binding.get("cpus"), process_mems=binding.get("mems"),
+        intended_cpus=facts["intended_cpus"] if cpus_applied else None,
+        intended_node=facts["intended_numa_node"] if memory_applied else None,
+        threads=threads, memory_node=facts["memory_numa_node"])
     return facts
 
 

@@ -11,6 +11,13 @@ runs (the worker calls it after numactl has pinned it, so it sees its own NUMA n
 - triad: a = b + s * c over float32 arrays (STREAM's triad; 2 reads + 1 write, counted
          as STREAM counts them, without write-allocate traffic).
 
+Prefill is compute-bound, so its floor is a matrix-product rate: `measure_gemm` times a
+prefill-shaped bf16 GEMM (Phi-3-mini's 3072 x 8192 weight, hundreds of rows) with the
+rank's threads, on every kernel that could serve it (the engine's packed one, plain
+`F.linear`, fp32 SGEMM) and keeps the fastest, for the same reason as above. The TTFT
+floor of a scenario is then the larger of its prompt FLOPs at that rate and one read
+of the weights at the read bandwidth.
+
 Each figure is the best of `repeats` passes (STREAM's convention: the best pass is the
 one least disturbed). Buffers are far larger than any last-level cache.
 
@@ -75,6 +82,69 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
                      seconds=time.perf_counter() - started)
 
 
+@dataclass(frozen=True)
+class GemmRate:
+    """Measured bf16 matrix-product rate in TFLOP/s (1e12 FLOP per second)."""
+
+    tflops: float
+    kernel: str
+    rows: int
+    k: int
+    n: int
+    threads: int
+    rates: dict
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+GEMM_ROWS = (256, 1024)
+GEMM_K, GEMM_N = 3072, 8192
+
+
+def measure_gemm(threads: int | None = None, rows: tuple[int, ...] = GEMM_ROWS, k: int = GEMM_K,
+                 n: int = GEMM_N, repeats: int = 3, plan=None) -> GemmRate:
+    """The fastest prefill-shaped GEMM rate over the kernels that could run it.
+
+    plan: the engine's vcfslm.bench.linear.KernelPlan (default: this CPU's).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from . import linear
+
+    if threads:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    plan = plan or linear.choose_plan(linear.onednn_bf16())
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+    packed = linear.PackedLinear(weight, None, plan)
+    weight32 = weight.float() if plan.kernel != linear.ONEDNN_PACKED else None
+    rates: dict[str, float] = {}
+    with torch.inference_mode():
+        for m in rows:
+            x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+            x32 = x.float() if weight32 is not None else None
+            flop = 2.0 * m * k * n
+            candidates = {f"engine {plan.kernel}": functools.partial(packed, x)}
+            # Without oneDNN bf16 a bf16 GEMM crawls (seconds per call here) and fp32 is
+            # the fast path; with it, fp32 SGEMM is the slower one.
+            if plan.kernel == linear.ONEDNN_PACKED:
+                candidates["F.linear bf16"] = functools.partial(F.linear, x, weight)
+            else:
+                candidates["F.linear fp32"] = functools.partial(F.linear, x32, weight32)
+            for name, fn in candidates.items():
+                rates[f"{name} M={m}"] = flop / _best(fn, repeats) / 1e12
+    best = max(rates, key=rates.get)
+    name, _, m_text = best.rpartition(" M=")
+    return GemmRate(tflops=rates[best], kernel=name, rows=int(m_text), k=k, n=n,
+                    threads=torch.get_num_threads(),
+                    rates={key: round(v, 4) for key, v in rates.items()},
+                    seconds=time.perf_counter() - started)
+
+
 def _best(fn, repeats: int) -> float:
     fn()  # first touch / warm the code path
     best = float("inf")
@@ -109,14 +179,47 @@ def roofline_tpot_ms(step_bytes: float, read_gbs: float) -> float | None:
     return step_bytes / (read_gbs * 1e9) * 1000.0
 
 
+def prefill_flops(config, batch: int, tokens: int) -> float:
+    """FLOPs of one prefill: every linear on every prompt row, causal attention, and the
+    lm_head on one row per stream (the engine keeps only the last position's logits)."""
+    hidden = config.hidden_size
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    inter = config.intermediate_size
+    per_token_layer = (hidden * (heads + 2 * kv_heads) * head_dim   # q, k, v
+                       + heads * head_dim * hidden                    # o
+                       + hidden * 2 * inter + inter * hidden)         # gate+up, down (SwiGLU)
+    rows = batch * tokens
+    linears = 2.0 * rows * per_token_layer * config.num_hidden_layers
+    # QK^T and AV: each query attends over its causal prefix (tokens + 1) / 2 keys on average.
+    attention = 2.0 * 2.0 * batch * tokens * (tokens + 1) / 2 * heads * head_dim * config.num_hidden_layers
+    lm_head = 2.0 * batch * hidden * config.vocab_size
+    return linears + attention + lm_head
+
+
+def roofline_ttft_s(flops: float, tflops: float | None, weight_bytes: float = 0.0,
+                    read_gbs: float | None = None) -> float | None:
+    """The TTFT floor: the prompt's FLOPs at the GEMM rate, or one read of the weights at
+    the read bandwidth when that is longer (short prompts); None without a GEMM rate."""
+    if not tflops or tflops <= 0:
+        return None
+    compute = flops / (tflops * 1e12)
+    memory = weight_bytes / (read_gbs * 1e9) if read_gbs and read_gbs > 0 else 0.0
+    return max(compute, memory)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vcfslm.bench.probe",
                                      description="Memory bandwidth probe (read + triad), JSON on stdout.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--mib", type=int, default=DEFAULT_MIB, help="read buffer size in MiB")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-gemm", action="store_true", help="skip the bf16 GEMM rate")
     args = parser.parse_args(argv)
     result = measure_bandwidth(args.threads, args.mib, args.repeats).to_dict()
+    if not args.no_gemm:
+        result["gemm"] = measure_gemm(args.threads).to_dict()
     try:
         import torch
 

@@ -29,8 +29,8 @@ Progress: one machine-readable line per event on stdout,
     VCFSLM-PROGRESS {"rank": 0, "phase": "measure", "scenario": 2, "scenarios": 6,
                      "window": 1, "batch": 4, "input_tokens": 128, "output_tokens": 128, ...}
 
-phase is one of start | loaded | probed | skip | warmup | measure | done | finished |
-failed. `scenario` counts from 1 (k of `scenarios`); `window` counts from 0 within its
+phase is one of start | loaded | probed | gated | skip | warmup | measure | done |
+finished | failed. `scenario` counts from 1 (k of `scenarios`); `window` counts from 0 within its
 phase. warmup/measure lines come as each window ends and carry tpot_ms_p50, ttft_s_p50,
 rank_tps, wall_s, valid; done closes a scenario; finished closes the run (rank 0 adds
 results_path).
@@ -59,7 +59,10 @@ from .. import results
 from ..results import WindowRecord
 
 PROGRESS_PREFIX = "VCFSLM-PROGRESS "
-COMPILE_MODES = ("autotune", "freezing", "default", "eager")
+# The engine's modes (vcfslm.bench.engine.COMPILE_MODES) and the names earlier versions
+# used for the compiled one; kept here so parsing arguments imports no torch.
+COMPILE_MODES = ("compile", "eager")
+LEGACY_COMPILE_MODES = ("autotune", "freezing", "default")
 log = logging.getLogger("vcfslm.bench.worker")
 
 
@@ -99,9 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe (no roofline)")
     p.add_argument("--probe-mib", type=int, default=1024, help="probe buffer size in MiB")
     p.add_argument("--seed", type=int, default=0, help="weights (synthetic) and prompt seed")
-    p.add_argument("--compile", choices=COMPILE_MODES, default="autotune",
-                   help="decode step: compile+freezing+autotuned GEMMs (default), compile+freezing, "
-                        "plain compile, or eager")
+    p.add_argument("--compile", choices=COMPILE_MODES + LEGACY_COMPILE_MODES, default="compile",
+                   help="decode step: compile (torch.compile over packed linears, the measurement "
+                        "mode) or eager (a baseline); autotune/freezing/default mean compile")
+    p.add_argument("--gate-steps", type=int, default=8,
+                   help="teacher-forced steps of the numerics gate at start (0: no gate)")
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="seconds a collective may wait for the other ranks")
     return p
@@ -180,7 +185,8 @@ def sort_key(r: WindowRecord) -> tuple:
 
 def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple[int, int, int],
                   window: int, gen, skew_s: float, roofline_ms: float | None, placement: dict,
-                  peak_rss: int, extra_invalid: list[str] | None = None) -> WindowRecord:
+                  peak_rss: int, extra_invalid: list[str] | None = None, rss: int = 0,
+                  roofline_ttft: float | None = None) -> WindowRecord:
     """A WindowRecord from one generation's timestamps (pure apart from its inputs)."""
     batch, input_tokens, output_tokens = scenario
     first = [gen.first_token] * batch  # a batch's streams get their tokens together
@@ -199,9 +205,9 @@ def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple
         nodes=args.nodes, batch_per_rank=batch, input_tokens=input_tokens,
         output_tokens=output_tokens, window=window, start_skew_s=skew_s, wall_s=wall,
         generated_tokens=generated, rank_tps=generated / wall if wall > 0 else 0.0,
-        ttft_s=ttft, tpot_ms=tpot, e2e_s=e2e, peak_rss_bytes=peak_rss,
+        ttft_s=ttft, tpot_ms=tpot, e2e_s=e2e, peak_rss_bytes=peak_rss, rss_bytes=rss,
         recompiles=gen.compiles, valid=not reasons, invalid_reasons=reasons,
-        roofline_tpot_ms=roofline_ms, placement=placement)
+        roofline_tpot_ms=roofline_ms, roofline_ttft_s=roofline_ttft, placement=placement)
 
 
 # ------------------------------------------------------------------ output
@@ -243,6 +249,10 @@ def _setup_logging(out: Path, node: str, rank: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .placement import start_binding
+
+    # numactl's binding, read before OpenMP starts and binds the main thread to one core.
+    binding = start_binding()
     args = parse_args(argv)
     env = TorchrunEnv.from_environ()
     out = Path(args.out)
@@ -251,14 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     log.info("argv %s env %s", sys.argv, env)
     base = {"rank": env.rank, "node": args.node, "local_rank": env.local_rank}
     try:
-        return run(args, env, out, base)
+        return run(args, env, out, base, binding)
     except Exception as exc:
         log.error("failed: %s\n%s", exc, traceback.format_exc())
         progress({**base, "phase": "failed", "error": f"{type(exc).__name__}: {exc}"})
         raise
 
 
-def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, Any]) -> int:
+def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, Any],
+        binding: dict[str, str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
@@ -270,7 +281,7 @@ def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, A
     dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
-        return _run_scenarios(args, env, out, base, torch, dist)
+        return _run_scenarios(args, env, out, base, torch, dist, binding or {})
     finally:
         dist.destroy_process_group()
 
@@ -291,44 +302,58 @@ def _default_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def _engine_options(mode: str):
-    from .engine import CompileOptions
-
-    return {
-        "autotune": CompileOptions(),
-        "freezing": CompileOptions(max_autotune=False),
-        "default": CompileOptions(freezing=False, max_autotune=False),
-        "eager": CompileOptions(enabled=False),
-    }[mode]
+def _injected_perturbation(rank: int) -> float:
+    """Fault injection for tests: VCFSLM_FAULT_NUMERICS="RANK:SCALE" perturbs that rank's
+    compiled logits by SCALE x the largest logit in the numerics gate (it must fail)."""
+    who, _, scale = os.environ.get("VCFSLM_FAULT_NUMERICS", "").partition(":")
+    if who.strip().isdigit() and int(who) == rank and scale:
+        return float(scale)
+    return 0.0
 
 
-def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist) -> int:
+def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
+                   binding: dict[str, str]) -> int:
     from . import probe as probe_mod
-    from .engine import DecodeEngine, peak_rss_bytes, synthetic_prompt
+    from .engine import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
     from .model import load_model
-    from .placement import placement_facts
+    from .numerics import run_gate
+    from .placement import placement_facts, placement_problems, thread_cpus
 
     scenarios = scenario_list(args.batch_sizes, args.input_tokens, args.output_tokens, args.scenarios)
     max_context = max((i + o for _, i, o in scenarios), default=0)
     loaded = load_model(args.model, seed=args.seed, max_context=max_context or None)
-    engine = DecodeEngine(loaded.model, _engine_options(args.compile))
+    engine = DecodeEngine(loaded.model, args.compile)
     progress({**base, "phase": "loaded", "model": loaded.facts["source"], "load_s": loaded.facts["load_s"],
-              "params": loaded.facts["params"]})
+              "params": loaded.facts["params"], "engine": engine.label})
 
-    bandwidth = None
+    bandwidth = gemm = None
     if not args.no_probe:
         dist.barrier()  # probe together: ranks of a node share its memory system
-        bandwidth = probe_mod.measure_bandwidth(torch.get_num_threads(), args.probe_mib)
+        threads = torch.get_num_threads()
+        bandwidth = probe_mod.measure_bandwidth(threads, args.probe_mib)
+        gemm = probe_mod.measure_gemm(threads, plan=engine.plan)
         torch.set_num_threads(args.threads or _default_threads())
         progress({**base, "phase": "probed", "read_gbs": round(bandwidth.read_gbs, 2),
-                  "triad_gbs": round(bandwidth.triad_gbs, 2)})
+                  "triad_gbs": round(bandwidth.triad_gbs, 2), "gemm_tflops": round(gemm.tflops, 4)})
 
-    placement = placement_facts(torch)
-    placement["engine"] = engine.options.label
-    placement["prefill"] = "fp32-upcast" if engine.prefill_upcast else "bf16"
+    placement = placement_facts(torch, binding)
+    placement["engine"] = engine.label
+    placement["compile_mode"] = engine.mode
+    placement["measurement_mode"] = engine.is_measurement_mode
+    placement["linear_kernel"] = engine.plan.kernel
+    numerics = _numerics_gate(args, env, engine, scenarios, loaded, run_gate, synthetic_prompt)
+    if numerics is not None:
+        progress({**base, "phase": "gated", "passed": numerics.passed,
+                  "max_rel_diff": round(numerics.max_rel_diff, 5),
+                  "top1_agreement": round(numerics.top1_agreement, 3), "reason": numerics.reason})
+    rank_invalid = [r for r in (numerics and numerics.invalid_reason,) if r]
+    rank_invalid += placement["problems"]
     facts = {"rank": env.rank, "local_rank": env.local_rank, "node": args.node,
              "node_rank": env.group_rank, "placement": placement, "model": loaded.facts,
-             "probe": bandwidth.to_dict() if bandwidth else None, "engine": engine.options.label}
+             "probe": bandwidth.to_dict() if bandwidth else None,
+             "gemm": gemm.to_dict() if gemm else None, "engine": engine.label,
+             "pack": engine.pack.to_dict(), "numerics": numerics.to_dict() if numerics else None,
+             "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
     results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
 
     my_file = rank_file(out, env.rank)
@@ -354,12 +379,17 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist) -
             continue
         prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
                                   seed=args.seed * 1_000_003 + batch * 7919 + input_tokens)
-        roofline = None
+        roofline = roofline_ttft = None
         if bandwidth:
             step_bytes = probe_mod.decode_step_bytes(
                 loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch,
                 probe_mod.mean_decode_context(input_tokens, output_tokens))
             roofline = probe_mod.roofline_tpot_ms(step_bytes, bandwidth.read_gbs)
+        if gemm:
+            roofline_ttft = probe_mod.roofline_ttft_s(
+                probe_mod.prefill_flops(loaded.config, batch, input_tokens), gemm.tflops,
+                loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None)
+        allowed = binding.get("cpus")
         phases = [("warmup", w) for w in range(args.warmup)] + [("measure", w) for w in range(args.repeats)]
         for phase, window in phases:
             _injected_delay(env.rank)
@@ -369,9 +399,15 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist) -
             stamps: list[Any] = [None] * env.world_size
             dist.all_gather_object(stamps, released)
             skew = released - min(stamps)
+            # Where the threads ran during this window: a thread outside the rank's CPUs
+            # (a lost binding) makes the window untrustworthy.
+            moved = placement_problems(process_cpus=allowed, process_mems=None, intended_cpus=None,
+                                       intended_node=None, threads=thread_cpus())
             record = window_record(env=env, args=args, scenario=scenario, window=window, gen=gen,
                                    skew_s=skew, roofline_ms=roofline, placement=placement,
-                                   peak_rss=peak_rss_bytes())
+                                   peak_rss=peak_rss_bytes(), rss=current_rss_bytes(),
+                                   roofline_ttft=roofline_ttft,
+                                   extra_invalid=rank_invalid + moved)
             if phase == "measure":
                 results.append_record(my_file, record)
             progress({**where, "phase": phase, "window": window,
@@ -379,7 +415,10 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist) -
                       "ttft_s_p50": round(results.percentile(record.ttft_s, 50), 4),
                       "rank_tps": round(record.rank_tps, 3), "wall_s": round(record.wall_s, 4),
                       "skew_ms": round(skew * 1000, 3), "valid": record.valid,
-                      "compiles": gen.compiles, "roofline_tpot_ms": roofline and round(roofline, 3)})
+                      "compiles": gen.compiles, "roofline_tpot_ms": roofline and round(roofline, 3),
+                      "roofline_ttft_s": roofline_ttft and round(roofline_ttft, 4),
+                      "rss_gb": round(record.rss_bytes / 1e9, 3),
+                      "peak_rss_gb": round(record.peak_rss_bytes / 1e9, 3)})
         progress({**where, "phase": "done", "window": args.repeats})
     engine.release()
 
@@ -399,6 +438,22 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist) -
     dist.barrier()
     progress(done)
     return 0
+
+
+def _numerics_gate(args, env: TorchrunEnv, engine, scenarios, loaded, run_gate, synthetic_prompt):
+    """Compare the compiled step with the eager model before any window (None: no gate).
+
+    It runs at the first scenario's batch and cache length, so the graph it compiles is
+    the one that scenario's windows use: the gate costs no extra compile.
+    """
+    if args.gate_steps <= 0 or not scenarios:
+        return None
+    batch, input_tokens, output_tokens = scenarios[0]
+    vocab = loaded.config.vocab_size
+    prompt = synthetic_prompt(batch, 8, vocab, seed=args.seed * 7 + 1)
+    forced = synthetic_prompt(batch, args.gate_steps, vocab, seed=args.seed * 7 + 2)
+    return run_gate(engine, prompt, forced, max_len=input_tokens + output_tokens,
+                    perturb=_injected_perturbation(env.rank))
 
 
 if __name__ == "__main__":  # pragma: no cover
