@@ -4,10 +4,13 @@ Decode reads every weight once per step, so the fastest possible step is
 bytes read per step / read bandwidth. The probe measures that bandwidth where the rank
 runs (the worker calls it after numactl has pinned it, so it sees its own NUMA node):
 
-- read:  the faster of two read-only passes over a float32 buffer: a sum, and a
-         matrix-vector product (MKL's SGEMV streams the matrix like decode streams
-         weights). Taking the faster keeps the roofline a floor: a slow read kernel
-         would understate bandwidth and flatter the engine's efficiency;
+- read:  the fastest of three read-only passes over a buffer of the same size: a sum
+         over float32, MKL's SGEMV over float32, and the engine's own bf16 linear kernel
+         over a bf16 matrix (vcfslm.bench.linear, a few rows: it streams the matrix like
+         decode streams weights). Taking the fastest keeps the roofline a floor: a slow
+         read kernel would understate bandwidth and flatter the engine's efficiency
+         (on an AVX512-BF16 EPYC oneDNN's packed GEMV read ~40 GB/s where the sum read
+         ~33);
 - triad: a = b + s * c over float32 arrays (STREAM's triad; 2 reads + 1 write, counted
          as STREAM counts them, without write-allocate traffic).
 
@@ -31,7 +34,7 @@ import functools
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 DEFAULT_MIB = 1024
 
@@ -47,13 +50,18 @@ class Bandwidth:
     buffer_bytes: int
     repeats: int
     seconds: float
+    read_kernels: dict = field(default_factory=dict)  # GB/s of every read kernel tried
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeats: int = 5) -> Bandwidth:
-    """Read and triad bandwidth with `threads` torch threads over a `mib` MiB buffer."""
+def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeats: int = 5, *,
+                      engine_kernel: bool = True) -> Bandwidth:
+    """Read and triad bandwidth with `threads` torch threads over a `mib` MiB buffer.
+
+    engine_kernel: also read with the engine's bf16 linear kernel (needs vcfslm.bench.linear).
+    """
     import torch
 
     if threads:
@@ -65,10 +73,13 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     vec = torch.ones(4096, dtype=torch.float32)
     kernels = {"sum": _best(buf.sum, repeats),
                "sgemv": _best(functools.partial(torch.mv, buf.view(-1, 4096), vec), repeats)}
-    read_kernel = min(kernels, key=kernels.get)
-    read_s = kernels[read_kernel]
     read_bytes = buf.numel() * buf.element_size()
     del buf, vec
+    if engine_kernel:
+        # The same bytes as bf16 (twice the elements), held by the engine's linear kernel.
+        kernels["engine bf16 linear"] = _engine_read_s(n * 2, repeats)
+    read_kernel = min(kernels, key=kernels.get)
+    read_s = kernels[read_kernel]
     m = max(n // 4, 1024)  # triad: three arrays, together ~3/4 of the read buffer
     a = torch.zeros(m, dtype=torch.float32)
     b = torch.ones(m, dtype=torch.float32)
@@ -78,8 +89,32 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     del a, b, c
     return Bandwidth(read_gbs=read_bytes / read_s / 1e9, triad_gbs=triad_bytes / triad_s / 1e9,
                      read_kernel=read_kernel,
+                     read_kernels={k: round(read_bytes / v / 1e9, 2) for k, v in kernels.items()},
                      threads=torch.get_num_threads(), buffer_bytes=read_bytes, repeats=repeats,
                      seconds=time.perf_counter() - started)
+
+
+def _engine_read_s(elements: int, repeats: int) -> float:
+    """Seconds of one pass of the engine's linear kernel over `elements` bf16 weights.
+
+    The matrix is cut into Phi-3-sized slices (3072 columns, at most 16384 rows), packed
+    one at a time, so the probe never holds two copies of its buffer.
+    """
+    import torch
+
+    from . import linear
+
+    plan = linear.choose_plan(linear.onednn_bf16())
+    k, rows_per = 3072, 16384
+    rows_total = max(elements // k, 1)
+    slices = []
+    while rows_total > 0:
+        rows = min(rows_per, rows_total)
+        slices.append(linear.PackedLinear(torch.ones(rows, k, dtype=torch.bfloat16), None, plan))
+        rows_total -= rows
+    x = torch.ones(plan.min_rows, k, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        return _best(lambda: [layer(x) for layer in slices], repeats)
 
 
 @dataclass(frozen=True)
