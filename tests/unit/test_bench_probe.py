@@ -90,3 +90,34 @@ def test_placement_facts_of_this_process():
     assert facts["cpu_capability"] and facts["versions"]["torch"] == torch.__version__
     assert facts["memory_numa_node"] is not None
     assert isinstance(facts["onednn_bf16"], bool)
+
+
+def test_flop_counts_and_floors_of_the_phi3_mini_shape():
+    from vcfslm.bench.model import phi3_mini_config
+
+    pytest.importorskip("transformers")
+    config = phi3_mini_config()
+    # 113.2M matrix parameters per layer and token, 32 layers, lm_head 3072 x 32064
+    per_token = 2 * (113_246_208 * 32)
+    assert probe.prefill_flops(config, 1, 1) == pytest.approx(per_token + 4 * 3072 * 32 + 2 * 3072 * 32064)
+    b16 = probe.prefill_flops(config, 16, 32)
+    assert b16 == pytest.approx(16 * 32 * per_token + 4 * 16 * 32 * 16.5 * 3072 * 32 + 16 * 2 * 3072 * 32064)
+    assert 3.7e12 < b16 < 3.9e12  # peers-and-amx.md: "~3.9 TFLOP" for 512 prompt tokens
+    step = probe.decode_step_flops(config, 16, 48)
+    assert step == pytest.approx(16 * (per_token + 2 * 3072 * 32064) + 4 * 16 * 48 * 3072 * 32)
+    # floors: the larger of memory and compute
+    assert probe.roofline_ttft_s(1e12, 0.5, weight_bytes=7.6e9, read_gbs=38) == pytest.approx(2.0)
+    assert probe.roofline_ttft_s(1e10, 0.5, weight_bytes=7.6e9, read_gbs=38) == pytest.approx(0.2)
+    assert probe.roofline_ttft_s(1e12, None) is None
+    assert probe.roofline_tpot_ms(7.6e9, 38.0, step_flops=1.2e11, tflops=0.4) == pytest.approx(300.0)
+    assert probe.roofline_tpot_ms(7.6e9, 38.0, step_flops=1.2e10, tflops=0.4) == pytest.approx(200.0)
+
+
+def test_gemm_probe_measures_every_candidate_kernel():
+    pytest.importorskip("torch")
+    rate = probe.measure_gemm(threads=1, rows=(32,), k=256, n=512, repeats=1)
+    assert rate.tflops > 0 and rate.rows == 32 and rate.kernel.startswith(("engine", "F.linear"))
+    assert len(rate.rates) == 2 and max(rate.rates.values()) == pytest.approx(rate.tflops, rel=1e-3)
+    bw = probe.measure_bandwidth(threads=1, mib=32, repeats=1)
+    assert set(bw.read_kernels) == {"sum", "sgemv", "engine bf16 linear"}
+    assert bw.read_gbs == pytest.approx(max(bw.read_kernels.values()), rel=0.01)

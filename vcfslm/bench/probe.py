@@ -207,29 +207,51 @@ def decode_step_bytes(step_weight_bytes: int, kv_bytes_per_token: int, batch: in
     return step_weight_bytes + batch * context_tokens * kv_bytes_per_token
 
 
-def roofline_tpot_ms(step_bytes: float, read_gbs: float) -> float | None:
-    """The bandwidth floor of one decode step in ms (None without a bandwidth)."""
+def roofline_tpot_ms(step_bytes: float, read_gbs: float, step_flops: float = 0.0,
+                     tflops: float | None = None) -> float | None:
+    """The floor of one decode step in ms: its bytes at the read bandwidth, or its FLOPs at
+    the GEMM rate when that is longer (big batches on CPUs without AMX); None without a
+    bandwidth."""
     if not read_gbs or read_gbs <= 0:
         return None
-    return step_bytes / (read_gbs * 1e9) * 1000.0
+    memory = step_bytes / (read_gbs * 1e9)
+    compute = step_flops / (tflops * 1e12) if tflops and tflops > 0 else 0.0
+    return max(memory, compute) * 1000.0
 
 
-def prefill_flops(config, batch: int, tokens: int) -> float:
-    """FLOPs of one prefill: every linear on every prompt row, causal attention, and the
-    lm_head on one row per stream (the engine keeps only the last position's logits)."""
+def _linear_params_per_token(config) -> tuple[int, int]:
+    """(matrix parameters one token meets in one layer, heads x head_dim)."""
     hidden = config.hidden_size
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     inter = config.intermediate_size
-    per_token_layer = (hidden * (heads + 2 * kv_heads) * head_dim   # q, k, v
-                       + heads * head_dim * hidden                    # o
-                       + hidden * 2 * inter + inter * hidden)         # gate+up, down (SwiGLU)
+    per_layer = (hidden * (heads + 2 * kv_heads) * head_dim   # q, k, v
+                 + heads * head_dim * hidden                    # o
+                 + hidden * 2 * inter + inter * hidden)         # gate+up, down (SwiGLU)
+    return per_layer, heads * head_dim
+
+
+def decode_step_flops(config, batch: int, context_tokens: float) -> float:
+    """FLOPs of one decode step: every linear and the lm_head on one row per stream, and
+    attention over each stream's cached context."""
+    per_layer, attn_width = _linear_params_per_token(config)
+    layers = config.num_hidden_layers
+    linears = 2.0 * batch * (per_layer * layers + config.hidden_size * config.vocab_size)
+    attention = 2.0 * 2.0 * batch * context_tokens * attn_width * layers
+    return linears + attention
+
+
+def prefill_flops(config, batch: int, tokens: int) -> float:
+    """FLOPs of one prefill: every linear on every prompt row, causal attention, and the
+    lm_head on one row per stream (the engine keeps only the last position's logits)."""
+    per_layer, attn_width = _linear_params_per_token(config)
+    layers = config.num_hidden_layers
     rows = batch * tokens
-    linears = 2.0 * rows * per_token_layer * config.num_hidden_layers
-    # QK^T and AV: each query attends over its causal prefix (tokens + 1) / 2 keys on average.
-    attention = 2.0 * 2.0 * batch * tokens * (tokens + 1) / 2 * heads * head_dim * config.num_hidden_layers
-    lm_head = 2.0 * batch * hidden * config.vocab_size
+    linears = 2.0 * rows * per_layer * layers
+    # QK^T and AV: each query attends over its causal prefix, (tokens + 1) / 2 keys on average.
+    attention = 2.0 * 2.0 * batch * tokens * (tokens + 1) / 2 * attn_width * layers
+    lm_head = 2.0 * batch * config.hidden_size * config.vocab_size
     return linears + attention + lm_head
 
 

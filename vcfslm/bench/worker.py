@@ -381,10 +381,12 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                                   seed=args.seed * 1_000_003 + batch * 7919 + input_tokens)
         roofline = roofline_ttft = None
         if bandwidth:
+            context = probe_mod.mean_decode_context(input_tokens, output_tokens)
             step_bytes = probe_mod.decode_step_bytes(
-                loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch,
-                probe_mod.mean_decode_context(input_tokens, output_tokens))
-            roofline = probe_mod.roofline_tpot_ms(step_bytes, bandwidth.read_gbs)
+                loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, context)
+            roofline = probe_mod.roofline_tpot_ms(
+                step_bytes, bandwidth.read_gbs, probe_mod.decode_step_flops(loaded.config, batch, context),
+                gemm.tflops if gemm else None)
         if gemm:
             roofline_ttft = probe_mod.roofline_ttft_s(
                 probe_mod.prefill_flops(loaded.config, batch, input_tokens), gemm.tflops,
