@@ -84,6 +84,9 @@ def test_compiled_logits_match_eager(engine):
 
 def test_every_linear_is_packed_and_the_modes_have_names(engine, tiny):
     assert not any(type(m) is torch.nn.Linear for m in tiny.model.modules())
+    # the replica's weight bytes (rooflines use them) are the same before and after packing
+    assert tiny.weight_bytes == tiny.facts["weight_bytes"]
+    assert tiny.step_weight_bytes == tiny.facts["step_weight_bytes"]
     assert sum(isinstance(m, PackedLinear) for m in tiny.model.modules()) == engine.pack.linears == 9
     assert engine.is_measurement_mode and "compile" in engine.label
     assert normalize_compile_mode("autotune") == "compile" == normalize_compile_mode("freezing")

@@ -70,6 +70,7 @@ def test_one_copy_originals_are_freed(plan):
     assert list(m.parameters()) == []
     held = sum(b.numel() * b.element_size() for b in m.buffers())
     assert held == weight_bytes  # packed weights + biases: exactly one copy
+    assert sum(getattr(layer, "held_nbytes", 0) for layer in m) == weight_bytes
     assert report.linears == 2 and packed_kernels(m) == {plan.kernel: 2}
 
 

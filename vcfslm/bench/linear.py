@@ -169,6 +169,8 @@ class PackedLinear(torch.nn.Module):
         # Buffers, not parameters: nothing may treat them as trainable or re-materialise them.
         self.register_buffer("packed_weight", stored)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        # Logical bytes (an oneDNN-packed tensor has no storage to measure).
+        self.held_nbytes = self.weight_nbytes + (0 if bias is None else bias.numel() * bias.element_size())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.packed_weight, self.bias, self.out_features, self.kernel, self.min_rows)

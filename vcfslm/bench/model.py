@@ -136,8 +136,10 @@ class LoadedModel:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of every parameter (what the replica holds)."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of every weight the replica holds: its parameters, and the weights its
+        packed linears hold as buffers (vcfslm.bench.linear; `held_nbytes`)."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return params + sum(getattr(m, "held_nbytes", 0) for m in self.model.modules())
 
     @property
     def step_weight_bytes(self) -> int:
