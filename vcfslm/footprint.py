@@ -48,9 +48,18 @@ def shape_of(model: str) -> ModelShape | None:
     return KNOWN_SHAPES.get(model.lower())
 
 
+# What a rank holds beside its weights and KV cache: the Python/torch runtime, compiled
+# kernels, oneDNN scratch, and while packing one weight twice (at most the lm_head, 0.2 GB
+# for Phi-3-mini). benchmarks/decode_efficiency.py measured 0.28 GB before loading and
+# ~0.45 GB steady beyond the weights with the full shape; 1 GiB leaves room for the peak.
+RANK_RUNTIME_BYTES = 1024**3
+
+
 def rank_memory_bytes(shape: ModelShape, batch: int, context_tokens: int) -> int:
-    """One replica's resident bytes: weights + a static KV cache of batch x context tokens."""
-    return shape.weight_bytes + batch * context_tokens * shape.kv_bytes_per_token
+    """One replica's resident bytes, as the engine holds them: one copy of the weights (the
+    engine packs each linear in place and keeps no second copy), a static KV cache of
+    batch x context tokens, and the runtime."""
+    return shape.weight_bytes + batch * context_tokens * shape.kv_bytes_per_token + RANK_RUNTIME_BYTES
 
 
 def decode_step_bytes(shape: ModelShape, batch: int, context_tokens: int) -> int:

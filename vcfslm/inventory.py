@@ -297,8 +297,9 @@ def _memory_problems(inv: Inventory) -> list[tuple[Key, str]]:
     return [(("vm", "memory_gb"),
              f"{inv.vm.memory_gb} GiB is too small: {bench.ranks_per_node} replicas x "
              f"({shape.weight_bytes / gib:.1f} GiB weights + "
-             f"{(per_rank - shape.weight_bytes) / gib:.1f} GiB KV cache at batch "
-             f"{max(bench.batch_sizes)} x {context} tokens) + {GUEST_OVERHEAD_BYTES // gib} GiB "
+             f"{(per_rank - shape.weight_bytes - footprint.RANK_RUNTIME_BYTES) / gib:.1f} GiB KV cache "
+             f"at batch {max(bench.batch_sizes)} x {context} tokens + "
+             f"{footprint.RANK_RUNTIME_BYTES / gib:.1f} GiB runtime) + {GUEST_OVERHEAD_BYTES // gib} GiB "
              f"guest overhead = {need / gib:.1f} GiB")]
 
 

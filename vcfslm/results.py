@@ -264,11 +264,35 @@ class RunMeta:
     versions: dict[str, Any] = field(default_factory=dict)
     probe: dict[str, Any] = field(default_factory=dict)        # bandwidth per node/rank
     slos: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[str, Any] = field(default_factory=dict)        # per global rank: engine, numerics gate
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunMeta:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# What meta.json keeps of each rank's facts file (ranks/rank-<n>.json, written by the
+# worker): the engine and its kernel plan, the packing check, the numerics gate and the
+# GEMM probe. Placement and bandwidth have their own places (guests, probe).
+RANK_FACT_KEYS = ("node", "local_rank", "engine", "pack", "numerics", "gemm")
+
+
+def rank_summaries(facts: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """meta.json's `ranks`: the kept facts of every rank, by global rank."""
+    return {str(f["rank"]): {k: f.get(k) for k in RANK_FACT_KEYS}
+            for f in sorted(facts, key=lambda f: f.get("rank", 0)) if "rank" in f}
+
+
+def read_rank_facts(ranks_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every readable ranks/rank-<n>.json (a rank that died before writing one is absent)."""
+    out = []
+    for path in sorted(Path(ranks_dir).glob("rank-*.json")):
+        try:
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta) -> None:

@@ -59,6 +59,9 @@ def assert_complete(run_dir: Path, nodes: int, ranks_per_node: int, scenarios: i
     assert all(r.rank_tps > 0 and len(r.tpot_ms) == r.batch_per_rank for r in records)
     assert {r.node for r in records} == set(meta.nodes)
     assert (run_dir / "logs" / meta.nodes[0] / "torchrun.log").exists()
+    # every rank's facts came back: the engine it ran and its numerics gate
+    assert set(meta.ranks) == {str(r.rank) for r in records}
+    assert all(f["numerics"]["passed"] and f["pack"]["linears"] == 9 for f in meta.ranks.values())
 
 
 def test_dry_run_prints_each_nodes_command(provisioned_lab, tmp_path):

@@ -133,6 +133,7 @@ def test_bench_local_end_to_end(tmp_path):
     assert (run / "results.csv").exists() and (run / "launch" / "rank.sh").exists()
     assert (run / "logs" / "local" / "torchrun.log").exists()
     assert meta.probe["local"]["0"]["read_gbs"] > 0
+    assert set(meta.ranks) == {"0", "1"} and all(f["numerics"]["passed"] for f in meta.ranks.values())
     if len(os.sched_getaffinity(0)) >= 2:
         affinities = {r.rank: r.placement["cpu_affinity"] for r in recs}
         assert affinities[0] != affinities[1]  # each rank pinned to its own CPU

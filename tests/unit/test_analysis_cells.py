@@ -149,3 +149,18 @@ def test_load_runs_reports_every_bad_dir(tmp_path):
     assert len(err.value.problems) == 2
     assert "not a run dir (no meta.json)" in str(err.value) and "cannot read run" in str(err.value)
     assert load_run(good)[0].run_id == "good"
+
+
+def test_an_eager_run_is_labelled_a_baseline_and_a_compiled_one_is_not(tmp_path):
+    def eager(r):
+        r.placement = {**r.placement, "compile_mode": "eager"}
+        return r
+    a = analyse(make_run(tmp_path / "e", "e", ["vm1"], TABLE, tweak=eager))
+    assert a.warnings == ["run e ran the decode step in eager mode: a baseline, not a measurement mode (ops "
+                          "between the linears run unfused, so TPOT carries per-op overhead); measure with "
+                          "bench.compile: compile"]
+
+    def compiled(r):
+        r.placement = {**r.placement, "compile_mode": "compile"}
+        return r
+    assert analyse(make_run(tmp_path / "c", "c", ["vm1"], TABLE, tweak=compiled)).warnings == []

@@ -107,7 +107,8 @@ def test_memory_message_gives_the_numbers():
     data = brief_data()
     data["vm"]["memory_gb"] = 48
     [msg] = problems_of(data)
-    assert "batch 16 x 1152 tokens" in msg and "8 GiB guest overhead" in msg and "63.5 GiB" in msg
+    assert "batch 16 x 1152 tokens" in msg and "8 GiB guest overhead" in msg and "67.5 GiB" in msg
+    assert "+ 1.0 GiB runtime)" in msg  # the engine holds one copy of the weights, plus its runtime
 
 
 def test_unknown_model_skips_memory_estimate():

@@ -368,4 +368,22 @@ def run_warnings(meta: RunMeta, records: Sequence[WindowRecord]) -> list[str]:
     foreign = {r.run_id for r in records} - {meta.run_id}
     if foreign:
         out.append(f"run {meta.run_id} holds records of other run(s): {', '.join(sorted(foreign))}")
+    baseline = baseline_modes(meta, records)
+    if baseline:
+        out.append(f"run {meta.run_id} ran the decode step in {' and '.join(baseline)} mode: a baseline, "
+                   "not a measurement mode (ops between the linears run unfused, so TPOT carries "
+                   "per-op overhead); measure with bench.compile: compile")
     return out
+
+
+# Compile modes whose figures are the instrument's (vcfslm.bench.engine.MEASUREMENT_MODES;
+# analysis does not import the bench package). Older runs recorded autotune/freezing/default.
+MEASUREMENT_MODES = ("compile", "autotune", "freezing", "default")
+
+
+def baseline_modes(meta: RunMeta, records: Sequence[WindowRecord]) -> list[str]:
+    """The compile modes of a run that are not measurement modes (from its records, else meta)."""
+    modes = {str(r.placement.get("compile_mode")) for r in records if r.placement.get("compile_mode")}
+    if not modes and (meta.matrix or {}).get("compile"):
+        modes = {str(meta.matrix["compile"])}
+    return sorted(m for m in modes if m not in MEASUREMENT_MODES)

@@ -23,7 +23,16 @@ from typing import Any
 from .. import __version__
 from ..errors import BenchError, TransportError, VcfslmError
 from ..progress import NullReporter, Reporter
-from ..results import RunMeta, load_run, read_meta, read_records, write_meta, write_records
+from ..results import (
+    RunMeta,
+    load_run,
+    rank_summaries,
+    read_meta,
+    read_rank_facts,
+    read_records,
+    write_meta,
+    write_records,
+)
 from . import launch as L
 from .tracker import BenchTracker
 
@@ -308,9 +317,9 @@ class ClusterBench:
             t = self._t(la.name)
             listing = t.run(f"ls {shlex.quote(la.run_dir)}/ranks 2>/dev/null", timeout=60, check=False).stdout
             for rank in la.global_ranks:
-                name = f"rank-{rank}.jsonl"
-                if name in listing.split():
-                    t.get(f"{la.run_dir}/ranks/{name}", str(ranks_dir / name))
+                for name in (f"rank-{rank}.jsonl", f"rank-{rank}.json"):  # records, then facts
+                    if name in listing.split():
+                        t.get(f"{la.run_dir}/ranks/{name}", str(ranks_dir / name))
         for name, res in self._each(fetch).items():
             if isinstance(res, Exception):
                 self.reporter.log(f"{name}: could not fetch records: {res}")
@@ -342,7 +351,8 @@ class ClusterBench:
             failure=failure, versions={"vcfslm": __version__},
             slos={k: v.model_dump() for k, v in inv.slos.items()},
             vcenter=self._vcenter or previous.get("vcenter", {}),
-            guests=self.facts or previous.get("guests", {}), probe=previous.get("probe", {}))
+            guests=self.facts or previous.get("guests", {}), probe=previous.get("probe", {}),
+            ranks=rank_summaries(read_rank_facts(self.local_dir / "ranks")) or previous.get("ranks", {}))
 
     def run(self) -> tuple[RunMeta, list]:
         """Preflight, launch, watch, collect; BenchError (after a clean stop) on any failure."""

@@ -255,6 +255,7 @@ def _finish_meta(meta: results.RunMeta, run_dir: Path, records, matrix: Matrix, 
             meta.guests.setdefault(NODE_NAME, {})["placement"] = {
                 str(f["rank"]): f.get("placement") for f in facts}
             meta.guests[NODE_NAME]["model"] = facts[0].get("model")
+            meta.ranks = results.rank_summaries(facts)
     wanted = None
     if scenarios:
         from fnmatch import fnmatchcase
