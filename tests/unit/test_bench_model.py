@@ -127,3 +127,35 @@ def test_footprint_shapes_match_the_synthetic_configs():
         assert shape.kv_bytes_per_token == kv_bytes_per_token(config)
     model = load_model("synthetic:tiny").model
     assert sum(p.numel() for p in model.parameters()) == footprint.TINY.params
+
+
+def save_word_tokenizer(folder, vocab_size: int) -> None:
+    """A word-level fast tokenizer covering every id of the model (real weights ship a real one)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "<s>", "</s>", "The", "capital", "of", "France", "is"]
+    vocab = {w: i for i, w in enumerate(words + [f"w{i}" for i in range(len(words), vocab_size)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(folder)
+
+
+def test_a_folder_with_a_tokenizer_records_a_greedy_continuation_as_text(tmp_path, tiny):
+    from vcfslm.bench.engine import DecodeEngine
+    from vcfslm.bench.model import load_model, load_tokenizer
+    from vcfslm.bench.numerics import greedy_text
+
+    folder = tmp_path / "phi3"
+    tiny.model.save_pretrained(folder)
+    assert load_tokenizer(str(folder)) is None  # weights only: no text can be recorded
+    assert load_tokenizer("synthetic:tiny") is None
+    save_word_tokenizer(folder, tiny.config.vocab_size)
+    tokenizer = load_tokenizer(str(folder))
+    assert tokenizer("The capital of France is")["input_ids"] == [3, 4, 5, 6, 7]
+    engine = DecodeEngine(load_model(str(folder), max_context=64).model, "eager")
+    record = greedy_text(engine, tokenizer, tokens=6)
+    assert record["prompt"] == "The capital of France is" and record["tokens"] == 6
+    words = record["text"].split()
+    assert len(words) == 6 and all(w.startswith("w") or w in tokenizer.get_vocab() for w in words)

@@ -34,6 +34,7 @@ def test_probe_module_prints_json():
                           "--threads", "1"], capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["read_gbs"] > 0 and result["threads"] == 1 and "cpu_affinity" in result
+    assert result["gemm"]["tflops"] > 0 and result["gemm"]["k"] == 3072 and result["gemm"]["n"] == 8192
 
 
 NUMA_MAPS = """\

@@ -165,11 +165,12 @@ class DecodeEngine:
     # ------------------------------------------------------------- generation
 
     @torch.inference_mode()
-    def generate(self, prompt: torch.Tensor, output_tokens: int, *, record_steps: bool = False
-                 ) -> Generation:
+    def generate(self, prompt: torch.Tensor, output_tokens: int, *, record_steps: bool = False,
+                 eager: bool = False) -> Generation:
         """Generate exactly `output_tokens` greedy tokens per stream (EOS ignored).
 
         prompt: int64 [batch, input_tokens]. The request starts when this is called.
+        eager: run the decode step without compile (a check, never a measurement).
         """
         if output_tokens < 1:
             raise ValueError("output_tokens must be >= 1")
@@ -183,8 +184,9 @@ class DecodeEngine:
         position = torch.full((batch, 1), prompt_len, dtype=torch.long)
         steps: list[float] = []
         last = first_token
+        step = self._step_module if eager else self._step
         for _ in range(output_tokens - 1):
-            token, _ = self._step(token, position, cache)
+            token, _ = step(token, position, cache)
             out.append(token)
             position = position + 1
             if record_steps:

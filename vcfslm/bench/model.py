@@ -186,6 +186,20 @@ def load_model(source: str | ModelSpec, *, seed: int = 0, max_context: int | Non
     return loaded
 
 
+def load_tokenizer(source: str | ModelSpec):
+    """The tokenizer of a model folder or hub id; None for synthetic models or when the
+    source ships none (the numerics gate then records no text)."""
+    spec = parse_model_spec(source) if isinstance(source, str) else source
+    if spec.kind == "synthetic":
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(spec.name)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def build_random_model(config, *, seed: int = 0, attn_implementation: str = "sdpa"):
     """A model of `config` with random bf16 weights, built without an fp32 detour.
 

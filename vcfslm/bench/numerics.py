@@ -14,6 +14,10 @@ mis-packed weight) moves logits by the size of the logits themselves.
 
 A failed gate does not stop the run: every window of that rank is recorded as invalid
 with the gate's reason, so the report names the rank.
+
+With real weights (a model folder or hub id that has a tokenizer) the rank also records
+a short greedy continuation of a fixed prompt as text: a person can read whether the
+replica is the model it claims to be, which no logit comparison can tell.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ GATE_REASON_PREFIX = "numerics gate: "
 DEFAULT_RTOL = 0.05
 DEFAULT_MIN_TOP1 = 0.75
 DEFAULT_STEPS = 8
+GREEDY_PROMPT = "The capital of France is"
+GREEDY_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -86,3 +92,11 @@ def run_gate(engine, prompt, forced, *, max_len: int | None = None, rtol: float 
         compiled = compiled + perturb * float(eager.abs().max()) * torch.randn(
             compiled.shape, generator=gen)
     return compare_logits(compiled, eager, rtol=rtol, min_top1=min_top1)
+
+
+def greedy_text(engine, tokenizer, prompt: str = GREEDY_PROMPT, tokens: int = GREEDY_TOKENS) -> dict:
+    """A short greedy continuation of `prompt`, decoded to text (eager decode step)."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    gen = engine.generate(ids, tokens, eager=True)
+    return {"prompt": prompt, "tokens": tokens,
+            "text": tokenizer.decode(gen.tokens[0].tolist(), skip_special_tokens=True)}

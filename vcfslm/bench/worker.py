@@ -341,6 +341,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     placement["compile_mode"] = engine.mode
     placement["measurement_mode"] = engine.is_measurement_mode
     placement["linear_kernel"] = engine.plan.kernel
+    greedy = _greedy_text(args, engine)  # before the gate: its eager cache shape drops graphs
     numerics = _numerics_gate(args, env, engine, scenarios, loaded, run_gate, synthetic_prompt)
     if numerics is not None:
         progress({**base, "phase": "gated", "passed": numerics.passed,
@@ -352,7 +353,8 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
              "node_rank": env.group_rank, "placement": placement, "model": loaded.facts,
              "probe": bandwidth.to_dict() if bandwidth else None,
              "gemm": gemm.to_dict() if gemm else None, "engine": engine.label,
-             "pack": engine.pack.to_dict(), "numerics": numerics.to_dict() if numerics else None,
+             "pack": engine.pack.to_dict(),
+             "numerics": {**numerics.to_dict(), "greedy": greedy} if numerics else None,
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
     results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
 
@@ -440,6 +442,23 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     dist.barrier()
     progress(done)
     return 0
+
+
+def _greedy_text(args, engine) -> dict | None:
+    """A greedy continuation of a fixed prompt as text, for models that have a tokenizer."""
+    from .model import load_tokenizer
+    from .numerics import greedy_text
+
+    if args.gate_steps <= 0:
+        return None
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        return None
+    try:
+        return greedy_text(engine, tokenizer)
+    except Exception as exc:  # a record for people, never a reason to stop the run
+        log.warning("greedy continuation failed: %s", exc)
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _numerics_gate(args, env: TorchrunEnv, engine, scenarios, loaded, run_gate, synthetic_prompt):

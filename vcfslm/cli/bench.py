@@ -248,12 +248,13 @@ def results_table(rows: list[dict[str, Any]], title: str) -> Table:
 @click.option("--no-numactl", is_flag=True, help="One probe over the whole machine, unpinned.")
 @output_option
 def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
-    """Memory bandwidth (read and STREAM triad) per NUMA node, as the ranks see it.
+    """Memory bandwidth (read and STREAM triad) and bf16 GEMM rate per NUMA node, as the ranks see them.
 
     \b
     Each probe runs in its own process pinned with numactl to one node (CPUs and
     memory), with that node's CPU count as threads unless --threads is given. The
-    decode roofline of a model is bytes read per step / read bandwidth.
+    decode floor of a model is bytes read per step / read bandwidth (or its FLOPs at
+    the GEMM rate, when longer); the prefill floor is prompt FLOPs / GEMM rate.
     Example: vcfslm probe --mib 2048
     """
     from ..bench.placement import node_cpu_lists
@@ -279,13 +280,16 @@ def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
     if output == "json":
         print_json(rows)
         return
-    table = Table(title="memory bandwidth (GB/s = 1e9 bytes/s, best of 5)")
-    for col in ("NUMA node", "CPUs", "threads", "read GB/s", "triad GB/s", "buffer MiB"):
+    table = Table(title="memory bandwidth (GB/s = 1e9 bytes/s, best of 5) and bf16 GEMM rate")
+    for col in ("NUMA node", "CPUs", "threads", "read GB/s", "read kernel", "triad GB/s", "buffer MiB",
+                "GEMM TFLOP/s", "GEMM kernel"):
         table.add_column(col, justify="right")
     for r in rows:
+        gemm = r.get("gemm") or {}
         table.add_row("all" if r["numa_node"] is None else str(r["numa_node"]), r.get("cpu_affinity", "?"),
-                      str(r["threads"]), f"{r['read_gbs']:.1f}", f"{r['triad_gbs']:.1f}",
-                      str(r["buffer_bytes"] // (1024 * 1024)))
+                      str(r["threads"]), f"{r['read_gbs']:.1f}", str(r.get("read_kernel", "?")),
+                      f"{r['triad_gbs']:.1f}", str(r["buffer_bytes"] // (1024 * 1024)),
+                      f"{gemm['tflops']:.3f}" if gemm else "-", str(gemm.get("kernel", "-")))
     console.print(table)
 
 
