@@ -1,7 +1,8 @@
 """The rank engine against its floors and against HF generate(), side by side in one run.
 
     .venv/bin/python benchmarks/decode_efficiency.py                 # quick: 8 of Phi-3-mini's 32 layers
-    .venv/bin/python benchmarks/decode_efficiency.py --layers 32     # the full shape (~16 GB RSS, minutes)
+    .venv/bin/python benchmarks/decode_efficiency.py --layers 32     # the full shape (~17 GB RSS, ~10 min)
+    .venv/bin/python benchmarks/decode_efficiency.py --profile       # and a per-op profile of a window
 
 Model: synthetic:phi-3-mini (exact Phi-3-mini-128k-instruct layer shapes, random bf16
 weights); the quick mode keeps every matrix shape and drops layers.
@@ -211,6 +212,8 @@ def main() -> int:
     ap.add_argument("--compile", choices=("compile", "eager"), default="compile")
     ap.add_argument("--probe-mib", type=int, default=1024)
     ap.add_argument("--no-children", action="store_true", help="skip the memory / cold-warm compile children")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print torch.profiler's top ops of one batch-1 engine window")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -264,6 +267,13 @@ def main() -> int:
         paired.append((before + after) / 2)
     del hf
     alone_ms = linears_alone_ms(replica.model, rows=1)
+    if args.profile:
+        from torch.profiler import profile
+
+        with profile() as prof:
+            engine_window(engine, p1, args.tokens)
+        print(f"per-op profile of one batch-1 window ({args.tokens} tokens, prefill included):")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
     engine_window(engine, pb, args.tokens)  # new shape: compile window, discarded
     eb = [engine_window(engine, pb, args.tokens) for _ in range(args.repeats)]
     read_gbs = max(reads)
