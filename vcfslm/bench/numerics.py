@@ -8,9 +8,11 @@ near-ties (random weights have top-2 logit gaps of ~0.1) and prove nothing.
 
 The tolerance is stated, not tuned per run: the largest logit difference may be at most
 `rtol` of the largest eager logit (bf16 keeps 8 bits of mantissa; fused kernels round
-in another order), and the top-1 token must agree at `min_top1` of the positions (a
-near-tie may flip). A wrong graph (a dropped rotary, a stale cache position, a
-mis-packed weight) moves logits by the size of the logits themselves.
+in another order, and the difference grows with depth), and the top-1 token must agree
+at `min_top1` of the positions (a near-tie may flip). Measured on the Phi-3-mini shape
+with random weights: a correct compiled step differs by 0.025 of the largest logit with
+8 layers and 0.053 with 32; decode positions off by one differ by 0.60 and 0.86, and
+logits one step off by 1.25. 0.15 sits ~3x above the first and ~4x below the second.
 
 A failed gate does not stop the run: every window of that rank is recorded as invalid
 with the gate's reason, so the report names the rank.
@@ -26,7 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 
 GATE_REASON_PREFIX = "numerics gate: "
-DEFAULT_RTOL = 0.05
+DEFAULT_RTOL = 0.15
 DEFAULT_MIN_TOP1 = 0.75
 DEFAULT_STEPS = 8
 GREEDY_PROMPT = "The capital of France is"
