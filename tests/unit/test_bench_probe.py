@@ -122,3 +122,66 @@ def test_gemm_probe_measures_every_candidate_kernel():
     bw = probe.measure_bandwidth(threads=1, mib=32, repeats=1)
     assert set(bw.read_kernels) == {"sum", "sgemv", "engine bf16 linear"}
     assert bw.read_gbs == pytest.approx(max(bw.read_kernels.values()), rel=0.01)
+
+
+STATUS = """\
+Name:\tpython
+Tgid:\t4242
+Cpus_allowed:\tffffff
+Cpus_allowed_list:\t24-47
+Mems_allowed:\t00000000,00000002
+Mems_allowed_list:\t1
+voluntary_ctxt_switches:\t10
+"""
+
+# field 39 (the CPU last run on) is 31 here; the command name holds spaces and parentheses
+TASK_STAT = ("4243 (pt worker (1)) S 4242 4242 100 0 -1 4194560 10 0 0 0 5 1 0 0 20 0 26 0 1000 "
+             "123456 789 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 31 0 0 0 0 0")
+
+
+def test_status_binding_and_task_cpu_from_proc_text():
+    assert placement.parse_status_binding(STATUS) == {"cpus": "24-47", "mems": "1"}
+    assert placement.parse_status_binding("Name:\tx\n") == {}
+    assert placement.parse_task_cpu(TASK_STAT) == 31
+    assert placement.parse_task_cpu("4243 (short) S 1 2") is None
+    assert placement.parse_task_cpu("garbage") is None
+
+
+def test_thread_cpus_reads_every_task(tmp_path):
+    for tid, cpu, allowed in ((4242, 24, "24-47"), (4243, 31, "31")):
+        task = tmp_path / str(tid)
+        task.mkdir()
+        (task / "stat").write_text(TASK_STAT.replace("4243", str(tid)).replace(" 17 31 ", f" 17 {cpu} "))
+        (task / "status").write_text(STATUS.replace("24-47", allowed))
+    threads = placement.thread_cpus(tmp_path)
+    assert threads == {4242: {"cpu": 24, "allowed": "24-47"}, 4243: {"cpu": 31, "allowed": "31"}}
+    assert placement.single_cpu_threads(threads) == [31]
+
+
+@pytest.mark.parametrize("kw, expected", [
+    (dict(process_cpus="24-47", process_mems="1", intended_cpus="24-47", intended_node=1), []),
+    (dict(process_cpus="0-95", process_mems="0-3", intended_cpus="24-47", intended_node=1),
+     ["placement: process CPUs 0-95 != intended 24-47", "placement: memory nodes 0-3 != intended node 1"]),
+    (dict(process_cpus="24-47", process_mems="1", intended_cpus="24-47", intended_node=1, memory_node=0),
+     ["placement: most memory on node 0, intended node 1"]),
+    (dict(process_cpus="24-47", process_mems=None, intended_cpus=None, intended_node=None,
+          threads={1: {"cpu": 30}, 2: {"cpu": 5}, 3: {"cpu": 50}}),
+     ["placement: threads ran on CPU(s) 5,50 outside 24-47"]),
+    (dict(process_cpus=None, process_mems=None, intended_cpus="24-47", intended_node=1), []),
+])
+def test_placement_problems(kw, expected):
+    assert placement.placement_problems(**kw) == expected
+
+
+def test_placement_facts_read_the_binding_given_at_start_not_the_bound_main_thread(monkeypatch):
+    """OpenMP binds the main thread to one core; the facts keep what numactl gave the process."""
+    monkeypatch.setenv("VCFSLM_CPUS", "0-3")
+    monkeypatch.setenv("VCFSLM_NUMA_NODE", "0")
+    monkeypatch.setenv("VCFSLM_PIN", "numactl")
+    facts = placement.placement_facts(None, {"cpus": "0-3", "mems": "0"})
+    assert facts["cpu_affinity"] == "0-3" and facts["cpus"] == 4 and facts["memory_nodes_allowed"] == "0"
+    monkeypatch.setenv("VCFSLM_PIN", "none")  # nothing applied the intent: nothing to compare
+    assert placement.placement_facts(None, {"cpus": "0-95", "mems": "0-3"})["problems"] == []
+    monkeypatch.setenv("VCFSLM_PIN", "numactl")
+    wrong = placement.placement_facts(None, {"cpus": "0-95", "mems": "0"})
+    assert wrong["problems"][0] == "placement: process CPUs 0-95 != intended 0-3"

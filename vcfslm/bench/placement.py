@@ -132,14 +132,19 @@ def placement_problems(*, process_cpus: str | None, process_mems: str | None,
     return problems
 
 
-def omp_thread_cores(threads: dict[int, dict[str, Any]]) -> list[int]:
-    """Cores of the threads that are bound to one CPU each (OpenMP's, under OMP_PROC_BIND)."""
-    cores = []
+def single_cpu_threads(threads: dict[int, dict[str, Any]]) -> list[int]:
+    """CPUs of the threads bound to one CPU each, sorted (one CPU may appear several times).
+
+    Under OMP_PROC_BIND the OpenMP threads are bound one per core; threads the main thread
+    starts afterwards (gloo, compile workers) inherit its single core, so a core listed
+    more than once is that, not two compute threads sharing it.
+    """
+    cpus = []
     for info in threads.values():
         allowed = info.get("allowed")
         if allowed and len(parse_cpu_list(allowed)) == 1:
-            cores.append(info["cpu"])
-    return sorted(cores)
+            cpus.append(info["cpu"])
+    return sorted(cpus)
 
 
 def dominant_node(bytes_per_node: dict[int, int]) -> int | None:
@@ -254,7 +259,7 @@ def placement_facts(torch_module: Any | None = None, binding: dict[str, str] | N
         "cpus": len(affinity),
         "memory_nodes_allowed": binding.get("mems"),
         "thread_cpus": {str(tid): t["cpu"] for tid, t in threads.items()},
-        "omp_thread_cores": omp_thread_cores(threads),
+        "single_cpu_threads": single_cpu_threads(threads),
         "cpu_numa_nodes": nodes_of_cpus(affinity, node_cpus),
         "memory_numa_nodes": {str(k): v for k, v in memory.items()},
         "memory_numa_node": dominant_node(memory),
