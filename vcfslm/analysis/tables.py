@@ -120,11 +120,12 @@ def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Tab
              "TTFT/TPOT percentiles pool every stream of every rank and valid window; rank throughput "
              "spread is min–max over repeats of the mean across ranks."]
     if tpot_eff:
-        notes.append("TPOT efficiency = decode floor (bytes read per step / probed memory bandwidth) "
-                     "/ measured TPOT p50; 100% is decode at the bandwidth floor.")
+        notes.append("TPOT efficiency = decode floor (bytes read per step / probed memory bandwidth, or "
+                     "the step's FLOPs / probed bf16 GEMM rate when longer) / measured TPOT p50; 100% is "
+                     "decode at its floor.")
     if ttft_eff:
-        notes.append("TTFT efficiency = prefill floor (prompt FLOPs / probed bf16 GEMM rate) "
-                     "/ measured TTFT p50; 100% is prefill at the compute floor.")
+        notes.append("TTFT efficiency = prefill floor (prompt FLOPs / probed bf16 GEMM rate, or one read "
+                     "of the weights when longer) / measured TTFT p50; 100% is prefill at its floor.")
     return Table(title, cols, rows, notes)
 
 
