@@ -279,16 +279,15 @@ def main() -> int:
     read_gbs = max(reads)
     bad = sum(w["compiles"] for w in e1 + eb)
 
-    mean_ctx = probe.mean_decode_context(args.prompt, args.tokens)
+    def floors(batch, gbs=None):
+        return probe.scenario_floors(config, replica.step_weight_bytes, replica.kv_bytes_per_token, batch,
+                                     args.prompt, args.tokens, gbs or read_gbs, gemm.tflops)
 
     def tpot_floor(batch, gbs=None):
-        step = probe.decode_step_bytes(replica.step_weight_bytes, replica.kv_bytes_per_token, batch, mean_ctx)
-        return probe.roofline_tpot_ms(step, gbs or read_gbs, probe.decode_step_flops(config, batch, mean_ctx),
-                                      gemm.tflops)
+        return floors(batch, gbs)[0]
 
     def ttft_floor(batch):
-        return probe.roofline_ttft_s(probe.prefill_flops(config, batch, args.prompt), gemm.tflops,
-                                     replica.step_weight_bytes, read_gbs)
+        return floors(batch)[1]
 
     e1_tpot = [w["tpot_ms"] for w in e1]
     eb_tpot = [w["tpot_ms"] for w in eb]
@@ -297,8 +296,8 @@ def main() -> int:
     e1_tps = median([w["tok_s"] for w in e1])
     eb_tps = median([w["tok_s"] for w in eb])
     big = args.big_batch
-    memory_floor_b = probe.decode_step_bytes(replica.step_weight_bytes, replica.kv_bytes_per_token, big,
-                                             mean_ctx) / (read_gbs * 1e9) * 1000
+    memory_floor_b = probe.scenario_floors(config, replica.step_weight_bytes, replica.kv_bytes_per_token,
+                                           big, args.prompt, args.tokens, read_gbs, None)[0]
 
     print()
     print(f"{'':38} TPOT ms ({args.repeats} windows)                       TTFT s   decode tok/s")

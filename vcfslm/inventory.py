@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from . import footprint, topology
 from .errors import InventoryError, Problem
+from .results import LEGACY_COMPILE_MODES
 
 Key = tuple[str | int, ...]
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -185,7 +186,7 @@ class Bench(_Model):
     def _legacy_compile(cls, v):
         # Earlier versions offered Inductor freezing / GEMM autotuning, which held a second
         # copy of the weights; those names now mean the one-copy compiled step.
-        return "compile" if v in ("autotune", "freezing", "default") else v
+        return LEGACY_COMPILE_MODES.get(v, v) if isinstance(v, str) else v
 
     @field_validator("batch_sizes", "input_tokens")
     @classmethod

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vcfslm.bench import local
+from vcfslm.bench import launch, local
 from vcfslm.errors import InventoryError
 from vcfslm.guest.templates import render_template
 from vcfslm.results import WindowRecord
@@ -67,9 +67,9 @@ def test_parse_progress_lines():
     assert local.parse_progress(line)["rank"] == 1
     assert local.parse_progress("plain output\n") is None
     assert local.parse_progress("VCFSLM-PROGRESS {broken\n") is None
-    status = local.progress_status({"phase": "measure", "scenario": 2, "scenarios": 4, "batch": 4,
-                                    "input_tokens": 128, "window": 1, "tpot_ms_p50": 80.1,
-                                    "ttft_s_p50": 0.5, "rank_tps": 40.0, "valid": False})
+    status = launch.progress_status({"phase": "measure", "scenario": 2, "scenarios": 4, "batch": 4,
+                                     "input_tokens": 128, "window": 1, "tpot_ms_p50": 80.1,
+                                     "ttft_s_p50": 0.5, "rank_tps": 40.0, "valid": False})
     assert "2/4" in status and "80.1" in status and "invalid" in status
 
 

@@ -149,3 +149,13 @@ def test_sub_node_ranks_bind_cpus():
     slots = inv.rank_slots()
     assert [(s.numa_node, s.cpu_list, s.bind) for s in slots[:3]] == [
         (0, "0-11", "cpus"), (0, "12-23", "cpus"), (1, "24-35", "cpus")]
+
+
+def test_older_compile_mode_names_read_as_compile_and_unknown_ones_are_refused():
+    data = brief_data()
+    data["bench"]["compile"] = "freezing"
+    assert parse_inventory(yaml.safe_dump(data), "c.yaml").bench.compile == "compile"
+    data["bench"]["compile"] = "fast"
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(yaml.safe_dump(data), "c.yaml")
+    assert "bench.compile" in str(err.value)

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vcfslm.errors import InventoryError, Problem
-from vcfslm.results import RunMeta, WindowRecord, load_run, percentile
+from vcfslm.results import (
+    LEGACY_COMPILE_MODES,
+    MEASUREMENT_MODES,
+    RunMeta,
+    WindowRecord,
+    load_run,
+    percentile,
+)
 
 PERCENTILES = ("p50", "p90", "p99")
 SINGLE = "single"
@@ -123,19 +130,13 @@ class Cell:
 
     @property
     def roofline_efficiency(self) -> float | None:
-        """Roofline TPOT / measured p50 TPOT: 1.0 means decode runs at the bandwidth floor."""
-        tpot = self.tpot_ms.get("p50")
-        if self.roofline_tpot_ms is None or not tpot:
-            return None
-        return self.roofline_tpot_ms / tpot
+        """Roofline TPOT / measured p50 TPOT: 1.0 means decode runs at its floor."""
+        return _efficiency(self.roofline_tpot_ms, self.tpot_ms.get("p50"))
 
     @property
     def ttft_efficiency(self) -> float | None:
-        """Roofline TTFT / measured p50 TTFT: 1.0 means prefill runs at the compute floor."""
-        ttft = self.ttft_s.get("p50")
-        if self.roofline_ttft_s is None or not ttft:
-            return None
-        return self.roofline_ttft_s / ttft
+        """Roofline TTFT / measured p50 TTFT: 1.0 means prefill runs at its floor."""
+        return _efficiency(self.roofline_ttft_s, self.ttft_s.get("p50"))
 
     @property
     def rank_tps_spread(self) -> tuple[float, float] | None:
@@ -146,6 +147,13 @@ def spread(values: Sequence[float]) -> tuple[float, float] | None:
     """(min, max) over repeats, or None with fewer than two repeats (spread unknown)."""
     xs = [v for v in values if v is not None and math.isfinite(v)]
     return (min(xs), max(xs)) if len(xs) >= 2 else None
+
+
+def _efficiency(floor: float | None, measured: float | None) -> float | None:
+    """floor / measured, None when either is unknown (or nothing was measured)."""
+    if floor is None or not measured:
+        return None
+    return floor / measured
 
 
 @dataclass
@@ -376,14 +384,11 @@ def run_warnings(meta: RunMeta, records: Sequence[WindowRecord]) -> list[str]:
     return out
 
 
-# Compile modes whose figures are the instrument's (vcfslm.bench.engine.MEASUREMENT_MODES;
-# analysis does not import the bench package). Older runs recorded autotune/freezing/default.
-MEASUREMENT_MODES = ("compile", "autotune", "freezing", "default")
-
 
 def baseline_modes(meta: RunMeta, records: Sequence[WindowRecord]) -> list[str]:
     """The compile modes of a run that are not measurement modes (from its records, else meta)."""
     modes = {str(r.placement.get("compile_mode")) for r in records if r.placement.get("compile_mode")}
     if not modes and (meta.matrix or {}).get("compile"):
         modes = {str(meta.matrix["compile"])}
-    return sorted(m for m in modes if m not in MEASUREMENT_MODES)
+    # Older runs recorded autotune/freezing/default: compiled, so measurements.
+    return sorted(m for m in modes if LEGACY_COMPILE_MODES.get(m, m) not in MEASUREMENT_MODES)

@@ -35,23 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..results import MEASUREMENT_MODES, normalize_compile_mode
 from .linear import KernelPlan, PackReport, choose_plan, onednn_bf16, pack_linears
-
-COMPILE_MODES = ("compile", "eager")
-# Modes of earlier versions (Inductor freezing, autotuned GEMM templates) held a second,
-# packed copy of the weights; their names now mean the one-copy compiled step.
-LEGACY_COMPILE_MODES = {"autotune": "compile", "freezing": "compile", "default": "compile"}
-# Modes whose figures are the instrument's: eager leaves every op between the linears
-# unfused, so its TPOT carries per-op overhead and is a baseline, not a measurement.
-MEASUREMENT_MODES = ("compile",)
-
-
-def normalize_compile_mode(mode: str) -> str:
-    """A compile mode by its current name ('autotune' -> 'compile'); ValueError if unknown."""
-    mode = LEGACY_COMPILE_MODES.get(mode, mode)
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"unknown compile mode {mode!r}; known: {', '.join(COMPILE_MODES)}")
-    return mode
 
 
 class CompileCounter:

@@ -34,7 +34,7 @@ from typing import Any
 from .. import results, topology
 from ..errors import BenchError, InventoryError, Problem
 from ..progress import NullReporter, Reporter
-from .launch import parse_progress, progress_status, report_event, worker_args  # noqa: F401 - progress_status: re-exported
+from .launch import parse_progress, report_event, worker_args
 from .tracker import BenchTracker
 
 NODE_NAME = "local"

@@ -266,6 +266,21 @@ def roofline_ttft_s(flops: float, tflops: float | None, weight_bytes: float = 0.
     return max(compute, memory)
 
 
+def scenario_floors(config, step_weight_bytes: int, kv_bytes_per_token: int, batch: int,
+                    input_tokens: int, output_tokens: int, read_gbs: float | None,
+                    tflops: float | None) -> tuple[float | None, float | None]:
+    """(TPOT floor ms, TTFT floor s) of one scenario from a replica's shape and its probes;
+    each is None when the probe it needs is missing."""
+    tpot = ttft = None
+    if read_gbs:
+        context = mean_decode_context(input_tokens, output_tokens)
+        step_bytes = decode_step_bytes(step_weight_bytes, kv_bytes_per_token, batch, context)
+        tpot = roofline_tpot_ms(step_bytes, read_gbs, decode_step_flops(config, batch, context), tflops)
+    if tflops:
+        ttft = roofline_ttft_s(prefill_flops(config, batch, input_tokens), tflops, step_weight_bytes, read_gbs)
+    return tpot, ttft
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vcfslm.bench.probe",
                                      description="Memory bandwidth probe (read + triad), JSON on stdout.")

@@ -56,13 +56,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import results
-from ..results import WindowRecord
+from ..results import COMPILE_MODES, LEGACY_COMPILE_MODES, WindowRecord
 
 PROGRESS_PREFIX = "VCFSLM-PROGRESS "
-# The engine's modes (vcfslm.bench.engine.COMPILE_MODES) and the names earlier versions
-# used for the compiled one; kept here so parsing arguments imports no torch.
-COMPILE_MODES = ("compile", "eager")
-LEGACY_COMPILE_MODES = ("autotune", "freezing", "default")
 log = logging.getLogger("vcfslm.bench.worker")
 
 
@@ -102,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe (no roofline)")
     p.add_argument("--probe-mib", type=int, default=1024, help="probe buffer size in MiB")
     p.add_argument("--seed", type=int, default=0, help="weights (synthetic) and prompt seed")
-    p.add_argument("--compile", choices=COMPILE_MODES + LEGACY_COMPILE_MODES, default="compile",
+    p.add_argument("--compile", choices=(*COMPILE_MODES, *LEGACY_COMPILE_MODES), default="compile",
                    help="decode step: compile (torch.compile over packed linears, the measurement "
                         "mode) or eager (a baseline); autotune/freezing/default mean compile")
     p.add_argument("--gate-steps", type=int, default=8,
@@ -316,7 +312,6 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     from . import probe as probe_mod
     from .engine import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
     from .model import load_model
-    from .numerics import run_gate
     from .placement import placement_facts, placement_problems, thread_cpus
 
     scenarios = scenario_list(args.batch_sizes, args.input_tokens, args.output_tokens, args.scenarios)
@@ -342,7 +337,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     placement["measurement_mode"] = engine.is_measurement_mode
     placement["linear_kernel"] = engine.plan.kernel
     greedy = _greedy_text(args, engine)  # before the gate: its eager cache shape drops graphs
-    numerics = _numerics_gate(args, env, engine, scenarios, loaded, run_gate, synthetic_prompt)
+    numerics = _numerics_gate(args, env, engine, scenarios, loaded.config.vocab_size)
     if numerics is not None:
         progress({**base, "phase": "gated", "passed": numerics.passed,
                   "max_rel_diff": round(numerics.max_rel_diff, 5),
@@ -381,18 +376,9 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             continue
         prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
                                   seed=args.seed * 1_000_003 + batch * 7919 + input_tokens)
-        roofline = roofline_ttft = None
-        if bandwidth:
-            context = probe_mod.mean_decode_context(input_tokens, output_tokens)
-            step_bytes = probe_mod.decode_step_bytes(
-                loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, context)
-            roofline = probe_mod.roofline_tpot_ms(
-                step_bytes, bandwidth.read_gbs, probe_mod.decode_step_flops(loaded.config, batch, context),
-                gemm.tflops if gemm else None)
-        if gemm:
-            roofline_ttft = probe_mod.roofline_ttft_s(
-                probe_mod.prefill_flops(loaded.config, batch, input_tokens), gemm.tflops,
-                loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None)
+        roofline, roofline_ttft = probe_mod.scenario_floors(
+            loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, input_tokens,
+            output_tokens, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
         allowed = binding.get("cpus")
         phases = [("warmup", w) for w in range(args.warmup)] + [("measure", w) for w in range(args.repeats)]
         for phase, window in phases:
@@ -461,16 +447,18 @@ def _greedy_text(args, engine) -> dict | None:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _numerics_gate(args, env: TorchrunEnv, engine, scenarios, loaded, run_gate, synthetic_prompt):
+def _numerics_gate(args, env: TorchrunEnv, engine, scenarios, vocab: int):
     """Compare the compiled step with the eager model before any window (None: no gate).
 
     It runs at the first scenario's batch and cache length, so the graph it compiles is
     the one that scenario's windows use: the gate costs no extra compile.
     """
+    from .engine import synthetic_prompt
+    from .numerics import run_gate
+
     if args.gate_steps <= 0 or not scenarios:
         return None
     batch, input_tokens, output_tokens = scenarios[0]
-    vocab = loaded.config.vocab_size
     prompt = synthetic_prompt(batch, 8, vocab, seed=args.seed * 7 + 1)
     forced = synthetic_prompt(batch, args.gate_steps, vocab, seed=args.seed * 7 + 2)
     return run_gate(engine, prompt, forced, max_len=input_tokens + output_tokens,

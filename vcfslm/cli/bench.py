@@ -18,11 +18,11 @@ import click
 from rich.table import Table
 
 from ..errors import BenchError, InventoryError, Problem, UsageError
+from ..results import COMPILE_MODES as _MODES
+from ..results import LEGACY_COMPILE_MODES
 from .common import RichReporter, console, err_console, inventory_option, output_option, print_json
 
-# vcfslm.bench.worker.COMPILE_MODES + LEGACY_COMPILE_MODES (the worker module is light,
-# but the CLI's help must not import the bench package).
-COMPILE_MODES = ("compile", "eager", "autotune", "freezing", "default")
+COMPILE_MODES = (*_MODES, *LEGACY_COMPILE_MODES)
 LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
               "seed", "no_probe", "probe_mib")
 CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
