@@ -1,8 +1,14 @@
 """The error tree. Everything vcfslm raises on purpose derives from VcfslmError.
 
     VcfslmError                     exit 1 unless a subclass says otherwise
-    ├── InventoryError              exit 2: bad user input (inventory, playbook, CSV, flags);
-    │                                carries one Problem per finding, all at once
+    ├── InputError                  exit 2: bad user input; carries one Problem per finding,
+    │   │                            all at once, each naming file, line and key
+    │   ├── InventoryError          the inventory YAML (and node selections against it)
+    │   ├── PlaybookSpecError       a playbook YAML (shipped name or path)
+    │   ├── SloSpecError            an SLO given on the command line or in a file
+    │   ├── RunFolderError          a run folder: meta.json, results.jsonl, ranks/
+    │   ├── CsvError                a CSV given to `report --csv` / `size --csv`
+    │   └── UsageError              flags that click itself cannot check
     ├── VCenterError                vCenter refused or failed (preflight, a task, the session)
     │   └── PreflightError          read-only checks failed; nothing was changed
     ├── TransportError              SSH could not connect / lost the connection
@@ -51,10 +57,10 @@ class Problem:
             if self.column is not None:
                 where += f":{self.column}"
         key = f" {self.key}:" if self.key else ""
-        return f"{where}{key} {self.message}"
+        return f"{where}{key} {self.message}".lstrip()
 
 
-class InventoryError(VcfslmError):
+class InputError(VcfslmError):
     """Bad user input; every problem found is listed, one per line."""
 
     exit_code = 2
@@ -66,10 +72,28 @@ class InventoryError(VcfslmError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
-class UsageError(VcfslmError):
-    """Bad command-line usage that click itself cannot catch (exit 2)."""
+class InventoryError(InputError):
+    """The inventory is wrong, or a selection made against it (--hosts, --nodes) is."""
 
-    exit_code = 2
+
+class PlaybookSpecError(InputError):
+    """A playbook file cannot be read or does not follow the playbook schema."""
+
+
+class SloSpecError(InputError):
+    """An SLO specification (`A:130:3`, a YAML/JSON file of SLOs) is wrong."""
+
+
+class RunFolderError(InputError):
+    """A run folder is missing, empty, or holds a record or meta.json that breaks the schema."""
+
+
+class CsvError(InputError):
+    """An imported CSV has a missing column or a value of the wrong kind."""
+
+
+class UsageError(InputError):
+    """Bad command-line usage that click itself cannot catch."""
 
 
 class VCenterError(VcfslmError):

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from . import footprint, topology
 from .errors import InventoryError, Problem
-from .results import LEGACY_COMPILE_MODES
+from .contract import LEGACY_COMPILE_MODES
 
 Key = tuple[str | int, ...]
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"

@@ -56,24 +56,6 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-# The decode step's compile modes, as runs record them (meta.json matrix.compile, each
-# record's placement.compile_mode). Earlier versions offered Inductor freezing and GEMM
-# autotuning, which held a second copy of the weights; those names now mean "compile".
-COMPILE_MODES = ("compile", "eager")
-LEGACY_COMPILE_MODES = {"autotune": "compile", "freezing": "compile", "default": "compile"}
-# Modes whose figures are the instrument's: eager leaves every op between the linears
-# unfused, so its TPOT carries per-op overhead and is a baseline, not a measurement.
-MEASUREMENT_MODES = ("compile",)
-
-
-def normalize_compile_mode(mode: str) -> str:
-    """A compile mode by its current name ('autotune' -> 'compile'); ValueError if unknown."""
-    mode = LEGACY_COMPILE_MODES.get(mode, mode)
-    if mode not in COMPILE_MODES:
-        raise ValueError(f"unknown compile mode {mode!r}; known: {', '.join(COMPILE_MODES)}")
-    return mode
-
-
 @dataclass
 class WindowRecord:
     """One measured window of one rank for one scenario."""

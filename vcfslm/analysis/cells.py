@@ -24,10 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES
 from vcfslm.errors import InventoryError, Problem
 from vcfslm.results import (
-    LEGACY_COMPILE_MODES,
-    MEASUREMENT_MODES,
     RunMeta,
     WindowRecord,
     load_run,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..results import MEASUREMENT_MODES, normalize_compile_mode
+from ..contract import MEASUREMENT_MODES, normalize_compile_mode
 from .linear import KernelPlan, PackReport, choose_plan, onednn_bf16, pack_linears
 
 

@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import results
-from ..results import COMPILE_MODES, LEGACY_COMPILE_MODES, WindowRecord
+from ..contract import ACCEPTED_COMPILE_MODES
+from ..results import WindowRecord
 
 PROGRESS_PREFIX = "VCFSLM-PROGRESS "
 log = logging.getLogger("vcfslm.bench.worker")
@@ -98,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe (no roofline)")
     p.add_argument("--probe-mib", type=int, default=1024, help="probe buffer size in MiB")
     p.add_argument("--seed", type=int, default=0, help="weights (synthetic) and prompt seed")
-    p.add_argument("--compile", choices=(*COMPILE_MODES, *LEGACY_COMPILE_MODES), default="compile",
+    p.add_argument("--compile", choices=ACCEPTED_COMPILE_MODES, default="compile",
                    help="decode step: compile (torch.compile over packed linears, the measurement "
                         "mode) or eager (a baseline); autotune/freezing/default mean compile")
     p.add_argument("--gate-steps", type=int, default=8,

@@ -18,11 +18,9 @@ import click
 from rich.table import Table
 
 from ..errors import BenchError, InventoryError, Problem, UsageError
-from ..results import COMPILE_MODES as _MODES
-from ..results import LEGACY_COMPILE_MODES
+from ..contract import ACCEPTED_COMPILE_MODES
 from .common import RichReporter, console, err_console, inventory_option, output_option, print_json
 
-COMPILE_MODES = (*_MODES, *LEGACY_COMPILE_MODES)
 LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
               "seed", "no_probe", "probe_mib")
 CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
@@ -70,7 +68,7 @@ def int_list(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--label", default=None, help="Free-text label stored in meta.json.")
 @click.option("--no-numactl", is_flag=True, help="Do not pin ranks with numactl (local).")
 @click.option("--seed", type=int, default=None, help="Weights/prompt seed (local; default 0).")
-@click.option("--compile", "compile_mode", type=click.Choice(COMPILE_MODES), default=None,
+@click.option("--compile", "compile_mode", type=click.Choice(ACCEPTED_COMPILE_MODES), default=None,
               help="Decode step: compile (torch.compile over one packed copy of the weights: the "
                    "measurement mode) or eager (a baseline); autotune, freezing and default are older "
                    "names of compile (default: the inventory's bench.compile, else compile).")
