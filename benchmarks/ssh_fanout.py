@@ -27,6 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vcfslm.cli.guest_stage import ssh_connector  # noqa: E402
 from vcfslm.guest.playbook import DEFAULT_PLAYBOOKS  # noqa: E402
 from vcfslm.guest.provision import provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
@@ -58,7 +59,7 @@ def timed(inv, playbooks, wheel, logs: Path, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        summary = provision_guests(inv, playbooks=playbooks, wheel=wheel, run_dir=logs)
+        summary = provision_guests(inv, ssh_connector(inv, None), playbooks=playbooks, wheel=wheel, run_dir=logs)
         times.append(time.perf_counter() - started)
         if not summary.ok:
             raise SystemExit("run failed:\n" + "\n".join(f"{h.host}: {h.error}" for h in summary.failed_hosts))
@@ -89,7 +90,7 @@ def main() -> None:
             wheel = ProjectWheel()
             wheel.get()
             # Converge once (first install of the project's wheel etc.), not measured.
-            first = provision_guests(many, wheel=wheel, run_dir=base / "logs")
+            first = provision_guests(many, ssh_connector(many, None), wheel=wheel, run_dir=base / "logs")
             if not first.ok:
                 raise SystemExit("provisioning failed:\n"
                                  + "\n".join(f"{h.host}: {h.error}" for h in first.failed_hosts))

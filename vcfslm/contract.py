@@ -17,6 +17,18 @@ Pure: no I/O beyond `Path.is_dir` on the operator's model path, no third-party i
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from .errors import InventoryError, Problem
+from .results import RunMeta
+
 # The decode step's compile modes, as runs record them (meta.json matrix.compile, each
 # record's placement.compile_mode). Earlier versions offered Inductor freezing and GEMM
 # autotuning, which held a second copy of the weights; those names now mean "compile".
@@ -35,3 +47,221 @@ def normalize_compile_mode(mode: str) -> str:
     if mode not in COMPILE_MODES:
         raise ValueError(f"unknown compile mode {mode!r}; known: {', '.join(COMPILE_MODES)}")
     return mode
+
+
+# ------------------------------------------------------------------ guest layout
+
+
+@dataclass(frozen=True)
+class GuestPaths:
+    """Where the guest stage puts things on every guest; the bench stage reads the same places."""
+
+    workdir: str
+    venv: str
+    python: str
+    torchrun: str
+    launch_dir: str
+    env_file: str
+    rank_script: str
+    hosts_file: str
+    runs_dir: str
+    models_dir: str
+    wheels_dir: str
+    wheelhouse_dir: str
+    inductor_cache_dir: str
+
+
+def guest_paths(inventory) -> GuestPaths:
+    work = inventory.guest.workdir.rstrip("/")
+    venv = inventory.guest.venv_path.rstrip("/")
+    launch = f"{work}/launch"
+    return GuestPaths(workdir=work, venv=venv, python=f"{venv}/bin/python",
+                      torchrun=f"{venv}/bin/torchrun", launch_dir=launch,
+                      env_file=f"{launch}/env.sh", rank_script=f"{launch}/rank.sh",
+                      hosts_file=f"{launch}/hosts", runs_dir=f"{work}/runs",
+                      models_dir=f"{work}/models", wheels_dir=f"{work}/wheels",
+                      wheelhouse_dir=f"{work}/wheelhouse",
+                      inductor_cache_dir=f"{work}/cache/inductor")
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# A path the user wrote as one, even before the folder exists on this machine.
+_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def model_kind(model: str) -> str | None:
+    """'synthetic', 'dir' (a local folder pushed to the guest), 'hub', or None (none of these)."""
+    if model.startswith("synthetic:"):
+        return "synthetic"
+    if model.startswith(_PATH_PREFIXES) or Path(model).expanduser().is_dir():
+        return "dir"
+    if _HUB_ID.match(model):
+        return "hub"
+    return None
+
+
+def model_ref(inventory) -> str:
+    """The model as the worker on a guest names it: synthetic spec, hub id, or staged folder."""
+    model = inventory.guest.model
+    if model_kind(model) == "dir":
+        return f"{guest_paths(inventory).models_dir}/{Path(model).expanduser().name}"
+    return model
+
+
+# ------------------------------------------------------------------ node selection
+
+
+def select_nodes(inventory, count: int | None = None, names: Iterable[str] | None = None) -> list:
+    """The inventory's nodes named in `names` (in inventory order), else its first `count`
+    (all when None). InventoryError names the flag and the nodes the inventory has."""
+    nodes = list(inventory.nodes)
+    known = [n.name for n in nodes]
+    wanted = [n.strip() for n in names or () if n.strip()]
+    if wanted:
+        unknown = [n for n in wanted if n not in known]
+        if unknown:
+            raise InventoryError([Problem(inventory.source, None, None, "--hosts",
+                                          f"unknown node(s) {', '.join(unknown)}; the inventory has "
+                                          + ", ".join(sorted(known)))])
+        return [n for n in nodes if n.name in set(wanted)]
+    count = len(nodes) if count is None else count
+    if count < 1 or count > len(nodes):
+        raise InventoryError([Problem(inventory.source, None, None, "--nodes",
+                                      f"{count} nodes asked, the inventory has {len(nodes)}")])
+    return nodes[:count]
+
+
+# ------------------------------------------------------------------ the scenario matrix
+
+Scenario = tuple[int, int, int]    # (batch per rank, input tokens, output tokens)
+
+
+def scenario_patterns(text: str | None) -> list[str]:
+    """`--scenarios '1x*,16x128'` as its patterns ([] = every scenario)."""
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def scenario_selected(scenario: Scenario, patterns: Sequence[str]) -> bool:
+    """Whether BATCHxINPUT matches one of the patterns ('*' wildcard); no patterns, all do."""
+    return not patterns or any(fnmatchcase(f"{scenario[0]}x{scenario[1]}", p) for p in patterns)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """What a run measures: the scenarios (batch x input, one output length) and windows."""
+
+    batch_sizes: tuple[int, ...]
+    input_tokens: tuple[int, ...]
+    output_tokens: int
+    warmup: int = 1
+    repeats: int = 3
+
+    def scenarios(self, pattern: str | None = None) -> list[Scenario]:
+        """Run order: batch, then input length; only those `pattern` selects."""
+        patterns = scenario_patterns(pattern)
+        return [(b, i, self.output_tokens) for b in sorted(set(self.batch_sizes))
+                for i in sorted(set(self.input_tokens))
+                if scenario_selected((b, i, self.output_tokens), patterns)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_sizes": list(self.batch_sizes), "input_tokens": list(self.input_tokens),
+                "output_tokens": self.output_tokens, "warmup": self.warmup, "repeats": self.repeats}
+
+    @classmethod
+    def of_inventory(cls, bench, *, output_tokens: int | None = None,
+                     repeats: int | None = None) -> Matrix:
+        """The inventory's `bench` matrix, with the run's overrides."""
+        return cls(tuple(bench.batch_sizes), tuple(bench.input_tokens),
+                   output_tokens or bench.output_tokens, bench.warmup, repeats or bench.repeats)
+
+    @classmethod
+    def of_record(cls, matrix: dict[str, Any]) -> Matrix:
+        """The matrix as meta.json records it (a scalar where a list belongs is one value)."""
+        def ints(value) -> tuple[int, ...]:
+            if value is None:
+                return ()
+            return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+
+        outputs = ints(matrix.get("output_tokens"))
+        return cls(ints(matrix.get("batch_sizes")), ints(matrix.get("input_tokens")),
+                   outputs[0] if outputs else 0, int(matrix.get("warmup", 1) or 0),
+                   int(matrix.get("repeats") or 1))
+
+
+def matrix_record(matrix: Matrix, *, compile_mode: str, scenarios: str | None,
+                  seed: int | None = None) -> dict[str, Any]:
+    """meta.json's `matrix`: what the run measures and how (a resume repeats exactly this)."""
+    out = {**matrix.to_dict(), "compile": compile_mode, "scenarios": scenarios}
+    if seed is not None:
+        out["seed"] = seed
+    return out
+
+
+def recorded_scenarios(matrix: dict[str, Any]) -> list[Scenario]:
+    """The scenarios a recorded matrix asked for, its `--scenarios` filter applied."""
+    return Matrix.of_record(matrix).scenarios(matrix.get("scenarios"))
+
+
+# ------------------------------------------------------------------ run ids
+
+
+def new_run_id(prefix: str, nodes: int, now: datetime | None = None) -> str:
+    """`<prefix>-<nodes>n-<UTC time>`: the inventory's name for a cluster run, `local` for one
+    on this machine. Sorted by name, runs of one prefix sort by time."""
+    now = now or datetime.now(timezone.utc)
+    return f"{prefix}-{nodes}n-{now.astimezone(timezone.utc):%Y%m%d-%H%M%S}"
+
+
+# ------------------------------------------------------------------ progress lines
+
+# The worker writes one line per event, this prefix then one JSON object; the operator
+# finds it anywhere in a line (torchrun prefixes teed lines with "[defaultN]:").
+PROGRESS_PREFIX = "VCFSLM-PROGRESS "
+
+
+def format_progress(event: dict[str, Any]) -> str:
+    """One progress line (no newline) for `event`."""
+    return PROGRESS_PREFIX + json.dumps(event, sort_keys=True, default=str)
+
+
+def parse_progress(text: str) -> dict[str, Any] | None:
+    """The progress event on a line, if any (a broken one is ignored, not fatal)."""
+    i = text.find(PROGRESS_PREFIX)
+    if i < 0:
+        return None
+    try:
+        event = json.loads(text[i + len(PROGRESS_PREFIX):])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+# ------------------------------------------------------------------ run metadata
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def build_run_meta(*, run_id: str, mode: str, nodes: Sequence[str], ranks_per_node: int,
+                   threads_per_rank: int, model: str, matrix: dict[str, Any], command: Sequence[str],
+                   label: str | None = None, slos: dict[str, Any] | None = None,
+                   previous: RunMeta | None = None, complete: bool = False,
+                   failure: str | None = None, **facts: Any) -> RunMeta:
+    """A run's meta.json. `previous` is the meta of the run being resumed: its creation
+    time stays, and each fact (vcenter, guests, versions, probe, ranks, inventory_sha256)
+    not given anew is kept from it."""
+    unknown = set(facts) - set(FACT_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown run facts: {', '.join(sorted(unknown))}")
+    kept = {k: (facts.get(k) or (getattr(previous, k) if previous else None)) for k in FACT_FIELDS}
+    return RunMeta(run_id=run_id, created=previous.created if previous else now_iso(),
+                   command=list(command), mode=mode, nodes=list(nodes), ranks_per_node=ranks_per_node,
+                   threads_per_rank=threads_per_rank, model=model, matrix=dict(matrix),
+                   complete=complete, label=label, failure=failure, slos=dict(slos or {}),
+                   inventory_sha256=kept.pop("inventory_sha256"),
+                   **{k: v or {} for k, v in kept.items()})
+
+
+# The facts a run gathers as it goes (see RunMeta).
+FACT_FIELDS = ("inventory_sha256", "vcenter", "guests", "versions", "probe", "ranks")

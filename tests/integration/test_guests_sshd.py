@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vcfslm.cli.guest_stage import ssh_connector
+from vcfslm.contract import guest_paths
 from vcfslm.errors import HostKeyError, TransportError
-from vcfslm.guest.playbook import guest_paths
 from vcfslm.guest.provision import provision_guests, verify_guests
 from vcfslm.guest.transport import SSHTransport
 from vcfslm.guest.wheel import ProjectWheel
@@ -64,9 +65,14 @@ def provisioned(lab_inv, wheel, tmp_path_factory):
     """Every shipped playbook on the 4 guests, twice: (first summary, second summary)."""
     logs = tmp_path_factory.mktemp("guest-logs")
     reporter = RecordingReporter()
-    first = provision_guests(lab_inv, reporter, run_dir=logs / "first", wheel=wheel)
-    second = provision_guests(lab_inv, run_dir=logs / "second", wheel=wheel)
+    first = provision_guests(lab_inv, ssh(lab_inv), reporter, run_dir=logs / "first", wheel=wheel)
+    second = provision_guests(lab_inv, ssh(lab_inv), run_dir=logs / "second", wheel=wheel)
     return first, second, reporter, logs
+
+
+def ssh(inv, reporter=None):
+    """The connector the CLI hands to the guest stage: real SSH to the lab's sshd guests."""
+    return ssh_connector(inv, reporter)
 
 
 def failures(summary) -> str:
@@ -118,16 +124,16 @@ def test_dry_run_lists_commands_and_runs_none(provisioned, lab_inv, wheel, tmp_p
     hosts_file = Path(guest_paths(lab_inv).hosts_file)
     hosts_file.unlink()
     try:
-        summary = provision_guests(lab_inv, playbooks=["launch"], dry_run=True, run_dir=tmp_path,
-                                   wheel=wheel)
+        summary = provision_guests(lab_inv, ssh(lab_inv), playbooks=["launch"], dry_run=True,
+                                   run_dir=tmp_path, wheel=wheel)
         assert summary.ok, failures(summary)
         for host, commands in summary.commands().items():
             assert any(c.startswith("put <") and c.endswith(f"-> {hosts_file} (mode 0644)")
                        for c in commands), (host, commands)
         assert not hosts_file.exists()
     finally:
-        again = provision_guests(lab_inv, playbooks=["launch"], hosts=["slm-01"], run_dir=tmp_path,
-                                 wheel=wheel)
+        again = provision_guests(lab_inv, ssh(lab_inv), playbooks=["launch"], hosts=["slm-01"],
+                                 run_dir=tmp_path, wheel=wheel)
         assert again.ok and hosts_file.exists()
 
 
@@ -135,7 +141,7 @@ def test_dry_run_lists_commands_and_runs_none(provisioned, lab_inv, wheel, tmp_p
 
 
 def test_verification_passes_on_a_correct_guest(lab_inv, tmp_path):
-    summary = verify_guests(lab_inv, run_dir=tmp_path)
+    summary = verify_guests(lab_inv, ssh(lab_inv), run_dir=tmp_path)
     assert summary.ok, failures(summary)
     assert all(h.records["facts"].numa.available for h in summary.hosts)
 
@@ -145,7 +151,7 @@ def test_verification_fails_with_expected_vs_seen(ssh_guests, lab_inv, tmp_path)
     wrong = load_inventory(write_inventory(ssh_guests, Path(lab_inv.guest.workdir), tmp_path / "wrong.yaml",
                                            vcpus=96, cores_per_socket=24, vnuma_nodes=4,
                                            host_numa_nodes=[0, 1, 2, 3]))
-    summary = verify_guests(wrong, run_dir=tmp_path)
+    summary = verify_guests(wrong, ssh(wrong), run_dir=tmp_path)
     assert [h.host for h in summary.failed_hosts] == ["slm-01", "slm-02", "slm-03", "slm-04"]
     seen = f"seen {shape.numa_nodes} node{'s' if shape.numa_nodes > 1 else ''} of " \
            f"{shape.cpus // shape.numa_nodes} CPUs"
@@ -176,7 +182,8 @@ def test_changed_host_key_is_refused(ssh_guests, lab_inv, tmp_path):
     doc = yaml.safe_load(Path(lab_inv.source).read_text())
     doc["guest"]["known_hosts"] = str(known)
     (tmp_path / "inv.yaml").write_text(yaml.safe_dump(doc))
-    summary = verify_guests(load_inventory(tmp_path / "inv.yaml"), run_dir=tmp_path / "logs")
+    inv = load_inventory(tmp_path / "inv.yaml")
+    summary = verify_guests(inv, ssh(inv), run_dir=tmp_path / "logs")
     assert [h.host for h in summary.failed_hosts] == [victim.name]
     assert "host key" in summary.host(victim.name).error and "CHANGED" in summary.host(victim.name).error
 
@@ -258,7 +265,7 @@ def test_killing_sshd_mid_run_fails_that_host_only(tmp_path, wheel):
         reporter = RecordingReporter()
         result = {}
         run = threading.Thread(target=lambda: result.update(summary=provision_guests(
-            inv, reporter, playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel)))
+            inv, ssh(inv), reporter, playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel)))
         run.start()
         deadline = time.monotonic() + 30
         while not (reporter.last(victim) or "").startswith("step 1/2") and time.monotonic() < deadline:
@@ -274,11 +281,11 @@ def test_killing_sshd_mid_run_fails_that_host_only(tmp_path, wheel):
         started[1] = lab_guests.start_guest(41, tmp_path / "guests", client, port=started[1].port)
         lab_guests.write_known_hosts(client.known_hosts, started)
         inv = load_inventory(write_inventory(started, tmp_path / "work", tmp_path / "inv.yaml"))
-        again = provision_guests(inv, playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel,
+        again = provision_guests(inv, ssh(inv), playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel,
                                  connect_wait_s=10)
         assert again.ok, failures(again)
         assert [h.changed for h in again.hosts] == [0, 2]
-        final = provision_guests(inv, playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel,
+        final = provision_guests(inv, ssh(inv), playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel,
                                  connect_wait_s=10)
         assert final.ok and final.changed == 0
     finally:
@@ -322,7 +329,7 @@ def test_pushing_a_model_folder_reports_bytes_per_host(lab_inv, tmp_path):
     book = tmp_path / "push.yaml"
     book.write_text(PUSH.format(folder=folder))
     reporter = RecordingReporter()
-    summary = provision_guests(lab_inv, reporter, playbooks=[str(book)], hosts=["slm-01"],
+    summary = provision_guests(lab_inv, ssh(lab_inv), reporter, playbooks=[str(book)], hosts=["slm-01"],
                                run_dir=tmp_path / "logs")
     assert summary.ok, failures(summary)
     pushed = [p for p in reporter.progresses if p.unit == "B"]

@@ -7,11 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from vcfslm.bench import launch as L
-from vcfslm.bench.cluster import ClusterOptions, model_ref, plan_launches
-from vcfslm.errors import InventoryError
+from vcfslm.bench.cluster import ClusterOptions, plan_launches
 from vcfslm.inventory import parse_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,15 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def inv():
     return parse_inventory((ROOT / "inventories" / "vx650v4-4node.yaml").read_text(), "brief.yaml")
-
-
-def test_select_nodes(inv):
-    assert [n.name for n in L.select_nodes(inv.nodes, 1)] == ["slm-01"]
-    assert [n.name for n in L.select_nodes(inv.nodes, None, ["slm-03", "slm-02"])] == ["slm-02", "slm-03"]
-    with pytest.raises(InventoryError, match="--nodes: 5 nodes asked, the inventory has 4"):
-        L.select_nodes(inv.nodes, 5)
-    with pytest.raises(InventoryError, match="not in the inventory: slm-09"):
-        L.select_nodes(inv.nodes, None, ["slm-09"])
 
 
 def test_torchrun_lines_per_node_golden(inv):
@@ -56,14 +45,6 @@ def test_options_reach_the_worker(inv):
     assert argv[argv.index("--repeats") + 1] == "1" and argv[argv.index("--output-tokens") + 1] == "16"
     assert "--resume" in argv and argv[argv.index("--scenarios") + 1] == "b=1"
     assert argv[argv.index("--nnodes") + 1] == "1"
-
-
-def test_model_ref_for_a_local_dir(inv, tmp_path):
-    data = yaml.safe_load((ROOT / "inventories" / "vx650v4-4node.yaml").read_text())
-    data["guest"]["model"] = str(tmp_path)
-    local = parse_inventory(yaml.safe_dump(data), "x.yaml")
-    assert model_ref(local) == f"/opt/vcfslm/models/{tmp_path.name}"
-    assert model_ref(inv) == "microsoft/Phi-3-mini-128k-instruct"
 
 
 def test_shell_snippets_parse(inv):
@@ -129,12 +110,6 @@ def test_lock_is_exclusive_and_stale_lock_taken_over(tmp_path):
 ])
 def test_split_rank_line(line, expected):
     assert L.split_rank_line(line) == expected
-
-
-def test_parse_progress():
-    assert L.parse_progress('VCFSLM-PROGRESS {"scenario": 2, "scenarios": 4}') == {"scenario": 2, "scenarios": 4}
-    assert L.parse_progress("VCFSLM-PROGRESS {broken") is None
-    assert L.parse_progress("other") is None
 
 
 def test_parse_poll():

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from vcfslm.bench import launch, local
+from vcfslm.contract import Matrix
 from vcfslm.errors import InventoryError
 from vcfslm.guest.templates import render_template
 from vcfslm.results import WindowRecord
@@ -46,7 +47,7 @@ def test_plan_ranks_refuses_oversubscription():
 
 
 def test_torchrun_command_separates_worker_arguments():
-    matrix = local.Matrix((1, 4), (128,), 16, warmup=0, repeats=2)
+    matrix = Matrix((1, 4), (128,), 16, warmup=0, repeats=2)
     args = local.worker_arguments(model="synthetic:tiny", matrix=matrix, run_dir=Path("/r/x"), run_id="x",
                                   threads=2, resume=True, scenarios="1x*", probe=False)
     cmd = local.torchrun_command("/py", 2, Path("/r/x/launch/rank.sh"), args)
@@ -62,11 +63,7 @@ def test_torchrun_command_separates_worker_arguments():
     assert parsed.batch_sizes == [1, 4] and parsed.warmup == 0 and parsed.resume and parsed.no_probe
 
 
-def test_parse_progress_lines():
-    line = '[default0]:VCFSLM-PROGRESS {"rank": 1, "phase": "measure", "scenario": 2, "scenarios": 4}\n'
-    assert local.parse_progress(line)["rank"] == 1
-    assert local.parse_progress("plain output\n") is None
-    assert local.parse_progress("VCFSLM-PROGRESS {broken\n") is None
+def test_progress_status_line():
     status = launch.progress_status({"phase": "measure", "scenario": 2, "scenarios": 4, "batch": 4,
                                      "input_tokens": 128, "window": 1, "tpot_ms_p50": 80.1,
                                      "ttft_s_p50": 0.5, "rank_tps": 40.0, "valid": False})
@@ -81,12 +78,12 @@ def _rec(rank, batch, window):
 
 
 def test_run_complete_needs_every_rank_and_window():
-    matrix = local.Matrix((1, 2), (8,), 4, repeats=2)
+    matrix = Matrix((1, 2), (8,), 4, repeats=2)
     recs = [_rec(r, b, w) for r in (0, 1) for b in (1, 2) for w in (0, 1)]
     assert local.run_complete(recs, matrix, world_size=2)
     assert not local.run_complete(recs[:-1], matrix, world_size=2)
     assert local.run_complete(recs[:4], matrix, world_size=1)
-    assert local.run_complete([r for r in recs if r.batch_per_rank == 1], matrix, 2, [(1, 8, 4)])
+    assert local.run_complete([r for r in recs if r.batch_per_rank == 1], matrix, 2, "1x*")
 
 
 # ------------------------------------------------------------------ rank.sh

@@ -149,16 +149,17 @@ def test_provision_guests_selects_hosts_and_checks_names(inv, tmp_path):
     path.write_text(PLAYBOOK)
     seen = []
 
-    def connect(node):
-        seen.append(node.name)
+    def connect(node, *, log_dir, wait_s):
+        seen.append((node.name, log_dir, wait_s))
         return converged(node.name)
 
-    summary = provision_guests(inv, playbooks=[str(path)], hosts=["slm-03", "slm-01"], connect=connect,
-                               run_dir=tmp_path / "logs")
-    assert [h.host for h in summary.hosts] == ["slm-01", "slm-03"] and sorted(seen) == ["slm-01", "slm-03"]
+    summary = provision_guests(inv, connect, playbooks=[str(path)], hosts=["slm-03", "slm-01"],
+                               run_dir=tmp_path / "logs", connect_wait_s=7)
+    assert [h.host for h in summary.hosts] == ["slm-01", "slm-03"]
+    assert sorted(seen) == [("slm-01", tmp_path / "logs", 7), ("slm-03", tmp_path / "logs", 7)]
     assert summary.log_dir == tmp_path / "logs"
     with pytest.raises(InventoryError, match="unknown node.s. slm-09"):
-        provision_guests(inv, playbooks=[str(path)], hosts=["slm-09"], connect=connect)
+        provision_guests(inv, connect, playbooks=[str(path)], hosts=["slm-09"])
 
 
 def test_fake_transport_refuses_unscripted():

@@ -37,15 +37,17 @@ def env(tmp_path):
 def guest_calls(mocker):
     calls = []
 
-    def provision_guests(inventory, reporter, **kw):
-        calls.append((inventory.name, kw))
+    def provision_guests(inventory, connect, reporter, **kw):
+        calls.append((inventory.name, connect, kw))
         return SimpleNamespace(ok=True, hosts=[], failed_hosts=[], log_dir=None, dry_run=False,
                                duration=0.0)
 
     mocker.patch.object(cli, "_load_guest_stage",
                         return_value=SimpleNamespace(provision_guests=provision_guests))
-    mocker.patch("vcfslm.cli.guests._summary_table", return_value="guests table")
-    mocker.patch("vcfslm.cli.guests._json", return_value={"ok": True})
+    # the CLI builds the SSH connector (with the trust flag); the guest stage only uses it
+    mocker.patch("vcfslm.cli.vcenter.ssh_connector", side_effect=lambda inv, rep, trust: ("ssh", trust))
+    mocker.patch("vcfslm.cli.vcenter.summary_table", return_value="guests table")
+    mocker.patch("vcfslm.cli.vcenter.summary_json", return_value={"ok": True})
     return calls
 
 
@@ -53,7 +55,7 @@ def test_stage_all_runs_vms_then_guests_and_remembers_the_inventory(mocker, env,
     mocker.patch.object(cli, "_run_vm_stage", return_value=vm_result())
     res = CliRunner().invoke(main, ["provision", str(BRIEF), "--trust-new-hosts", "-o", "json"], env=env)
     assert res.exit_code == 0, res.output
-    assert guest_calls == [("phi3-vx650v4", {"trust_new_hosts": True})]
+    assert guest_calls == [("phi3-vx650v4", ("ssh", True), {})]
     doc = json.loads(res.stdout)
     assert doc["changes"] == 3 and doc["guests"] == {"ok": True}
     state = json.loads(Path(env["VCFSLM_STATE"]).read_text())

@@ -6,7 +6,8 @@
   compute floor;
 - matched-load comparison single VM vs cluster: difference in % and whether it
   lies within the run-to-run spread;
-- crossover per SLO x context and sizing per SLO x context.
+- crossover per SLO x context and sizing per SLO x context;
+- a run's own summary (`scenario_rows`), what `bench` prints when it ends.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, spread
+from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, sort_key, spread
 from vcfslm.analysis.slo import Crossover, Sizing
 
 
@@ -304,3 +306,27 @@ def cells_csv(cells: Sequence[Cell]) -> str:
 
 def _raw(value: float | None) -> str:
     return "" if value is None or not math.isfinite(value) else f"{value:.10g}"
+
+
+# ------------------------------------------------------- a run's own summary
+
+
+def scenario_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """Per cell, the figures a bench prints for its run (`--output json`'s `scenarios`):
+    the report's numbers, from the same cells."""
+    return [{"scope": c.scope, "vms": c.vms, "ranks_per_vm": c.ranks_per_vm,
+             "batch_per_rank": c.batch_per_rank, "input_tokens": c.input_tokens,
+             "output_tokens": c.output_tokens, "ranks": c.ranks_measured, "windows": c.windows,
+             "valid_windows": c.windows - c.invalid_windows, "expected_windows": c.expected_windows,
+             "ttft_p50_s": c.ttft_s.get("p50"), "ttft_p90_s": c.ttft_s.get("p90"),
+             "tpot_p50_ms": c.tpot_ms.get("p50"), "tpot_p90_ms": c.tpot_ms.get("p90"),
+             "rank_tps": _finite(c.rank_tps), "roofline_tpot_ms": c.roofline_tpot_ms,
+             "efficiency": c.roofline_efficiency, "roofline_ttft_s": c.roofline_ttft_s,
+             "ttft_efficiency": c.ttft_efficiency,
+             "max_skew_ms": None if c.max_start_skew_s is None else 1000 * c.max_start_skew_s,
+             "flags": list(c.flags)}
+            for c in sorted(cells, key=sort_key)]
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

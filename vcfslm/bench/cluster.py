@@ -15,12 +15,19 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..contract import (
+    Matrix,
+    build_run_meta,
+    guest_paths,
+    matrix_record,
+    model_ref,
+    parse_progress,
+)
 from ..errors import BenchError, TransportError, VcfslmError
 from ..progress import NullReporter, Reporter
 from ..results import (
@@ -54,49 +61,29 @@ class ClusterOptions:
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
 
-def guest_paths(inv) -> dict[str, str]:
-    """Where the guest stage puts things (launch.yaml renders the scripts there)."""
-    work = inv.guest.workdir.rstrip("/")
-    venv = inv.guest.venv_path.rstrip("/")
-    return {"workdir": work, "venv": venv, "python": f"{venv}/bin/python",
-            "rank_script": f"{work}/launch/rank.sh",
-            "runs": f"{work}/runs"}
-
-
-def model_ref(inv) -> str:
-    """The model as the worker on the guest names it (a pushed local dir lives under workdir)."""
-    model = inv.guest.model
-    if model.startswith("synthetic:"):
-        return model
-    if model.startswith(("/", "./", "~")) or Path(model).expanduser().is_dir():
-        return f"{guest_paths(inv)['workdir']}/models/{Path(model).expanduser().name}"
-    return model
-
-
-def new_run_id(name: str, nnodes: int, now: datetime | None = None) -> str:
-    now = now or datetime.now(timezone.utc)
-    return f"{name}-{nnodes}n-{now:%Y%m%d-%H%M%S}"
+def run_matrix(inv, opts: ClusterOptions) -> Matrix:
+    """The inventory's matrix with this run's overrides."""
+    return Matrix.of_inventory(inv.bench, output_tokens=opts.output_tokens, repeats=opts.repeats)
 
 
 def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaunch]:
     """One NodeLaunch per selected node (pure: the --dry-run output is exactly this)."""
     paths = guest_paths(inv)
-    run_dir = f"{paths['runs']}/{opts.run_id}"
+    run_dir = f"{paths.runs_dir}/{opts.run_id}"
     ranks = inv.bench.ranks_per_node
     master = str(nodes[0].bench_ip)
+    matrix = run_matrix(inv, opts)
     out = []
     for i, node in enumerate(nodes):
-        args = L.worker_args(model=model_ref(inv), batch_sizes=inv.bench.batch_sizes,
-                             input_tokens=inv.bench.input_tokens,
-                             output_tokens=opts.output_tokens or inv.bench.output_tokens,
-                             warmup=inv.bench.warmup, repeats=opts.repeats or inv.bench.repeats,
-                             out=run_dir, run_id=opts.run_id, node=node.name, nodes=len(nodes),
+        args = L.worker_args(model=model_ref(inv), batch_sizes=matrix.batch_sizes,
+                             input_tokens=matrix.input_tokens, output_tokens=matrix.output_tokens,
+                             warmup=matrix.warmup, repeats=matrix.repeats, out=run_dir, run_id=opts.run_id, node=node.name, nodes=len(nodes),
                              threads=inv.bench.threads_per_rank,
                              compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
                              scenarios=opts.scenarios)
-        argv = L.torchrun_argv(torchrun=[paths["python"], "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
+        argv = L.torchrun_argv(torchrun=[paths.python, "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
                                node_rank=i, master_addr=master, master_port=inv.bench.port,
-                               rank_script=paths["rank_script"],
+                               rank_script=paths.rank_script,
                                log_dir=f"{run_dir}/logs/{node.name}/ranks", args=args)
         stub = L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, "",
                             tuple(range(i * ranks, (i + 1) * ranks)))
@@ -188,11 +175,11 @@ class ClusterBench:
         def check(la: L.NodeLaunch) -> list[str]:
             t = self._t(la.name)
             problems = []
-            probe = (f"test -x {shlex.quote(paths['rank_script'])} || echo MISSING the rank script "
-                     f"{paths['rank_script']} '(run: vcfslm provision --stage guests)'; "
-                     f"{shlex.quote(paths['python'])} -c 'import torch.distributed.run, vcfslm; "
+            probe = (f"test -x {shlex.quote(paths.rank_script)} || echo MISSING the rank script "
+                     f"{paths.rank_script} '(run: vcfslm provision --stage guests)'; "
+                     f"{shlex.quote(paths.python)} -c 'import torch.distributed.run, vcfslm; "
                      f"print(\"VERSION\", vcfslm.__version__)' 2>/dev/null "
-                     f"|| echo MISSING torch or vcfslm in {paths['venv']} '(run: vcfslm provision --stage guests)'")
+                     f"|| echo MISSING torch or vcfslm in {paths.venv} '(run: vcfslm provision --stage guests)'")
             out = t.run(probe, timeout=60, check=False).stdout
             for line in out.splitlines():
                 if line.startswith("MISSING"):
@@ -270,7 +257,7 @@ class ClusterBench:
             if local_rank is not None:
                 with (node_log.parent / f"rank-{la.global_ranks[0] + local_rank}.log").open("a") as fh:
                     fh.write(body + "\n")
-            event = L.parse_progress(body)
+            event = parse_progress(body)
             if event is not None:
                 L.report_event(self.reporter, self.tracker, f"{la.name}/rank {event.get('rank', '?')}", event)
 
@@ -334,25 +321,20 @@ class ClusterBench:
 
     def meta(self, complete: bool, failure: str | None) -> RunMeta:
         inv = self.inv
-        previous = {}
+        previous = None
         if self.opts.resume and (self.local_dir / "meta.json").exists():
-            previous = asdict(read_meta(self.local_dir))
-        return RunMeta(
-            run_id=self.opts.run_id, created=previous.get("created") or _now(),
-            command=self.opts.command, mode="cluster", nodes=[n.name for n in self.nodes],
+            previous = read_meta(self.local_dir)
+        return build_run_meta(
+            run_id=self.opts.run_id, mode="cluster", nodes=[n.name for n in self.nodes],
             ranks_per_node=inv.bench.ranks_per_node, threads_per_rank=inv.bench.threads_per_rank,
-            model=inv.guest.model,
-            matrix={"batch_sizes": inv.bench.batch_sizes, "input_tokens": inv.bench.input_tokens,
-                    "output_tokens": self.opts.output_tokens or inv.bench.output_tokens,
-                    "warmup": inv.bench.warmup, "repeats": self.opts.repeats or inv.bench.repeats,
-                    "scenarios": self.opts.scenarios,
-                    "compile": self.opts.compile_mode or inv.bench.compile},
-            complete=complete, label=self.opts.label, inventory_sha256=inventory_sha256(inv.source),
-            failure=failure, versions={"vcfslm": __version__},
+            model=inv.guest.model, command=self.opts.command, label=self.opts.label,
+            matrix=matrix_record(run_matrix(inv, self.opts), scenarios=self.opts.scenarios,
+                                 compile_mode=self.opts.compile_mode or inv.bench.compile),
+            complete=complete, failure=failure, previous=previous,
             slos={k: v.model_dump() for k, v in inv.slos.items()},
-            vcenter=self._vcenter or previous.get("vcenter", {}),
-            guests=self.facts or previous.get("guests", {}), probe=previous.get("probe", {}),
-            ranks=rank_summaries(read_rank_facts(self.local_dir / "ranks")) or previous.get("ranks", {}))
+            inventory_sha256=inventory_sha256(inv.source), versions={"vcfslm": __version__},
+            vcenter=self._vcenter, guests=self.facts,
+            ranks=rank_summaries(read_rank_facts(self.local_dir / "ranks")))
 
     def run(self) -> tuple[RunMeta, list]:
         """Preflight, launch, watch, collect; BenchError (after a clean stop) on any failure."""
@@ -402,27 +384,6 @@ class ClusterBench:
             self._drop(name)
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def summary_rows(records: list) -> list[dict]:
-    """Per scenario: ranks seen, windows, median TTFT/TPOT, mean rank throughput."""
-    from ..results import percentile
-
-    groups: dict[tuple, list] = {}
-    for r in records:
-        groups.setdefault(r.scenario, []).append(r)
-    rows = []
-    for (batch, inp, outp), rs in sorted(groups.items()):
-        rows.append({"batch_per_rank": batch, "input_tokens": inp, "output_tokens": outp,
-                     "ranks": len({r.rank for r in rs}), "windows": len(rs),
-                     "ttft_p50_s": percentile([x for r in rs for x in r.ttft_s], 50),
-                     "tpot_p50_ms": percentile([x for r in rs for x in r.tpot_ms], 50),
-                     "rank_tps": sum(r.rank_tps for r in rs) / len(rs)})
-    return rows
-
-
 def resume_options(run_dir: Path) -> dict:
     """What a run recorded about itself, so --resume RUN repeats its matrix and nodes."""
     meta, _ = load_run(run_dir)
@@ -432,5 +393,4 @@ def resume_options(run_dir: Path) -> dict:
             "label": meta.label}
 
 
-__all__ = ["ClusterBench", "ClusterOptions", "plan_launches", "new_run_id", "guest_paths",
-           "summary_rows", "resume_options"]
+__all__ = ["ClusterBench", "ClusterOptions", "plan_launches", "resume_options", "run_matrix"]

@@ -30,6 +30,7 @@ limit (past it a step would silently run eagerly): one engine per process.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ import torch
 
 from ..contract import MEASUREMENT_MODES, normalize_compile_mode
 from .linear import KernelPlan, PackReport, choose_plan, onednn_bf16, pack_linears
+
+log = logging.getLogger(__name__)
 
 
 class CompileCounter:
@@ -51,10 +54,14 @@ class CompileCounter:
 
         self.graphs += 1
         started = time.perf_counter()
+        shapes = [tuple(x.shape) for x in example_inputs if hasattr(x, "shape")][:3]
+        log.debug("compile: graph %d, first input shapes %s", self.graphs, shapes)
         try:
             return compile_fx(gm, example_inputs)
         finally:
-            self.seconds += time.perf_counter() - started
+            took = time.perf_counter() - started
+            self.seconds += took
+            log.debug("compile: graph %d done in %.1f s (%.1f s in all)", self.graphs, took, self.seconds)
 
 
 class _DecodeStep(torch.nn.Module):
@@ -143,6 +150,7 @@ class DecodeEngine:
         self._cache = None
         self._cache_shape = None
         if self.mode != "eager":
+            log.debug("compile: new shape, compiled graphs dropped (dynamo reset)")
             torch._dynamo.reset()
             self._step = self._make_step()
         gc.collect()

@@ -16,15 +16,11 @@ files, nothing broader. This module imports no SSH library: it drives a Transpor
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import InventoryError, Problem
-
-PROGRESS_PREFIX = "VCFSLM-PROGRESS "
 RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
 
 
@@ -56,25 +52,6 @@ class NodeLaunch:
     @property
     def lock_dir(self) -> str:
         return f"{self.run_dir}/../.lock-{self.name}"
-
-
-def select_nodes(nodes: Sequence, count: int | None = None, names: Iterable[str] | None = None,
-                 source: str = "") -> list:
-    """The first `count` inventory nodes, or the named ones (in inventory order)."""
-    if names:
-        wanted = [n.strip() for n in names if n.strip()]
-        known = {n.name for n in nodes}
-        unknown = [n for n in wanted if n not in known]
-        if unknown:
-            raise InventoryError([Problem(source, None, None, "--hosts",
-                                          f"not in the inventory: {', '.join(unknown)} "
-                                          f"(nodes: {', '.join(sorted(known))})")])
-        return [n for n in nodes if n.name in wanted]
-    count = len(nodes) if count is None else count
-    if count < 1 or count > len(nodes):
-        raise InventoryError([Problem(source, None, None, "--nodes",
-                                      f"{count} nodes asked, the inventory has {len(nodes)}")])
-    return list(nodes[:count])
 
 
 def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequence[int],
@@ -174,18 +151,6 @@ def split_rank_line(line: str) -> tuple[int | None, str]:
     """torchrun's teed '[default3]:text' -> (3, 'text'); other lines -> (None, line)."""
     m = RANK_LINE.match(line)
     return (int(m.group(1)), m.group(2)) if m else (None, line)
-
-
-def parse_progress(text: str) -> dict | None:
-    """The worker's machine-readable progress event on a line, if any."""
-    i = text.find(PROGRESS_PREFIX)
-    if i < 0:
-        return None
-    try:
-        event = json.loads(text[i + len(PROGRESS_PREFIX):])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
 
 
 def report_event(reporter, tracker, subject: str, event: dict, now: float | None = None) -> None:

@@ -16,7 +16,6 @@ progress lines, the final meta. Nothing here imports torch.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
@@ -26,39 +25,20 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import results, topology
+from ..contract import Matrix, build_run_meta, matrix_record, new_run_id, parse_progress
 from ..errors import BenchError, InventoryError, Problem
 from ..progress import NullReporter, Reporter
-from .launch import parse_progress, report_event, worker_args
+from .launch import report_event, worker_args
 from .tracker import BenchTracker
 
 NODE_NAME = "local"
 DEFAULT_INDUCTOR_CACHE = "~/.cache/vcfslm/inductor"
-
-
-@dataclass(frozen=True)
-class Matrix:
-    """What a run measures."""
-
-    batch_sizes: tuple[int, ...]
-    input_tokens: tuple[int, ...]
-    output_tokens: int
-    warmup: int = 1
-    repeats: int = 3
-
-    def scenarios(self) -> list[tuple[int, int, int]]:
-        return [(b, i, self.output_tokens) for b in sorted(set(self.batch_sizes))
-                for i in sorted(set(self.input_tokens))]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["batch_sizes"], d["input_tokens"] = list(self.batch_sizes), list(self.input_tokens)
-        return d
 
 
 @dataclass
@@ -108,11 +88,6 @@ def default_threads(node_cpus: dict[int, Sequence[int]], ranks: int) -> int:
     return max(1, min(size, total // max(ranks, 1)))
 
 
-def new_run_id(now: datetime.datetime | None = None, suffix: str = NODE_NAME) -> str:
-    now = now or datetime.datetime.now()
-    return now.strftime("%Y%m%d-%H%M%S") + f"-{suffix}"
-
-
 def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, node: str = NODE_NAME,
                      nodes: int = 1, threads: int, resume: bool = False, scenarios: str | None = None,
                      probe: bool = True, probe_mib: int = 1024, seed: int = 0,
@@ -135,9 +110,9 @@ def torchrun_command(python: str, ranks: int, wrapper: Path, worker_args: list[s
 
 
 def run_complete(records: list[results.WindowRecord], matrix: Matrix, world_size: int,
-                 scenarios: list[tuple[int, int, int]] | None = None) -> bool:
-    """Every rank has `repeats` windows of every scenario."""
-    wanted = scenarios if scenarios is not None else matrix.scenarios()
+                 scenarios: str | None = None) -> bool:
+    """Every rank has `repeats` windows of every scenario (of those `scenarios` selects)."""
+    wanted = matrix.scenarios(scenarios)
     have: dict[tuple[int, tuple[int, int, int]], set[int]] = {}
     for r in records:
         have.setdefault((r.rank, r.scenario), set()).add(r.window)
@@ -168,20 +143,21 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
               label: str | None = None, command: list[str] | None = None,
               slos: dict[str, Any] | None = None, inductor_cache_dir: str | None = None,
               python: str | None = None, timeout: float | None = None,
-              reporter: Reporter | None = None) -> LocalRun:
+              reporter: Reporter | None = None,
+              render_wrapper: Callable[[dict[str, Any]], str]) -> LocalRun:
     """Run the matrix with `ranks` workers on this machine; returns the run (records gathered).
 
     resume: continue the run `run_id` in place (its finished scenarios are skipped).
+    render_wrapper: the rank wrapper (rank.sh) from its template context; the guests' own
+    template, handed in by the caller so that the bench stage never imports the guest stage.
     Raises BenchError when torchrun or a rank fails (meta.json records the failure).
     """
-    from ..guest.templates import render_template
-
     reporter = reporter or NullReporter()
     python = python or sys.executable
     node_cpus = machine_node_cpus()
     threads = threads or default_threads(node_cpus, ranks)
     slots = plan_ranks(node_cpus, ranks, threads)
-    run_id = run_id or new_run_id()
+    run_id = run_id or new_run_id(NODE_NAME, 1)
     run_dir = Path(runs_dir) / run_id
     if resume and not (run_dir / "meta.json").exists():
         raise InventoryError(f"cannot resume {run_id}: {run_dir / 'meta.json'} does not exist")
@@ -197,7 +173,7 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     context = {"python": python, "threads_per_rank": threads, "inductor_cache_dir": cache_dir,
                "use_numactl": use_numactl, "ranks": slots, "env_file": ""}
     wrapper = run_dir / "launch" / "rank.sh"
-    results.atomic_write_text(wrapper, render_template("rank.sh.j2", context))
+    results.atomic_write_text(wrapper, render_wrapper(context))
     wrapper.chmod(0o755)
 
     meta = _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
@@ -229,19 +205,16 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
 
 def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
                   compile_mode, scenarios, slos, node_cpus, slots, use_numactl) -> results.RunMeta:
-    matrix_dict = {**matrix.to_dict(), "seed": seed, "compile": compile_mode, "scenarios": scenarios}
-    if resume:
-        meta = results.read_meta(run_dir)
-        meta.failure = None
-        meta.matrix = matrix_dict  # a resume may extend the matrix
-        return meta
-    return results.RunMeta(
-        run_id=run_id, created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command=list(command or sys.argv), mode="local", nodes=[NODE_NAME], ranks_per_node=ranks,
-        threads_per_rank=threads, model=model,
-        matrix=matrix_dict, label=label, slos=dict(slos or {}),
-        guests={NODE_NAME: {"numa_nodes": {str(k): topology.format_cpu_list(v) for k, v in node_cpus.items()},
-                            "ranks": slots, "numactl": use_numactl}})
+    # A resume keeps the run's creation time and facts; its matrix may extend the run's.
+    previous = results.read_meta(run_dir) if resume else None
+    guests = None if previous else {
+        NODE_NAME: {"numa_nodes": {str(k): topology.format_cpu_list(v) for k, v in node_cpus.items()},
+                    "ranks": slots, "numactl": use_numactl}}
+    return build_run_meta(
+        run_id=run_id, mode="local", nodes=[NODE_NAME], ranks_per_node=ranks, threads_per_rank=threads,
+        model=model, matrix=matrix_record(matrix, compile_mode=compile_mode, scenarios=scenarios, seed=seed),
+        command=command or sys.argv, label=label if label is not None or not previous else previous.label,
+        slos=slos if slos is not None or not previous else previous.slos, previous=previous, guests=guests)
 
 
 def _finish_meta(meta: results.RunMeta, run_dir: Path, records, matrix: Matrix, ranks: int,
@@ -256,13 +229,7 @@ def _finish_meta(meta: results.RunMeta, run_dir: Path, records, matrix: Matrix, 
                 str(f["rank"]): f.get("placement") for f in facts}
             meta.guests[NODE_NAME]["model"] = facts[0].get("model")
             meta.ranks = results.rank_summaries(facts)
-    wanted = None
-    if scenarios:
-        from fnmatch import fnmatchcase
-
-        pats = [p.strip() for p in scenarios.split(",") if p.strip()]
-        wanted = [s for s in matrix.scenarios() if any(fnmatchcase(f"{s[0]}x{s[1]}", p) for p in pats)]
-    meta.complete = bool(records) and run_complete(records, matrix, ranks, wanted)
+    meta.complete = bool(records) and run_complete(records, matrix, ranks, scenarios)
 
 
 def _run_streaming(cmd: list[str], log_path: Path, reporter: Reporter, timeout: float | None,

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import fnmatch
-import json
 import logging
 import os
 import sys
@@ -56,10 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import results
-from ..contract import ACCEPTED_COMPILE_MODES
+from ..contract import ACCEPTED_COMPILE_MODES, Matrix, format_progress
 from ..results import WindowRecord
 
-PROGRESS_PREFIX = "VCFSLM-PROGRESS "
 log = logging.getLogger("vcfslm.bench.worker")
 
 
@@ -154,18 +151,6 @@ class TorchrunEnv:
 # ------------------------------------------------------------------ scenarios
 
 
-def scenario_list(batch_sizes: list[int], input_tokens: list[int], output_tokens: int,
-                  pattern: str | None = None) -> list[tuple[int, int, int]]:
-    """(batch, input, output) in run order (batch, then input length), filtered by pattern."""
-    wanted = [p.strip() for p in pattern.split(",") if p.strip()] if pattern else None
-    out = []
-    for b in sorted(set(batch_sizes)):
-        for i in sorted(set(input_tokens)):
-            if wanted is None or any(fnmatch.fnmatchcase(f"{b}x{i}", w) for w in wanted):
-                out.append((b, i, output_tokens))
-    return out
-
-
 def agreed_skips(per_rank_finished: list[set[tuple[int, int, int]]]) -> set[tuple[int, int, int]]:
     """Scenarios every rank has finished (only those may be skipped by all)."""
     if not per_rank_finished:
@@ -212,7 +197,7 @@ def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple
 
 def progress(event: dict[str, Any]) -> None:
     """One progress line on stdout (flushed: the launcher reads it live) and in the log."""
-    line = PROGRESS_PREFIX + json.dumps(event, sort_keys=True, default=str)
+    line = format_progress(event)
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
     log.info("%s", line)
@@ -237,9 +222,11 @@ def _setup_logging(out: Path, node: str, rank: int) -> None:
     path = out / "logs" / node / f"rank-{rank}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # The whole package's loggers: the engine's compile events land in the rank's log too.
+    package = logging.getLogger("vcfslm")
+    package.addHandler(handler)
+    package.setLevel(logging.DEBUG)
 
 
 # ------------------------------------------------------------------ the run
@@ -315,7 +302,8 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     from .model import load_model
     from .placement import placement_facts, placement_problems, thread_cpus
 
-    scenarios = scenario_list(args.batch_sizes, args.input_tokens, args.output_tokens, args.scenarios)
+    scenarios = Matrix(tuple(args.batch_sizes), tuple(args.input_tokens),
+                       args.output_tokens).scenarios(args.scenarios)
     max_context = max((i + o for _, i, o in scenarios), default=0)
     loaded = load_model(args.model, seed=args.seed, max_context=max_context or None)
     engine = DecodeEngine(loaded.model, args.compile)

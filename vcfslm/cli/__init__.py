@@ -13,6 +13,7 @@ import click
 from .. import __version__
 from ..errors import VcfslmError
 from .console import LINE_ENDS
+from .logs import configure_logging
 
 # Command modules, each with a COMMANDS list. Imported eagerly: they must import
 # torch, transformers, pyVmomi and paramiko lazily, inside their commands.
@@ -36,7 +37,9 @@ class VcfslmGroup(click.Group):
 @click.group(cls=VcfslmGroup, context_settings={"help_option_names": ["-h", "--help"],
                                                 "max_content_width": 100})
 @click.version_option(__version__, prog_name="vcfslm")
-@click.option("-v", "--verbose", count=True, help="More detail (repeat for debug logs).")
+@click.option("-v", "--verbose", count=True,
+              help="More detail: -v info logs and per-rank progress, -vv debug logs (vCenter "
+                   "retries and tasks, SSH reconnects, compile events).")
 @click.pass_context
 def main(ctx: click.Context, verbose: int) -> None:
     """Provision, benchmark and size small-language-model inference on VMware Cloud Foundation.
@@ -54,6 +57,7 @@ def main(ctx: click.Context, verbose: int) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
+    configure_logging(verbose)
 
 
 def _register() -> None:

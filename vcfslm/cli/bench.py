@@ -11,14 +11,16 @@ import json
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
+from ..contract import ACCEPTED_COMPILE_MODES, Matrix
 from ..errors import BenchError, InventoryError, Problem, UsageError
-from ..contract import ACCEPTED_COMPILE_MODES
+from .bench_summary import print_run_summary
 from .common import RichReporter, console, err_console, inventory_option, output_option, print_json
 
 LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
@@ -122,8 +124,9 @@ def _flags(names: list[str]) -> str:
 
 def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) -> None:
     """Resolve the local run's settings (flags > resumed meta > inventory > defaults) and run it."""
-    from ..bench.local import Matrix, run_local
+    from ..bench.local import run_local
     from ..bench.model import ModelSourceError, parse_model_spec
+    from ..guest.templates import render_template
 
     settings = _local_defaults()
     if inventory:
@@ -152,16 +155,11 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) 
                         compile_mode=settings["compile_mode"], probe=not opts["no_probe"],
                         probe_mib=settings["probe_mib"], scenarios=settings.get("scenarios"),
                         label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
-                        slos=settings.get("slos"), timeout=opts["timeout"], reporter=reporter)
-    rows = summary_rows(run.records)
-    if quiet:
-        print_json({"run_id": run.meta.run_id, "run_dir": str(run.run_dir), "complete": run.meta.complete,
-                    "scenarios": rows})
-        return
-    console.print(results_table(rows, f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
-                                      f"{run.meta.threads_per_rank} thread(s), {run.meta.model}"))
-    console.print(f"run dir: {run.run_dir}" + ("" if run.meta.complete else "  (incomplete)"))
-    console.print(f"next: vcfslm report {run.run_dir}")
+                        slos=settings.get("slos"), timeout=opts["timeout"], reporter=reporter,
+                        render_wrapper=partial(render_template, "rank.sh.j2"))
+    print_run_summary(run.meta, run.records, run.run_dir, opts["output"],
+                      f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
+                      f"{run.meta.threads_per_rank} thread(s), {run.meta.model}")
 
 
 def _local_defaults() -> dict[str, Any]:
@@ -195,48 +193,6 @@ def _from_meta(run_dir: Path) -> dict[str, Any]:
             "output_tokens": m["output_tokens"], "warmup": m.get("warmup", 1), "repeats": m["repeats"],
             "seed": m.get("seed", 0), "compile_mode": m.get("compile", "compile"),
             "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos}
-
-
-def summary_rows(records) -> list[dict[str, Any]]:
-    """Per scenario, across ranks and measured windows: p50 TTFT, p50/p90 TPOT, mean rank t/s,
-    roofline TPOT and its efficiency (roofline / measured p50), valid windows."""
-    from ..results import percentile
-
-    groups: dict[tuple[int, int, int], list] = {}
-    for r in records:
-        groups.setdefault(r.scenario, []).append(r)
-    rows = []
-    for (batch, inp, out), recs in sorted(groups.items()):
-        valid = [r for r in recs if r.valid] or recs
-        tpot = [t for r in valid for t in r.tpot_ms]
-        roof = [r.roofline_tpot_ms for r in valid if r.roofline_tpot_ms]
-        p50 = percentile(tpot, 50)
-        roofline = sum(roof) / len(roof) if roof else None
-        rows.append({"batch_per_rank": batch, "input_tokens": inp, "output_tokens": out,
-                     "ranks": len({r.rank for r in recs}), "windows": len(recs),
-                     "valid_windows": sum(r.valid for r in recs),
-                     "ttft_p50_s": percentile([t for r in valid for t in r.ttft_s], 50),
-                     "tpot_p50_ms": p50, "tpot_p90_ms": percentile(tpot, 90),
-                     "rank_tps": sum(r.rank_tps for r in valid) / len(valid),
-                     "roofline_tpot_ms": roofline,
-                     "efficiency": (roofline / p50) if roofline and p50 == p50 and p50 > 0 else None,
-                     "max_skew_ms": max(r.start_skew_s for r in recs) * 1000})
-    return rows
-
-
-def results_table(rows: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title)
-    for col in ("batch/rank", "input", "ranks", "valid/windows", "TTFT p50 (s)", "TPOT p50 (ms)",
-                "TPOT p90 (ms)", "rank t/s", "roofline (ms)", "roofline/TPOT", "skew max (ms)"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r["batch_per_rank"]), str(r["input_tokens"]), str(r["ranks"]),
-                      f"{r['valid_windows']}/{r['windows']}", f"{r['ttft_p50_s']:.3f}",
-                      f"{r['tpot_p50_ms']:.1f}", f"{r['tpot_p90_ms']:.1f}", f"{r['rank_tps']:.1f}",
-                      "-" if r["roofline_tpot_ms"] is None else f"{r['roofline_tpot_ms']:.1f}",
-                      "-" if r["efficiency"] is None else f"{r['efficiency']:.0%}",
-                      f"{r['max_skew_ms']:.2f}")
-    return table
 
 
 @click.command("probe")

@@ -10,10 +10,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from rich.table import Table
-
+from ..contract import new_run_id, select_nodes
 from ..errors import UsageError
+from .bench_summary import print_run_summary
 from .common import RichReporter, console, err_console, load, print_json, to_jsonable
+from .guest_stage import bench_connector
 
 
 def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, resume: str | None,
@@ -23,7 +24,6 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
                 trust_new_hosts: bool, output: str, verbose: int = 0) -> None:
     """Select nodes, then preflight, launch, watch and collect the cluster run."""
     from ..bench import cluster as C
-    from ..bench.launch import select_nodes
 
     inv = load(inventory)
     runs_root = Path(runs_dir)
@@ -40,8 +40,8 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         scenarios = scenarios or previous["scenarios"]
         label = label or previous["label"]
         compile_mode = compile_mode or previous["compile"]
-    selected = select_nodes(inv.nodes, nodes, names, source=inv.source)
-    opts = C.ClusterOptions(run_id=run_id or C.new_run_id(inv.name, len(selected)), runs_root=runs_root,
+    selected = select_nodes(inv, nodes, names)
+    opts = C.ClusterOptions(run_id=run_id or new_run_id(inv.name, len(selected)), runs_root=runs_root,
                             label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
                             output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
                             command=["vcfslm", *sys.argv[1:]])
@@ -60,31 +60,16 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
     log_dir = runs_root / opts.run_id / "logs" / "ssh"
     with RichReporter(err_console, verbose=verbose > 0) as reporter:
         meta, records, local_dir = _run(inv, selected, opts, reporter, log_dir, trust_new_hosts)
-    rows = C.summary_rows(records)
-    if output == "json":
-        print_json({"run_id": meta.run_id, "run_dir": str(local_dir), "complete": meta.complete,
-                    "scenarios": rows})
-        return
-    table = Table(title=f"run {meta.run_id} ({len(meta.nodes)} node(s), {meta.ranks_per_node} ranks each)")
-    for col in ("batch/rank", "input", "ranks", "windows", "TTFT p50 (s)", "TPOT p50 (ms)", "rank t/s"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r["batch_per_rank"]), str(r["input_tokens"]), str(r["ranks"]), str(r["windows"]),
-                      f"{r['ttft_p50_s']:.3f}", f"{r['tpot_p50_ms']:.1f}", f"{r['rank_tps']:.1f}")
-    console.print(table)
-    console.print(f"run dir: {local_dir}")
-    console.print(f"next: vcfslm report {local_dir}")
+    print_run_summary(meta, records, local_dir, output,
+                      f"run {meta.run_id} ({len(meta.nodes)} node(s), {meta.ranks_per_node} ranks each)")
 
 
 def _run(inv, selected, opts, reporter, log_dir, trust_new_hosts):
     """Preflight, launch, watch and collect; (meta, records, the local run folder)."""
     from ..bench import cluster as C
     from ..guest.provision import preflight_problems
-    from ..guest.transport import open_node
 
-    def connect(node):
-        return open_node(inv, node, log_dir=log_dir, trust_new_hosts=trust_new_hosts, reporter=reporter)
-
+    connect = bench_connector(inv, reporter, log_dir, trust_new_hosts)
     bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter,
                            preflight_checks=preflight_problems, guest_facts=_guest_facts,
                            vcenter_facts=_observed_vms)

@@ -10,7 +10,6 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import PlaybookError
 from ..progress import Progress, describe
 from .common import (
     RichReporter,
@@ -21,6 +20,7 @@ from .common import (
     output_option,
     print_json,
 )
+from .guest_stage import fail_if_any, ssh_connector, summary_json, summary_table
 from .progress_view import bar
 
 
@@ -92,37 +92,6 @@ def _hosts(value: str | None) -> list[str] | None:
     return [h.strip() for h in value.split(",") if h.strip()] if value else None
 
 
-def _summary_table(summary, title: str) -> Table:
-    table = Table(title=title)
-    for col in ("host", "changed", "ok", "failed", "time", "result"):
-        table.add_column(col, justify="right" if col in ("changed", "ok", "failed", "time") else "left")
-    for h in summary.hosts:
-        if h.error:
-            result = f"[red]{escape(h.error.splitlines()[0])}[/red]"
-        else:
-            result = "[green]ok[/green]" + (f" ({escape(h.note)})" if h.note else "")
-        table.add_row(h.host, str(h.changed), str(h.ok), str(h.failed), f"{h.duration:.1f}s", result)
-    return table
-
-
-def _json(summary) -> dict:
-    return {"ok": summary.ok, "dry_run": summary.dry_run, "duration_s": round(summary.duration, 3),
-            "log_dir": str(summary.log_dir) if summary.log_dir else None,
-            "hosts": [{**h.row(), "steps": [
-                {"playbook": s.playbook, "step": s.name, "type": s.kind, "status": s.status,
-                 "commands": s.commands, "duration_s": round(s.duration, 3), "error": s.error}
-                for s in h.steps],
-                "facts": h.records["facts"].to_json() if "facts" in h.records else None}
-                for h in summary.hosts]}
-
-
-def _fail_if_any(summary) -> None:
-    if not summary.ok:
-        lines = [f"  {h.host}: {h.error}" for h in summary.failed_hosts]
-        raise PlaybookError(f"{len(lines)} of {len(summary.hosts)} host(s) failed "
-                            f"(command logs: {summary.log_dir}):\n" + "\n".join(lines))
-
-
 @click.command("guests")
 @inventory_argument
 @click.option("--playbook", "-p", "playbooks", multiple=True, metavar="NAME|FILE",
@@ -154,11 +123,11 @@ def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, tru
 
     inv = load(inventory)
     with LiveHosts() as reporter:
-        summary = provision_guests(inv, reporter, playbooks=list(playbooks) or None, dry_run=dry_run,
-                                   trust_new_hosts=trust_new_hosts, run_dir=log_dir,
-                                   hosts=_hosts(hosts), connect_wait_s=wait_s)
+        summary = provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
+                                   playbooks=list(playbooks) or None, dry_run=dry_run,
+                                   run_dir=log_dir, hosts=_hosts(hosts), connect_wait_s=wait_s)
     if output == "json":
-        print_json(_json(summary))
+        print_json(summary_json(summary))
     else:
         if dry_run:
             for h in summary.hosts:
@@ -167,10 +136,10 @@ def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, tru
                               + (f" ({h.note})" if h.note else ""))
                 for c in cmds:
                     console.print(f"  $ {c}", markup=False, highlight=False, soft_wrap=True)
-        console.print(_summary_table(summary, "guests (dry run)" if dry_run else "guests"))
+        console.print(summary_table(summary, "guests (dry run)" if dry_run else "guests"))
         if summary.log_dir:
             console.print(f"command logs: {summary.log_dir}")
-    _fail_if_any(summary)
+    fail_if_any(summary)
 
 
 @click.command("verify")
@@ -197,10 +166,10 @@ def verify(inventory: str | None, trust_new_hosts: bool, hosts: str | None, wait
 
     inv = load(inventory)
     with LiveHosts() as reporter:
-        summary = verify_guests(inv, reporter, trust_new_hosts=trust_new_hosts, hosts=_hosts(hosts),
-                                connect_wait_s=wait_s)
+        summary = verify_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
+                                hosts=_hosts(hosts), connect_wait_s=wait_s)
     if output == "json":
-        print_json(_json(summary))
+        print_json(summary_json(summary))
     else:
         table = Table(title="in-guest verification")
         for col in ("host", "NUMA seen", "result"):
@@ -215,7 +184,7 @@ def verify(inventory: str | None, trust_new_hosts: bool, hosts: str | None, wait
             result = "[green]ok[/green]" if h.succeeded else f"[red]{escape(h.error)}[/red]"
             table.add_row(h.host, seen, result)
         console.print(table)
-    _fail_if_any(summary)
+    fail_if_any(summary)
 
 
 COMMANDS = [guests, verify]

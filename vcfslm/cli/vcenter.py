@@ -25,6 +25,7 @@ from .common import (
     remember_inventory,
     resolve_inventory_path,
 )
+from .guest_stage import fail_if_any, ssh_connector, summary_json, summary_table
 from .progress_view import ProgressLines, bar
 
 GUEST_STAGE_MODULE = "vcfslm.guest.provision"
@@ -210,15 +211,13 @@ def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict)
         err_console.print("note: the guest stage is not part of this build; provisioned VMs only")
         return
     with VmLinesReporter(quiet=output == "json") as reporter:
-        summary = module.provision_guests(inv, reporter, trust_new_hosts=trust_new_hosts)
+        summary = module.provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter)
     # the `guests` command's renderers, so both commands show a run alike
-    from .guests import _fail_if_any, _json, _summary_table
-
     if output == "json":
-        doc["guests"] = _json(summary)
+        doc["guests"] = summary_json(summary)
     else:
-        console.print(_summary_table(summary, "guests"))
-    _fail_if_any(summary)
+        console.print(summary_table(summary, "guests"))
+    fail_if_any(summary)
 
 
 @click.command()

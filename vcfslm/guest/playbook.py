@@ -29,10 +29,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from ..contract import GuestPaths, guest_paths, model_ref
 from ..errors import (
     CommandFailed,
-    InventoryError,
     PlaybookError,
+    PlaybookSpecError,
     Problem,
     TransportError,
     VcfslmError,
@@ -50,54 +51,12 @@ DEFAULT_PLAYBOOKS = ("base", "pytorch", "model", "launch", "verify")
 # --------------------------------------------------------------------------- variables
 
 
-@dataclass(frozen=True)
-class GuestPaths:
-    """Where the guest stage puts things on every guest (the bench stage reads the same places)."""
-
-    workdir: str
-    venv: str
-    python: str
-    torchrun: str
-    launch_dir: str
-    env_file: str
-    rank_script: str
-    hosts_file: str
-    runs_dir: str
-    models_dir: str
-    wheels_dir: str
-    wheelhouse_dir: str
-    inductor_cache_dir: str
-
-
-def guest_paths(inventory) -> GuestPaths:
-    work = inventory.guest.workdir.rstrip("/")
-    venv = inventory.guest.venv_path.rstrip("/")
-    launch = f"{work}/launch"
-    return GuestPaths(workdir=work, venv=venv, python=f"{venv}/bin/python",
-                      torchrun=f"{venv}/bin/torchrun", launch_dir=launch,
-                      env_file=f"{launch}/env.sh", rank_script=f"{launch}/rank.sh",
-                      hosts_file=f"{launch}/hosts", runs_dir=f"{work}/runs",
-                      models_dir=f"{work}/models", wheels_dir=f"{work}/wheels",
-                      wheelhouse_dir=f"{work}/wheelhouse",
-                      inductor_cache_dir=f"{work}/cache/inductor")
-
-
 def torch_requirement(spec: str) -> str:
     """guest.torch ("2.13.0", "2.11.*", ">=2.8") as a requirement ("torch==2.13.0")."""
     spec = spec.strip()
     if not spec:
         return "torch"
     return f"torch=={spec}" if spec[0].isdigit() else f"torch{spec}"
-
-
-def model_ref(inventory) -> str:
-    """The model as the worker on the guest names it: synthetic spec, hub id, or staged folder."""
-    from .steps import model_kind
-
-    model = inventory.guest.model
-    if model_kind(model) == "dir":
-        return f"{guest_paths(inventory).models_dir}/{Path(model).expanduser().name}"
-    return model
 
 
 def host_variables(inventory, node) -> dict[str, Any]:
@@ -252,38 +211,38 @@ def load_playbooks(names: list[str | Path], inventory=None) -> list[Playbook]:
     for name in names:
         try:
             out.append(load_playbook(name, inventory))
-        except InventoryError as exc:
+        except PlaybookSpecError as exc:
             problems.extend(exc.problems)
     if problems:
-        raise InventoryError(problems)
+        raise PlaybookSpecError(problems)
     return out
 
 
 def load_playbook(name: str | Path, inventory=None) -> Playbook:
     """Parse and check a playbook; with an inventory also validate every step's arguments
-    as the first node would see them. InventoryError lists each problem with file:line."""
+    as the first node would see them. PlaybookSpecError lists each problem with file:line."""
     path = playbook_path(name)
     label = str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         known = ", ".join(available_playbooks())
-        raise InventoryError([Problem(label, None, None, "", f"no such playbook (shipped: {known})")]) from None
+        raise PlaybookSpecError([Problem(label, None, None, "", f"no such playbook (shipped: {known})")]) from None
     except OSError as exc:
-        raise InventoryError([Problem(label, None, None, "", f"cannot read: {exc.strerror}")]) from None
+        raise PlaybookSpecError([Problem(label, None, None, "", f"cannot read: {exc.strerror}")]) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise InventoryError([Problem(label, mark.line + 1 if mark else None,
+        raise PlaybookSpecError([Problem(label, mark.line + 1 if mark else None,
                                       mark.column + 1 if mark else None, "",
                                       f"YAML syntax error: {exc.problem or exc}")]) from None
     playbook, problems = _parse(data, root, label, path.stem)
     if not problems and inventory is not None:
         problems = _validate_with(playbook, inventory)
     if problems:
-        raise InventoryError(problems)
+        raise PlaybookSpecError(problems)
     return playbook
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..contract import model_kind as contract_model_kind
 from ..errors import PlaybookError
 from . import facts as F
 from .templates import render_template
@@ -471,18 +472,12 @@ class WheelStep(Step):
                 Shell(locked(venv, f"sh -c {q(install)}"), sudo=sudo, timeout=3600)]
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
 def model_kind(model: str) -> str:
-    """'synthetic', 'dir' (a local folder pushed to the guest) or 'hub'."""
-    if model.startswith("synthetic:"):
-        return "synthetic"
-    if Path(model).expanduser().is_dir() or model.startswith(("/", "./", "../", "~")):
-        return "dir"
-    if _HUB_ID.match(model):
-        return "hub"
-    raise PlaybookError(f"model {model!r} is neither synthetic:*, a local folder, nor a hub id")
+    """'synthetic', 'dir' (a local folder pushed to the guest) or 'hub' (contract.model_kind)."""
+    kind = contract_model_kind(model)
+    if kind is None:
+        raise PlaybookError(f"model {model!r} is neither synthetic:*, a local folder, nor a hub id")
+    return kind
 
 
 class ModelStep(Step):

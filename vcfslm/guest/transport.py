@@ -28,6 +28,7 @@ from ..progress import NullReporter, Reporter
 DEFAULT_TIMEOUT_S = 600.0
 # paramiko logs dropped connections from its own thread; the errors we raise say it better.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logger = logging.getLogger(__name__)
 _known_hosts_lock = threading.Lock()  # parallel hosts may record keys in one file
 
 
@@ -173,12 +174,16 @@ class SSHTransport:
         while True:
             if attempt:
                 self.reporter.update(self.host, f"connect retry {attempt} in {delay:.1f}s ({last_text})")
+                logger.debug("%s: SSH connect retry %d to %s:%d in %.1f s (%s)", self.host, attempt,
+                             self.address, self.port, delay, last_text)
                 time.sleep(delay)
                 delay = min(delay * 2, self.max_backoff_s)
             attempt += 1
             try:
                 self._client = self._open(paramiko)
                 self.log.write(f"connected to {self.user}@{self.address}:{self.port}")
+                logger.debug("%s: SSH connected to %s@%s:%d (attempt %d)", self.host, self.user,
+                             self.address, self.port, attempt)
                 return self
             except HostKeyError:
                 raise
@@ -261,6 +266,7 @@ class SSHTransport:
                     exit_code, out, err = self._exec(full, timeout, data)
         except TransportError as exc:
             self.log.write(f"$ {full}\n# {exc}")
+            logger.debug("%s: connection lost during a command: %s", self.host, exc)
             raise
         result = Result(full, exit_code, out, err, time.monotonic() - started)
         self.log.command(result)

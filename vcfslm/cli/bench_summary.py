@@ -1,0 +1,38 @@
+"""What `vcfslm bench` prints when a run ends, local or cluster: the report's results table
+for the run, computed by the report's own aggregator, so a bench and its report agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis.cells import aggregate
+from ..analysis.tables import results_table, scenario_rows
+from .common import console, print_json
+
+
+def print_run_summary(meta, records, run_dir: Path, output: str, title: str) -> None:
+    """The run's cells as a table (or `--output json`), its folder and the next command."""
+    analysis = aggregate([(meta, records)])
+    if output == "json":
+        print_json({"run_id": meta.run_id, "run_dir": str(run_dir), "complete": meta.complete,
+                    "scenarios": scenario_rows(analysis.cells), "warnings": analysis.warnings})
+        return
+    for scope in analysis.scopes():
+        console.print(rich_table(results_table(analysis.cells, scope), title))
+    for warning in analysis.warnings:
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
+    console.print(f"run dir: {run_dir}" + ("" if meta.complete else "  (incomplete)"))
+    console.print(f"next: vcfslm report {run_dir}")
+
+
+def rich_table(table, title: str | None = None) -> Table:
+    """An analysis table (plain strings) as a rich Table, under the console's pipe policy."""
+    out = Table(title=title or table.title, caption="\n".join(table.notes) or None)
+    for i, col in enumerate(table.columns):
+        out.add_column(col, justify="left" if i == 0 else "right")
+    for row in table.rows:
+        out.add_row(*(Text(str(v)) for v in row))  # figures and flags, never markup
+    return out
