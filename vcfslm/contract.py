@@ -4,6 +4,7 @@ stated once.
 Every stage that needs one of these imports it from here and never re-derives it:
 
 - compile modes of the decode step, and their legacy names;
+- the default SLOs;
 - the guest layout (where the guest stage puts the venv, scripts, models and runs) and the
   model reference the worker on a guest is given;
 - node selection (`--nodes N` / `--hosts A,B`);
@@ -47,6 +48,14 @@ def normalize_compile_mode(mode: str) -> str:
     if mode not in COMPILE_MODES:
         raise ValueError(f"unknown compile mode {mode!r}; known: {', '.join(COMPILE_MODES)}")
     return mode
+
+
+# ------------------------------------------------------------------ SLOs
+
+# The brief's two service levels per user: SLO-A (interactive chat) and SLO-B (relaxed).
+# The inventory's default `slos` and the report's default when a run names none.
+DEFAULT_SLOS: dict[str, dict[str, float]] = {"A": {"tpot_ms": 130.0, "ttft_s": 3.0},
+                                             "B": {"tpot_ms": 200.0, "ttft_s": 5.0}}
 
 
 # ------------------------------------------------------------------ guest layout

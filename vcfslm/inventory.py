@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from . import footprint, topology
-from .errors import InventoryError, Problem
+from . import contract, footprint, topology
 from .contract import LEGACY_COMPILE_MODES
+from .errors import InventoryError, Problem
 
 Key = tuple[str | int, ...]
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -203,7 +203,7 @@ class SLO(_Model):
     ttft_s: Annotated[float, Field(gt=0)] = Field(description="Max time to first token, s.")
 
 
-DEFAULT_SLOS = {"A": SLO(tpot_ms=130, ttft_s=3), "B": SLO(tpot_ms=200, ttft_s=5)}
+DEFAULT_SLOS = {name: SLO(**limits) for name, limits in contract.DEFAULT_SLOS.items()}
 
 
 class Inventory(_Model):

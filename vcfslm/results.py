@@ -40,19 +40,29 @@ says `_ms`):
     roofline_tpot_ms  float | null  bytes read per step / measured bandwidth
     roofline_ttft_s   float | null  prompt FLOPs / measured bf16 GEMM rate (the prefill floor)
     placement         dict  cpu affinity, numa node, threads, versions, cpu capability
+
+Reading checks every object against these types (read_records, read_meta, read_run):
+a bad one is a RunFolderError naming file, line and field; a torn last line is skipped
+with a warning; keys this version does not know are ignored.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
+import re
 import tempfile
-from collections.abc import Iterable, Iterator
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from vcfslm.errors import Problem, RunFolderError
 
 SCHEMA_VERSION = 1
 
@@ -99,20 +109,167 @@ class WindowRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WindowRecord:
-        known = {f.name for f in fields(cls)}
-        missing = [f.name for f in fields(cls) if f.name not in data and _required(f)]
-        if missing:
-            raise ValueError(f"record misses field(s): {', '.join(missing)}")
-        schema = data.get("schema", SCHEMA_VERSION)
-        if schema > SCHEMA_VERSION:
-            raise ValueError(f"record schema {schema} is newer than this vcfslm ({SCHEMA_VERSION})")
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """A record from its JSON object; SchemaError (a ValueError) lists every field that breaks the schema."""
+        found = record_findings(data)
+        if found:
+            raise SchemaError(found)
+        return _build(cls, data)
 
 
 def _required(f) -> bool:
     from dataclasses import MISSING
 
     return f.default is MISSING and f.default_factory is MISSING
+
+
+def _build(cls, data: dict[str, Any]):
+    """An instance of dataclass `cls` from the keys it knows (newer writers may add others)."""
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# ------------------------------------------------------------ schema on read
+#
+# Run files are input like any other: each object is checked field by field against its
+# dataclass's own annotations before it is built, so a hand-edited or foreign file fails
+# naming the file, line and field instead of with a TypeError deep inside the report.
+# Every number a record carries is a count, a time or a rate: integers are at least 0
+# (AT_LEAST_ONE: at least 1), floats finite and at least 0. Unknown keys are allowed.
+
+Findings = list[tuple[str, str]]        # (key path, what is wrong with it)
+Check = Callable[[Any], Findings]       # a value -> findings keyed relative to it
+
+AT_LEAST_ONE = frozenset({"schema", "world_size", "ranks_per_node", "nodes", "batch_per_rank",
+                          "input_tokens", "output_tokens", "threads_per_rank"})
+_KINDS = {str: "a string", bool: "true or false", dict: "an object"}
+_PLURALS = {float: "numbers", int: "integers", str: "strings"}
+
+
+class SchemaError(ValueError):
+    """A JSON object breaks a run file's schema; `findings` holds one (key, message) per problem."""
+
+    def __init__(self, findings: Sequence[tuple[str, str]]):
+        self.findings = list(findings)
+        super().__init__("; ".join(f"{k}: {m}" if k else m for k, m in self.findings))
+
+
+def _got(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _int_check(minimum: int) -> Check:
+    def check(value: Any) -> Findings:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return [("", f"expected an integer, got {_got(value)}")]
+        if value < minimum:
+            return [("", f"must be at least {minimum}, got {value}" if minimum else
+                     f"must not be negative, got {value}")]
+        return []
+    return check
+
+
+def _number_check(value: Any) -> Findings:
+    """A time or a rate: a finite number, at least 0 (an integer will do)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return [("", f"expected a number, got {_got(value)}")]
+    if not math.isfinite(value):
+        return [("", f"expected a finite number, got {value}")]
+    return [("", f"must not be negative, got {value}")] if value < 0 else []
+
+
+def _kind_check(kind: type) -> Check:
+    return lambda value: [] if isinstance(value, kind) else [("", f"expected {_KINDS[kind]}, got {_got(value)}")]
+
+
+def _list_check(item: Check, plural: str) -> Check:
+    def check(value: Any) -> Findings:
+        if not isinstance(value, list):
+            return [("", f"expected a list of {plural}, got {_got(value)}")]
+        return [(f"[{i}]{key}", message) for i, v in enumerate(value) for key, message in item(v)]
+    return check
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: [] if value is None else check(value)
+
+
+def _check_for(hint: Any, name: str) -> Check:
+    """The check of one annotation (`int`, `list[float]`, `str | None`, `dict[str, Any]`, ...)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union) and len(args) == 2 and type(None) in args:
+        return _optional(_check_for(next(a for a in args if a is not type(None)), name))
+    if hint is int:
+        return _int_check(1 if name in AT_LEAST_ONE else 0)
+    if hint is float:
+        return _number_check
+    if origin is list:
+        return _list_check(_check_for(args[0], name), _PLURALS[args[0]])
+    kind = dict if origin is dict else hint
+    if kind in _KINDS:
+        return _kind_check(kind)
+    raise TypeError(f"no schema check for {name}: {hint!r}")
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[tuple[str, Check, bool], ...]:
+    """(field, check, required) for every field of dataclass `cls`, from its annotations."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, _check_for(hints[f.name], f.name), _required(f)) for f in fields(cls))
+
+
+def schema_findings(cls: type, data: Any) -> Findings:
+    """Every way `data` breaks the schema of dataclass `cls` (keys it does not know are fine)."""
+    if not isinstance(data, dict):
+        return [("", f"expected a JSON object, got {_got(data)}")]
+    out: Findings = []
+    for name, check, required in _schema(cls):
+        if name not in data:
+            if required:
+                out.append((name, "required field missing"))
+            continue
+        out.extend((name + key, message) for key, message in check(data[name]))
+    return out
+
+
+def record_findings(data: Any) -> Findings:
+    """What is wrong with one results.jsonl object, field by field (empty: a good record)."""
+    if isinstance(data, dict) and data.get("output_tokens") == 1 and isinstance(data.get("tpot_ms"), list):
+        # TPOT is undefined for one output token: stream_metrics writes NaN there.
+        data = {**data, "tpot_ms": [0.0 if isinstance(v, float) and math.isnan(v) else v
+                                    for v in data["tpot_ms"]]}
+    found = schema_findings(WindowRecord, data)
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+        found.append(("schema", f"version {schema} is newer than this vcfslm reads (up to "
+                                f"{SCHEMA_VERSION}): upgrade vcfslm"))
+    return found
+
+
+# matrix keys the analysis reads: an integer or a list of them / a count / a text
+MATRIX_LISTS = ("batch_sizes", "input_tokens", "output_tokens")
+MATRIX_COUNTS = ("warmup", "repeats")
+MATRIX_TEXTS = ("scenarios", "compile")
+
+
+def meta_findings(data: Any) -> Findings:
+    """What is wrong with meta.json's object, field by field (empty: good metadata)."""
+    found = schema_findings(RunMeta, data)
+    matrix = data.get("matrix") if isinstance(data, dict) else None
+    if not isinstance(matrix, dict):
+        return found
+    for name in MATRIX_LISTS + MATRIX_COUNTS + MATRIX_TEXTS:
+        value = matrix.get(name)
+        if value is None:
+            continue
+        check = _kind_check(str) if name in MATRIX_TEXTS else _int_check(0 if name == "warmup" else 1)
+        if name in MATRIX_LISTS:
+            if isinstance(value, list):
+                check = _list_check(check, "integers")
+            elif not isinstance(value, int):
+                found.append((f"matrix.{name}", f"expected an integer or a list of integers, got {_got(value)}"))
+                continue
+        found.extend((f"matrix.{name}{key}", message) for key, message in check(value))
+    return found
 
 
 def stream_metrics(request_start: float, first_token: Iterable[float], last_token: Iterable[float],
@@ -189,18 +346,64 @@ def append_record(path: str | os.PathLike[str], record: WindowRecord) -> None:
     atomic_write_text(path, existing + record.to_json() + "\n")
 
 
-def read_records(path: str | os.PathLike[str]) -> list[WindowRecord]:
-    """Read a JSON-lines file of records; a blank line is skipped, a bad one raises ValueError
-    naming the file and line."""
-    out = []
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+MAX_PROBLEMS = 20     # per file: enough to see the pattern, few enough to read
+TORN = "torn last line skipped (no newline at the end and not valid JSON: its writer was stopped mid-line)"
+
+
+def read_records(path: str | os.PathLike[str], warnings: list[str] | None = None) -> list[WindowRecord]:
+    """Read a JSON-lines file of records, each checked against the schema.
+
+    A blank line is skipped. A torn last line (no newline at the end and not valid JSON:
+    what a killed writer leaves) is skipped too, and said in `warnings` when given. Any
+    other bad line raises RunFolderError listing every problem as file:line field: message.
+    """
+    records, problems = _checked_records(Path(path), warnings if warnings is not None else [])
+    if problems:
+        raise RunFolderError(problems)
+    return records
+
+
+def _checked_records(path: Path, warnings: list[str]) -> tuple[list[WindowRecord], list[Problem]]:
+    """The good records of a JSON-lines file and the problems of the others (capped, see _capped)."""
+    lines = _read_text(path).split("\n")
+    records, problems = [], []
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(WindowRecord.from_dict(json.loads(line)))
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path}:{lineno}: {exc}") from exc
-    return out
+            data = json.loads(line)
+        except ValueError as exc:
+            if lineno == len(lines):         # the last piece: no newline after it
+                warnings.append(str(Problem(str(path), lineno, None, "", TORN)))
+            else:
+                problems.append(Problem(str(path), lineno, getattr(exc, "colno", None), "",
+                                        f"not valid JSON: {getattr(exc, 'msg', exc)}"))
+            continue
+        found = record_findings(data)
+        problems.extend(Problem(str(path), lineno, None, key, message) for key, message in found)
+        if not found:
+            records.append(_build(WindowRecord, data))
+    return records, _capped(problems, path)
+
+
+def _capped(problems: Sequence[Problem], path: Path) -> list[Problem]:
+    """The first MAX_PROBLEMS problems of file `path` and a line counting the rest."""
+    shown = list(problems[:MAX_PROBLEMS])
+    if len(problems) > MAX_PROBLEMS:
+        shown.append(Problem("", None, None, "", f"... and {len(problems) - MAX_PROBLEMS} more problem(s) in {path}"))
+    return shown
+
+
+def _read_text(path: Path) -> str:
+    """A run file's text; RunFolderError naming it when it is missing or unreadable."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunFolderError([Problem(str(path), None, None, "", "does not exist")]) from None
+    except UnicodeDecodeError as exc:
+        raise RunFolderError([Problem(str(path), None, None, "", f"not UTF-8 text (byte {exc.start})")]) from None
+    except OSError as exc:
+        raise RunFolderError([Problem(str(path), None, None, "", f"cannot read: {exc.strerror or exc}")]) from None
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
@@ -267,8 +470,11 @@ class RunMeta:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunMeta:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """Run metadata from meta.json's object; SchemaError lists every field that breaks the schema."""
+        found = meta_findings(data)
+        if found:
+            raise SchemaError(found)
+        return _build(cls, data)
 
 
 # What meta.json keeps of each rank's facts file (ranks/rank-<n>.json, written by the
@@ -299,17 +505,99 @@ def write_meta(run_dir: str | os.PathLike[str], meta: RunMeta) -> None:
 
 
 def read_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
-    return RunMeta.from_dict(json.loads((Path(run_dir) / "meta.json").read_text(encoding="utf-8")))
-
-
-def load_run(run_dir: str | os.PathLike[str]) -> tuple[RunMeta, list[WindowRecord]]:
-    """meta.json + results.jsonl of a run dir (records from ranks/ when results.jsonl is missing)."""
+    """A run's meta.json, checked against the schema; RunFolderError names the folder or
+    the file (and the line of each bad key) when it is missing, not JSON or wrong."""
     run_dir = Path(run_dir)
-    meta = read_meta(run_dir)
+    if not run_dir.is_dir():
+        what = "is not a folder" if run_dir.exists() else "does not exist"
+        raise RunFolderError([Problem(str(run_dir), None, None, "", f"{what}: not a run folder")])
+    path = run_dir / "meta.json"
+    if not path.is_file():
+        raise RunFolderError([Problem(str(path), None, None, "", "does not exist: not a run folder")])
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise RunFolderError([Problem(str(path), getattr(exc, "lineno", None), getattr(exc, "colno", None),
+                                      "", f"not valid JSON: {getattr(exc, 'msg', exc)}")]) from None
+    found = meta_findings(data)
+    if found:
+        raise RunFolderError(_capped([Problem(str(path), _key_line(text, key), None, key, message)
+                                      for key, message in found], path))
+    return _build(RunMeta, data)
+
+
+def _key_line(text: str, key: str) -> int | None:
+    """The line of top-level `key` (its first dotted part) in JSON `text`: the least indented match."""
+    name = re.split(r"[.\[]", key, maxsplit=1)[0]
+    if not name:
+        return None
+    found = [(len(m.group(1)), text.count("\n", 0, m.start()) + 1)
+             for m in re.finditer(rf'^([ \t]*)"{re.escape(name)}"\s*:', text, re.MULTILINE)]
+    return min(found)[1] if found else None
+
+
+@dataclass
+class RunFile:
+    """A run folder as read: its meta, its records, the files they came from, what was skipped.
+
+    Unpacks as (meta, records), so it stands wherever load_run's pair did.
+    """
+
+    path: Path
+    meta: RunMeta
+    records: list[WindowRecord]
+    sources: list[Path]                 # results.jsonl, or the ranks/rank-<n>.jsonl read instead
+    warnings: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.meta, self.records))
+
+
+def read_run(run_dir: str | os.PathLike[str], require_records: bool = True) -> RunFile:
+    """meta.json + results.jsonl of a run dir (records from ranks/ when results.jsonl is missing).
+
+    Every problem of the folder is one RunFolderError; so is a run without records unless
+    `require_records` is false (a crashed run that --resume picks up again).
+    """
+    run_dir = Path(run_dir)
+    problems: list[Problem] = []
+    try:
+        meta = read_meta(run_dir)
+    except RunFolderError as exc:
+        if not run_dir.is_dir():
+            raise
+        problems.extend(exc.problems)           # and the records' problems with them
     results = run_dir / "results.jsonl"
-    if results.exists():
-        return meta, read_records(results)
+    sources = [results] if results.exists() else sorted((run_dir / "ranks").glob("rank-*.jsonl"))
     records: list[WindowRecord] = []
-    for p in sorted((run_dir / "ranks").glob("rank-*.jsonl")):
-        records.extend(read_records(p))
-    return meta, records
+    warnings: list[str] = []
+    for path in sources:                        # every bad file is named, not only the first
+        good, bad = _checked_records(path, warnings)
+        records.extend(good)
+        problems.extend(bad)
+    if problems:
+        raise RunFolderError(problems)
+    if require_records and not records:
+        raise RunFolderError([Problem("", None, None, "", f"no records: {_no_records(run_dir, sources)}")])
+    return RunFile(run_dir, meta, records, sources, warnings)
+
+
+def _no_records(run_dir: Path, sources: Sequence[Path]) -> str:
+    if not sources:
+        return f"{run_dir / 'results.jsonl'} does not exist and {run_dir / 'ranks'}/ holds no rank-*.jsonl"
+    one = len(sources) == 1
+    where = str(sources[0]) if one else f"{run_dir / 'ranks'}/rank-*.jsonl ({len(sources)} files)"
+    if all(not p.read_text(encoding="utf-8").strip() for p in sources):
+        return f"{where} {'is' if one else 'are'} empty"
+    return f"{where} {'holds' if one else 'hold'} only a torn last line"
+
+
+def load_run(run_dir: str | os.PathLike[str], warnings: list[str] | None = None
+             ) -> tuple[RunMeta, list[WindowRecord]]:
+    """(meta, records) of a run dir, checked as read_run checks them; a run without records is
+    fine here (a crashed run to resume). Torn last lines skipped are said in `warnings` when given."""
+    run = read_run(run_dir, require_records=False)
+    if warnings is not None:
+        warnings.extend(run.warnings)
+    return run.meta, run.records

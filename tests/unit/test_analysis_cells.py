@@ -8,7 +8,7 @@ import pytest
 from test_analysis_support import make_run, record
 
 from vcfslm.analysis.cells import CLUSTER, SINGLE, CellKey, aggregate, cell_from_records, load_runs
-from vcfslm.errors import InventoryError
+from vcfslm.errors import RunFolderError
 from vcfslm.results import load_run
 
 TABLE = {(1, 128): (0.1, 100.0, 10.0), (4, 128): (0.4, 120.0, 33.0)}
@@ -144,10 +144,11 @@ def test_load_runs_reports_every_bad_dir(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "meta.json").write_text("{not json")
-    with pytest.raises(InventoryError) as err:
+    with pytest.raises(RunFolderError) as err:
         load_runs([good, tmp_path / "missing", broken])
-    assert len(err.value.problems) == 2
-    assert "not a run dir (no meta.json)" in str(err.value) and "cannot read run" in str(err.value)
+    assert str(err.value).splitlines() == [
+        f"{tmp_path / 'missing'} does not exist: not a run folder",
+        f"{broken / 'meta.json'}:1:2 not valid JSON: Expecting property name enclosed in double quotes"]
     assert load_run(good)[0].run_id == "good"
 
 

@@ -74,7 +74,7 @@ def test_report_warns_about_validity(tmp_path):
 
 def test_report_bad_inputs_exit_2_without_traceback(tmp_path):
     r = run("report", tmp_path / "missing")
-    assert r.exit_code == 2 and "not a run dir (no meta.json)" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "does not exist: not a run folder" in r.output and "Traceback" not in r.output
     r = run("report")
     assert r.exit_code == 2 and "nothing to analyse" in r.output
     run_dir = make_run(tmp_path / "r", "r", ["vm1"], SHORT)

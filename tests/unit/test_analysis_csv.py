@@ -8,7 +8,7 @@ from test_analysis_support import brief_shaped_csv, make_run
 from vcfslm.analysis.cells import SINGLE, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv, parse_csv
 from vcfslm.analysis.tables import cells_csv
-from vcfslm.errors import InventoryError
+from vcfslm.errors import CsvError
 
 HEADER = "scope,vms,ranks_per_vm,batch_per_rank,input_tokens,output_tokens,ttft_s,tpot_ms,rank_tps"
 
@@ -39,7 +39,7 @@ def test_every_problem_at_once_with_line_column_and_name():
             "single,1,4,8,128,256,0.3,,8.4\n"              # line 7: tpot missing
             "single,1,4,1,128,256,0.3,116,8.4\n"           # line 8: ok
             "single,1,4,1,128,256,0.3,116,8.4\n")          # line 9: duplicate of 8
-    with pytest.raises(InventoryError) as err:
+    with pytest.raises(CsvError) as err:
         parse_csv(text, "m.csv")
     got = [str(p) for p in err.value.problems]
     assert got[0].startswith("m.csv:2:1 scope: 'singel' is not a scope")
@@ -53,7 +53,7 @@ def test_every_problem_at_once_with_line_column_and_name():
 
 
 def test_percentile_order_is_checked():
-    with pytest.raises(InventoryError, match=r"x.csv:2:11 tpot_p99_ms: 150 is below tpot_p90_ms 160"):
+    with pytest.raises(CsvError, match=r"x.csv:2:11 tpot_p99_ms: 150 is below tpot_p90_ms 160"):
         parse_csv(HEADER + ",tpot_p90_ms,tpot_p99_ms\nsingle,1,4,1,128,256,0.3,116,8.4,160,150\n", "x.csv")
 
 
@@ -66,18 +66,18 @@ def test_percentile_order_is_checked():
     (HEADER + ",vms\n", "x.csv:1:10 vms: column given twice"),
 ])
 def test_header_problems(text, message):
-    with pytest.raises(InventoryError) as err:
+    with pytest.raises(CsvError) as err:
         parse_csv(text, "x.csv")
     assert message in str(err.value)
 
 
 def test_streams_per_vm_column_must_agree():
-    with pytest.raises(InventoryError, match="does not equal batch_per_rank x ranks_per_vm = 16"):
+    with pytest.raises(CsvError, match="does not equal batch_per_rank x ranks_per_vm = 16"):
         parse_csv(HEADER + ",streams_per_vm\nsingle,1,4,4,128,256,0.3,116,8.4,12\n", "x.csv")
 
 
 def test_unreadable_file(tmp_path):
-    with pytest.raises(InventoryError, match="cannot read CSV"):
+    with pytest.raises(CsvError, match="cannot read CSV"):
         import_csv(tmp_path / "nope.csv")
 
 

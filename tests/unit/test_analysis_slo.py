@@ -18,7 +18,7 @@ from vcfslm.analysis.slo import (
     size,
     slos_from_meta,
 )
-from vcfslm.errors import InventoryError, UsageError
+from vcfslm.errors import SloSpecError, UsageError
 
 A, B = DEFAULT_SLOS
 
@@ -49,7 +49,7 @@ def test_parse_slo(text, tpot, ttft):
 
 
 def test_parse_slo_reports_every_problem_at_once():
-    with pytest.raises(InventoryError) as err:
+    with pytest.raises(SloSpecError) as err:
         parse_slo("bad name!:tpot<150,foo<=3,ttft<=2h,tpot<=1,tpot<=2")
     text = str(err.value)
     assert "name" in text and "needs '<='" in text and "unknown indicator 'foo'" in text
@@ -60,7 +60,7 @@ def test_parse_slo_reports_every_problem_at_once():
 
 @pytest.mark.parametrize("text", ["tpot<=150", "x:", "x:tpot", "x:tpot<=0ms", "x:,"])
 def test_parse_slo_rejects(text):
-    with pytest.raises(InventoryError):
+    with pytest.raises(SloSpecError):
         parse_slo(text)
 
 
@@ -71,7 +71,7 @@ def test_resolve_slos_by_name_and_spec():
     assert resolve_slos(["slo-b", "SLO-A"], known) == [B, A]
     mine = resolve_slos(["mine:tpot<=150ms"], known)[0]
     assert mine == Slo("mine", 150.0, None)
-    with pytest.raises(InventoryError, match="unknown SLO .*known: A, B"):
+    with pytest.raises(SloSpecError, match="unknown SLO .*known: A, B"):
         resolve_slos(["C"], known)
 
 
@@ -80,8 +80,11 @@ def test_slos_from_inventory_meta():
     assert slos_from_meta({"gold": {"tpot_ms": 110, "ttft_s": 1}}) == [Slo("gold", 110.0, 1.0)]
     assert slos_from_meta({"s": "tpot<=150ms"}) == [Slo("s", 150.0, None)]
     assert slos_from_meta([{"name": "n", "tpot_ms": 90}]) == [Slo("n", 90.0, None)]
-    with pytest.raises(InventoryError, match="neither tpot_ms nor ttft_s"):
+    with pytest.raises(SloSpecError, match="neither tpot_ms nor ttft_s"):
         slos_from_meta({"x": {"latency": 1}})
+    with pytest.raises(SloSpecError) as err:
+        slos_from_meta({"gold": {"tpot_ms": "fast"}})
+    assert str(err.value) == "meta.json slos slos.gold: limits must be numbers: {'tpot_ms': 'fast'}"
 
 
 # ---------------------------------------------------------------- crossover

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from vcfslm.bench import launch, local
 from vcfslm.contract import Matrix
-from vcfslm.errors import InventoryError
+from vcfslm.errors import UsageError
 from vcfslm.guest.templates import render_template
 from vcfslm.results import WindowRecord
 
@@ -40,9 +40,9 @@ def test_plan_ranks_on_one_small_node():
 
 
 def test_plan_ranks_refuses_oversubscription():
-    with pytest.raises(InventoryError, match="exceeds"):
+    with pytest.raises(UsageError, match="exceeds"):
         local.plan_ranks({0: (0, 1)}, ranks=3, threads=1)
-    with pytest.raises(InventoryError, match="span"):
+    with pytest.raises(UsageError, match="span"):
         local.plan_ranks({0: (0, 1), 1: (2, 3)}, ranks=1, threads=3)
 
 

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES
-from vcfslm.errors import InventoryError, Problem
+from vcfslm.errors import RunFolderError
 from vcfslm.results import (
+    RunFile,
     RunMeta,
     WindowRecord,
-    load_run,
     percentile,
+    read_run,
 )
 
 PERCENTILES = ("p50", "p90", "p99")
@@ -186,37 +187,36 @@ def scope_of(meta: RunMeta) -> str:
 # ------------------------------------------------------------------ loading
 
 
-def load_runs(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[RunMeta, list[WindowRecord]]]:
-    """Load run dirs; every unreadable one is reported at once as bad input."""
+def load_runs(paths: Iterable[str | os.PathLike[str]]) -> list[RunFile]:
+    """Load run dirs, each checked against the schema (see results.read_run); the problems of
+    every bad one are one RunFolderError. A RunFile unpacks as (meta, records)."""
     runs, problems = [], []
     for path in paths:
-        path = Path(path)
-        if not (path / "meta.json").is_file():
-            problems.append(Problem(str(path), None, None, "", "not a run dir (no meta.json)"))
-            continue
         try:
-            runs.append(load_run(path))
-        except (ValueError, TypeError, OSError) as exc:
-            problems.append(Problem(str(path), None, None, "", f"cannot read run: {exc}"))
+            runs.append(read_run(Path(path)))
+        except RunFolderError as exc:
+            problems.extend(exc.problems)
     if problems:
-        raise InventoryError(problems)
+        raise RunFolderError(problems)
     return runs
 
 
 # -------------------------------------------------------------- aggregation
 
 
-def aggregate(runs: Sequence[tuple[RunMeta, Sequence[WindowRecord]]]) -> Analysis:
-    """Cells of every (scope, config, scenario) in `runs`, with validity warnings."""
+def aggregate(runs: Sequence[RunFile | tuple[RunMeta, Sequence[WindowRecord]]]) -> Analysis:
+    """Cells of every (scope, config, scenario) in `runs`, with validity warnings (a RunFile's own
+    warnings among them)."""
     groups: dict[CellKey, list[WindowRecord]] = defaultdict(list)
     expected: dict[CellKey, int] = defaultdict(int)
     sources: dict[CellKey, set[str]] = defaultdict(set)
     warnings: list[str] = []
     numerics: list[str] = []
-    for meta, records in runs:
+    for run in runs:
+        meta, records = run
         scope, vms = scope_of(meta), max(len(meta.nodes), 1)
         numerics.extend(numerics_warnings(meta.run_id, records))
-        warnings.extend(run_warnings(meta, records))
+        warnings.extend(run_warnings(meta, records, getattr(run, "warnings", ())))
         for r in records:
             key = CellKey(scope, vms, r.ranks_per_node, r.batch_per_rank, r.input_tokens, r.output_tokens)
             groups[key].append(r)
@@ -363,9 +363,10 @@ def expected_windows(meta: RunMeta) -> int:
     return repeats * max(len(meta.nodes), 1) * meta.ranks_per_node
 
 
-def run_warnings(meta: RunMeta, records: Sequence[WindowRecord]) -> list[str]:
-    """Run-level warnings: an unfinished run, a failure, records of other runs."""
-    out = []
+def run_warnings(meta: RunMeta, records: Sequence[WindowRecord], read: Sequence[str] = ()) -> list[str]:
+    """Run-level warnings: what reading its files skipped (`read`: a torn last line), an
+    unfinished run, a failure, records of other runs."""
+    out = list(read)
     if not meta.complete:
         out.append(f"run {meta.run_id} is not complete (meta.json complete=false)")
     if meta.failure:

@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 from vcfslm.analysis.cells import CLUSTER, SINGLE, Analysis, Cell, CellKey, Quantiles
-from vcfslm.errors import InventoryError, Problem
+from vcfslm.errors import CsvError, Problem
 
 INT_COLUMNS = ("vms", "ranks_per_vm", "batch_per_rank", "input_tokens", "output_tokens")
 FLOAT_COLUMNS = ("ttft_s", "tpot_ms", "rank_tps")
@@ -43,12 +43,12 @@ SCOPES = {"single": SINGLE, "single-vm": SINGLE, "single vm": SINGLE, "cluster":
 
 
 def import_csv(path: str | os.PathLike[str]) -> Analysis:
-    """Read `path` into an Analysis (no run metadata); raises InventoryError listing every problem."""
+    """Read `path` into an Analysis (no run metadata); raises CsvError listing every problem."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError([Problem(str(path), None, None, "", f"cannot read CSV: {exc}")]) from exc
+        raise CsvError([Problem(str(path), None, None, "", f"cannot read CSV: {exc}")]) from exc
     return parse_csv(text, str(path))
 
 
@@ -93,7 +93,7 @@ def parse_csv(text: str, filename: str = "<csv>") -> Analysis:
     elif not cells and not problems:
         problem(header_line, None, "", "no data rows after the header")
     if problems:
-        raise InventoryError(problems)
+        raise CsvError(problems)
     return Analysis(cells=cells, metas=[], warnings=[])
 
 

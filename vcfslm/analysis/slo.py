@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from vcfslm.analysis.cells import CLUSTER, PERCENTILES, SCOPE_TITLES, SINGLE, Cell
-from vcfslm.errors import InventoryError, Problem, UsageError
+from vcfslm.errors import Problem, SloSpecError, UsageError
 
 TPOT, TTFT = "TPOT", "TTFT"
 
@@ -66,13 +66,13 @@ def _num(x: float) -> str:
 def parse_slo(text: str, source: str = "--slo") -> Slo:
     """Parse `name:tpot<=150ms,ttft<=2s` (units ms or s; tpot defaults to ms, ttft to s).
 
-    Every problem is reported at once as an InventoryError naming `source`.
+    Every problem is reported at once as an SloSpecError naming `source`.
     """
     problems: list[str] = []
     name, sep, body = text.partition(":")
     name = name.strip()
     if not sep:
-        raise InventoryError([Problem(source, None, None, text,
+        raise SloSpecError([Problem(source, None, None, text,
                                       "expected NAME:tpot<=VALUE[ms|s],ttft<=VALUE[s|ms]")])
     if not _NAME.match(name):
         problems.append(f"SLO name {name!r} must be letters, digits, '-', '_' or '.'")
@@ -110,7 +110,7 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
     if not limits and not problems:
         problems.append("no condition given; expected tpot<=... and/or ttft<=...")
     if problems:
-        raise InventoryError([Problem(source, None, None, f"slo {name or text!r}", p) for p in problems])
+        raise SloSpecError([Problem(source, None, None, f"slo {name or text!r}", p) for p in problems])
     return Slo(name, tpot_ms=_round(limits.get("tpot")), ttft_s=_round(limits.get("ttft")))
 
 
@@ -130,26 +130,30 @@ def slos_from_meta(data: Any, source: str = "meta.json slos") -> list[Slo]:
     elif isinstance(data, list):
         items = [(str(d.get("name", "")), d) if isinstance(d, Mapping) else ("", d) for d in data]
     else:
-        raise InventoryError([Problem(source, None, None, "slos", f"cannot read SLOs from {data!r}")])
+        raise SloSpecError([Problem(source, None, None, "slos", f"cannot read SLOs from {data!r}")])
     out, problems = [], []
     for name, spec in items:
         if isinstance(spec, str):
             try:
                 out.append(parse_slo(f"{name}:{spec}", source))
-            except InventoryError as exc:
+            except SloSpecError as exc:
                 problems.extend(exc.problems)
             continue
         if not isinstance(spec, Mapping):
             problems.append(Problem(source, None, None, f"slos.{name}", f"cannot read {spec!r}"))
             continue
-        tpot = _first(spec, ("tpot_ms", "tpot_ms_max", "max_tpot_ms", "tpot"))
-        ttft = _first(spec, ("ttft_s", "ttft_s_max", "max_ttft_s", "ttft"))
+        try:
+            tpot = _first(spec, ("tpot_ms", "tpot_ms_max", "max_tpot_ms", "tpot"))
+            ttft = _first(spec, ("ttft_s", "ttft_s_max", "max_ttft_s", "ttft"))
+        except (TypeError, ValueError):
+            problems.append(Problem(source, None, None, f"slos.{name}", f"limits must be numbers: {dict(spec)!r}"))
+            continue
         if tpot is None and ttft is None:
             problems.append(Problem(source, None, None, f"slos.{name}", "neither tpot_ms nor ttft_s given"))
             continue
         out.append(Slo(str(name), tpot_ms=tpot, ttft_s=ttft))
     if problems:
-        raise InventoryError(problems)
+        raise SloSpecError(problems)
     return out
 
 
@@ -170,7 +174,7 @@ def resolve_slos(specs: Sequence[str], known: Sequence[Slo]) -> list[Slo]:
         if ":" in spec:
             try:
                 out.append(parse_slo(spec))
-            except InventoryError as exc:
+            except SloSpecError as exc:
                 problems.extend(exc.problems)
         elif _canon(spec) in index:
             out.append(index[_canon(spec)])
@@ -179,7 +183,7 @@ def resolve_slos(specs: Sequence[str], known: Sequence[Slo]) -> list[Slo]:
             problems.append(Problem("--slo", None, None, spec,
                                     f"unknown SLO (known: {names}); or give NAME:tpot<=..ms,ttft<=..s"))
     if problems:
-        raise InventoryError(problems)
+        raise SloSpecError(problems)
     return out
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import results, topology
 from ..contract import Matrix, build_run_meta, matrix_record, new_run_id, parse_progress
-from ..errors import BenchError, InventoryError, Problem
+from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
 from .launch import report_event, worker_args
 from .tracker import BenchTracker
@@ -59,16 +59,16 @@ def plan_ranks(node_cpus: dict[int, Sequence[int]], ranks: int, threads: int) ->
     The block placement and CPU-set arithmetic is topology.rank_slots' (the same as on
     the guests); its CPU indices are mapped onto the real CPU ids of each node, so
     machines whose nodes are not numbered contiguously work too. Nodes are taken at
-    the size of the smallest. Raises InventoryError when ranks cannot be placed.
+    the size of the smallest. Raises UsageError when ranks cannot be placed.
     Returns the rank.sh.j2 `ranks` context: {local_rank, numa_node, cpus, bind}.
     """
     nodes = sorted(node_cpus)
     if not nodes:
-        raise InventoryError("no CPUs found on this machine")
+        raise UsageError("no CPUs found on this machine")
     size = min(len(node_cpus[n]) for n in nodes)
     problems = topology.placement_problems(size * len(nodes), len(nodes), ranks, threads)
     if problems:
-        raise InventoryError([Problem("", None, None, "--ranks/--threads",
+        raise UsageError([Problem("", None, None, "--ranks/--threads",
                                       f"{p} (this machine: {len(nodes)} NUMA node(s) of {size} CPUs)")
                               for p in problems])
     out = []
@@ -160,9 +160,10 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     run_id = run_id or new_run_id(NODE_NAME, 1)
     run_dir = Path(runs_dir) / run_id
     if resume and not (run_dir / "meta.json").exists():
-        raise InventoryError(f"cannot resume {run_id}: {run_dir / 'meta.json'} does not exist")
+        raise RunFolderError([Problem(str(run_dir / "meta.json"), None, None, "",
+                                      f"cannot resume {run_id}: no such file")])
     if not resume and run_dir.exists():
-        raise InventoryError(f"run folder {run_dir} already exists (choose another --run-id or --resume)")
+        raise UsageError(f"run folder {run_dir} already exists (choose another --run-id or --resume)")
     (run_dir / "launch").mkdir(parents=True, exist_ok=True)
     log_dir = run_dir / "logs" / NODE_NAME
     log_dir.mkdir(parents=True, exist_ok=True)

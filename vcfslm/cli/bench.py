@@ -19,7 +19,7 @@ import click
 from rich.table import Table
 
 from ..contract import ACCEPTED_COMPILE_MODES, Matrix
-from ..errors import BenchError, InventoryError, Problem, UsageError
+from ..errors import BenchError, Problem, UsageError
 from .bench_summary import print_run_summary
 from .common import RichReporter, console, err_console, inventory_option, output_option, print_json
 
@@ -143,7 +143,7 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) 
     try:
         parse_model_spec(settings["model"])
     except ModelSourceError as exc:
-        raise InventoryError([Problem("", None, None, "--model", str(exc))]) from None
+        raise UsageError([Problem("", None, None, "--model", str(exc))]) from None
     matrix = Matrix(tuple(settings["batch_sizes"]), tuple(settings["input_tokens"]),
                     settings["output_tokens"], settings["warmup"], settings["repeats"])
     quiet = opts["output"] == "json"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import InventoryError, Problem, UsageError
+from ..errors import Problem, RunFolderError, UsageError
 from .common import RichReporter, output_option, print_json
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])
@@ -69,12 +69,12 @@ def latest_run(runs_dir: Path) -> Path:
     """The newest run dir under `runs_dir` (by meta.json `created`, then name)."""
     from ..results import read_meta
 
-    candidates = []
+    candidates = []  # a folder whose meta.json is unreadable is not a candidate
     for d in runs_dir.iterdir() if runs_dir.is_dir() else ():
         if (d / "meta.json").is_file():
             try:
                 created = read_meta(d).created or ""
-            except (ValueError, TypeError, OSError):
+            except RunFolderError:
                 continue
             candidates.append((created, d.name, d))
     if not candidates:
@@ -129,8 +129,8 @@ def size(peak_streams, slos, input_tokens, output_tokens, results, runs_dir, hea
     if not any(c.has_data for c in cells):
         tested = sorted({(c.input_tokens, c.output_tokens) for c in analysis.cells if c.has_data})
         listing = ", ".join(f"{i} in / {o} out" for i, o in tested) or "none"
-        raise InventoryError([Problem(", ".join(map(str, sources)), None, None, "",
-                                      f"no measurements for the asked context; tested contexts: {listing}")])
+        raise UsageError([Problem(", ".join(map(str, sources)), None, None, "",
+                                  f"no measurements for the asked context; tested contexts: {listing}")])
     answers = [size_for(c, peak_streams, headroom) for c in crossovers(cells, chosen, percentile)]
     if output == "json":
         print_json({"results": [str(s) for s in names], "peak_streams": peak_streams, "headroom": headroom,
