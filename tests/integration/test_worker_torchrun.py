@@ -157,12 +157,16 @@ def test_bench_local_output_is_whole_lines_in_a_pipe(tmp_path):
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
     assert "…" not in done.stdout and f"run dir: {runs / 'pipe'}" in out
-    rows = [line for line in out if line.startswith("|") and not line.startswith("| batch") and "---" not in line]
-    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
-    assert [c[:3] for c in cells] == [["1", "8", "1"], ["2", "8", "1"]]
+    # the report's results table for this run, one markdown row per cell
+    header = next(line for line in out if line.startswith("| input tokens | batch/rank |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    rows = [line for line in out if line.startswith("|") and line != header and "---" not in line]
+    cells = [dict(zip(columns, (c.strip() for c in row.strip("|").split("|")), strict=True)) for row in rows]
+    assert [(c["input tokens"], c["batch/rank"], c["streams/VM"]) for c in cells] == [("8", "1", "1"), ("8", "2", "2")]
     for c in cells:
         # every figure whole (validity is the engine's business, not the output's)
-        assert c[3] in ("0/2", "1/2", "2/2") and all(float(v) >= 0 for v in c[4:8])
+        assert c["windows"] in ("0/2", "1/2", "2/2")
+        assert all(float(c[k]) >= 0 for k in ("TTFT p50 (s)", "TPOT p50 (ms)", "rank throughput p50 (t/s)"))
     err = done.stderr.splitlines()
     assert [line.split(",")[0] for line in err if line.startswith("bench: ")] == [
         "bench: scenario 1/2 (batch 1", "bench: scenario 2/2 (batch 2", "bench: finished"]

@@ -21,7 +21,8 @@ def print_run_summary(meta, records, run_dir: Path, output: str, title: str) -> 
                     "scenarios": scenario_rows(analysis.cells), "warnings": analysis.warnings})
         return
     for scope in analysis.scopes():
-        console.print(rich_table(results_table(analysis.cells, scope), title))
+        table = results_table(analysis.cells, scope)
+        console.print(rich_table(table, f"{title} — {table.title}"))
     for warning in analysis.warnings:
         console.print(f"warning: {warning}", markup=False, soft_wrap=True)
     console.print(f"run dir: {run_dir}" + ("" if meta.complete else "  (incomplete)"))
