@@ -10,8 +10,8 @@ PKG = Path(__file__).resolve().parents[2] / "vcfslm"
 
 # library root -> the only module(s) (relative to vcfslm/) allowed to import it
 OWNERS = {
-    "pyVmomi": {"vsphere/driver.py"},
-    "pyVim": {"vsphere/driver.py"},
+    "pyVmomi": {"vsphere/session.py", "vsphere/tasks.py", "vsphere/specs.py", "vsphere/driver.py"},
+    "pyVim": {"vsphere/session.py"},
     "paramiko": {"guest/transport.py"},
     "click": {"cli/"},
     "matplotlib": {"analysis/figures.py"},

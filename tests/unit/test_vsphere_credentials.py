@@ -91,14 +91,14 @@ def test_secret_is_masked_everywhere():
 def test_driver_login_errors_never_contain_the_password(mocker, caplog):
     from pyVmomi import vim
 
-    from vcfslm.vsphere import driver
+    from vcfslm.vsphere import driver, session
 
     caplog.set_level(logging.DEBUG)
     reporter = RecordingReporter()
     for exc in (vim.fault.InvalidLogin(msg=f"bad password {PASSWORD}"),
                 OSError(f"connection to user:{PASSWORD}@vcsa01 refused"),
                 vim.fault.NoPermission(msg=f"echo {PASSWORD}")):
-        mocker.patch.object(driver, "SmartConnect", side_effect=exc)
+        mocker.patch.object(session, "SmartConnect", side_effect=exc)
         vc = driver.PyVmomiVCenter(CFG, Secret(PASSWORD), reporter)
         with pytest.raises(VCenterError) as err:
             vc.connect()
@@ -112,14 +112,14 @@ def test_cli_output_never_contains_the_password(mocker, tmp_path):
     from pyVmomi import vim
 
     from vcfslm.cli import main
-    from vcfslm.vsphere import driver
+    from vcfslm.vsphere import session
 
     data = yaml.safe_load(BRIEF.read_text())
     data["vcenter"].update(password_env="VC_PW_TEST", insecure=True)
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump(data))
     parse_inventory(path.read_text())  # valid
-    connect = mocker.patch.object(driver, "SmartConnect",
+    connect = mocker.patch.object(session, "SmartConnect",
                                   side_effect=vim.fault.InvalidLogin(msg=PASSWORD))
     env = {"VC_PW_TEST": PASSWORD, "VCFSLM_STATE": str(tmp_path / "state.json")}
     for cmd in (["plan", str(path)], ["plan", str(path), "-o", "json"],

@@ -1,45 +1,35 @@
-"""The pyVmomi driver's calls for each change kind (pytest-mock on pyVmomi objects),
-its one-round-trip observe, failure isolation, and retry of transient errors."""
+"""The pyVmomi driver's calls for each change kind (pytest-mock on pyVmomi objects), run
+through reconcile's pool: its one-round-trip observe, failure isolation, folders, destroy."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 from unittest.mock import MagicMock
 
 import pytest
-import yaml
 from pyVmomi import vim
+from test_vsphere_support import HOSTS, fake_vm, inventory, lab_refs, observed, template_nic
 
-from vcfslm.inventory import parse_inventory
 from vcfslm.progress import RecordingReporter
 from vcfslm.vsphere import changes as c
-from vcfslm.vsphere import driver
+from vcfslm.vsphere import driver, reconcile, tasks
 from vcfslm.vsphere.credentials import Secret
 from vcfslm.vsphere.desired import desired_vms
 from vcfslm.vsphere.state import VmState
 
-BRIEF = Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml"
-HOSTS = {f"esx0{i}.example.local": vim.HostSystem(f"host-{i}") for i in range(1, 5)}
 
-
-def inventory(vm: dict | None = None):
-    data = yaml.safe_load(BRIEF.read_text())
-    data["vm"].update(vm or {})
-    return parse_inventory(yaml.safe_dump(data), "brief.yaml")
-
-
-class FakeWaiter:
-    """Stands in for the property-collector waiter: tasks return what the test maps them to."""
+class FakeWaiter(tasks.Waiter):
+    """The real waiter's `run`, over a `task` that returns what the test maps the task to."""
 
     results: dict = {}
     waited: list = []
 
-    def __init__(self, vc):
-        pass
+    def __init__(self, session, timeout=3600.0):
+        self.session = session
+        self.timeout = timeout
 
-    def task(self, task, timeout=None):
+    def task(self, task, what="a task", timeout=None):
         FakeWaiter.waited.append(task)
         result = FakeWaiter.results.get(task)
         if isinstance(result, BaseException):
@@ -53,42 +43,20 @@ class FakeWaiter:
         pass
 
 
-def template_nic():
-    backing = vim.vm.device.VirtualEthernetCard.NetworkBackingInfo(deviceName="mgmt-pg")
-    return vim.vm.device.VirtualVmxnet3(key=4000, backing=backing)
-
-
-def fake_vm(name: str, host: str = "esx01.example.local"):
-    vm = MagicMock(name=name)
-    vm._moId = f"vm-{name}"
-    vm.runtime.host = HOSTS[host]
-    vm.config.hardware.device = [template_nic()]
-    for method in ("CloneVM_Task", "ReconfigVM_Task", "PowerOnVM_Task", "PowerOffVM_Task",
-                   "CustomizeVM_Task", "RelocateVM_Task", "UpgradeVM_Task", "Destroy_Task"):
-        getattr(vm, method).return_value = f"{name}:{method}"
-    return vm
-
-
 @pytest.fixture
 def vc(mocker):
     FakeWaiter.results = {}
     FakeWaiter.waited = []
-    mocker.patch.object(driver, "_Waiter", FakeWaiter)
-    inv = inventory()
-    v = driver.PyVmomiVCenter(inv.vcenter, Secret("pw"), RecordingReporter(), backoff=0)
-    v.si = MagicMock()
-    v.si.RetrieveContent.return_value = v.si.content
-    r = v.refs
-    r.vm_root = vim.Folder("group-v1")
-    r.folders = {"": r.vm_root, "SLM": vim.Folder("group-v2"), "SLM/phi3": vim.Folder("group-v3")}
-    r.hosts = dict(HOSTS)
-    r.datastores = {"vsanDatastore": vim.Datastore("datastore-1")}
-    r.pools = {"": vim.ResourcePool("resgroup-1")}
-    r.networks = {"mgmt-pg": vim.Network("network-1"),
-                  "bench-25g-pg": vim.dvs.DistributedVirtualPortgroup("dvportgroup-7")}
-    r.dvportgroups = {"bench-25g-pg": ("dvportgroup-7", "50 1a uuid")}
-    r.vms = {"ubuntu-24.04-template": fake_vm("template")}
+    mocker.patch.object(driver, "Waiter", FakeWaiter)
+    v = driver.PyVmomiVCenter(inventory().vcenter, Secret("pw"), RecordingReporter(), backoff=0)
+    v.session.si = MagicMock()
+    v.session.si.RetrieveContent.return_value = v.session.si.content
+    v.refs = lab_refs()
     return v
+
+
+def apply(vc, plan: c.Plan, **kw):
+    return reconcile.apply_plan(vc, plan, vc.reporter, **kw)
 
 
 def one_vm_plan(vm_plan: c.VmPlan) -> c.Plan:
@@ -100,7 +68,7 @@ def test_create_clones_reconfigures_customizes_and_powers_on(vc):
     template = vc.refs.vms["ubuntu-24.04-template"]
     clone = fake_vm("slm-01")
     FakeWaiter.results["template:CloneVM_Task"] = clone
-    [out] = vc.apply(one_vm_plan(c.plan_vm(d, None, allow_restart=False)))
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, None, allow_restart=False)))
     assert out.ok and out.ip == "192.168.10.21" and out.moref == "vm-slm-01"
 
     kwargs = template.CloneVM_Task.call_args.kwargs
@@ -143,23 +111,45 @@ def test_clone_placed_elsewhere_is_migrated(vc):
     d = desired_vms(inventory(), "6.5")[1]  # esx02
     clone = fake_vm("slm-02", host="esx01.example.local")
     FakeWaiter.results["template:CloneVM_Task"] = clone
-    [out] = vc.apply(one_vm_plan(c.plan_vm(d, None, allow_restart=False)))
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, None, allow_restart=False)))
     assert out.ok
     spec = clone.RelocateVM_Task.call_args.kwargs["spec"]
     assert spec.host is HOSTS["esx02.example.local"]
 
 
-def observed(d, **overrides) -> VmState:
-    """The VM vCenter would report once `d` is applied, with `overrides` drifted."""
-    extra = dict(d.extra_config, **{"vcfslm.customization": d.customization_fingerprint})
-    state = VmState(
-        name=d.name, moref=f"vm-{d.name}", power_state="poweredOn", host=d.host, folder=d.folder,
-        hardware_version=d.hardware_version, num_cpus=d.num_cpus, cores_per_socket=d.cores_per_socket,
-        memory_mb=d.memory_mb, memory_locked_to_max=d.memory_locked_to_max,
-        memory_reservation_mb=d.memory_reservation_mb, cpu_hot_add=False, latency_sensitivity="normal",
-        cpu_reservation_mhz=d.cpu_reservation_mhz or 0, cores_per_numa_node=d.cores_per_numa_node,
-        extra_config=extra, nics=tuple(n.portgroup for n in d.nics), ip_addresses=("192.168.10.21",))
-    return replace(state, **overrides)
+def library_vm(d):
+    return replace(d, template="library:slm-lib/ubuntu-24.04")
+
+
+def test_library_template_is_deployed_by_the_given_callable_then_owner_marked(vc):
+    d = library_vm(desired_vms(inventory(), "6.5")[0])
+    deployed = []
+
+    def deploy(library, item, **ids):
+        deployed.append((library, item, ids))
+        return "vm-77"
+
+    stub = vc.session.si._stub  # what the deployed VM's calls and property reads go through
+    props = {"runtime": SimpleNamespace(host=HOSTS["esx01.example.local"]),  # placed right
+             "config": SimpleNamespace(hardware=SimpleNamespace(device=[template_nic()]))}
+    stub.InvokeAccessor.side_effect = lambda mo, info: props[info.name]
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, None, allow_restart=False)), library_deploy=deploy)
+    assert out.ok and out.moref == "vm-77"
+    assert deployed == [("slm-lib", "ubuntu-24.04", {
+        "name": "slm-01", "folder": "group-v3", "host": "host-1", "resource_pool": "resgroup-1",
+        "datastore": "datastore-1"})]
+    vm, method, args = stub.InvokeMethod.call_args_list[0].args
+    assert (vm._moId, method.wsdlName) == ("vm-77", "ReconfigVM_Task")
+    assert [(o.key, o.value) for o in args[0].extraConfig] == [("vcfslm.owner", "phi3-vx650v4")]
+    assert vc.refs.vms["slm-01"]._moId == "vm-77"
+
+
+def test_library_template_without_the_automation_api_fails_that_vm(vc):
+    d = library_vm(desired_vms(inventory(), "6.5")[0])
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, None, allow_restart=False)))
+    assert out.status == "failed" and out.step == "clone"
+    assert out.message == ("clone: content-library templates need the Automation API, "
+                           "which is not available")
 
 
 def test_vsphere8_reconfigure_uses_virtual_numa_and_latency_sensitivity(vc):
@@ -169,7 +159,7 @@ def test_vsphere8_reconfigure_uses_virtual_numa_and_latency_sensitivity(vc):
     vc.refs.vms["slm-01"] = vm
     now = observed(d, power_state="poweredOff", cores_per_numa_node=None, latency_sensitivity="normal",
                    cpu_reservation_mhz=0)
-    [out] = vc.apply(one_vm_plan(c.plan_vm(d, now, allow_restart=False)))
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, now, allow_restart=False)))
     assert out.ok
     spec = vm.ReconfigVM_Task.call_args.kwargs["spec"]
     assert spec.virtualNuma.coresPerNumaNode == 24
@@ -185,12 +175,12 @@ def test_restart_needing_drift_power_cycles_only_when_allowed(vc):
     vm = fake_vm("slm-01")
     vc.refs.vms["slm-01"] = vm
     now = observed(d, num_cpus=8)
-    [held] = vc.apply(one_vm_plan(c.plan_vm(d, now, allow_restart=False)))
+    [held] = apply(vc, one_vm_plan(c.plan_vm(d, now, allow_restart=False)))
     assert held.ok and held.pending == ["numCPUs: 8 -> 96"]
     vm.ReconfigVM_Task.assert_not_called()
     vm.PowerOffVM_Task.assert_not_called()
 
-    [done] = vc.apply(one_vm_plan(c.plan_vm(d, now, allow_restart=True)))
+    [done] = apply(vc, one_vm_plan(c.plan_vm(d, now, allow_restart=True)))
     assert done.ok and done.pending == []
     assert vm.ReconfigVM_Task.call_args.kwargs["spec"].numCPUs == 96
     assert FakeWaiter.waited == ["slm-01:PowerOffVM_Task", "slm-01:ReconfigVM_Task",
@@ -202,7 +192,7 @@ def test_relocate_and_hardware_upgrade_calls(vc):
     vm = fake_vm("slm-01")
     vc.refs.vms["slm-01"] = vm
     now = observed(d, host="esx04.example.local", hardware_version="vmx-19")
-    [out] = vc.apply(one_vm_plan(c.plan_vm(d, now, allow_restart=True)))
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, now, allow_restart=True)))
     assert out.ok
     assert vm.RelocateVM_Task.call_args.kwargs["spec"].host is HOSTS["esx01.example.local"]
     vm.UpgradeVM_Task.assert_called_once_with(version="vmx-21")
@@ -213,7 +203,7 @@ def test_power_off_of_an_already_off_vm_is_fine(vc):
     vm = fake_vm("slm-01")
     vc.refs.vms["slm-01"] = vm
     vm.PowerOffVM_Task.side_effect = vim.fault.InvalidPowerState()
-    [out] = vc.apply(one_vm_plan(c.plan_vm(d, observed(d, num_cpus=8), allow_restart=True)))
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, observed(d, num_cpus=8), allow_restart=True)))
     assert out.ok
 
 
@@ -229,7 +219,7 @@ def test_one_failure_does_not_stop_the_others(vc):
 
     template.CloneVM_Task.side_effect = clone
     plan = c.Plan(vms=tuple(c.plan_vm(d, None, allow_restart=False) for d in ds))
-    outs = vc.apply(plan)
+    outs = apply(vc, plan)
     assert [o.status for o in outs] == ["ok", "failed", "ok", "ok"]
     assert outs[1].step == "clone" and "not enough memory on esx02" in outs[1].message
     assert vc.reporter.last("slm-02").startswith("failed at clone")
@@ -239,8 +229,8 @@ def test_failed_task_reports_the_fault(vc):
     d = desired_vms(inventory(), "8.0.3.0")[0]
     vm = fake_vm("slm-01")
     vc.refs.vms["slm-01"] = vm
-    FakeWaiter.results["slm-01:ReconfigVM_Task"] = driver.TaskFailed("InvalidArgument: numCPUs")
-    [out] = vc.apply(one_vm_plan(c.plan_vm(d, observed(d, memory_locked_to_max=False), False)))
+    FakeWaiter.results["slm-01:ReconfigVM_Task"] = tasks.TaskFailed("InvalidArgument: numCPUs")
+    [out] = apply(vc, one_vm_plan(c.plan_vm(d, observed(d, memory_locked_to_max=False), False)))
     assert out.status == "failed" and out.step == "reconfigure"
     assert "InvalidArgument: numCPUs" in out.message
 
@@ -251,7 +241,7 @@ def test_blocked_and_in_sync_vms_are_not_touched(vc):
     vc.refs.vms["slm-02"] = vm
     blocked = c.plan_vm(first, None, False, problems=("ESXi host gone",))
     same = c.plan_vm(second, observed(second), False)
-    outs = vc.apply(c.Plan(vms=(blocked, same)))
+    outs = apply(vc, c.Plan(vms=(blocked, same)))
     assert [o.status for o in outs] == ["blocked", "ok"]
     assert outs[0].message == "ESXi host gone"
     assert [call[0] for call in vm.method_calls] == []
@@ -275,61 +265,10 @@ def test_destroy_powers_off_then_destroys(vc):
     vm = fake_vm("slm-01")
     vc.refs.vms["slm-01"] = vm
     plan = c.DestroyPlan(destroy=(VmState("slm-01", "vm-slm-01", power_state="poweredOn"),))
-    [out] = vc.destroy(plan)
+    [out] = reconcile.destroy_vms(vc, plan, vc.reporter)
     assert out.ok
     assert FakeWaiter.waited == ["slm-01:PowerOffVM_Task", "slm-01:Destroy_Task"]
     assert "slm-01" not in vc.refs.vms
-
-
-def test_session_expiry_logs_in_again_and_retries(vc):
-    calls = []
-
-    def flaky():
-        calls.append(1)
-        if len(calls) == 1:
-            raise vim.fault.NotAuthenticated()
-        return "ok"
-
-    vc.si.content.sessionManager.currentSession = None
-    assert vc.call(flaky, idempotent=False) == "ok"
-    vc.si.content.sessionManager.Login.assert_called_once_with(vc.cfg.user, "pw")
-
-
-def test_connection_reset_is_retried_only_when_safe(vc):
-    fn = MagicMock(side_effect=[ConnectionResetError(), ConnectionResetError(), "ok"])
-    assert vc.call(fn) == "ok" and fn.call_count == 3
-    once = MagicMock(side_effect=ConnectionResetError())
-    with pytest.raises(ConnectionResetError):
-        vc.call(once, idempotent=False)
-    assert once.call_count == 1
-    always = MagicMock(side_effect=ConnectionResetError())
-    with pytest.raises(ConnectionResetError):
-        vc.call(always)
-    assert always.call_count == vc.retries + 1
-
-
-def test_insecure_connect_warns(mocker):
-    inv = inventory()
-    cfg = inv.vcenter.model_copy(update={"insecure": True})
-    connect = mocker.patch.object(driver, "SmartConnect")
-    reporter = RecordingReporter()
-    driver.PyVmomiVCenter(cfg, Secret("pw"), reporter).connect()
-    assert any("verification is OFF" in m for m in reporter.messages)
-    ctx = connect.call_args.kwargs["sslContext"]
-    assert ctx.verify_mode.name == "CERT_NONE"
-
-
-def test_verified_connect_uses_the_ca_bundle(mocker, tmp_path):
-    import ssl
-
-    create = mocker.patch.object(ssl, "create_default_context", wraps=ssl.create_default_context)
-    mocker.patch.object(driver, "SmartConnect")
-    bundle = Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")
-    cfg = inventory().vcenter.model_copy(update={"ca_bundle": str(bundle)})
-    reporter = RecordingReporter()
-    driver.PyVmomiVCenter(cfg, Secret("pw"), reporter).connect()
-    create.assert_called_with(cafile=str(bundle))
-    assert reporter.messages == []
 
 
 # ------------------------------------------------------------------ observe
@@ -389,9 +328,9 @@ def test_observe_is_one_round_trip_and_reads_everything(vc):
                 config__numaInfo=vim.vm.VirtualNumaInfo(coresPerNumaNode=24),
                 runtime__powerState="poweredOn", runtime__host=h1, guest__net=guest_net),
     ]
-    vc.si.content.rootFolder = root
-    vc.si.content.about.apiVersion = "8.0.3.0"
-    retrieve = vc.si.content.propertyCollector.RetrieveContents
+    vc.session.si.content.rootFolder = root
+    vc.session.si.content.about.apiVersion = "8.0.3.0"
+    retrieve = vc.session.si.content.propertyCollector.RetrieveContents
     retrieve.return_value = objects
     snap = vc.observe(inventory())
     retrieve.assert_called_once()
@@ -405,6 +344,7 @@ def test_observe_is_one_round_trip_and_reads_everything(vc):
     assert snap.hosts["esx01.example.local"].numa_nodes == 4
     assert snap.hosts["esx01.example.local"].cluster == "WLD01-CL01"
     assert vc.refs.dvportgroups == {"bench-25g-pg": ("dvportgroup-7", "50 1a uuid")}
+    assert (vc.refs.vms["slm-01"], vc.refs.folders["SLM/phi3"], vc.refs.pools[""]) == (vm, phi3, rp)
     s = snap.vms["slm-01"]
     assert (s.num_cpus, s.cores_per_socket, s.memory_mb, s.cores_per_numa_node) == (96, 48, 393216, 24)
     assert s.extra_config["numa.nodeAffinity"] == "0,1,2,3"  # the last entry wins

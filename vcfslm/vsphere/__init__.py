@@ -1,9 +1,12 @@
 """vCenter side of vcfslm: desired VM, observed state, diff, preflight, and the drivers.
 
 Pure modules (no I/O): `desired` (inventory -> desired VM per node), `state`
-(observed snapshot data), `changes` (desired vs observed -> typed changes),
-`preflight` (read-only checks over a snapshot), `credentials` (password lookup,
-masked). Side effects: `driver` (the only pyVmomi import), `tags` (the only
-Automation SDK import: tagging and content-library deploy), orchestrated by
-`reconcile`.
+(observed snapshot data), `snapshot` (property-collector results -> snapshot),
+`changes` (desired vs observed -> typed changes), `specs` (changes -> vSphere
+specs), `preflight` (read-only checks over a snapshot), `credentials` (password
+lookup, masked). Side effects: `session` (login, retries, logout), `tasks`
+(waiting on tasks and guest IPs) and `driver` (observe and per-VM changes,
+composing them): the only pyVmomi imports; `tags` (the only Automation SDK
+import: tagging and content-library deploy); all orchestrated by `reconcile`
+(which also runs the per-VM pool).
 """

@@ -2,33 +2,85 @@
 
 The drivers are passed in (a `PyVmomiVCenter`-like object and an optional factory
 of Automation API clients), so this module stays free of pyVmomi and the SDK.
+Applying a plan runs every VM in its own worker of a bounded pool, so the tasks
+of all VMs are fired together and waited on together; one VM's failure never
+stops the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import VCenterError
 from ..progress import NullReporter, Reporter
 from . import changes, preflight
-from .desired import desired_vms
-from .state import Snapshot
+from .desired import DesiredVm, desired_vms
+from .state import Snapshot, VmState
+
+log = logging.getLogger(__name__)
 
 TAG_CATEGORY = "vcfslm"  # the same as tags.CATEGORY (not imported: that pulls in the SDK)
+# callable(library, item, name, folder, host, resource_pool, datastore ids) -> new VM's moref id
+LibraryDeploy = Callable[..., str]
+STEP_LABELS = {"clone": "cloning", "reconfigure": "reconfiguring", "relocate": "migrating",
+               "upgrade-hardware": "upgrading hardware", "power-off": "powering off",
+               "power-on": "powering on", "customize": "customizing guest",
+               "wait-ip": "waiting for an IPv4 address"}
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+@dataclass
+class VmOutcome:
+    """How one VM ended: status ok | failed | blocked; `step` is the last step attempted."""
+
+    name: str
+    status: str
+    message: str = ""
+    step: str = ""
+    moref: str | None = None
+    ip: str | None = None
+    pending: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class VmWorker(Protocol):
+    """Changes one VM; entering it opens what it waits with (its own task waiter)."""
+
+    @property
+    def moref(self) -> str | None: ...
+
+    def __enter__(self) -> VmWorker: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def apply(self, change: changes.Change, desired: DesiredVm) -> str | None:
+        """Make one change; the guest's IPv4 address for WaitForIp, else None."""
+
+    def power_off(self) -> None: ...
+
+    def destroy(self) -> None: ...
 
 
 class VCenter(Protocol):
     """What reconcile needs from a vCenter driver."""
 
-    library_deploy: Callable[..., str] | None
+    max_workers: int
 
     def observe(self, inv) -> Snapshot: ...
 
-    def apply(self, plan: changes.Plan, reporter: Reporter | None = None) -> list: ...
+    def ensure_folder(self, path: str) -> object: ...
 
-    def destroy(self, dplan: changes.DestroyPlan, reporter: Reporter | None = None) -> list: ...
+    def worker(self, name: str, library_deploy: LibraryDeploy | None = None) -> VmWorker: ...
+
+    def error_text(self, exc: BaseException) -> str: ...
 
 
 @dataclass
@@ -45,16 +97,16 @@ class ProvisionResult:
     """What provision did: the plan, each VM's outcome, and warnings (e.g. tags skipped)."""
 
     plan: changes.Plan
-    outcomes: list[Any]
+    outcomes: list[VmOutcome]
     warnings: list[str] = field(default_factory=list)
     tagged: list[str] = field(default_factory=list)
 
     @property
-    def failed(self) -> list[Any]:
+    def failed(self) -> list[VmOutcome]:
         return [o for o in self.outcomes if not o.ok]
 
     @property
-    def pending(self) -> list[Any]:
+    def pending(self) -> list[VmOutcome]:
         return [o for o in self.outcomes if o.ok and o.pending]
 
     @property
@@ -75,7 +127,7 @@ class DestroyResult:
     """What destroy did: removed VMs, refusals, absent names, warnings."""
 
     plan: changes.DestroyPlan
-    outcomes: list[Any]
+    outcomes: list[VmOutcome]
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -133,9 +185,8 @@ def provision(inv, vc: VCenter, reporter: Reporter | None = None, allow_restart:
     library = None
     if inv.placement.library_item is not None and any(v.action == "create" for v in plan.vms):
         library = _automation(automation_factory, warnings, "content library deploy")
-        vc.library_deploy = library.deploy if library is not None else None
     try:
-        outcomes = vc.apply(plan, reporter)
+        outcomes = apply_plan(vc, plan, reporter, library.deploy if library is not None else None)
     finally:
         if library is not None:
             library.close()
@@ -180,5 +231,114 @@ def destroy(inv, vc: VCenter, reporter: Reporter | None = None,
                 warnings.append(f"tags not removed: {type(exc).__name__}: {exc}")
             finally:
                 client.close()
-    outcomes = vc.destroy(dplan, reporter)
+    outcomes = destroy_vms(vc, dplan, reporter)
     return DestroyResult(dplan, outcomes, warnings)
+
+
+def apply_plan(vc: VCenter, plan: changes.Plan, reporter: Reporter | None = None,
+               library_deploy: LibraryDeploy | None = None) -> list[VmOutcome]:
+    """Execute a plan, all VMs at once; one outcome per VM in plan order.
+
+    library_deploy: deploys `template: library:<lib>/<item>` (vsphere.tags'
+    AutomationClient.deploy); None when the Automation API is not available.
+    """
+    reporter = reporter or NullReporter()
+    folder_error = None
+    for change in plan.cluster_changes:
+        if isinstance(change, changes.CreateFolder):
+            try:
+                reporter.log(f"creating folder {change.path}")
+                vc.ensure_folder(change.path)
+            except Exception as exc:  # every VM in that folder fails below, with this reason
+                folder_error = f"cannot create folder {change.path}: {vc.error_text(exc)}"
+    todo = [v for v in plan.vms if v.action in ("create", "update") or v.changes]
+    results: dict[str, VmOutcome] = {}
+    for v in plan.vms:
+        if v.action == "blocked":
+            results[v.name] = VmOutcome(v.name, "blocked", "; ".join(v.problems))
+            reporter.update(v.name, "blocked: " + "; ".join(v.problems))
+        elif v not in todo:
+            results[v.name] = _in_sync(v)
+            reporter.update(v.name, "in sync")
+    if folder_error:
+        for v in todo:
+            results[v.name] = VmOutcome(v.name, "failed", folder_error, "create folder")
+        todo = []
+    for outcome in _pooled(lambda vp: _apply_vm(vc, vp, reporter, library_deploy), todo,
+                           vc.max_workers, "vcfslm-vm"):
+        results[outcome.name] = outcome
+    return [results[v.name] for v in plan.vms]
+
+
+def destroy_vms(vc: VCenter, dplan: changes.DestroyPlan,
+                reporter: Reporter | None = None) -> list[VmOutcome]:
+    """Power off and destroy the plan's owned VMs, all at once."""
+    reporter = reporter or NullReporter()
+    return _pooled(lambda s: _destroy_vm(vc, s, reporter), dplan.destroy, vc.max_workers,
+                   "vcfslm-destroy")
+
+
+def _pooled(fn: Callable[[In], Out], items: Sequence[In], max_workers: int, prefix: str) -> list[Out]:
+    """fn over items in a pool of at most max_workers threads, results in item order."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(items))),
+                            thread_name_prefix=prefix) as pool:
+        return list(pool.map(fn, items))
+
+
+def _in_sync(v: changes.VmPlan) -> VmOutcome:
+    obs = v.observed
+    return VmOutcome(v.name, "ok", "in sync", moref=obs.moref if obs else None,
+                     ip=obs.ip_addresses[0] if obs and obs.ip_addresses else None,
+                     pending=[f.describe() for f in v.pending])
+
+
+def _apply_vm(vc: VCenter, vp: changes.VmPlan, reporter: Reporter,
+              library_deploy: LibraryDeploy | None) -> VmOutcome:
+    name = vp.name
+    outcome = VmOutcome(name, "ok", vp.action, pending=[f.describe() for f in vp.pending])
+    worker = vc.worker(name, library_deploy)
+    try:
+        with worker:
+            for change in vp.changes:
+                outcome.step = change.kind
+                reporter.update(name, STEP_LABELS.get(change.kind, change.kind))
+                ip = worker.apply(change, vp.desired)
+                if ip is not None:
+                    outcome.ip = ip
+        outcome.moref = worker.moref
+        done = "created" if vp.action == "create" else ("updated" if vp.change_count else "in sync")
+        if outcome.ip:
+            done += f", {outcome.ip}"
+        if vp.pending:
+            done += f", {len(vp.pending)} change(s) pending a restart"
+        reporter.update(name, done)
+    except Exception as exc:  # one VM's failure must not stop the others
+        outcome.moref = worker.moref
+        _failed(outcome, vc.error_text(exc), reporter)
+    return outcome
+
+
+def _destroy_vm(vc: VCenter, state: VmState, reporter: Reporter) -> VmOutcome:
+    outcome = VmOutcome(state.name, "ok", "destroyed", moref=state.moref)
+    try:
+        with vc.worker(state.name) as worker:
+            if state.power_state != "poweredOff":
+                outcome.step = "power-off"
+                reporter.update(state.name, "powering off")
+                worker.power_off()
+            outcome.step = "destroy"
+            reporter.update(state.name, "destroying")
+            worker.destroy()
+            reporter.update(state.name, "destroyed")
+    except Exception as exc:  # the others go on
+        _failed(outcome, vc.error_text(exc), reporter)
+    return outcome
+
+
+def _failed(outcome: VmOutcome, text: str, reporter: Reporter) -> None:
+    outcome.status = "failed"
+    outcome.message = f"{outcome.step}: {text}"
+    log.debug("%s failed at %s: %s", outcome.name, outcome.step, text)
+    reporter.update(outcome.name, f"failed at {outcome.step}: {text}")

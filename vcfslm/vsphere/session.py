@@ -1,0 +1,146 @@
+"""The vCenter session: login with TLS verified (or insecure, which warns), retries, logout.
+
+Session expiry is healed by logging in again (safe for any call: vCenter refused
+it before doing anything); connection resets are retried with backoff only for
+calls that are safe to repeat.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable
+
+from pyVim.connect import Disconnect, SmartConnect
+from pyVmomi import vim, vmodl
+
+from ..errors import VCenterError
+from ..progress import NullReporter, Reporter
+from .credentials import Secret, ssl_context
+
+log = logging.getLogger(__name__)
+
+TRANSIENT = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
+             http.client.RemoteDisconnected, http.client.IncompleteRead)
+
+
+def fault_text(exc: BaseException) -> str:
+    """A one-line message for a pyVmomi fault or any exception."""
+    if isinstance(exc, vmodl.MethodFault):
+        msg = getattr(exc, "msg", None) or ""
+        for fm in getattr(exc, "faultMessage", None) or []:
+            msg = msg or getattr(fm, "message", "")
+        return f"{type(exc).__name__.split('.')[-1]}: {msg}".rstrip(": ") if msg else \
+            type(exc).__name__.split(".")[-1]
+    return str(exc) or type(exc).__name__
+
+
+class Session:
+    """One logged-in pyVmomi session; `call` runs API calls with expiry healing and retries.
+
+    vcenter: the inventory's vcenter section; password: a Secret; retries: extra
+    attempts after a reset or an expiry; backoff: first wait (s) before retrying a reset.
+    """
+
+    def __init__(self, vcenter, password: Secret, reporter: Reporter | None = None,
+                 retries: int = 4, backoff: float = 0.5):
+        self.cfg = vcenter
+        self.password = password
+        self.reporter = reporter or NullReporter()
+        self.retries = retries
+        self.backoff = backoff
+        self.si = None
+        self._content = None
+        self._login_lock = threading.Lock()
+
+    def connect(self) -> None:
+        cfg = self.cfg
+        if cfg.insecure:
+            self.reporter.log(f"warning: TLS certificate verification is OFF for {cfg.host} "
+                              "(vcenter.insecure: true); anyone on the path can read the password")
+        try:
+            ctx = ssl_context(cfg.ca_bundle, cfg.insecure)
+        except (OSError, ssl.SSLError) as exc:
+            raise VCenterError(f"cannot read vcenter.ca_bundle {cfg.ca_bundle}: {exc}") from None
+        log.debug("connecting to vCenter %s:%s as %s (TLS %s)", cfg.host, cfg.port, cfg.user,
+                  "NOT verified" if cfg.insecure else f"verified, CA {cfg.ca_bundle or 'system store'}")
+        try:
+            self.si = SmartConnect(host=cfg.host, port=cfg.port, user=cfg.user,
+                                   pwd=self.password.reveal(), sslContext=ctx)
+        except vim.fault.InvalidLogin:
+            raise VCenterError(f"vCenter {cfg.host} refused the login of {cfg.user}") from None
+        except ssl.SSLCertVerificationError as exc:
+            raise VCenterError(f"TLS verification of {cfg.host}:{cfg.port} failed ({exc.verify_message}); "
+                               "set vcenter.ca_bundle to the CA that signed its certificate") from None
+        except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
+            raise VCenterError(self.password.scrub(
+                f"cannot reach vCenter {cfg.host}:{cfg.port}: {exc}")) from None
+        except vmodl.MethodFault as exc:
+            raise VCenterError(self.password.scrub(f"vCenter {cfg.host}: {fault_text(exc)}")) from None
+        log.debug("logged in to vCenter %s", cfg.host)
+
+    def close(self) -> None:
+        if self.si is not None:
+            try:
+                Disconnect(self.si)
+                log.debug("logged out of vCenter %s", self.cfg.host)
+            except Exception as exc:  # the session may already be gone; closing is best effort
+                log.debug("logout of vCenter %s failed: %s", self.cfg.host, self.text(exc))
+            self.si = None
+            self._content = None
+
+    @property
+    def content(self):
+        """The service content, fetched once per session (each `si.content` is a round trip)."""
+        if self.si is None:
+            raise VCenterError("not connected to vCenter")
+        if self._content is None:
+            self._content = self.si.RetrieveContent()
+        return self._content
+
+    @property
+    def api_version(self) -> str:
+        return self.content.about.apiVersion
+
+    def text(self, exc: BaseException) -> str:
+        """fault_text(exc) with the password masked."""
+        return self.password.scrub(fault_text(exc))
+
+    def _relogin(self) -> None:
+        with self._login_lock:
+            sm = self.content.sessionManager
+            try:
+                if sm.currentSession is not None:
+                    log.debug("vCenter session already renewed by another worker")
+                    return
+            except vim.fault.NotAuthenticated:
+                pass
+            self.reporter.log("vCenter session expired: logging in again")
+            log.debug("vCenter session expired: logging in again as %s", self.cfg.user)
+            sm.Login(self.cfg.user, self.password.reveal())
+
+    def call(self, fn: Callable, *args, idempotent: bool = True, **kwargs):
+        """fn(*args) with session-expiry healing; connection resets retried when idempotent."""
+        delay = self.backoff
+        what = getattr(fn, "__name__", "call")
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except vim.fault.NotAuthenticated:
+                # Refused before anything happened: safe to repeat any call.
+                if attempt == self.retries:
+                    raise
+                log.debug("%s: not authenticated (attempt %d of %d)", what, attempt + 1,
+                          self.retries + 1)
+                self._relogin()
+            except TRANSIENT as exc:
+                if not idempotent or attempt == self.retries:
+                    raise
+                log.debug("%s: %s (attempt %d of %d); retrying in %.1f s", what, type(exc).__name__,
+                          attempt + 1, self.retries + 1, delay)
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
