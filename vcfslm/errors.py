@@ -51,13 +51,13 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        """`file:line:column: key: message`, the parts that are known (as compilers write it)."""
         where = self.file
         if self.line is not None:
             where += f":{self.line}"
             if self.column is not None:
                 where += f":{self.column}"
-        key = f" {self.key}:" if self.key else ""
-        return f"{where}{key} {self.message}".lstrip()
+        return ": ".join(part for part in (where, self.key, self.message) if part)
 
 
 class InputError(VcfslmError):

@@ -147,8 +147,8 @@ def test_load_runs_reports_every_bad_dir(tmp_path):
     with pytest.raises(RunFolderError) as err:
         load_runs([good, tmp_path / "missing", broken])
     assert str(err.value).splitlines() == [
-        f"{tmp_path / 'missing'} does not exist: not a run folder",
-        f"{broken / 'meta.json'}:1:2 not valid JSON: Expecting property name enclosed in double quotes"]
+        f"{tmp_path / 'missing'}: does not exist: not a run folder",
+        f"{broken / 'meta.json'}:1:2: not valid JSON: Expecting property name enclosed in double quotes"]
     assert load_run(good)[0].run_id == "good"
 
 

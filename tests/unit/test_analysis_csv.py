@@ -42,28 +42,28 @@ def test_every_problem_at_once_with_line_column_and_name():
     with pytest.raises(CsvError) as err:
         parse_csv(text, "m.csv")
     got = [str(p) for p in err.value.problems]
-    assert got[0].startswith("m.csv:2:1 scope: 'singel' is not a scope")
-    assert got[1].startswith("m.csv:3:7 ttft_s: 'fast' is not a number")
-    assert got[2].startswith("m.csv:4:4 batch_per_rank: must be positive")
-    assert got[3].startswith("m.csv:5 expected 9 fields")
-    assert got[4].startswith("m.csv:6:2 vms: scope single means one VM")
-    assert got[5].startswith("m.csv:7:8 tpot_ms: value missing")
-    assert got[6].startswith("m.csv:9 duplicate of line 8")
+    assert got[0].startswith("m.csv:2:1: scope: 'singel' is not a scope")
+    assert got[1].startswith("m.csv:3:7: ttft_s: 'fast' is not a number")
+    assert got[2].startswith("m.csv:4:4: batch_per_rank: must be positive")
+    assert got[3].startswith("m.csv:5: expected 9 fields")
+    assert got[4].startswith("m.csv:6:2: vms: scope single means one VM")
+    assert got[5].startswith("m.csv:7:8: tpot_ms: value missing")
+    assert got[6].startswith("m.csv:9: duplicate of line 8")
     assert len(got) == 7
 
 
 def test_percentile_order_is_checked():
-    with pytest.raises(CsvError, match=r"x.csv:2:11 tpot_p99_ms: 150 is below tpot_p90_ms 160"):
+    with pytest.raises(CsvError, match=r"x.csv:2:11: tpot_p99_ms: 150 is below tpot_p90_ms 160"):
         parse_csv(HEADER + ",tpot_p90_ms,tpot_p99_ms\nsingle,1,4,1,128,256,0.3,116,8.4,160,150\n", "x.csv")
 
 
 @pytest.mark.parametrize("text, message", [
-    ("", "x.csv:1 empty CSV"),
-    ("# only a comment\n", "x.csv:1 empty CSV"),
-    (HEADER + "\n", "x.csv:1 no data rows"),
-    ("scope,vms,tpot,ranks_per_vm\n", "x.csv:1:3 tpot: unknown column"),
+    ("", "x.csv:1: empty CSV"),
+    ("# only a comment\n", "x.csv:1: empty CSV"),
+    (HEADER + "\n", "x.csv:1: no data rows"),
+    ("scope,vms,tpot,ranks_per_vm\n", "x.csv:1:3: tpot: unknown column"),
     (HEADER.replace(",rank_tps", "") + "\n", "missing required column(s): rank_tps"),
-    (HEADER + ",vms\n", "x.csv:1:10 vms: column given twice"),
+    (HEADER + ",vms\n", "x.csv:1:10: vms: column given twice"),
 ])
 def test_header_problems(text, message):
     with pytest.raises(CsvError) as err:

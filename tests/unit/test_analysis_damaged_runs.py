@@ -63,7 +63,7 @@ def test_the_good_run_reports(good):
 
 def test_string_tpot(good):
     rewrite(good, lambda rs: rs[6].update(tpot_ms="100"))
-    assert refused(good) == [f"{good}/results.jsonl:7 tpot_ms: expected a list of numbers, got str"]
+    assert refused(good) == [f"{good}/results.jsonl:7: tpot_ms: expected a list of numbers, got str"]
 
 
 def test_bool_as_int_nan_ttft_negative_tokens_and_a_missing_field_all_at_once(good):
@@ -75,11 +75,11 @@ def test_bool_as_int_nan_ttft_negative_tokens_and_a_missing_field_all_at_once(go
         rs[5]["ttft_s"] = ["0.1"]
     rewrite(good, edit)
     assert refused(good) == [
-        f"{good}/results.jsonl:1 batch_per_rank: expected an integer, got bool",
-        f"{good}/results.jsonl:3 ttft_s[0]: expected a finite number, got nan",
-        f"{good}/results.jsonl:4 generated_tokens: must not be negative, got -64",
-        f"{good}/results.jsonl:6 wall_s: required field missing",
-        f"{good}/results.jsonl:6 ttft_s[0]: expected a number, got str",
+        f"{good}/results.jsonl:1: batch_per_rank: expected an integer, got bool",
+        f"{good}/results.jsonl:3: ttft_s[0]: expected a finite number, got nan",
+        f"{good}/results.jsonl:4: generated_tokens: must not be negative, got -64",
+        f"{good}/results.jsonl:6: wall_s: required field missing",
+        f"{good}/results.jsonl:6: ttft_s[0]: expected a number, got str",
     ]
 
 
@@ -89,8 +89,8 @@ def test_a_zero_batch_and_a_newer_schema(good):
         rs[4]["schema"] = 2
     rewrite(good, edit)
     assert refused(good) == [
-        f"{good}/results.jsonl:2 batch_per_rank: must be at least 1, got 0",
-        f"{good}/results.jsonl:5 schema: version 2 is newer than this vcfslm reads (up to 1): upgrade vcfslm",
+        f"{good}/results.jsonl:2: batch_per_rank: must be at least 1, got 0",
+        f"{good}/results.jsonl:5: schema: version 2 is newer than this vcfslm reads (up to 1): upgrade vcfslm",
     ]
 
 
@@ -105,8 +105,8 @@ def test_many_bad_records_are_capped_with_a_count(good):
         rs[:] = [{**rs[i % len(rs)], "window": i, "wall_s": "10"} for i in range(25)]
     rewrite(good, edit)
     lines = refused(good)
-    assert lines[:2] == [f"{good}/results.jsonl:1 wall_s: expected a number, got str",
-                         f"{good}/results.jsonl:2 wall_s: expected a number, got str"]
+    assert lines[:2] == [f"{good}/results.jsonl:1: wall_s: expected a number, got str",
+                         f"{good}/results.jsonl:2: wall_s: expected a number, got str"]
     assert len(lines) == 21 and lines[-1] == f"... and 5 more problem(s) in {good}/results.jsonl"
 
 
@@ -117,7 +117,7 @@ def test_a_torn_last_line_is_a_warning_and_the_other_records_load(good):
     path.write_text(text + last[:len(last) // 2])          # a writer killed mid-line: no newline
     code, err, output = report(good)
     assert code == 0, output
-    warning = f"{good}/results.jsonl:9 {TORN}"
+    warning = f"{good}/results.jsonl:9: {TORN}"
     assert err == ["1 validity warning(s), listed in the report:", f"  ! {warning}"]
     assert warning in (good / "report.md").read_text()
     assert "incomplete" not in output                       # all 8 good records counted
@@ -128,14 +128,14 @@ def test_a_torn_middle_line_is_an_error(good):
     lines = path.read_text().splitlines()
     cut = lines[1][:lines[1].index('"e2e_s"')]              # '{"batch_per_rank": 1, '
     path.write_text("\n".join([lines[0], cut, *lines[2:]]) + "\n")
-    assert refused(good) == [f"{good}/results.jsonl:2:{len(cut) + 1} not valid JSON: "
+    assert refused(good) == [f"{good}/results.jsonl:2:{len(cut) + 1}: not valid JSON: "
                              "Expecting property name enclosed in double quotes"]
 
 
 def test_a_line_that_is_not_an_object(good):
     path = good / "results.jsonl"
     path.write_text(path.read_text() + "[1, 2]\n")
-    assert refused(good) == [f"{good}/results.jsonl:9 expected a JSON object, got list"]
+    assert refused(good) == [f"{good}/results.jsonl:9: expected a JSON object, got list"]
 
 
 def test_an_empty_results_file(good):
@@ -154,7 +154,7 @@ def test_rank_files_are_checked_when_results_jsonl_is_absent(good):
     (good / "ranks").mkdir()
     (good / "ranks" / "rank-0.jsonl").write_text(json.dumps(recs[0]) + "\n")
     (good / "ranks" / "rank-1.jsonl").write_text(json.dumps({**recs[1], "rank": "1"}) + "\n")
-    assert refused(good) == [f"{good}/ranks/rank-1.jsonl:1 rank: expected an integer, got str"]
+    assert refused(good) == [f"{good}/ranks/rank-1.jsonl:1: rank: expected an integer, got str"]
 
 
 def test_no_results_and_no_rank_files(good):
@@ -165,12 +165,12 @@ def test_no_results_and_no_rank_files(good):
 
 def test_a_missing_meta_json(good):
     (good / "meta.json").unlink()
-    assert refused(good) == [f"{good}/meta.json does not exist: not a run folder"]
+    assert refused(good) == [f"{good}/meta.json: does not exist: not a run folder"]
 
 
 def test_a_meta_json_that_is_not_json(good):
     (good / "meta.json").write_text('{"run_id": "good",\n  oops\n}\n')
-    assert refused(good) == [f"{good}/meta.json:2:3 not valid JSON: Expecting property name enclosed in "
+    assert refused(good) == [f"{good}/meta.json:2:3: not valid JSON: Expecting property name enclosed in "
                              "double quotes"]
 
 
@@ -185,35 +185,35 @@ def test_a_meta_json_with_wrong_types(good):
     def line(key):
         return next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith(f'  "{key}"'))
     assert refused(good) == [
-        f"{good}/meta.json:{line('ranks_per_node')} ranks_per_node: expected an integer, got str",
-        f"{good}/meta.json model: required field missing",
-        f"{good}/meta.json:{line('complete')} complete: expected true or false, got str",
-        f"{good}/meta.json:{line('matrix')} matrix.batch_sizes[1]: expected an integer, got str",
+        f"{good}/meta.json:{line('ranks_per_node')}: ranks_per_node: expected an integer, got str",
+        f"{good}/meta.json: model: required field missing",
+        f"{good}/meta.json:{line('complete')}: complete: expected true or false, got str",
+        f"{good}/meta.json:{line('matrix')}: matrix.batch_sizes[1]: expected an integer, got str",
     ]
 
 
 def test_a_run_dir_that_does_not_exist(tmp_path):
-    assert refused(tmp_path / "nope") == [f"{tmp_path / 'nope'} does not exist: not a run folder"]
+    assert refused(tmp_path / "nope") == [f"{tmp_path / 'nope'}: does not exist: not a run folder"]
 
 
 def test_every_bad_run_is_named_at_once(good, tmp_path):
     (good / "results.jsonl").write_text("")
     assert refused(good, tmp_path / "nope") == [f"no records: {good}/results.jsonl is empty",
-                                                f"{tmp_path / 'nope'} does not exist: not a run folder"]
+                                                f"{tmp_path / 'nope'}: does not exist: not a run folder"]
 
 
 def test_size_refuses_a_damaged_run_too(good):
     rewrite(good, lambda rs: rs[0].update(e2e_s=[1, None]))
     r = CliRunner().invoke(main, ["size", "--peak-streams", "64", "--results", str(good)])
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert r.stderr.splitlines() == [f"error: {good}/results.jsonl:1 e2e_s[1]: expected a number, got null"]
+    assert r.stderr.splitlines() == [f"error: {good}/results.jsonl:1: e2e_s[1]: expected a number, got null"]
 
 
 def test_a_bad_meta_json_and_bad_records_are_named_together(good):
     (good / "meta.json").write_text("[]")
     rewrite(good, lambda rs: rs[7].update(rank_tps=-1.0))
-    assert refused(good) == [f"{good}/meta.json expected a JSON object, got list",
-                             f"{good}/results.jsonl:8 rank_tps: must not be negative, got -1.0"]
+    assert refused(good) == [f"{good}/meta.json: expected a JSON object, got list",
+                             f"{good}/results.jsonl:8: rank_tps: must not be negative, got -1.0"]
 
 
 def test_slos_in_meta_json_that_are_not_numbers(good):
@@ -221,7 +221,7 @@ def test_slos_in_meta_json_that_are_not_numbers(good):
     meta = json.loads(path.read_text())
     meta["slos"] = {"gold": {"tpot_ms": "fast"}}
     path.write_text(json.dumps(meta))
-    assert refused(good) == ["meta.json slos slos.gold: limits must be numbers: {'tpot_ms': 'fast'}"]
+    assert refused(good) == ["meta.json slos: slos.gold: limits must be numbers: {'tpot_ms': 'fast'}"]
 
 
 def test_size_picks_the_latest_readable_run(good, tmp_path):

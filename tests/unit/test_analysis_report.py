@@ -100,7 +100,7 @@ def test_the_same_cell_from_a_run_and_a_csv_is_refused(tmp_path):
     run_dir = make_run(tmp_path / "r", "r", ["vm1"], {(1, 128): (0.3, 116.0, 8.4)}, out=256)
     path = tmp_path / "t.csv"
     path.write_text(brief_shaped_csv())
-    with pytest.raises(InventoryError, match="t.csv:2 same cell as in r"):
+    with pytest.raises(InventoryError, match="t.csv:2: same cell as in r"):
         load_inputs([run_dir], [path])
 
 

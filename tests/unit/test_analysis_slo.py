@@ -84,7 +84,7 @@ def test_slos_from_inventory_meta():
         slos_from_meta({"x": {"latency": 1}})
     with pytest.raises(SloSpecError) as err:
         slos_from_meta({"gold": {"tpot_ms": "fast"}})
-    assert str(err.value) == "meta.json slos slos.gold: limits must be numbers: {'tpot_ms': 'fast'}"
+    assert str(err.value) == "meta.json slos: slos.gold: limits must be numbers: {'tpot_ms': 'fast'}"
 
 
 # ---------------------------------------------------------------- crossover

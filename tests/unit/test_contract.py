@@ -39,10 +39,10 @@ def test_select_nodes_by_count_and_by_name(inv):
 
 
 @pytest.mark.parametrize(("count", "names", "message"), [
-    (5, None, "brief.yaml --nodes: 5 nodes asked, the inventory has 4"),
-    (0, None, "brief.yaml --nodes: 0 nodes asked, the inventory has 4"),
+    (5, None, "brief.yaml: --nodes: 5 nodes asked, the inventory has 4"),
+    (0, None, "brief.yaml: --nodes: 0 nodes asked, the inventory has 4"),
     (None, ["slm-09", "slm-01"],
-     "brief.yaml --hosts: unknown node(s) slm-09; the inventory has slm-01, slm-02, slm-03, slm-04"),
+     "brief.yaml: --hosts: unknown node(s) slm-09; the inventory has slm-01, slm-02, slm-03, slm-04"),
 ])
 def test_select_nodes_names_the_flag_and_the_file(inv, count, names, message):
     with pytest.raises(InventoryError) as err:

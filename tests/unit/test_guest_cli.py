@@ -65,7 +65,7 @@ def test_bad_playbook_file_names_file_and_line(unreachable, tmp_path):
     book = tmp_path / "bad.yaml"
     book.write_text("steps:\n  - pakages: {apt: [x]}\n")
     r = run("guests", str(unreachable), "-p", str(book))
-    assert r.exit_code == 2 and f"{book}:2:5 steps[0].pakages: unknown step type" in r.output
+    assert r.exit_code == 2 and f"{book}:2:5: steps[0].pakages: unknown step type" in r.output
 
 
 def test_dry_run_on_unreachable_hosts_prints_commands(unreachable, tmp_path):

@@ -46,7 +46,7 @@ def problems(path: Path, inventory=None) -> list[str]:
 def test_unknown_step_type_with_file_line(tmp_path):
     path = write(tmp_path, "steps:\n  - name: a\n    file: {path: /x, state: directory}\n"
                            "  - name: b\n    pakages: {apt: [numactl]}\n")
-    assert problems(path) == [f"{path}:5:5 steps[1].pakages: unknown step type 'pakages' "
+    assert problems(path) == [f"{path}:5:5: steps[1].pakages: unknown step type 'pakages' "
                               "(did you mean 'packages'?); known: packages, file, template, command, "
                               "venv, pip, wheel, model, verify"]
 
@@ -54,14 +54,14 @@ def test_unknown_step_type_with_file_line(tmp_path):
 def test_unknown_argument_with_line(tmp_path):
     path = write(tmp_path, "steps:\n  - venv:\n      path: /v\n      pythn: python3\n")
     [msg] = problems(path)
-    assert msg.startswith(f"{path}:4:7 steps[0].venv.pythn: unknown argument for venv "
+    assert msg.startswith(f"{path}:4:7: steps[0].venv.pythn: unknown argument for venv "
                           "(did you mean 'python'?)")
 
 
 def test_bad_value_found_when_validated_with_an_inventory(tmp_path, brief):
     path = write(tmp_path, "steps:\n  - file:\n      path: /x\n      content: hi\n      mode: 644\n")
     [msg] = problems(path, brief)
-    assert msg.startswith(f"{path}:5 steps[0].file.mode:") and "string" in msg
+    assert msg.startswith(f"{path}:5: steps[0].file.mode:") and "string" in msg
 
 
 def test_unknown_variables(tmp_path):

@@ -39,7 +39,7 @@ def test_error_names_file_line_column_and_key():
     text = BRIEF.read_text().replace("vnuma_nodes: 4 ", "vnuma_nodes: 5 ")
     msgs = problems_of(text)
     line = next(i for i, text_line in enumerate(text.splitlines(), 1) if "vnuma_nodes: 5" in text_line)
-    assert msgs[0] == f"cluster.yaml:{line}:3 vm.vnuma_nodes: 96 vCPUs cannot split into 5 vNUMA nodes"
+    assert msgs[0] == f"cluster.yaml:{line}:3: vm.vnuma_nodes: 96 vCPUs cannot split into 5 vNUMA nodes"
 
 
 @pytest.mark.parametrize(("mutate", "key", "pattern"), [
@@ -89,7 +89,7 @@ def test_each_rule(mutate, key, pattern):
     msgs = problems_of(data)
     hits = [m for m in msgs if re.search(rf" {re.escape(key)}: .*{pattern}", m)]
     assert hits, msgs
-    assert all(re.match(r"cluster\.yaml:\d+:\d+ ", m) for m in msgs), msgs
+    assert all(re.match(r"cluster\.yaml:\d+:\d+: ", m) for m in msgs), msgs
 
 
 def test_all_problems_at_once_sorted_by_line():
@@ -126,11 +126,11 @@ def test_password_env_is_allowed_and_secret_value_never_echoed():
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("name: [unclosed\n", r"^cluster\.yaml:2:1 YAML syntax error"),
-    ("a: b\n  c: d\n", r"^cluster\.yaml:2:4 YAML syntax error"),
-    ("- just\n- a list\n", r"^cluster\.yaml:1:1 the inventory must be a mapping"),
-    ("", r"^cluster\.yaml the inventory must be a mapping"),
-    ("name: a\nname: b\n", r"^cluster\.yaml:2:1 name: duplicate key"),
+    ("name: [unclosed\n", r"^cluster\.yaml:2:1: YAML syntax error"),
+    ("a: b\n  c: d\n", r"^cluster\.yaml:2:4: YAML syntax error"),
+    ("- just\n- a list\n", r"^cluster\.yaml:1:1: the inventory must be a mapping"),
+    ("", r"^cluster\.yaml: the inventory must be a mapping"),
+    ("name: a\nname: b\n", r"^cluster\.yaml:2:1: name: duplicate key"),
 ])
 def test_yaml_level_errors(text, expected):
     msgs = problems_of(text)
@@ -138,7 +138,7 @@ def test_yaml_level_errors(text, expected):
 
 
 def test_missing_file():
-    with pytest.raises(InventoryError, match="nope.yaml file not found"):
+    with pytest.raises(InventoryError, match="nope.yaml: file not found"):
         load_inventory("nope.yaml")
 
 

@@ -126,7 +126,7 @@ def test_read_records_reports_problems_per_line_and_caps_them(tmp_path):
     with pytest.raises(RunFolderError) as err:
         read_records(path)
     shown = [str(p) for p in err.value.problems]
-    assert shown[0] == f"{path}:1 rank: expected an integer, got str"
+    assert shown[0] == f"{path}:1: rank: expected an integer, got str"
     assert len(shown) == MAX_PROBLEMS + 1 and shown[-1] == f"... and 3 more problem(s) in {path}"
     assert err.value.exit_code == 2
 
@@ -137,11 +137,11 @@ def test_read_records_skips_a_torn_last_line_and_says_so(tmp_path):
     path.write_text(path.read_text() + "\n\n" + record(window=2).to_json()[:30])
     warnings: list[str] = []
     assert [r.window for r in read_records(path, warnings)] == [0, 1]
-    assert warnings == [f"{path}:5 torn last line skipped (no newline at the end and not valid JSON: its "
+    assert warnings == [f"{path}:5: torn last line skipped (no newline at the end and not valid JSON: its "
                         "writer was stopped mid-line)"]
     assert len(read_records(path)) == 2                  # without a list to tell, it is skipped quietly
     path.write_text(path.read_text() + "\n")             # with its newline it is a broken line
-    with pytest.raises(RunFolderError, match=r"r.jsonl:5:\d+ not valid JSON"):
+    with pytest.raises(RunFolderError, match=r"r.jsonl:5:\d+: not valid JSON"):
         read_records(path)
 
 
@@ -152,10 +152,10 @@ def test_a_last_line_without_newline_that_is_json_still_counts(tmp_path):
 
 
 def test_read_records_on_unreadable_files(tmp_path):
-    with pytest.raises(RunFolderError, match="nope.jsonl does not exist"):
+    with pytest.raises(RunFolderError, match="nope.jsonl: does not exist"):
         read_records(tmp_path / "nope.jsonl")
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe")
-    with pytest.raises(RunFolderError, match=r"bin.jsonl not UTF-8 text \(byte 0\)"):
+    with pytest.raises(RunFolderError, match=r"bin.jsonl: not UTF-8 text \(byte 0\)"):
         read_records(tmp_path / "bin.jsonl")
 
 
@@ -191,4 +191,4 @@ def test_meta_problems_name_the_line_of_their_key(tmp_path):
     top = next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.startswith('  "nodes"'))
     with pytest.raises(RunFolderError) as err:
         read_run(run)
-    assert [str(p) for p in err.value.problems] == [f"{path}:{top} nodes[1]: expected a string, got int"]
+    assert [str(p) for p in err.value.problems] == [f"{path}:{top}: nodes[1]: expected a string, got int"]

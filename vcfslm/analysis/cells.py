@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES
+from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES, recorded_scenarios
 from vcfslm.errors import RunFolderError
 from vcfslm.results import (
     RunFile,
@@ -342,19 +342,9 @@ def describe(cell: Cell) -> str:
 # ---------------------------------------------------------------- the matrix
 
 
-def _as_list(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    return [int(value)]
-
-
 def expected_scenarios(meta: RunMeta) -> list[tuple[int, int, int]]:
-    """(batch, input, output) scenarios the run's matrix asked for."""
-    m = meta.matrix or {}
-    return [(b, i, o) for b in _as_list(m.get("batch_sizes")) for i in _as_list(m.get("input_tokens"))
-            for o in _as_list(m.get("output_tokens"))]
+    """(batch, input, output) scenarios the run's matrix asked for (its --scenarios filter applied)."""
+    return recorded_scenarios(meta.matrix or {})
 
 
 def expected_windows(meta: RunMeta) -> int:
