@@ -9,7 +9,7 @@ import pytest
 from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run
 
 from vcfslm.analysis.report import build, flatten, load_inputs, topology_rows, write_report
-from vcfslm.errors import InventoryError
+from vcfslm.errors import CsvError
 from vcfslm.progress import RecordingReporter
 from vcfslm.results import read_meta, write_meta
 
@@ -100,7 +100,7 @@ def test_the_same_cell_from_a_run_and_a_csv_is_refused(tmp_path):
     run_dir = make_run(tmp_path / "r", "r", ["vm1"], {(1, 128): (0.3, 116.0, 8.4)}, out=256)
     path = tmp_path / "t.csv"
     path.write_text(brief_shaped_csv())
-    with pytest.raises(InventoryError, match="t.csv:2: same cell as in r"):
+    with pytest.raises(CsvError, match="t.csv:2: same cell as in r"):
         load_inputs([run_dir], [path])
 
 

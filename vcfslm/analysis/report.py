@@ -32,9 +32,10 @@ from vcfslm.analysis.tables import (
     compare,
     comparison_table,
     crossover_table,
+    md_cell,
     results_table,
 )
-from vcfslm.errors import InventoryError, Problem
+from vcfslm.errors import CsvError, Problem, UsageError
 from vcfslm.progress import NullReporter, Reporter
 from vcfslm.results import RunMeta, atomic_write_text
 
@@ -76,7 +77,7 @@ def load_inputs(run_dirs: Sequence[str | os.PathLike[str]], csv_files: Sequence[
                 ) -> tuple[Analysis, list[str]]:
     """Cells of every run dir and CSV; the same cell from two inputs is refused."""
     if not run_dirs and not csv_files:
-        raise InventoryError([Problem("", None, None, "", "nothing to analyse: give a run dir or --csv FILE")])
+        raise UsageError("nothing to analyse: give a run dir or --csv FILE")
     analysis = aggregate(load_runs(run_dirs)) if run_dirs else Analysis(cells=[])
     sources = [str(p) for p in run_dirs]
     origin = {c.key: (c.source or "run") for c in analysis.cells}
@@ -91,7 +92,7 @@ def load_inputs(run_dirs: Sequence[str | os.PathLike[str]], csv_files: Sequence[
         analysis.cells.extend(imported.cells)
         sources.append(str(path))
     if problems:
-        raise InventoryError(problems)
+        raise CsvError(problems)
     return analysis, sources
 
 
@@ -262,12 +263,12 @@ def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -
     out += [f"- skipped {s}" for s in skipped]
     for meta in report.analysis.metas:
         out += ["", f"## Run {meta.run_id}", "", "| field | value |", "|---|---|"]
-        out += [f"| {k} | {_md(v)} |" for k, v in meta_rows(meta)]
+        out += [f"| {k} | {md_cell(v)} |" for k, v in meta_rows(meta)]
         topo = topology_rows(meta)
         out += ["", "Topology checks (guest facts):", ""]
         if topo:
             out += ["| node | check | result |", "|---|---|---|"]
-            out += [f"| {n} | {k} | {_md(v)} |" for n, k, v in topo]
+            out += [f"| {n} | {k} | {md_cell(v)} |" for n, k, v in topo]
         else:
             out.append("No guest facts recorded.")
     return "\n".join(out) + "\n"
@@ -278,10 +279,6 @@ def _md_figures(figures: Sequence) -> list[str]:
     for f in figures:
         out += [f"### {f.title}", "", f"![{f.title}]({f.path.name})", "", f.caption, ""]
     return out
-
-
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 # ------------------------------------------------------------------ HTML

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from vcfslm import contract
 from vcfslm.analysis.cells import CLUSTER, PERCENTILES, SCOPE_TITLES, SINGLE, Cell
 from vcfslm.errors import Problem, SloSpecError, UsageError
 
@@ -52,7 +53,7 @@ class Slo:
         return {"name": self.name, "tpot_ms": self.tpot_ms, "ttft_s": self.ttft_s}
 
 
-DEFAULT_SLOS: tuple[Slo, ...] = (Slo("A", tpot_ms=130.0, ttft_s=3.0), Slo("B", tpot_ms=200.0, ttft_s=5.0))
+DEFAULT_SLOS: tuple[Slo, ...] = tuple(Slo(name, **limits) for name, limits in contract.DEFAULT_SLOS.items())
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TERM = re.compile(r"^\s*(?P<ind>[A-Za-z]+)\s*(?P<op><=|≤|<|>=|=)?\s*(?P<num>[0-9]*\.?[0-9]+)?\s*(?P<unit>[A-Za-z]*)\s*$")

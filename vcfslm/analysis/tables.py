@@ -35,9 +35,9 @@ class Table:
     def markdown(self) -> str:
         out = [f"### {self.title}", ""]
         if self.rows:
-            out.append("| " + " | ".join(_md(c) for c in self.columns) + " |")
+            out.append("| " + " | ".join(md_cell(c) for c in self.columns) + " |")
             out.append("|" + "|".join("---" for _ in self.columns) + "|")
-            out.extend("| " + " | ".join(_md(v) for v in row) + " |" for row in self.rows)
+            out.extend("| " + " | ".join(md_cell(v) for v in row) + " |" for row in self.rows)
         else:
             out.append("_(no rows)_")
         if self.notes:
@@ -65,7 +65,8 @@ class Table:
         return buf.getvalue()
 
 
-def _md(text: str) -> str:
+def md_cell(text: str) -> str:
+    """A value as one markdown table cell: pipes escaped, lines joined."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
