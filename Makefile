@@ -11,7 +11,7 @@ APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openss
 DEMO_MODEL ?= synthetic:tiny
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv test demo lint clean lab-down
+.PHONY: setup apt venv test demo lint clean lab-down peers
 
 setup: apt venv
 
@@ -43,6 +43,11 @@ lint: venv
 
 demo: setup
 	DEMO_MODEL=$(DEMO_MODEL) VCFSLM=$(VENV)/bin/vcfslm PYTHON=$(PY) bash scripts/demo.sh
+
+# The peer engines benchmarks/peers.py measures beside vcfslm, in .venv-peers (not for
+# make test or CI: llama-cpp-python builds from source, ~9 minutes on 2 cores).
+peers: venv
+	bash benchmarks/peers-setup.sh
 
 lab-down: venv
 	$(VENV)/bin/vcfslm lab down
