@@ -143,6 +143,36 @@ def test_clone_of_the_lab_template(si, vcsim_server):
         _wait(clone.Destroy_Task())
 
 
+def test_a_lab_advertising_90_is_negotiated_and_lists_older_releases(vcsim_binary, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from pyVim.connect import Disconnect, SmartConnect
+    from pyVmomi import vim
+
+    from vcfslm.lab import vcsim
+
+    running = vcsim.start(tmp_path, "pw", vcsim.VcsimOptions(port=0, hosts=1, api="9.0", template=""),
+                          binary=vcsim_binary)
+    try:
+        assert (running.api_version, running.hardware_version) == ("9.0.0.0", "vmx-22")
+        ctx = ssl.create_default_context(cafile=running.ca_file)
+        with urllib.request.urlopen(f"{running.url}/vimServiceVersions.xml", context=ctx, timeout=10) as r:
+            doc = ET.fromstring(r.read())
+        assert doc.findtext("namespace/version") == "9.0.0.0"
+        prior = [v.text for v in doc.findall("namespace/priorVersions/version")]
+        assert {"8.0.3.0", "8.0.0.1", "7.0.3.0", "6.7", "6.5"} <= set(prior)
+        si = SmartConnect(host=running.host, port=running.port, user=running.user, pwd="pw", sslContext=ctx)
+        try:
+            assert si._stub.version == "vim.version.v9_0_0_0"
+            assert si.RetrieveContent().about.apiVersion == "9.0.0.0"
+            [host] = _objects(si, vim.HostSystem)
+            assert host.config.product.apiVersion == "9.0.0.0"
+        finally:
+            Disconnect(si)
+    finally:
+        vcsim.stop(running)
+
+
 def test_rest_endpoint_serves_sessions(vcsim_server):
     ctx = ssl.create_default_context(cafile=vcsim_server.ca_file)
     token = base64.b64encode(f"{vcsim_server.user}:{vcsim_server.password}".encode()).decode()

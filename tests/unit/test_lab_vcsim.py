@@ -25,6 +25,26 @@ def test_command_line_carries_options_but_never_the_password(tmp_path: Path):
     assert "-password" not in argv
 
 
+def test_api_and_record_file_flags(tmp_path: Path):
+    flags = dict(zip(*[iter(vcsim.command_line(Path("vcsim"), tmp_path,
+                                               vcsim.VcsimOptions(api="8.0.3"))[1:])] * 2, strict=True))
+    assert flags["-api"] == "8.0.3"
+    assert flags["-record-file"] == str(tmp_path / "soap-records.jsonl")
+    assert vcsim.DEFAULT_API == "6.5" and "9.0" in vcsim.API_CHOICES
+
+
+def test_soap_records_are_read_in_order(tmp_path: Path):
+    rec = tmp_path / "r.jsonl"
+    rec.write_text('{"method": "CloneVM_Task", "moref": "vm-1"}\n\n{"method": "ReconfigVM_Task", "moref": "vm-2"}\n')
+    sim = vcsim.Vcsim.from_json({"url": "u", "host": "h", "port": 1, "user": "u", "ca_file": "c", "hosts": 1,
+                                 "template": "t", "process": {"pid": 1, "start_time": 2, "marker": "m"},
+                                 "record_file": str(rec), "api": "8.0.3"})
+    assert [r["moref"] for r in vcsim.soap_records(sim)] == ["vm-1", "vm-2"]
+    assert sim.same_api(vcsim.VcsimOptions(api="8.0.3")) and not sim.same_api(vcsim.VcsimOptions())
+    assert vcsim.Vcsim.from_json(sim.to_json()) == sim
+    assert vcsim.soap_records(vcsim.Vcsim.from_json({**sim.to_json(), "record_file": ""})) == []
+
+
 def test_no_latency_flags_by_default(tmp_path: Path):
     argv = vcsim.command_line(Path("vcsim"), tmp_path, vcsim.VcsimOptions())
     assert "-method-delay" not in argv and "-delay" not in argv

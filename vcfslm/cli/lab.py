@@ -6,6 +6,7 @@ import click
 from rich.table import Table
 
 from ..errors import UsageError
+from ..lab.vcsim import API_CHOICES, DEFAULT_API
 from .common import RichReporter, console, print_json
 
 DIR_HELP = "Lab folder (default: $VCFSLM_LAB_DIR, then ~/.vcfslm/lab)."
@@ -42,7 +43,9 @@ def lab() -> None:
               help="vcsim latency per SOAP method, e.g. CloneVM_Task=1000,PowerOnVM_Task=1000.")
 @click.option("--delay", "delay_ms", type=click.IntRange(0), default=0, show_default=True,
               help="vcsim latency added to every SOAP call, in ms.")
-def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int) -> None:
+@click.option("--api", type=click.Choice(API_CHOICES), default=DEFAULT_API, show_default=True,
+              help="vSphere API the simulator advertises (8.0.3 / 9.0: pyVmomi sends virtualNuma).")
+def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api: str) -> None:
     """Start the lab, or reuse what already runs (idempotent).
 
     \b
@@ -54,6 +57,11 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int) -> N
       vcfslm lab up
       vcfslm lab up --nodes 2 --dir /tmp/lab
       vcfslm lab up --method-delay CloneVM_Task=1000,ReconfigVM_Task=1000
+      vcfslm lab up --api 8.0.3     vSphere 8 path: vNUMA as ConfigSpec.virtualNuma
+
+    \b
+    vcsim records each ReconfigVM_Task / CloneVM_Task carrying virtualNuma or a
+    numa.* setting, as it arrived, in vcsim/soap-records.jsonl of the lab folder.
     """
     from ..lab import lab as lab_mod
     from ..lab import vcsim
@@ -63,11 +71,15 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int) -> N
     except ValueError as exc:
         raise UsageError(f"--method-delay: {exc}") from None
     folder = lab_mod.lab_dir(directory)
-    options = vcsim.VcsimOptions(method_delay=delays, delay_ms=delay_ms)
+    options = vcsim.VcsimOptions(method_delay=delays, delay_ms=delay_ms, api=api)
     result = lab_mod.up(folder, nodes, RichReporter(), vcsim_options=options)
     _print_table(lab_mod.status(folder))
     verb = "started " + ", ".join(result.started) if result.started else "everything was running"
     console.print(f"lab {folder}: {verb}")
+    sim = result.state.vcsim
+    if sim is not None:
+        console.print(f"vcsim: vSphere API {sim.api_version}, hardware {sim.hardware_version}; "
+                      f"vNUMA calls recorded in {sim.record_file}", markup=False)
     console.print("next:")
     console.print(f"  . {result.state.env_file}")
     console.print("  vcfslm validate \"$VCFSLM_INVENTORY\"")

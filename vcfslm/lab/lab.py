@@ -191,11 +191,13 @@ def _ensure_vcsim(directory: Path, previous: LabState | None, nodes: int, passwo
                   options: vcsim.VcsimOptions | None) -> vcsim.Vcsim:
     old = previous.vcsim if previous else None
     if old and vcsim.is_running(old):
-        if old.hosts >= nodes and (options is None or old.same_latency(options)):
+        same = options is None or (old.same_latency(options) and old.same_api(options))
+        if old.hosts >= nodes and same:
             result.reused.append("vcsim")
             reporter.update("vcsim", f"running (pid {old.pid}) at {old.url}")
             return old
         why = (f"{old.hosts} hosts, {nodes} needed" if old.hosts < nodes
+               else f"API {options.api} asked, {old.api} runs" if not old.same_api(options)
                else "different latency settings")
         reporter.update("vcsim", f"restarting: {why}")
         vcsim.stop(old)
@@ -262,6 +264,9 @@ def write_lab_files(state: LabState, password: str) -> None:
         guest_user=first.user, ssh_key=first.key, known_hosts=first.known_hosts,
         workdir=str(state.dir / "work"), bench_port=state.bench_port,
         shape=generate.machine_shape())
+    # The simulator's template carries the newest hardware its advertised API creates;
+    # asking for that keeps the lab on the vNUMA path the API allows (virtualNuma from 8.0.0.1).
+    document["vm"]["hardware_version"] = state.vcsim.hardware_version
     (state.dir / "work").mkdir(parents=True, exist_ok=True)
     seed_guest_venv(state.dir / "work" / "venv")
     header = generate.INVENTORY_HEADER.format(env_file=state.env_file)

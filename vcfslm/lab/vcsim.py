@@ -40,6 +40,9 @@ DEFAULT_USER = "administrator@vsphere.local"
 DEFAULT_TEMPLATE = "vcfslm-template"
 TEMPLATE_HARDWARE_VERSION = "vmx-13"  # esx.HardwareVersion in govmomi 0.24
 DEFAULT_PORT = 8989                   # vcsim's customary port
+# vSphere APIs the lab can advertise (`lab up --api`); govmomi 0.24 itself speaks 6.5.
+API_CHOICES = ("6.5", "6.7", "7.0.3", "8.0.3", "9.0")
+DEFAULT_API = "6.5"
 
 
 class VcsimUnavailable(VcfslmError):
@@ -160,6 +163,7 @@ class VcsimOptions:
     delay_ms: int = 0                  # added to every SOAP call
     method_delay: Mapping[str, int] = field(default_factory=dict)  # e.g. {"CloneVM_Task": 1000}
     host_hardware: str = "vx650v4"     # vx650v4 | vcsim
+    api: str = DEFAULT_API             # the vSphere API advertised (one of API_CHOICES)
 
 
 def format_method_delay(delays: Mapping[str, int]) -> str:
@@ -191,7 +195,9 @@ def command_line(binary: Path, workdir: Path, opts: VcsimOptions) -> list[str]:
             "-tls-dir", str(workdir / "tls"),
             "-template", opts.template,
             "-host-hardware", opts.host_hardware,
-            "-ready-file", str(ready_file(workdir))]
+            "-ready-file", str(ready_file(workdir)),
+            "-api", opts.api,
+            "-record-file", str(record_file(workdir))]
     if opts.delay_ms:
         argv += ["-delay", str(int(opts.delay_ms))]
     if opts.method_delay:
@@ -201,6 +207,11 @@ def command_line(binary: Path, workdir: Path, opts: VcsimOptions) -> list[str]:
 
 def ready_file(workdir: Path) -> Path:
     return workdir / "ready.json"
+
+
+def record_file(workdir: Path) -> Path:
+    """Where vcsim appends each vNUMA-carrying ReconfigVM_Task / CloneVM_Task it received."""
+    return workdir / "soap-records.jsonl"
 
 
 @dataclass(frozen=True)
@@ -219,6 +230,9 @@ class Vcsim:
     process: process.ProcessRecord
     delay_ms: int = 0
     method_delay: Mapping[str, int] = field(default_factory=dict)
+    api: str = DEFAULT_API        # what was asked for (api_version is what it reports)
+    hardware_version: str = TEMPLATE_HARDWARE_VERSION
+    record_file: str = ""
 
     @property
     def pid(self) -> int:
@@ -228,9 +242,14 @@ class Vcsim:
         """True when this simulator was started with the latency `opts` asks for."""
         return self.delay_ms == opts.delay_ms and dict(self.method_delay) == dict(opts.method_delay)
 
+    def same_api(self, opts: VcsimOptions) -> bool:
+        """True when this simulator advertises the API `opts` asks for."""
+        return self.api == opts.api
+
     def to_json(self) -> dict:
         data = {k: getattr(self, k) for k in ("url", "host", "port", "user", "ca_file", "hosts",
-                                               "template", "api_version", "log", "delay_ms")}
+                                               "template", "api_version", "log", "delay_ms", "api",
+                                               "hardware_version", "record_file")}
         data["method_delay"] = dict(self.method_delay)
         data["process"] = self.process.to_json()
         return data
@@ -242,7 +261,10 @@ class Vcsim:
                    api_version=data.get("api_version", ""), log=data.get("log", ""),
                    process=process.ProcessRecord.from_json(data["process"]),
                    delay_ms=int(data.get("delay_ms", 0)),
-                   method_delay={k: int(v) for k, v in (data.get("method_delay") or {}).items()})
+                   method_delay={k: int(v) for k, v in (data.get("method_delay") or {}).items()},
+                   api=data.get("api", DEFAULT_API),
+                   hardware_version=data.get("hardware_version", TEMPLATE_HARDWARE_VERSION),
+                   record_file=data.get("record_file", ""))
 
 
 def start(workdir: Path, password: str, opts: VcsimOptions = VcsimOptions(),
@@ -256,6 +278,7 @@ def start(workdir: Path, password: str, opts: VcsimOptions = VcsimOptions(),
     tmp.mkdir(exist_ok=True)
     ready = ready_file(workdir)
     ready.unlink(missing_ok=True)
+    record_file(workdir).unlink(missing_ok=True)  # records describe this run only
     log = workdir / "vcsim.log"
     env = dict(os.environ, VCSIM_PASSWORD=password, TMPDIR=str(tmp))
     reporter.update("vcsim", "starting")
@@ -266,7 +289,9 @@ def start(workdir: Path, password: str, opts: VcsimOptions = VcsimOptions(),
     return Vcsim(url=info["url"], host=info["host"], port=int(info["port"]), user=opts.user,
                  ca_file=info["ca_file"], hosts=opts.hosts, template=opts.template,
                  api_version=info.get("api_version", ""), log=str(log), process=rec,
-                 delay_ms=opts.delay_ms, method_delay=dict(opts.method_delay))
+                 delay_ms=opts.delay_ms, method_delay=dict(opts.method_delay), api=opts.api,
+                 hardware_version=info.get("hardware_version", TEMPLATE_HARDWARE_VERSION),
+                 record_file=info.get("record_file", ""))
 
 
 def _wait_ready(proc: subprocess.Popen, ready: Path, log: Path, timeout: float) -> dict:
@@ -285,6 +310,18 @@ def _wait_ready(proc: subprocess.Popen, ready: Path, log: Path, timeout: float) 
         time.sleep(0.05)
     process.terminate([process.record(proc.pid, marker=str(ready))], timeout=2)
     raise VcsimFailed(f"vcsim was not ready within {timeout:.0f} s:\n" + _tail(_read(log)))
+
+
+def soap_records(vcsim: Vcsim) -> list[dict]:
+    """What vcsim recorded, oldest first: per call its method, VM moref (the clone's name),
+    SOAPAction, the `virtualNuma` element as it arrived and the numa.* extraConfig keys."""
+    if not vcsim.record_file:
+        return []
+    try:
+        text = Path(vcsim.record_file).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def stop(vcsim: Vcsim, timeout: float = 10.0) -> bool:

@@ -3,12 +3,20 @@
 // fixed credentials, optional per-method latency, REST endpoints and a VM
 // template created at start-up.
 //
+// -api makes it advertise a newer vSphere API (About.ApiVersion, the hosts'
+// product API and /sdk/vimServiceVersions.xml with every older release as a
+// prior version), so pyVmomi negotiates that release. govmomi 0.24 has no
+// ConfigSpec.virtualNuma: its decoder skips the element, so every
+// ReconfigVM_Task / CloneVM_Task body carrying virtualNuma or a numa.* advanced
+// setting is recorded as it arrived, one JSON line per call, in -record-file.
+//
 // Built in GOPATH mode against Debian's golang-github-vmware-govmomi-dev
 // (govmomi 0.24.2). When ready it prints one JSON line on stdout (and writes it
 // to -ready-file when given) with the URL and the CA file; SIGTERM stops it.
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -25,12 +33,15 @@ import (
 	"log"
 	"math/big"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -64,6 +75,8 @@ type options struct {
 	template     string
 	hostHardware string
 	readyFile    string
+	api          string
+	recordFile   string
 }
 
 // ready is the machine-readable line printed once the server accepts requests.
@@ -75,6 +88,8 @@ type ready struct {
 	Username   string `json:"username"`
 	Template   string `json:"template"`
 	APIVersion string `json:"api_version"`
+	Hardware   string `json:"hardware_version"`
+	Records    string `json:"record_file"`
 	Hosts      int    `json:"hosts_per_cluster"`
 	Clusters   int    `json:"clusters"`
 	PID        int    `json:"pid"`
@@ -97,6 +112,8 @@ func parseFlags() options {
 	flag.StringVar(&o.template, "template", "vcfslm-template", "name of a VM template to create at start-up (empty: none)")
 	flag.StringVar(&o.hostHardware, "host-hardware", "vx650v4", "host hardware model: vx650v4 | vcsim")
 	flag.StringVar(&o.readyFile, "ready-file", "", "also write the ready line (JSON) to this file, atomically")
+	flag.StringVar(&o.api, "api", "6.5", "vSphere API version to advertise: "+strings.Join(apiNames(), " | "))
+	flag.StringVar(&o.recordFile, "record-file", "", "append recorded vNUMA reconfigure/clone bodies here (JSON lines)")
 	flag.Parse()
 	if o.password == "" {
 		o.password = os.Getenv("VCSIM_PASSWORD")
@@ -404,6 +421,175 @@ func createTemplate(ctx context.Context, c *vim25.Client, name string) error {
 	return vm.MarkAsTemplate(ctx)
 }
 
+// apiReleases lists the vSphere API version ids pyVmomi knows (newest first) with
+// the newest virtual hardware each release creates.
+var apiReleases = []struct{ id, hardware string }{
+	{"9.0.0.0", "vmx-22"}, {"8.0.3.0", "vmx-21"}, {"8.0.2.0", "vmx-21"}, {"8.0.1.0", "vmx-20"},
+	{"8.0.0.2", "vmx-20"}, {"8.0.0.1", "vmx-20"}, {"8.0.0.0", "vmx-20"}, {"7.0.3.2", "vmx-19"},
+	{"7.0.3.1", "vmx-19"}, {"7.0.3.0", "vmx-19"}, {"7.0.2.1", "vmx-19"}, {"7.0.2.0", "vmx-19"},
+	{"7.0.1.1", "vmx-18"}, {"7.0.1.0", "vmx-18"}, {"7.0.0.2", "vmx-17"}, {"7.0.0.0", "vmx-17"},
+	{"6.7.3", "vmx-15"}, {"6.7.2", "vmx-15"}, {"6.7.1", "vmx-14"}, {"6.7", "vmx-14"},
+	{"6.5", "vmx-13"}, {"6.0", "vmx-11"}, {"5.5", "vmx-10"},
+}
+
+func apiNames() []string {
+	names := make([]string, 0, len(apiReleases))
+	for _, r := range apiReleases {
+		names = append(names, r.id)
+	}
+	return names
+}
+
+// findAPI resolves "8.0.3" (or "8.0.3.0") to its index in apiReleases.
+func findAPI(name string) (int, error) {
+	for i, r := range apiReleases {
+		if trimZeros(r.id) == trimZeros(name) {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("-api: unknown vSphere API %q (one of %s)", name, strings.Join(apiNames(), ", "))
+}
+
+// trimZeros drops trailing ".0" parts: "8.0.3.0" -> "8.0.3", "7.0.0.0" -> "7".
+func trimZeros(v string) string {
+	for strings.HasSuffix(v, ".0") {
+		v = strings.TrimSuffix(v, ".0")
+	}
+	return v
+}
+
+// advertiseAPI makes the model report release i: service content, hosts, virtual hardware.
+// Must run before Create().
+func advertiseAPI(model *simulator.Model, i int) {
+	id := apiReleases[i].id
+	model.ServiceContent.About.ApiVersion = id
+	esx.HostConfigInfo.Product.ApiVersion = id
+	esx.HardwareVersion = apiReleases[i].hardware
+}
+
+// serviceVersions serves /sdk/vimServiceVersions.xml: release i, every older one as prior.
+func serviceVersions(i int) http.HandlerFunc {
+	var prior strings.Builder
+	for _, r := range apiReleases[i+1:] {
+		fmt.Fprintf(&prior, "   <version>%s</version>\n", r.id)
+	}
+	doc := fmt.Sprintf(`<?xml version="1.0" encoding="UTF-8"?>
+<namespaces version="1.0">
+ <namespace>
+  <name>urn:vim25</name>
+  <version>%s</version>
+  <priorVersions>
+%s  </priorVersions>
+ </namespace>
+</namespaces>
+`, apiReleases[i].id, prior.String())
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/xml; charset=utf-8")
+		_, _ = w.Write([]byte(doc))
+	}
+}
+
+// soapRecord is one recorded call: what the spec carried for vNUMA, as it arrived.
+type soapRecord struct {
+	Method           string            `json:"method"`
+	Moref            string            `json:"moref"`
+	Name             string            `json:"name,omitempty"` // CloneVM_Task: the new VM's name
+	SOAPAction       string            `json:"soap_action"`
+	VirtualNuma      string            `json:"virtual_numa,omitempty"`
+	CoresPerNumaNode int               `json:"cores_per_numa_node,omitempty"`
+	ExtraConfig      map[string]string `json:"extra_config,omitempty"`
+}
+
+var (
+	reMethod      = regexp.MustCompile(`<(ReconfigVM_Task|CloneVM_Task)\b`)
+	reThis        = regexp.MustCompile(`<_this\b[^>]*>([^<]*)</_this>`)
+	reCloneName   = regexp.MustCompile(`(?s)<CloneVM_Task\b.*?<name>([^<]*)</name>`)
+	reVirtualNuma = regexp.MustCompile(`(?s)<virtualNuma\b.*?</virtualNuma>`)
+	reCores       = regexp.MustCompile(`<coresPerNumaNode>(\d+)</coresPerNumaNode>`)
+	reOption      = regexp.MustCompile(`(?s)<extraConfig\b[^>]*>\s*<key>(numa\.[^<]*)</key>\s*<value\b[^>]*>([^<]*)</value>`)
+)
+
+// parseRecord extracts the vNUMA content of a ReconfigVM_Task / CloneVM_Task body (nil: none).
+func parseRecord(body []byte, action string) *soapRecord {
+	m := reMethod.FindSubmatch(body)
+	if m == nil {
+		return nil
+	}
+	rec := &soapRecord{Method: string(m[1]), SOAPAction: action}
+	if vn := reVirtualNuma.Find(body); vn != nil {
+		rec.VirtualNuma = string(vn)
+		if c := reCores.FindSubmatch(vn); c != nil {
+			rec.CoresPerNumaNode, _ = strconv.Atoi(string(c[1]))
+		}
+	}
+	for _, opt := range reOption.FindAllSubmatch(body, -1) {
+		if rec.ExtraConfig == nil {
+			rec.ExtraConfig = map[string]string{}
+		}
+		rec.ExtraConfig[string(opt[1])] = string(opt[2])
+	}
+	if rec.VirtualNuma == "" && rec.ExtraConfig == nil {
+		return nil
+	}
+	if t := reThis.FindSubmatch(body); t != nil {
+		rec.Moref = string(t[1])
+	}
+	if n := reCloneName.FindSubmatch(body); n != nil {
+		rec.Name = string(n[1])
+	}
+	return rec
+}
+
+// recorder wraps the simulator's handler: it serves the advertised versions document and
+// appends every vNUMA-carrying reconfigure/clone body to a file, then passes the call on.
+type recorder struct {
+	next     http.Handler
+	versions http.Handler
+	file     string
+	mu       sync.Mutex
+}
+
+func (rw *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/sdk/vimServiceVersions.xml" {
+		rw.versions.ServeHTTP(w, r)
+		return
+	}
+	if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/sdk") && rw.file != "" {
+		body, err := ioutil.ReadAll(r.Body)
+		_ = r.Body.Close()
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		if rec := parseRecord(body, strings.Trim(r.Header.Get("SOAPAction"), `"`)); rec != nil {
+			rw.append(rec)
+		}
+		r.Body = ioutil.NopCloser(bytes.NewReader(body))
+	}
+	rw.next.ServeHTTP(w, r)
+}
+
+func (rw *recorder) append(rec *soapRecord) {
+	var line bytes.Buffer
+	enc := json.NewEncoder(&line)
+	enc.SetEscapeHTML(false) // keep the element readable: <virtualNuma>...
+	if err := enc.Encode(rec); err != nil {
+		log.Printf("vcsim: record: %v", err)
+		return
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	f, err := os.OpenFile(rw.file, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		log.Printf("vcsim: record: %v", err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.Write(line.Bytes()); err != nil {
+		log.Printf("vcsim: record: %v", err)
+	}
+}
+
 func run(o options) error {
 	if o.tlsDir == "" {
 		return errors.New("-tls-dir is required")
@@ -415,6 +601,10 @@ func run(o options) error {
 		return errors.New("-host and -cluster must be at least 1")
 	}
 	delays, err := parseMethodDelay(o.methodDelay)
+	if err != nil {
+		return err
+	}
+	api, err := findAPI(o.api)
 	if err != nil {
 		return err
 	}
@@ -459,6 +649,7 @@ func run(o options) error {
 	model.Portgroup = o.portgroups
 	model.Datastore = o.datastores
 	model.Autostart = true
+	advertiseAPI(model, api)
 	if err := model.Create(); err != nil {
 		return fmt.Errorf("simulator model: %v", err)
 	}
@@ -480,6 +671,9 @@ func run(o options) error {
 	model.Service.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	model.Service.RegisterEndpoints = true
 	server := model.Service.NewServer()
+	// Set before the ready line is written, so before any client can call.
+	server.Config.Handler = &recorder{next: server.Config.Handler, versions: serviceVersions(api),
+		file: o.recordFile}
 
 	// Latency starts only now, so start-up (template creation) stays fast.
 	model.DelayConfig.Delay = o.delay
@@ -495,6 +689,8 @@ func run(o options) error {
 		Username:   o.username,
 		Template:   o.template,
 		APIVersion: model.ServiceContent.About.ApiVersion,
+		Hardware:   esx.HardwareVersion,
+		Records:    o.recordFile,
 		Hosts:      o.hosts,
 		Clusters:   o.clusters,
 		PID:        os.Getpid(),
