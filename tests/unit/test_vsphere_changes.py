@@ -39,7 +39,8 @@ def in_sync(desired, **overrides) -> VmState:
         memory_locked_to_max=desired.memory_locked_to_max,
         memory_reservation_mb=desired.memory_reservation_mb, cpu_hot_add=False,
         latency_sensitivity="normal", cpu_reservation_mhz=0,
-        cores_per_numa_node=desired.cores_per_numa_node, extra_config=extra,
+        cores_per_numa_node=desired.cores_per_numa_node,
+        numa_info_reported=desired.cores_per_numa_node is not None, extra_config=extra,
         nics=tuple(n.portgroup for n in desired.nics), ip_addresses=("192.168.10.21",))
     return replace(state, **overrides)
 

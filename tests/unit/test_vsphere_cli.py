@@ -24,7 +24,7 @@ def vm_result(failed=(), pending=()):
     return SimpleNamespace(
         outcomes=outcomes, failed=[o for o in outcomes if not o.ok],
         pending=[o for o in outcomes if o.ok and o.pending], warnings=[],
-        plan=SimpleNamespace(change_count=3),
+        plan=SimpleNamespace(change_count=3, path_lines=lambda: ["vCenter API 8.0.3.0, session API 8.0.3.0"]),
         to_dict=lambda: {"changes": 3, "vms": [o.name for o in outcomes]})
 
 

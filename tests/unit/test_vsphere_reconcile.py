@@ -60,6 +60,9 @@ class FakeWorker:
             self.moref = f"vm-{self.name}"
         return "10.0.0.1" if change.kind == "wait-ip" else None
 
+    def read_back(self):
+        return self.vc.read_back.get(self.name)
+
     def power_off(self):
         self.vc.worked.append((self.name, "power-off"))
 
@@ -84,6 +87,7 @@ class FakeVCenter:
         self.worked: list[tuple[str, str]] = []
         self.closed: list[str] = []
         self.destroyed: list[str] = []
+        self.read_back: dict[str, VmState] = {}  # what each VM reports after its changes
 
     def observe(self, inv):
         return self.snap
@@ -220,7 +224,7 @@ def test_the_pool_keeps_plan_order_and_isolates_failures():
     assert (failed.step, failed.message, failed.moref) == (
         "clone", "clone: InsufficientResourcesFault: no room for b", None)
     assert reporter.last("b") == "failed at clone: InsufficientResourcesFault: no room for b"
-    assert reporter.last("a") == "created, 10.0.0.1" and outs[0].moref == "vm-a"
+    assert reporter.last("a") == "created, 10.0.0.1, vNUMA unverified" and outs[0].moref == "vm-a"
     assert [k for n, k in vc.worked if n == "c"] == ["clone", "reconfigure", "wait-ip"]
     assert sorted(vc.closed) == list("abcde")
 

@@ -54,6 +54,7 @@ BRIEF_STATE = VmState(
     folder="SLM/phi3", hardware_version="vmx-21", num_cpus=96, cores_per_socket=48, memory_mb=393216,
     memory_locked_to_max=True, memory_reservation_mb=393216, cpu_hot_add=False,
     latency_sensitivity="high", cpu_reservation_mhz=259200, cores_per_numa_node=24,
+    numa_info_reported=True,
     extra_config={"numa.nodeAffinity": "0,1,2,3", "vcfslm.owner": "phi3-vx650v4"},
     nics=("mgmt-pg", "bench-25g-pg"), ip_addresses=("192.168.10.21",))
 
@@ -76,7 +77,10 @@ VM_CASES = [
      with_props(config__extraConfig=opts(("numa.nodeAffinity", "0"), ("numa.nodeAffinity", "0,1"))),
      "SLM/phi3/slm-01", with_state(extra_config={"numa.nodeAffinity": "0,1"})),
     ("vNUMA not reported (API before 8.0.0.1)", {k: v for k, v in BRIEF_VM.items() if k != "config.numaInfo"},
-     "SLM/phi3/slm-01", with_state(cores_per_numa_node=None)),
+     "SLM/phi3/slm-01", with_state(cores_per_numa_node=None, numa_info_reported=False)),
+    ("vNUMA sized by vSphere itself (autoCoresPerNumaNode)",
+     with_props(config__numaInfo=vim.vm.VirtualNumaInfo(coresPerNumaNode=48, autoCoresPerNumaNode=True)),
+     "SLM/phi3/slm-01", with_state(cores_per_numa_node=48, auto_cores_per_numa_node=True)),
     ("IPs: management NIC only, usable IPv4 only, each once",
      with_props(guest__net=[guest_nic(4000, "mgmt-pg", "fe80::1", "169.254.3.4", "0.0.0.0", "10.1.1.1",
                                       "nonsense", "10.1.1.1"),

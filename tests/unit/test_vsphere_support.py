@@ -72,5 +72,6 @@ def observed(d, **overrides) -> VmState:
         memory_mb=d.memory_mb, memory_locked_to_max=d.memory_locked_to_max,
         memory_reservation_mb=d.memory_reservation_mb, cpu_hot_add=False, latency_sensitivity="normal",
         cpu_reservation_mhz=d.cpu_reservation_mhz or 0, cores_per_numa_node=d.cores_per_numa_node,
+        numa_info_reported=d.cores_per_numa_node is not None,
         extra_config=extra, nics=tuple(n.portgroup for n in d.nics), ip_addresses=("192.168.10.21",))
     return replace(state, **overrides)

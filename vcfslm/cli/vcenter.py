@@ -107,8 +107,15 @@ def _prompt(question: str) -> str:
     return click.prompt(question, hide_input=True, err=True)
 
 
+def api_option(f):
+    return click.option(
+        "--api-version", "api_pin", default=None, metavar="X.Y[.Z]",
+        help="Speak this vSphere API release (e.g. 6.7) instead of the newest both sides know; "
+             "below 8.0.0.1 vNUMA takes the extraConfig fallback.")(f)
+
+
 @contextmanager
-def _vcenter(inv, reporter):
+def _vcenter(inv, reporter, api_pin: str | None = None):
     """A connected pyVmomi driver and an Automation API client factory; sessions closed on exit."""
     from ..vsphere.credentials import resolve_password
     from ..vsphere.driver import PyVmomiVCenter
@@ -120,7 +127,7 @@ def _vcenter(inv, reporter):
 
         return AutomationClient(inv.vcenter, password)
 
-    with PyVmomiVCenter(inv.vcenter, password, reporter) as vc:
+    with PyVmomiVCenter(inv.vcenter, password, reporter, api_pin=api_pin) as vc:
         yield vc, automation
 
 
@@ -137,8 +144,9 @@ def _print_plan(plan) -> None:
 @inventory_argument
 @click.option("--allow-restart", is_flag=True,
               help="Plan as provision --allow-restart would (restart-needing changes not pending).")
+@api_option
 @output_option
-def plan(inventory: str | None, allow_restart: bool, output: str) -> None:
+def plan(inventory: str | None, allow_restart: bool, api_pin: str | None, output: str) -> None:
     """Show what provision would change in vCenter; change nothing.
 
     \b
@@ -147,23 +155,27 @@ def plan(inventory: str | None, allow_restart: bool, output: str) -> None:
     Examples:
       vcfslm plan cluster.yaml
       vcfslm plan cluster.yaml --output json
+      vcfslm plan cluster.yaml --api-version 6.7   the path a 6.7 session takes
     Exit 1 when preflight fails (every problem listed), 2 on a bad inventory.
     """
     from ..vsphere import reconcile
 
     inv = load(inventory)
     reporter = VmLinesReporter(quiet=True)  # plan observes only; warnings still show
-    with _vcenter(inv, reporter) as (vc, automation):
+    with _vcenter(inv, reporter, api_pin) as (vc, automation):
         planned = reconcile.make_plan(inv, vc, allow_restart, automation)
     if output == "json":
         print_json(planned.plan.to_dict())
         return
     for w in planned.plan.warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")
-    console.print(f"vCenter API {planned.plan.api_version}, vNUMA via "
-                  f"{'ConfigSpec.virtualNuma' if planned.plan.vnuma_path == 'virtualNuma' else 'extraConfig numa.vcpu.maxPerVirtualNode'}",
-                  markup=False)
+    _print_path(planned.plan)
     _print_plan(planned.plan)
+
+
+def _print_path(plan) -> None:
+    for line in plan.path_lines():
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def _confirm_restarts(plan) -> bool:
@@ -171,16 +183,17 @@ def _confirm_restarts(plan) -> bool:
     return click.confirm(f"Power off and restart running VM(s) {names}?", default=False, err=True)
 
 
-def _run_vm_stage(inv, allow_restart: bool, yes: bool, output: str):
+def _run_vm_stage(inv, allow_restart: bool, yes: bool, output: str, api_pin: str | None = None):
     from ..vsphere import reconcile
 
     with VmLinesReporter(quiet=output == "json") as reporter:
-        with _vcenter(inv, reporter) as (vc, automation):
+        with _vcenter(inv, reporter, api_pin) as (vc, automation):
             return reconcile.provision(inv, vc, reporter, allow_restart, automation,
                                        confirm=None if yes else _confirm_restarts)
 
 
 def _print_summary(result) -> None:
+    _print_path(result.plan)
     table = Table(title=f"provision: {result.plan.change_count} change(s) planned")
     for col in ("VM", "outcome", "IP", "detail"):
         table.add_column(col)
@@ -229,9 +242,10 @@ def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before restarting running VMs.")
 @click.option("--trust-new-hosts", is_flag=True,
               help="Guest stage: record the SSH host keys of guests not yet in known_hosts.")
+@api_option
 @output_option
 def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
-              trust_new_hosts: bool, output: str) -> None:
+              trust_new_hosts: bool, api_pin: str | None, output: str) -> None:
     """Create or converge the inventory's VMs on vCenter, then prepare the guests.
 
     \b
@@ -249,16 +263,17 @@ def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
     path = resolve_inventory_path(inventory)
     doc: dict = {}  # the JSON form: the VM stage's result, plus "guests"; printed once
     try:
-        _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc)
+        _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc, api_pin)
     finally:
         if output == "json" and doc:
             print_json(doc)
 
 
-def _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc) -> None:
+def _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc,
+                      api_pin=None) -> None:
     result = None
     if stage in ("vms", "all"):
-        result = _run_vm_stage(inv, allow_restart, yes, output)
+        result = _run_vm_stage(inv, allow_restart, yes, output, api_pin)
         remember_inventory(path)
         if output == "json":
             doc.update(result.to_dict())

@@ -10,11 +10,19 @@ they are reported as pending.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from .desired import CUSTOMIZATION_KEY, OWNER_KEY, DesiredVm, hardware_number
+from .desired import (
+    CUSTOMIZATION_KEY,
+    OWNER_KEY,
+    VIRTUAL_NUMA,
+    VNUMA_KEY,
+    DesiredVm,
+    hardware_number,
+)
 from .state import Snapshot, VmState
+from .vnuma import VnumaCheck, check_vnuma
 
 # extraConfig keys vcsim consumes as property setters ("SET.guest.ipAddress") and
 # never stores: written when the VM is created, never compared afterwards.
@@ -196,7 +204,8 @@ class VmPlan:
     """What provision will do to one VM.
 
     action: create | update | in-sync | blocked; pending: restart-needing fields held
-    back (no allow_restart); problems: why a blocked VM is left alone.
+    back (no allow_restart); problems: why a blocked VM is left alone; vnuma: the
+    existing VM's vNUMA layout as vCenter reports it, against the one asked for.
     """
 
     name: str
@@ -206,6 +215,7 @@ class VmPlan:
     changes: tuple[Change, ...] = ()
     pending: tuple[FieldChange, ...] = ()
     problems: tuple[str, ...] = ()
+    vnuma: VnumaCheck | None = None
 
     @property
     def change_count(self) -> int:
@@ -230,6 +240,7 @@ class VmPlan:
             "changes": [c.to_dict() for c in self.changes],
             "pending": [{"field": f.label, "old": f.old, "new": f.new} for f in self.pending],
             "problems": list(self.problems),
+            "vnuma": {"status": self.vnuma.status, "text": self.vnuma.text} if self.vnuma else None,
         }
 
 
@@ -242,6 +253,9 @@ class Plan:
     warnings: tuple[str, ...] = ()
     vnuma_path: str = ""
     api_version: str = ""
+    session_api_version: str = ""
+    session_api_pinned: bool = False
+    vnuma_reason: str = ""
 
     @property
     def change_count(self) -> int:
@@ -258,10 +272,23 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "changes": self.change_count, "pending": self.pending_count,
-            "api_version": self.api_version, "vnuma_path": self.vnuma_path,
+            "api_version": self.api_version, "session_api_version": self.session_api_version,
+            "session_api_pinned": self.session_api_pinned, "vnuma_path": self.vnuma_path,
+            "vnuma_reason": self.vnuma_reason,
             "cluster_changes": [c.to_dict() for c in self.cluster_changes],
             "vms": [v.to_dict() for v in self.vms], "warnings": list(self.warnings),
         }
+
+    def path_lines(self) -> list[str]:
+        """The API releases in play and the vNUMA path taken, with why (plan's and provision's head)."""
+        how = "pinned" if self.session_api_pinned else "negotiated by pyVmomi"
+        out = [f"vCenter API {self.api_version}, session API "
+               f"{self.session_api_version or self.api_version} ({how})"]
+        if self.vnuma_path == VIRTUAL_NUMA:
+            out.append(f"vNUMA path: ConfigSpec.virtualNuma.coresPerNumaNode ({self.vnuma_reason})")
+        elif self.vnuma_path:
+            out.append(f"vNUMA path: fallback, extraConfig {VNUMA_KEY} ({self.vnuma_reason})")
+        return out
 
     def lines(self) -> list[str]:
         """Human-readable plan, one line per VM plus one per change (the text form of plan)."""
@@ -279,6 +306,8 @@ class Plan:
                 else:
                     out.append(f"    + {c.describe()}")
             out.extend(f"    ! pending (needs --allow-restart): {f.describe()}" for f in v.pending)
+            if v.vnuma is not None and v.vnuma.status:
+                out.append(f"    {'! ' if not v.vnuma.ok else ''}{v.vnuma.text}")
         n = self.change_count
         out.append(f"{n} change{'s' if n != 1 else ''}"
                    + (f", {self.pending_count} pending restart" if self.pending_count else "")
@@ -297,6 +326,9 @@ def field_changes(desired: DesiredVm, observed: VmState | None, created: bool) -
         want = getattr(desired, name)
         if want is None:
             continue  # not managed on this path / with these settings
+        if name == "cores_per_numa_node" and not created and observed is not None \
+                and not observed.numa_info_reported:
+            continue  # vCenter reports no numaInfo to compare with: vnuma.check says "unverified"
         have = getattr(observed, name, None) if observed is not None else None
         if have is None:
             have = default
@@ -333,7 +365,12 @@ def plan_vm(desired: DesiredVm, observed: VmState | None, allow_restart: bool,
         return VmPlan(desired.name, "blocked", desired, observed,
                       problems=(f"a VM named {desired.name} already exists and {why}; "
                                 "refusing to touch it (rename the node or remove that VM)",))
-    return _plan_update(desired, observed, allow_restart)
+    return replace(_plan_update(desired, observed, allow_restart), vnuma=check_vnuma(desired, observed))
+
+
+def _older_hardware(observed: VmState | None, desired: DesiredVm) -> bool:
+    return (observed is not None and observed.hardware_version is not None
+            and hardware_number(observed.hardware_version) < hardware_number(desired.hardware_version))
 
 
 def _plan_create(desired: DesiredVm, template: VmState | None) -> VmPlan:
@@ -341,7 +378,12 @@ def _plan_create(desired: DesiredVm, template: VmState | None) -> VmPlan:
     changes: list[Change] = [
         CloneVm(desired.name, template=desired.template, host=desired.host,
                 datastore=desired.datastore, folder=desired.folder,
-                resource_pool=desired.resource_pool, owner=desired.owner),
+                resource_pool=desired.resource_pool, owner=desired.owner)]
+    if _older_hardware(template, desired):
+        # The clone has the template's hardware; virtualNuma needs vmx-20+ before it is sent.
+        changes.append(UpgradeHardware(desired.name, old=template.hardware_version,
+                                       new=desired.hardware_version))
+    changes += [
         Reconfigure(desired.name, fields=tuple(fields), desired=desired),
         Customize(desired.name, desired=desired),
         PowerOn(desired.name),
@@ -354,8 +396,7 @@ def _plan_update(desired: DesiredVm, observed: VmState, allow_restart: bool) -> 
     running = observed.power_state == "poweredOn"
     fields = field_changes(desired, observed, created=False)
     customize = observed.extra_config.get(CUSTOMIZATION_KEY) != desired.customization_fingerprint
-    upgrade = (observed.hardware_version is not None
-               and hardware_number(observed.hardware_version) < hardware_number(desired.hardware_version))
+    upgrade = _older_hardware(observed, desired)
     restart_fields = [f for f in fields if f.needs_power_off]
     live_fields = [f for f in fields if not f.needs_power_off]
     needs_off = bool(restart_fields) or customize or upgrade
@@ -398,7 +439,7 @@ def _plan_update(desired: DesiredVm, observed: VmState, allow_restart: bool) -> 
 
 def plan(desired: list[DesiredVm], snapshot: Snapshot, allow_restart: bool = False,
          node_problems: dict[str, list[str]] | None = None, warnings: tuple[str, ...] = (),
-         vnuma_path: str = "") -> Plan:
+         vnuma_path: str = "", vnuma_reason: str = "") -> Plan:
     """The whole plan: the folder if missing, then each VM's plan in node order."""
     node_problems = node_problems or {}
     cluster: list[Change] = []
@@ -411,7 +452,9 @@ def plan(desired: list[DesiredVm], snapshot: Snapshot, allow_restart: bool = Fal
         template = snapshot.vms.get(d.template)
         vms.append(plan_vm(d, snapshot.vms.get(d.name), allow_restart, template,
                            tuple(node_problems.get(d.name, ()))))
-    return Plan(tuple(vms), tuple(cluster), tuple(warnings), vnuma_path, snapshot.api_version)
+    return Plan(tuple(vms), tuple(cluster), tuple(warnings), vnuma_path, snapshot.api_version,
+                snapshot.session_api_version or snapshot.api_version, snapshot.session_api_pinned,
+                vnuma_reason)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ HARDWARE_BY_API = (
     ((6, 5), 13), ((6, 7), 14), ((6, 7, 2), 15), ((7, 0), 17), ((7, 0, 1), 18),
     ((7, 0, 2), 19), ((8, 0), 20), ((8, 0, 2), 21), ((9, 0), 22),
 )
+VNUMA_KEY = "numa.vcpu.maxPerVirtualNode"  # the advanced-setting path's vNUMA node size
 VIRTUAL_NUMA = "virtualNuma"
 ADVANCED = "advanced"
 
@@ -63,6 +64,36 @@ def vnuma_path(api_version: str, hardware_version: str) -> str:
     if parse_version(api_version) >= VNUMA_API and hardware_number(hardware_version) >= VNUMA_HARDWARE:
         return VIRTUAL_NUMA
     return ADVANCED
+
+
+def lowest(*versions: str) -> str:
+    """The oldest of the given API versions ("" ones ignored; "" when none is given)."""
+    given = [v for v in versions if v]
+    return min(given, key=parse_version) if given else ""
+
+
+def vnuma_reason(server_api: str, session_api: str, hardware_version: str, pinned: bool = False) -> str:
+    """Why vnuma_path(lowest(server_api, session_api), hardware) is what it is, in one clause.
+
+    server_api: the lowest of vCenter's and the hosts'; session_api: what the session
+    negotiated (pinned: asked for), "" = the same as server_api.
+    """
+    api = _dotted(VNUMA_API)
+    session_api = session_api or server_api
+    session = f"session API {session_api}" + (" (pinned)" if pinned else "")
+    hw = hardware_number(hardware_version)
+    if parse_version(server_api) < VNUMA_API:
+        return f"vCenter/host API {server_api} is older than {api}"
+    if parse_version(session_api) < VNUMA_API:
+        return (f"{session} is older than {api}, though vCenter speaks {server_api}: "
+                "pyVmomi would drop ConfigSpec.virtualNuma from the request")
+    if hw < VNUMA_HARDWARE:
+        return f"virtual hardware {hardware_version} is older than vmx-{VNUMA_HARDWARE}"
+    return f"{session} >= {api} and virtual hardware {hardware_version} >= vmx-{VNUMA_HARDWARE}"
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
 
 
 @dataclass(frozen=True)
@@ -111,22 +142,25 @@ class DesiredVm:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def desired_vms(inv, api_version: str, host_cpu_mhz: dict[str, int] | None = None) -> list[DesiredVm]:
+def desired_vms(inv, api_version: str, host_cpu_mhz: dict[str, int] | None = None,
+                session_api: str = "") -> list[DesiredVm]:
     """One DesiredVm per inventory node, in node order.
 
     api_version: vCenter's (or the lowest of vCenter and the hosts'), deciding the
-    vNUMA path and the hardware version cap; host_cpu_mhz: per ESXi host, needed to
-    express a full CPU reservation when latency sensitivity is high.
+    hardware version cap and, with session_api, the vNUMA path; host_cpu_mhz: per ESXi
+    host, needed to express a full CPU reservation when latency sensitivity is high;
+    session_api: the release the session negotiated (pyVmomi sends nothing newer).
     """
     host_cpu_mhz = host_cpu_mhz or {}
-    return [desired_vm(inv, node, api_version, host_cpu_mhz.get(node.host)) for node in inv.nodes]
+    return [desired_vm(inv, node, api_version, host_cpu_mhz.get(node.host), session_api)
+            for node in inv.nodes]
 
 
-def desired_vm(inv, node, api_version: str, cpu_mhz: int | None = None) -> DesiredVm:
+def desired_vm(inv, node, api_version: str, cpu_mhz: int | None = None, session_api: str = "") -> DesiredVm:
     """The desired VM of one node (see desired_vms)."""
     vm = inv.vm
     hardware = effective_hardware(vm.hardware_version, api_version)
-    path = vnuma_path(api_version, hardware)
+    path = vnuma_path(lowest(api_version, session_api), hardware)
     high = vm.latency_sensitivity == "high"
     # Latency sensitivity high requires all memory and all CPU reserved.
     locked = vm.reserve_all_memory or high
@@ -173,7 +207,7 @@ def extra_config(inv, node, path: str) -> dict[str, str]:
     vm = inv.vm
     keys: dict[str, str] = {}
     if path == ADVANCED:
-        keys["numa.vcpu.maxPerVirtualNode"] = str(topology.vnuma_node_size(vm.vcpus, vm.vnuma_nodes))
+        keys[VNUMA_KEY] = str(topology.vnuma_node_size(vm.vcpus, vm.vnuma_nodes))
     if vm.host_numa_nodes:
         keys["numa.nodeAffinity"] = topology.numa_node_affinity(list(vm.host_numa_nodes))
     keys["numa.autosize.once"] = "FALSE"

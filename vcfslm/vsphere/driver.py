@@ -33,7 +33,7 @@ from .credentials import Secret
 from .desired import DesiredVm
 from .session import Session
 from .snapshot import Refs
-from .state import Snapshot
+from .state import Snapshot, VmState
 from .tasks import TaskFailed, Waiter
 
 log = logging.getLogger(__name__)
@@ -65,13 +65,13 @@ class PyVmomiVCenter:
 
     vcenter: the inventory's vcenter section; password: a Secret; max_workers: VMs
     handled at once; task_timeout, ip_timeout: seconds a task / a guest IP may take;
-    retries, backoff: see session.Session.
+    retries, backoff, api_pin: see session.Session.
     """
 
     def __init__(self, vcenter, password: Secret, reporter: Reporter | None = None,
                  max_workers: int = 16, task_timeout: float = 3600.0, ip_timeout: float = 900.0,
-                 retries: int = 4, backoff: float = 0.5):
-        self.session = Session(vcenter, password, reporter, retries, backoff)
+                 retries: int = 4, backoff: float = 0.5, api_pin: str | None = None):
+        self.session = Session(vcenter, password, reporter, retries, backoff, api_pin)
         self.reporter = self.session.reporter
         self.max_workers = max_workers
         self.task_timeout = task_timeout
@@ -101,13 +101,28 @@ class PyVmomiVCenter:
     def observe(self, inv) -> Snapshot:
         """Placement objects and VMs of the inventory's datacenter, in one RetrieveContents."""
         s = self.session
-        api = s.api_version
-        objects = s.call(s.content.propertyCollector.RetrieveContents, [self._filter_spec(api)])
+        api, session_api = s.api_version, s.session_api_version
+        # Ask only for what the session's release has (config.numaInfo from 8.0.0.1).
+        objects = s.call(s.content.propertyCollector.RetrieveContents, [self._filter_spec(s.observed_api)])
         place = inv.placement
-        snap, self.refs = snapshot.parse(snapshot.found(objects), place.datacenter, place.cluster, api)
-        log.debug("observed %d object(s) on vCenter API %s: %d VM(s) in %s", len(objects or []), api,
-                  len(snap.vms), place.datacenter)
+        snap, self.refs = snapshot.parse(snapshot.found(objects), place.datacenter, place.cluster, api,
+                                         session_api, bool(s.api_pin))
+        log.debug("observed %d object(s) on vCenter API %s (session API %s): %d VM(s) in %s",
+                  len(objects or []), api, session_api, len(snap.vms), place.datacenter)
         return snap
+
+    def read_vm(self, vm) -> VmState | None:
+        """One VM's properties, as observe reads them (None when nothing came back)."""
+        s = self.session
+        PC = vmodl.query.PropertyCollector
+        paths = snapshot.properties(s.observed_api)["VirtualMachine"]
+        spec = PC.FilterSpec(objectSet=[PC.ObjectSpec(obj=vm, skip=False)],
+                             propSet=[PC.PropertySpec(type=vim.VirtualMachine, pathSet=paths)])
+        records = snapshot.found(s.call(s.content.propertyCollector.RetrieveContents, [spec]))
+        if not records:
+            return None
+        r = records[0]
+        return snapshot.vm_state(r.moref, r.props, {}, self.refs.network_names(), None)
 
     def _filter_spec(self, api: str):
         PC = vmodl.query.PropertyCollector
@@ -208,6 +223,10 @@ class VmWorker:
         else:
             raise VCenterError(f"unknown change {change.kind}")
         return None
+
+    def read_back(self) -> VmState | None:
+        """The VM as vCenter reports it now (config.numaInfo where the API has it)."""
+        return self.vc.read_vm(self.vm) if self.vm is not None else None
 
     def power_off(self) -> None:
         self._power(self.vm.PowerOffVM_Task, "power off")

@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import PreflightError
-from .desired import effective_hardware, hardware_number, max_hardware, vnuma_path
+from .desired import (
+    effective_hardware,
+    hardware_number,
+    lowest,
+    max_hardware,
+    vnuma_path,
+    vnuma_reason,
+)
 from .state import Snapshot
 
 
@@ -25,7 +32,9 @@ class PreflightResult:
     node_problems: dict[str, list[str]] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     api_version: str = ""
+    session_api_version: str = ""
     vnuma_path: str = ""
+    vnuma_reason: str = ""
     hardware_version: str = ""
     host_cpu_mhz: dict[str, int] = field(default_factory=dict)
 
@@ -44,12 +53,8 @@ class PreflightResult:
 
 def effective_api_version(snapshot: Snapshot, host_names: list[str]) -> str:
     """The lowest of vCenter's API version and the named hosts' (a VM runs on its host)."""
-    versions = [snapshot.api_version]
-    versions += [snapshot.hosts[h].api_version for h in host_names
-                 if h in snapshot.hosts and snapshot.hosts[h].api_version]
-    from .desired import parse_version
-
-    return min(versions, key=parse_version)
+    versions = [snapshot.hosts[h].api_version for h in host_names if h in snapshot.hosts]
+    return lowest(snapshot.api_version, *versions)
 
 
 def check(inv, snapshot: Snapshot) -> PreflightResult:
@@ -80,14 +85,18 @@ def check(inv, snapshot: Snapshot) -> PreflightResult:
     hosts = [n.host for n in inv.nodes]
     api = effective_api_version(snapshot, hosts)
     hardware = effective_hardware(inv.vm.hardware_version, api)
-    path = vnuma_path(api, hardware)
+    session = snapshot.session_api_version or api
+    # pyVmomi serializes nothing newer than the session's release: the path follows the older.
+    path = vnuma_path(lowest(api, session), hardware)
+    reason = vnuma_reason(api, session, hardware, snapshot.session_api_pinned)
     if hardware_number(hardware) < hardware_number(inv.vm.hardware_version):
         warnings.append(f"vm.hardware_version {inv.vm.hardware_version} is newer than API {api} "
                         f"creates (vmx-{max_hardware(api)}): using {hardware}")
     node_problems = _node_problems(inv, snapshot) if snapshot.datacenter is not None else {}
     return PreflightResult(
         problems=tuple(problems), node_problems=node_problems, warnings=tuple(warnings),
-        api_version=api, vnuma_path=path, hardware_version=hardware,
+        api_version=api, session_api_version=session, vnuma_path=path, vnuma_reason=reason,
+        hardware_version=hardware,
         host_cpu_mhz={h.name: h.cpu_mhz for h in snapshot.hosts.values()},
     )
 

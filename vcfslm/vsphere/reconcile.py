@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import VCenterError
 from ..progress import NullReporter, Reporter
-from . import changes, preflight
+from . import changes, preflight, vnuma
 from .desired import DesiredVm, desired_vms
 from .state import Snapshot, VmState
 
@@ -63,6 +63,9 @@ class VmWorker(Protocol):
 
     def apply(self, change: changes.Change, desired: DesiredVm) -> str | None:
         """Make one change; the guest's IPv4 address for WaitForIp, else None."""
+
+    def read_back(self) -> VmState | None:
+        """The VM as vCenter reports it now (None: it could not be read)."""
 
     def power_off(self) -> None: ...
 
@@ -114,8 +117,11 @@ class ProvisionResult:
         return 1 if self.failed or self.pending else 0
 
     def to_dict(self) -> dict[str, Any]:
+        p = self.plan
         return {
-            "exit_code": self.exit_code, "changes": self.plan.change_count,
+            "exit_code": self.exit_code, "changes": p.change_count, "api_version": p.api_version,
+            "session_api_version": p.session_api_version, "vnuma_path": p.vnuma_path,
+            "vnuma_reason": p.vnuma_reason,
             "vms": [{"name": o.name, "status": o.status, "message": o.message, "step": o.step,
                      "ip": o.ip, "moref": o.moref, "pending": o.pending} for o in self.outcomes],
             "warnings": self.warnings, "tagged": self.tagged,
@@ -165,9 +171,9 @@ def make_plan(inv, vc: VCenter, allow_restart: bool = False,
         snapshot = replace(snapshot, library_items=found)
     checked = preflight.check(inv, snapshot)
     checked.raise_for_problems()
-    desired = desired_vms(inv, checked.api_version, checked.host_cpu_mhz)
+    desired = desired_vms(inv, checked.api_version, checked.host_cpu_mhz, checked.session_api_version)
     plan = changes.plan(desired, snapshot, allow_restart, checked.node_problems,
-                        checked.warnings, checked.vnuma_path)
+                        checked.warnings, checked.vnuma_path, checked.vnuma_reason)
     return PlanResult(plan, checked, snapshot)
 
 
@@ -259,7 +265,7 @@ def apply_plan(vc: VCenter, plan: changes.Plan, reporter: Reporter | None = None
             reporter.update(v.name, "blocked: " + "; ".join(v.problems))
         elif v not in todo:
             results[v.name] = _in_sync(v)
-            reporter.update(v.name, "in sync")
+            reporter.update(v.name, results[v.name].message)
     if folder_error:
         for v in todo:
             results[v.name] = VmOutcome(v.name, "failed", folder_error, "create folder")
@@ -289,7 +295,9 @@ def _pooled(fn: Callable[[In], Out], items: Sequence[In], max_workers: int, pref
 
 def _in_sync(v: changes.VmPlan) -> VmOutcome:
     obs = v.observed
-    return VmOutcome(v.name, "ok", "in sync", moref=obs.moref if obs else None,
+    text = "in sync" + (f"; {v.vnuma.text}" if v.vnuma and v.vnuma.status else "")
+    status = "failed" if v.vnuma and not v.vnuma.ok else "ok"
+    return VmOutcome(v.name, status, text, moref=obs.moref if obs else None,
                      ip=obs.ip_addresses[0] if obs and obs.ip_addresses else None,
                      pending=[f.describe() for f in v.pending])
 
@@ -307,17 +315,37 @@ def _apply_vm(vc: VCenter, vp: changes.VmPlan, reporter: Reporter,
                 ip = worker.apply(change, vp.desired)
                 if ip is not None:
                     outcome.ip = ip
+            checked = _read_back(worker, vp, outcome, reporter)
         outcome.moref = worker.moref
         done = "created" if vp.action == "create" else ("updated" if vp.change_count else "in sync")
         if outcome.ip:
             done += f", {outcome.ip}"
         if vp.pending:
             done += f", {len(vp.pending)} change(s) pending a restart"
+        if checked.status:
+            outcome.message = f"{outcome.message}; {checked.text}"
+            done += f", vNUMA {checked.status}"
         reporter.update(name, done)
     except Exception as exc:  # one VM's failure must not stop the others
         outcome.moref = worker.moref
         _failed(outcome, vc.error_text(exc), reporter)
     return outcome
+
+
+def _read_back(worker: VmWorker, vp: changes.VmPlan, outcome: VmOutcome,
+               reporter: Reporter) -> vnuma.VnumaCheck:
+    """What vCenter reports of the VM's vNUMA now; a layout differing from the request raises."""
+    if not any(isinstance(c, changes.Reconfigure) for c in vp.changes):
+        return vp.vnuma or vnuma.VnumaCheck("")
+    outcome.step = "read-back"
+    reporter.update(vp.name, "reading back the vNUMA layout")
+    checked = vnuma.check_vnuma(vp.desired, worker.read_back())
+    log.debug("%s: %s", vp.name, checked.text or "no vNUMA layout asked for")
+    # A vNUMA change held back for a restart is reported as pending, not as a failure.
+    held = any(vnuma.is_vnuma_field(f.field) for f in vp.pending)
+    if not checked.ok and not held:
+        raise VCenterError(checked.text)
+    return checked
 
 
 def _destroy_vm(vc: VCenter, state: VmState, reporter: Reporter) -> VmOutcome:

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 
 from pyVim.connect import Disconnect, SmartConnect
-from pyVmomi import vim, vmodl
+from pyVmomi import VmomiSupport, vim, vmodl
 
 from ..errors import VCenterError
 from ..progress import NullReporter, Reporter
 from .credentials import Secret, ssl_context
+from .desired import lowest, parse_version
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +39,34 @@ def fault_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def pyvmomi_version(api: str) -> str:
+    """pyVmomi's name of an API release: "6.7" -> vim.version.version12, "8.0.3" -> ...v8_0_3_0."""
+    want = parse_version(api)
+    for name, version_id in VmomiSupport.versionIdMap.items():
+        if name.startswith("vim.version.") and _trimmed(parse_version(version_id)) == _trimmed(want) \
+                and want:
+            return name
+    raise VCenterError(f"pyVmomi does not know vSphere API {api}")
+
+
+def _trimmed(version: tuple[int, ...]) -> tuple[int, ...]:
+    while version and version[-1] == 0:
+        version = version[:-1]
+    return version
+
+
 class Session:
     """One logged-in pyVmomi session; `call` runs API calls with expiry healing and retries.
 
     vcenter: the inventory's vcenter section; password: a Secret; retries: extra
-    attempts after a reset or an expiry; backoff: first wait (s) before retrying a reset.
+    attempts after a reset or an expiry; backoff: first wait (s) before retrying a reset;
+    api_pin: the API release to speak ("6.7"); None = the newest both sides know.
     """
 
     def __init__(self, vcenter, password: Secret, reporter: Reporter | None = None,
-                 retries: int = 4, backoff: float = 0.5):
+                 retries: int = 4, backoff: float = 0.5, api_pin: str | None = None):
         self.cfg = vcenter
+        self.api_pin = api_pin
         self.password = password
         self.reporter = reporter or NullReporter()
         self.retries = retries
@@ -67,9 +86,11 @@ class Session:
             raise VCenterError(f"cannot read vcenter.ca_bundle {cfg.ca_bundle}: {exc}") from None
         log.debug("connecting to vCenter %s:%s as %s (TLS %s)", cfg.host, cfg.port, cfg.user,
                   "NOT verified" if cfg.insecure else f"verified, CA {cfg.ca_bundle or 'system store'}")
+        pinned = [pyvmomi_version(self.api_pin)] if self.api_pin else None
         try:
             self.si = SmartConnect(host=cfg.host, port=cfg.port, user=cfg.user,
-                                   pwd=self.password.reveal(), sslContext=ctx)
+                                   pwd=self.password.reveal(), sslContext=ctx,
+                                   preferredApiVersions=pinned)
         except vim.fault.InvalidLogin:
             raise VCenterError(f"vCenter {cfg.host} refused the login of {cfg.user}") from None
         except ssl.SSLCertVerificationError as exc:
@@ -80,7 +101,13 @@ class Session:
                 f"cannot reach vCenter {cfg.host}:{cfg.port}: {exc}")) from None
         except vmodl.MethodFault as exc:
             raise VCenterError(self.password.scrub(f"vCenter {cfg.host}: {fault_text(exc)}")) from None
-        log.debug("logged in to vCenter %s", cfg.host)
+        except Exception as exc:  # SmartConnect's plain Exception: no version both sides speak
+            if not pinned or "not a VIM server" not in str(exc):
+                raise
+            raise VCenterError(f"vCenter {cfg.host} does not offer vSphere API {self.api_pin} "
+                               "(not in its vimServiceVersions.xml)") from None
+        log.debug("logged in to vCenter %s: API %s, session API %s%s", cfg.host, self.api_version,
+                  self.session_api_version, " (pinned)" if pinned else "")
 
     def close(self) -> None:
         if self.si is not None:
@@ -103,7 +130,19 @@ class Session:
 
     @property
     def api_version(self) -> str:
+        """vCenter's API release (About.apiVersion)."""
         return self.content.about.apiVersion
+
+    @property
+    def session_api_version(self) -> str:
+        """The release this session speaks (what SmartConnect negotiated, or the pin)."""
+        stub = getattr(self.si, "_stub", None)
+        return VmomiSupport.versionIdMap.get(getattr(stub, "version", None), "") or self.api_version
+
+    @property
+    def observed_api(self) -> str:
+        """The release both vCenter and this session speak: what property paths may ask for."""
+        return lowest(self.api_version, self.session_api_version)
 
     def text(self, exc: BaseException) -> str:
         """fault_text(exc) with the password masked."""

@@ -149,18 +149,20 @@ class _Tree:
 
 
 def parse(records: Iterable[Found], datacenter: str, cluster: str,
-          api_version: str) -> tuple[Snapshot, Refs]:
+          api_version: str, session_api: str = "", pinned: bool = False) -> tuple[Snapshot, Refs]:
     """The named datacenter's placement objects and VMs, and the handles a plan uses.
 
     datacenter, cluster: the inventory's names (other datacenters are not looked at);
-    api_version: vCenter's, recorded in the Snapshot.
+    api_version: vCenter's; session_api: the release the session negotiated (pinned:
+    asked for by the caller); all three recorded in the Snapshot.
     """
     tree = _Tree(records)
     refs = Refs()
+    apis = {"api_version": api_version, "session_api_version": session_api, "session_api_pinned": pinned}
     dc_key = next((k for k, r in tree.by_id.items() if "Datacenter" in r.types
                    and r.props.get("name") == datacenter), None)
     if dc_key is None:
-        return Snapshot(api_version=api_version), refs
+        return Snapshot(**apis), refs
     refs.datacenter = tree.obj(dc_key)
     vm_root = tree.props(dc_key).get("vmFolder")
     refs.vm_root = tree.obj(vm_root) if vm_root in tree.by_id else None
@@ -194,7 +196,7 @@ def parse(records: Iterable[Found], datacenter: str, cluster: str,
         vms[state.name] = state
         refs.vms[state.name] = tree.obj(k)
     snapshot = Snapshot(
-        api_version=api_version, datacenter=datacenter,
+        **apis, datacenter=datacenter,
         cluster=cluster if cluster_key else None, hosts=hosts,
         datastores=frozenset(refs.datastores), networks=frozenset(refs.networks),
         folders=frozenset(p for p in folders if p), resource_pools=frozenset(p for p in pools if p),
@@ -278,6 +280,8 @@ def vm_state(key: str, p: dict[str, Any], host_names: dict[str, str],
         latency_sensitivity=str(lat.level) if lat is not None and lat.level else None,
         cpu_reservation_mhz=getattr(cpu, "reservation", None),
         cores_per_numa_node=getattr(numa, "coresPerNumaNode", None),
+        numa_info_reported="config.numaInfo" in p and numa is not None,
+        auto_cores_per_numa_node=getattr(numa, "autoCoresPerNumaNode", None),
         extra_config=extra, nics=nic_names, ip_addresses=tuple(dict.fromkeys(ips)))
 
 

@@ -25,6 +25,7 @@ from .desired import (
     VIRTUAL_NUMA,
     VNUMA_API,
     VNUMA_HARDWARE,
+    VNUMA_KEY,
     DesiredVm,
 )
 from .snapshot import Refs, backing_name, ethernet_cards
@@ -43,7 +44,6 @@ CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     "latency_sensitivity": ("latencySensitivity", lambda v: vim.LatencySensitivity(level=v)),
     "cores_per_numa_node": ("virtualNuma", lambda v: vim.vm.VirtualNuma(coresPerNumaNode=v)),
 }
-VNUMA_KEY = "numa.vcpu.maxPerVirtualNode"
 _API = ".".join(map(str, VNUMA_API))
 WHY_VNUMA_PATH = {
     VIRTUAL_NUMA: f"vSphere API {_API}+ with virtual hardware vmx-{VNUMA_HARDWARE}+",

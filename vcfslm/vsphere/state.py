@@ -25,6 +25,8 @@ class VmState:
     latency_sensitivity: str | None = None
     cpu_reservation_mhz: int | None = None
     cores_per_numa_node: int | None = None
+    numa_info_reported: bool = False  # config.numaInfo came back (vSphere 8.0.0.1+ fills it)
+    auto_cores_per_numa_node: bool | None = None
     extra_config: dict[str, str] = field(default_factory=dict)
     nics: tuple[str, ...] = ()  # port group name per network adapter, in device order
     ip_addresses: tuple[str, ...] = ()  # IPv4 addresses the guest reports on the management NIC
@@ -53,12 +55,16 @@ class HostFacts:
 class Snapshot:
     """Everything preflight and the diff need, from one property-collector round trip.
 
+    `api_version` is vCenter's; the session may speak an older release (pinned, or an
+    older pyVmomi), and pyVmomi sends nothing newer than the session's release.
     Names are those of the inventory's datacenter (other datacenters are not looked at);
     `datacenter`/`cluster` are None when not found. Folders and resource pools are
     paths ("SLM/phi3"); VMs are keyed by name (`duplicate_vms` lists names seen twice).
     """
 
     api_version: str
+    session_api_version: str = ""  # what pyVmomi negotiated ("" = the same as api_version)
+    session_api_pinned: bool = False
     datacenter: str | None = None
     cluster: str | None = None
     hosts: dict[str, HostFacts] = field(default_factory=dict)
