@@ -295,3 +295,100 @@ def test_the_lab_inventory_provisions_and_reports_guest_ips(lab, run, si):
     gone = runner.invoke(main, ["destroy", str(lab.inventory), "--yes"], env=env)
     assert gone.exit_code == 0, gone.output
     assert not {n.name for n in inv.nodes} & vm_names(si)
+
+
+# ------------------------------------------------------- the vSphere 8 path and its fallback
+#
+# Each API mode gets its own small simulator (2 hosts) advertising that release, so pyVmomi
+# negotiates it; vcsim records every reconfigure / clone carrying vNUMA as it arrived.
+
+API_NODES = [(f"itapi-0{i + 1}", f"DC0_C0_H{i}") for i in range(2)]
+VIRTUAL_NUMA_24 = "<virtualNuma><coresPerNumaNode>24</coresPerNumaNode></virtualNuma>"
+
+
+@pytest.fixture(scope="module")
+def api_server(request, vcsim_binary, vcsim_server, tmp_path_factory):
+    """A simulator advertising vSphere API 8.0.3 or 6.7 (the session's password)."""
+    from tests.lab_fixtures import VcsimServer
+    from vcfslm.lab import vcsim
+
+    workdir = tmp_path_factory.mktemp(f"vcsim-{request.param}")
+    opts = vcsim.VcsimOptions(port=0, hosts=2, api=request.param)
+    running = vcsim.start(workdir, vcsim_server.password, opts, binary=vcsim_binary)
+    try:
+        yield VcsimServer(url=running.url, host=running.host, port=running.port, user=running.user,
+                          password=vcsim_server.password, ca_file=running.ca_file, hosts=2,
+                          template=running.template, pid=running.pid, vcsim=running)
+    finally:
+        vcsim.stop(running)
+
+
+def records_of(server, moref: str) -> list[dict]:
+    from vcfslm.lab import vcsim
+
+    return [r for r in vcsim.soap_records(server.vcsim) if r["moref"] == moref]
+
+
+@pytest.mark.parametrize("api_server", ["8.0.3", "6.7"], indirect=True)
+def test_each_api_mode_provisions_the_brief_shape_on_its_vnuma_path(api_server, tmp_path, run):
+    eight = api_server.vcsim.api == "8.0.3"
+    path = write(tmp_path, brief_inventory(api_server, "itapi", API_NODES))
+    plan = run("plan", path)
+    assert plan.exit_code == 0, plan.output
+    if eight:
+        assert "vCenter API 8.0.3.0, session API 8.0.3.0 (negotiated by pyVmomi)" in plan.stdout
+        assert ("vNUMA path: ConfigSpec.virtualNuma.coresPerNumaNode (session API 8.0.3.0 >= 8.0.0.1 "
+                "and virtual hardware vmx-21 >= vmx-20)") in plan.stdout
+    else:
+        assert "vCenter API 6.7, session API 6.7 (negotiated by pyVmomi)" in plan.stdout
+        assert ("vNUMA path: fallback, extraConfig numa.vcpu.maxPerVirtualNode "
+                "(vCenter/host API 6.7 is older than 8.0.0.1)") in plan.stdout
+
+    res = run("provision", path, "--stage", "vms", "--output", "json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["vnuma_path"] == ("virtualNuma" if eight else "advanced")
+    for vm in report["vms"]:
+        assert vm["status"] == "ok", vm
+        # vcsim fills no config.numaInfo: nothing vCenter returns confirms the layout.
+        assert "vNUMA unverified" in vm["message"] and "vcfslm verify" in vm["message"]
+        [reconfigure] = [r for r in records_of(api_server, vm["moref"]) if r["method"] == "ReconfigVM_Task"]
+        assert reconfigure["soap_action"] == ("urn:vim25/8.0.3.0" if eight else "urn:vim25/6.7")
+        if eight:
+            assert reconfigure["virtual_numa"] == VIRTUAL_NUMA_24
+            assert reconfigure["cores_per_numa_node"] == 24
+            assert "numa.vcpu.maxPerVirtualNode" not in reconfigure["extra_config"]
+        else:
+            assert "virtual_numa" not in reconfigure
+            assert reconfigure["extra_config"]["numa.vcpu.maxPerVirtualNode"] == "24"
+        assert reconfigure["extra_config"]["numa.autosize.once"] == "FALSE"
+        assert reconfigure["extra_config"]["numa.nodeAffinity"] == "0,1,2,3"
+
+    again = run("plan", path, "--output", "json")
+    assert json.loads(again.stdout)["changes"] == 0, again.stdout  # converged on either path
+    assert run("destroy", path, "--yes").exit_code == 0
+
+
+@pytest.mark.parametrize("api_server", ["8.0.3"], indirect=True)
+def test_a_67_session_against_an_8_lab_takes_and_names_the_fallback(api_server, tmp_path, run):
+    data = brief_inventory(api_server, "itpin", [("itpin-01", "DC0_C0_H0")])
+    assert data["vm"]["hardware_version"] == "vmx-21"
+    path = write(tmp_path, data)
+    plan = run("plan", path, "--api-version", "6.7")
+    assert plan.exit_code == 0, plan.output
+    assert "vCenter API 8.0.3.0, session API 6.7 (pinned)" in plan.stdout
+    assert ("vNUMA path: fallback, extraConfig numa.vcpu.maxPerVirtualNode (session API 6.7 (pinned) "
+            "is older than 8.0.0.1, though vCenter speaks 8.0.3.0: pyVmomi would drop "
+            "ConfigSpec.virtualNuma from the request)") in plan.stdout
+
+    res = run("provision", path, "--stage", "vms", "--api-version", "6.7", "--output", "json")
+    assert res.exit_code == 0, res.output
+    [vm] = json.loads(res.stdout)["vms"]
+    [reconfigure] = [r for r in records_of(api_server, vm["moref"]) if r["method"] == "ReconfigVM_Task"]
+    assert reconfigure["soap_action"] == "urn:vim25/6.7"
+    assert "virtual_numa" not in reconfigure
+    assert reconfigure["extra_config"]["numa.vcpu.maxPerVirtualNode"] == "24"
+    assert run("destroy", path, "--yes").exit_code == 0
+
+    unknown = run("plan", path, "--api-version", "5.9")
+    assert unknown.exit_code == 1 and "does not know vSphere API 5.9" in unknown.output
