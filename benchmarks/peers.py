@@ -72,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the three model formats are kept")
     ap.add_argument("--peers-python", type=Path, default=DEFAULT_PEERS_PYTHON,
                     help="the interpreter of the peers' venv (benchmarks/peers-setup.sh)")
+    ap.add_argument("--build-only", action="store_true", help="build the model formats the engines need, then stop")
     ap.add_argument("--child", choices=("checkpoint", "openvino-ir", "gguf", *ENGINES), help=argparse.SUPPRESS)
     ap.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -315,8 +316,11 @@ def child_llama(job: dict) -> dict:
                           n_threads_batch=job["threads"], logits_all=False, verbose=False)
     load_s = time.perf_counter() - started
 
+    vocab = llm.n_vocab()
+
     def next_token() -> int:
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # Without logits_all, Llama.eval keeps no scores: read the last output's logits.
+        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))))
 
     def window(batch):
         (ids,) = job["prompts"][str(batch)]
@@ -455,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     facts = paths["facts"]
     config = AutoConfig.from_pretrained(paths["hf"])
     print(f"model: {facts['params'] / 1e9:.3f}B params, {facts['weight_bytes'] / 1e9:.3f} GB bf16, in {model_dir(args)}")
+    if args.build_only:
+        return 0
     prompts = {str(b): synthetic_prompt(b, args.prompt, config.vocab_size, seed=b).tolist() for b in batches(args)}
     job = {**paths, "threads": args.threads, "prompt": args.prompt, "tokens": args.tokens, "windows": args.windows,
            "batches": batches(args), "prompts": prompts}
