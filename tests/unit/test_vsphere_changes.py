@@ -136,6 +136,19 @@ def test_extra_config_drift_restart_only_for_numa_keys():
     assert labels(live) == ["extraConfig[guestinfo.role]"] and live.pending == ()
 
 
+def test_a_fallback_node_size_left_from_an_older_vcenter_is_removed_on_the_virtual_numa_path():
+    d = want("8.0.3.0")
+    assert d.cores_per_numa_node == 24 and c.VNUMA_KEY not in d.extra_config
+    left = in_sync(d, extra_config={**in_sync(d).extra_config, c.VNUMA_KEY: "24"})
+    p = c.plan_vm(d, left, allow_restart=True)
+    assert labels(p) == [f"extraConfig[{c.VNUMA_KEY}]"]
+    [field] = [f for ch in p.changes if isinstance(ch, c.Reconfigure) for f in ch.fields]
+    assert (field.old, field.new, field.needs_power_off) == ("24", "", True)
+    # once deleted (vCenter may report the key with an empty value) the VM is in sync
+    gone = in_sync(d, extra_config={**in_sync(d).extra_config, c.VNUMA_KEY: ""})
+    assert c.plan_vm(d, gone, allow_restart=True).changes == ()
+
+
 def test_mixed_drift_applies_live_fields_and_holds_the_rest():
     d = want("8.0.3.0")
     observed = in_sync(d, memory_locked_to_max=False, num_cpus=8)

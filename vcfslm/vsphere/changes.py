@@ -342,6 +342,11 @@ def field_changes(desired: DesiredVm, observed: VmState | None, created: bool) -
         if have != want:
             out.append(FieldChange(f"extra_config:{key}", f"extraConfig[{key}]", have, want,
                                    key.startswith(RESTART_KEY_PREFIXES)))
+    stray = have_keys.get(VNUMA_KEY)
+    if desired.cores_per_numa_node and stray and VNUMA_KEY not in desired.extra_config:
+        # A node size left by an earlier fallback provision (vCenter upgraded since) would
+        # compete with virtualNuma; an empty value deletes an extraConfig key.
+        out.append(FieldChange(f"extra_config:{VNUMA_KEY}", f"extraConfig[{VNUMA_KEY}]", stray, "", True))
     want_nics = tuple(n.portgroup for n in desired.nics)
     have_nics = observed.nics if observed is not None else ()
     if have_nics != want_nics:

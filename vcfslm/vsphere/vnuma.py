@@ -63,7 +63,7 @@ def check_vnuma(desired: DesiredVm, seen: VmState | None) -> VnumaCheck:
         auto = " (autoCoresPerNumaNode)" if seen.auto_cores_per_numa_node else ""
         problems.append(f"config.numaInfo.coresPerNumaNode={got}{auto}")
     keys = seen.extra_config
-    stored = keys.get(VNUMA_KEY)
+    stored = keys.get(VNUMA_KEY) or None  # an empty value is a deleted key
     if stored is not None and stored != str(want):
         problems.append(f"{VNUMA_KEY}={stored}")
     elif stored is None and VNUMA_KEY in desired.extra_config:
