@@ -252,25 +252,23 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+# What a resumed run keeps from its meta.json unless given anew (see RunMeta).
+FACT_FIELDS = ("label", "slos", "inventory_sha256", "vcenter", "guests", "versions", "probe", "ranks")
+_SCALAR_FACTS = ("label", "inventory_sha256")
+
+
 def build_run_meta(*, run_id: str, mode: str, nodes: Sequence[str], ranks_per_node: int,
                    threads_per_rank: int, model: str, matrix: dict[str, Any], command: Sequence[str],
-                   label: str | None = None, slos: dict[str, Any] | None = None,
                    previous: RunMeta | None = None, complete: bool = False,
                    failure: str | None = None, **facts: Any) -> RunMeta:
     """A run's meta.json. `previous` is the meta of the run being resumed: its creation
-    time stays, and each fact (vcenter, guests, versions, probe, ranks, inventory_sha256)
-    not given anew is kept from it."""
+    time stays, and each of FACT_FIELDS not given anew is kept from it."""
     unknown = set(facts) - set(FACT_FIELDS)
     if unknown:
         raise TypeError(f"unknown run facts: {', '.join(sorted(unknown))}")
-    kept = {k: (facts.get(k) or (getattr(previous, k) if previous else None)) for k in FACT_FIELDS}
+    kept = {k: facts.get(k) or (getattr(previous, k) if previous else None) for k in FACT_FIELDS}
+    kept.update({k: kept[k] or {} for k in FACT_FIELDS if k not in _SCALAR_FACTS})
     return RunMeta(run_id=run_id, created=previous.created if previous else now_iso(),
                    command=list(command), mode=mode, nodes=list(nodes), ranks_per_node=ranks_per_node,
                    threads_per_rank=threads_per_rank, model=model, matrix=dict(matrix),
-                   complete=complete, label=label, failure=failure, slos=dict(slos or {}),
-                   inventory_sha256=kept.pop("inventory_sha256"),
-                   **{k: v or {} for k, v in kept.items()})
-
-
-# The facts a run gathers as it goes (see RunMeta).
-FACT_FIELDS = ("inventory_sha256", "vcenter", "guests", "versions", "probe", "ranks")
+                   complete=complete, failure=failure, **kept)

@@ -406,12 +406,6 @@ def _read_text(path: Path) -> str:
         raise RunFolderError([Problem(str(path), None, None, "", f"cannot read: {exc.strerror or exc}")]) from None
 
 
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            yield json.loads(line)
-
-
 def write_records(path: str | os.PathLike[str], records: Iterable[WindowRecord]) -> None:
     atomic_write_text(path, "".join(r.to_json() + "\n" for r in records))
 

@@ -162,12 +162,14 @@ def test_run_meta_fresh():
 
 def test_a_resume_keeps_creation_and_facts_it_does_not_gather_again():
     first = meta(guests={"local": {"numactl": True}}, probe={"local": {"0": 40.0}}, inventory_sha256="abc",
-                 failure="torchrun exited 1")
+                 failure="torchrun exited 1", label="baseline", slos={"A": {"tpot_ms": 130, "ttft_s": 3}})
     first.created = "2026-01-01T00:00:00+00:00"
     again = meta(previous=first, matrix={"batch_sizes": [1, 2]}, ranks={"0": {"engine": "compile"}})
     assert again.created == "2026-01-01T00:00:00+00:00" and again.failure is None
     assert again.guests == first.guests and again.probe == first.probe and again.inventory_sha256 == "abc"
     assert again.matrix == {"batch_sizes": [1, 2]} and again.ranks == {"0": {"engine": "compile"}}
+    assert again.label == "baseline" and again.slos == first.slos
+    assert meta(previous=first, label="rerun").label == "rerun"
 
 
 def test_run_meta_refuses_an_unknown_fact():

@@ -214,8 +214,7 @@ def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matri
     return build_run_meta(
         run_id=run_id, mode="local", nodes=[NODE_NAME], ranks_per_node=ranks, threads_per_rank=threads,
         model=model, matrix=matrix_record(matrix, compile_mode=compile_mode, scenarios=scenarios, seed=seed),
-        command=command or sys.argv, label=label if label is not None or not previous else previous.label,
-        slos=slos if slos is not None or not previous else previous.slos, previous=previous, guests=guests)
+        command=command or sys.argv, label=label, slos=slos, previous=previous, guests=guests)
 
 
 def _finish_meta(meta: results.RunMeta, run_dir: Path, records, matrix: Matrix, ranks: int,

@@ -24,12 +24,10 @@ def ssh_connector(inventory, reporter, trust_new_hosts: bool = False):
     return connect
 
 
-def bench_connector(inventory, reporter, log_dir: Path, trust_new_hosts: bool = False):
-    """One SSH connection per node for a cluster bench (its logs under the run's folder)."""
-    from ..guest.transport import open_node
-
-    return partial(open_node, inventory, log_dir=log_dir, trust_new_hosts=trust_new_hosts,
-                   reporter=reporter)
+def bench_connector(inventory, reporter, log_dir: Path, trust_new_hosts: bool = False,
+                    wait_s: float = 30.0):
+    """The same connector for a cluster bench, called with a node alone (logs in the run's folder)."""
+    return partial(ssh_connector(inventory, reporter, trust_new_hosts), log_dir=log_dir, wait_s=wait_s)
 
 
 def summary_table(summary, title: str) -> Table:
