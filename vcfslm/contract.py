@@ -120,6 +120,22 @@ def model_ref(inventory) -> str:
 # ------------------------------------------------------------------ node selection
 
 
+# How many hosts one stage works on at once. vCenter queues what it cannot run, but each
+# clone holds a provisioning slot on the template's datastore and a session thread; past a
+# few dozen concurrent tasks a shared vCenter slows every other tenant's work and starts to
+# answer with throttling faults. SSH to guests has no such shared server: the operator's
+# file descriptors and CPU are the limit, so its cap is higher. Both are raised per run
+# (`--parallel`) or per inventory (`vcenter.parallel`, `guest.parallel`).
+VCENTER_PARALLEL_CAP = 32
+GUEST_PARALLEL_CAP = 64
+
+
+def parallelism(requested: int | None, items: int, cap: int) -> int:
+    """Workers for `items` hosts: what was asked for, else every host up to `cap`; at least 1."""
+    wanted = requested if requested is not None else min(items, cap)
+    return max(1, min(wanted, max(items, 1)))
+
+
 def select_nodes(inventory, count: int | None = None, names: Iterable[str] | None = None) -> list:
     """The inventory's nodes named in `names` (in inventory order), else its first `count`
     (all when None). InventoryError names the flag and the nodes the inventory has."""

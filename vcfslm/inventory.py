@@ -50,6 +50,10 @@ class VCenter(_Model):
     ca_bundle: str | None = Field(None, description="PEM file of CAs to verify vCenter's certificate; "
                                                     "null = the system store.")
     insecure: bool = Field(False, description="Skip TLS verification (explicit, warns every time).")
+    parallel: PositiveInt | None = Field(
+        None, description=f"VMs provisioned or destroyed at once; null = every VM up to "
+                          f"{contract.VCENTER_PARALLEL_CAP} (a load a shared vCenter takes "
+                          f"without throttling); --parallel overrides.")
 
 
 class Network(_Model):
@@ -154,6 +158,9 @@ class Guest(_Model):
                        description="Hub id | local dir | synthetic:phi-3-mini | synthetic:tiny.")
     workdir: str = Field("/opt/vcfslm", description="Guest folder for the venv, model, scripts, runs.")
     venv: str | None = Field(None, description="Guest venv path; null = <workdir>/venv.")
+    parallel: PositiveInt | None = Field(
+        None, description=f"Guests prepared at once; null = every guest up to "
+                          f"{contract.GUEST_PARALLEL_CAP}; --parallel overrides.")
 
     @property
     def venv_path(self) -> str:

@@ -182,3 +182,28 @@ def test_compile_modes():
     assert set(K.ACCEPTED_COMPILE_MODES) == {"compile", "eager", "autotune", "freezing", "default"}
     with pytest.raises(ValueError, match="unknown compile mode 'fast'"):
         K.normalize_compile_mode("fast")
+
+
+@pytest.mark.parametrize("requested, items, cap, workers", [
+    (None, 64, 32, 32),   # default: every host up to the cap
+    (None, 3, 32, 3),     # never more workers than hosts
+    (100, 3, 32, 3),
+    (4, 64, 32, 4),       # an explicit setting wins over the cap, down ...
+    (48, 64, 32, 48),     # ... and up
+    (None, 0, 32, 1),
+])
+def test_parallelism(requested, items, cap, workers):
+    assert K.parallelism(requested, items, cap) == workers
+
+
+def test_parallel_settings_in_the_inventory(inv):
+    assert inv.vcenter.parallel is None and inv.guest.parallel is None
+    data = yaml.safe_load(BRIEF)
+    data["vcenter"]["parallel"] = 8
+    data["guest"]["parallel"] = 0
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(yaml.safe_dump(data), "x.yaml")
+    assert "guest.parallel" in str(err.value)
+    data["guest"]["parallel"] = 40
+    parsed = parse_inventory(yaml.safe_dump(data), "x.yaml")
+    assert (parsed.vcenter.parallel, parsed.guest.parallel) == (8, 40)
