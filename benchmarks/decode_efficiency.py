@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from vcfslm import roofline  # noqa: E402
 from vcfslm.bench import linear, probe  # noqa: E402
 from vcfslm.bench.engine import (  # noqa: E402
     DecodeEngine,
@@ -280,7 +281,7 @@ def main() -> int:
     bad = sum(w["compiles"] for w in e1 + eb)
 
     def floors(batch, gbs=None):
-        return probe.scenario_floors(config, replica.step_weight_bytes, replica.kv_bytes_per_token, batch,
+        return roofline.scenario_floors(config, replica.step_weight_bytes, replica.kv_bytes_per_token, batch,
                                      args.prompt, args.tokens, gbs or read_gbs, gemm.tflops)
 
     def tpot_floor(batch, gbs=None):
@@ -296,7 +297,7 @@ def main() -> int:
     e1_tps = median([w["tok_s"] for w in e1])
     eb_tps = median([w["tok_s"] for w in eb])
     big = args.big_batch
-    memory_floor_b = probe.scenario_floors(config, replica.step_weight_bytes, replica.kv_bytes_per_token,
+    memory_floor_b = roofline.scenario_floors(config, replica.step_weight_bytes, replica.kv_bytes_per_token,
                                            big, args.prompt, args.tokens, read_gbs, None)[0]
 
     print()

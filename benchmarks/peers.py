@@ -490,20 +490,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_report(args, config, facts, runs, status, read_gbs, reads, gemm, started, load0) -> None:
-    from vcfslm.bench import probe
+    from vcfslm import roofline
 
-    context = probe.mean_decode_context(args.prompt, args.tokens)
+    context = roofline.mean_decode_context(args.prompt, args.tokens)
     floors = {}
     print()
     print(f"alternation: {args.rounds} rounds of {' '.join(runs) or '(none)'}, one child process per engine per "
           f"round (one engine resident at a time), each: load from disk, 1 discarded + {args.windows} measured "
           f"windows per batch; read probe before each round")
     for b in batches(args):
-        step_bytes = probe.decode_step_bytes(facts["step_weight_bytes"], facts["kv_bytes_per_token"], b, context)
-        flops = probe.decode_step_flops(config, b, context)
-        memory = probe.roofline_tpot_ms(step_bytes, read_gbs)
+        step_bytes = roofline.decode_step_bytes(facts["step_weight_bytes"], facts["kv_bytes_per_token"], b, context)
+        flops = roofline.decode_step_flops(config, b, context)
+        memory = roofline.roofline_tpot_ms(step_bytes, read_gbs)
         compute = flops / (gemm.tflops * 1e12) * 1000
-        ttft = probe.roofline_ttft_s(probe.prefill_flops(config, b, args.prompt), gemm.tflops,
+        ttft = roofline.roofline_ttft_s(roofline.prefill_flops(config, b, args.prompt), gemm.tflops,
                                      facts["step_weight_bytes"], read_gbs)
         floors[b] = max(memory, compute)
         print(f"roofline batch {b}: {step_bytes / 1e9:.3f} GB per step / {read_gbs:.1f} GB/s read = {memory:.1f} ms; "

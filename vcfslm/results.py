@@ -472,9 +472,10 @@ class RunMeta:
 
 
 # What meta.json keeps of each rank's facts file (ranks/rank-<n>.json, written by the
-# worker): the engine and its kernel plan, the packing check, the numerics gate and the
-# GEMM probe. Placement and bandwidth have their own places (guests, probe).
-RANK_FACT_KEYS = ("node", "local_rank", "engine", "pack", "numerics", "gemm")
+# worker): the engine and its kernel plan, the packing check, the numerics gate, both
+# probes (bandwidth and GEMM rate) and the model's shape: what the performance model
+# refits from a run without its ranks/ folder. Placement has its own place (guests).
+RANK_FACT_KEYS = ("node", "local_rank", "engine", "pack", "numerics", "probe", "gemm", "model")
 
 
 def rank_summaries(facts: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -8,17 +8,18 @@ import sys
 
 import pytest
 
+from vcfslm import roofline
 from vcfslm.bench import placement, probe
 
 
 def test_roofline_arithmetic():
     # 7.445 GB of weights at 35 GB/s: the brief's 213 ms floor
-    assert probe.roofline_tpot_ms(7.445e9, 35.0) == pytest.approx(212.71, abs=0.01)
-    assert probe.roofline_tpot_ms(1e9, 0) is None
-    step = probe.decode_step_bytes(7_445_000_000, 393_216, batch=16, context_tokens=192)
+    assert roofline.roofline_tpot_ms(7.445e9, 35.0) == pytest.approx(212.71, abs=0.01)
+    assert roofline.roofline_tpot_ms(1e9, 0) is None
+    step = roofline.decode_step_bytes(7_445_000_000, 393_216, batch=16, context_tokens=192)
     assert step == 7_445_000_000 + 16 * 192 * 393_216
-    assert probe.mean_decode_context(128, 128) == 192
-    assert probe.mean_decode_context(128, 1) == 128
+    assert roofline.mean_decode_context(128, 128) == 192
+    assert roofline.mean_decode_context(128, 1) == 128
 
 
 def test_probe_returns_positive_sane_figures():
@@ -100,18 +101,18 @@ def test_flop_counts_and_floors_of_the_phi3_mini_shape():
     config = phi3_mini_config()
     # 113.2M matrix parameters per layer and token, 32 layers, lm_head 3072 x 32064
     per_token = 2 * (113_246_208 * 32)
-    assert probe.prefill_flops(config, 1, 1) == pytest.approx(per_token + 4 * 3072 * 32 + 2 * 3072 * 32064)
-    b16 = probe.prefill_flops(config, 16, 32)
+    assert roofline.prefill_flops(config, 1, 1) == pytest.approx(per_token + 4 * 3072 * 32 + 2 * 3072 * 32064)
+    b16 = roofline.prefill_flops(config, 16, 32)
     assert b16 == pytest.approx(16 * 32 * per_token + 4 * 16 * 32 * 16.5 * 3072 * 32 + 16 * 2 * 3072 * 32064)
     assert 3.7e12 < b16 < 3.9e12  # peers-and-amx.md: "~3.9 TFLOP" for 512 prompt tokens
-    step = probe.decode_step_flops(config, 16, 48)
+    step = roofline.decode_step_flops(config, 16, 48)
     assert step == pytest.approx(16 * (per_token + 2 * 3072 * 32064) + 4 * 16 * 48 * 3072 * 32)
     # floors: the larger of memory and compute
-    assert probe.roofline_ttft_s(1e12, 0.5, weight_bytes=7.6e9, read_gbs=38) == pytest.approx(2.0)
-    assert probe.roofline_ttft_s(1e10, 0.5, weight_bytes=7.6e9, read_gbs=38) == pytest.approx(0.2)
-    assert probe.roofline_ttft_s(1e12, None) is None
-    assert probe.roofline_tpot_ms(7.6e9, 38.0, step_flops=1.2e11, tflops=0.4) == pytest.approx(300.0)
-    assert probe.roofline_tpot_ms(7.6e9, 38.0, step_flops=1.2e10, tflops=0.4) == pytest.approx(200.0)
+    assert roofline.roofline_ttft_s(1e12, 0.5, weight_bytes=7.6e9, read_gbs=38) == pytest.approx(2.0)
+    assert roofline.roofline_ttft_s(1e10, 0.5, weight_bytes=7.6e9, read_gbs=38) == pytest.approx(0.2)
+    assert roofline.roofline_ttft_s(1e12, None) is None
+    assert roofline.roofline_tpot_ms(7.6e9, 38.0, step_flops=1.2e11, tflops=0.4) == pytest.approx(300.0)
+    assert roofline.roofline_tpot_ms(7.6e9, 38.0, step_flops=1.2e10, tflops=0.4) == pytest.approx(200.0)
 
 
 def test_gemm_probe_measures_every_candidate_kernel():

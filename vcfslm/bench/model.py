@@ -295,7 +295,7 @@ def drop_idle_sliding_window(config, max_context: int) -> bool:
 
 
 def describe(loaded: LoadedModel) -> dict[str, Any]:
-    """Shape facts for meta.json and the records."""
+    """Shape facts for meta.json and the records: enough to rebuild the roofline (roofline.ModelDims)."""
     c = loaded.config
     return {
         "source": str(loaded.spec),
@@ -303,6 +303,10 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "params": sum(p.numel() for p in loaded.model.parameters()),
         "layers": c.num_hidden_layers,
         "hidden": c.hidden_size,
+        "heads": c.num_attention_heads,
+        "kv_heads": getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        "intermediate": c.intermediate_size,
         "vocab": c.vocab_size,
         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
         "weight_bytes": loaded.weight_bytes,

@@ -1,4 +1,4 @@
-"""Memory-bandwidth probe (STREAM-like, with the rank's threads) and the decode roofline.
+"""Memory-bandwidth probe (STREAM-like, with the rank's threads) and GEMM-rate probe.
 
 Decode reads every weight once per step, so the fastest possible step is
 bytes read per step / read bandwidth. The probe measures that bandwidth where the rank
@@ -19,7 +19,7 @@ prefill-shaped bf16 GEMM (Phi-3-mini's 3072 x 8192 weight, hundreds of rows) wit
 rank's threads, on every kernel that could serve it (the engine's packed one, plain
 `F.linear`, fp32 SGEMM) and keeps the fastest, for the same reason as above. The TTFT
 floor of a scenario is then the larger of its prompt FLOPs at that rate and one read
-of the weights at the read bandwidth.
+of the weights at the read bandwidth (the arithmetic: `vcfslm.roofline`).
 
 Each figure is the best of `repeats` passes (STREAM's convention: the best pass is the
 one least disturbed). Buffers are far larger than any last-level cache.
@@ -188,97 +188,6 @@ def _best(fn, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def mean_decode_context(input_tokens: int, output_tokens: int) -> float:
-    """Mean number of cached tokens a decode step attends over.
-
-    Steps 1..output_tokens-1 attend over input_tokens + 1 .. input_tokens + output_tokens - 1
-    tokens (the first token comes from prefill).
-    """
-    if output_tokens <= 1:
-        return float(input_tokens)
-    return input_tokens + output_tokens / 2
-
-
-def decode_step_bytes(step_weight_bytes: int, kv_bytes_per_token: int, batch: int,
-                      context_tokens: float) -> float:
-    """Bytes one decode step must read: every weight once + each stream's KV cache."""
-    return step_weight_bytes + batch * context_tokens * kv_bytes_per_token
-
-
-def roofline_tpot_ms(step_bytes: float, read_gbs: float, step_flops: float = 0.0,
-                     tflops: float | None = None) -> float | None:
-    """The floor of one decode step in ms: its bytes at the read bandwidth, or its FLOPs at
-    the GEMM rate when that is longer (big batches on CPUs without AMX); None without a
-    bandwidth."""
-    if not read_gbs or read_gbs <= 0:
-        return None
-    memory = step_bytes / (read_gbs * 1e9)
-    compute = step_flops / (tflops * 1e12) if tflops and tflops > 0 else 0.0
-    return max(memory, compute) * 1000.0
-
-
-def _linear_params_per_token(config) -> tuple[int, int]:
-    """(matrix parameters one token meets in one layer, heads x head_dim)."""
-    hidden = config.hidden_size
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    inter = config.intermediate_size
-    per_layer = (hidden * (heads + 2 * kv_heads) * head_dim   # q, k, v
-                 + heads * head_dim * hidden                    # o
-                 + hidden * 2 * inter + inter * hidden)         # gate+up, down (SwiGLU)
-    return per_layer, heads * head_dim
-
-
-def decode_step_flops(config, batch: int, context_tokens: float) -> float:
-    """FLOPs of one decode step: every linear and the lm_head on one row per stream, and
-    attention over each stream's cached context."""
-    per_layer, attn_width = _linear_params_per_token(config)
-    layers = config.num_hidden_layers
-    linears = 2.0 * batch * (per_layer * layers + config.hidden_size * config.vocab_size)
-    attention = 2.0 * 2.0 * batch * context_tokens * attn_width * layers
-    return linears + attention
-
-
-def prefill_flops(config, batch: int, tokens: int) -> float:
-    """FLOPs of one prefill: every linear on every prompt row, causal attention, and the
-    lm_head on one row per stream (the engine keeps only the last position's logits)."""
-    per_layer, attn_width = _linear_params_per_token(config)
-    layers = config.num_hidden_layers
-    rows = batch * tokens
-    linears = 2.0 * rows * per_layer * layers
-    # QK^T and AV: each query attends over its causal prefix, (tokens + 1) / 2 keys on average.
-    attention = 2.0 * 2.0 * batch * tokens * (tokens + 1) / 2 * attn_width * layers
-    lm_head = 2.0 * batch * config.hidden_size * config.vocab_size
-    return linears + attention + lm_head
-
-
-def roofline_ttft_s(flops: float, tflops: float | None, weight_bytes: float = 0.0,
-                    read_gbs: float | None = None) -> float | None:
-    """The TTFT floor: the prompt's FLOPs at the GEMM rate, or one read of the weights at
-    the read bandwidth when that is longer (short prompts); None without a GEMM rate."""
-    if not tflops or tflops <= 0:
-        return None
-    compute = flops / (tflops * 1e12)
-    memory = weight_bytes / (read_gbs * 1e9) if read_gbs and read_gbs > 0 else 0.0
-    return max(compute, memory)
-
-
-def scenario_floors(config, step_weight_bytes: int, kv_bytes_per_token: int, batch: int,
-                    input_tokens: int, output_tokens: int, read_gbs: float | None,
-                    tflops: float | None) -> tuple[float | None, float | None]:
-    """(TPOT floor ms, TTFT floor s) of one scenario from a replica's shape and its probes;
-    each is None when the probe it needs is missing."""
-    tpot = ttft = None
-    if read_gbs:
-        context = mean_decode_context(input_tokens, output_tokens)
-        step_bytes = decode_step_bytes(step_weight_bytes, kv_bytes_per_token, batch, context)
-        tpot = roofline_tpot_ms(step_bytes, read_gbs, decode_step_flops(config, batch, context), tflops)
-    if tflops:
-        ttft = roofline_ttft_s(prefill_flops(config, batch, input_tokens), tflops, step_weight_bytes, read_gbs)
-    return tpot, ttft
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -297,6 +297,7 @@ def _injected_perturbation(rank: int) -> float:
 
 def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                    binding: dict[str, str]) -> int:
+    from .. import roofline
     from . import probe as probe_mod
     from .engine import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
     from .model import load_model
@@ -365,7 +366,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             continue
         prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
                                   seed=args.seed * 1_000_003 + batch * 7919 + input_tokens)
-        roofline, roofline_ttft = probe_mod.scenario_floors(
+        roofline, roofline_ttft = roofline.scenario_floors(
             loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, input_tokens,
             output_tokens, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
         allowed = binding.get("cpus")
