@@ -9,20 +9,18 @@ and `vcfslm schema` (JSON Schema, for yaml-language-server) are built from.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from . import contract, footprint, topology
 from .contract import LEGACY_COMPILE_MODES
 from .errors import InventoryError, Problem
+from .yamldoc import Key, Locator, load_located, pydantic_problems
 
-Key = tuple[str | int, ...]
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 # A key naming one of these words (as a whole word) holds a secret, unless it names an env var.
 SECRET_KEY_RE = re.compile(r"(^|[_.-])(password|passwd|pwd|secret|token|apikey|api_key)($|[_.-])",
@@ -329,10 +327,10 @@ def load_inventory(path: str | Path) -> Inventory:
 
 def parse_inventory(text: str, label: str = "<inventory>") -> Inventory:
     """Validate inventory YAML text; `label` names it in error messages."""
-    data, positions, problems = _load_yaml(text, label)
+    data, positions, problems = load_located(text, label)
     if problems:
         raise InventoryError(problems)
-    locate = _Locator(label, positions)
+    locate = Locator(label, positions)
     if not isinstance(data, dict):
         raise InventoryError([locate((), "the inventory must be a mapping of keys "
                                           "(name, vcenter, placement, vm, nodes, ...)")])
@@ -340,7 +338,9 @@ def parse_inventory(text: str, label: str = "<inventory>") -> Inventory:
     try:
         inv = Inventory.model_validate(data)
     except ValidationError as exc:
-        problems.extend(_pydantic_problems(exc, data, locate))
+        # a secret's key is already reported, with better advice
+        secrets = {k for k, _ in _secret_keys(data)}
+        problems.extend(pydantic_problems(exc, data, locate, Inventory, skip=secrets))
         raise InventoryError(_ordered(problems)) from None
     problems.extend(locate(k, m) for k, m in semantic_problems(inv))
     if problems:
@@ -369,123 +369,6 @@ def _secret_keys(data: Any, key: Key = ()) -> list[tuple[Key, str]]:
         for i, v in enumerate(data):
             out.extend(_secret_keys(v, key + (i,)))
     return out
-
-
-def _pydantic_problems(exc: ValidationError, data: Any, locate: _Locator) -> list[Problem]:
-    out = []
-    secret_paths = {k for k, _ in _secret_keys(data)}
-    for err in exc.errors(include_url=False):
-        loc = tuple(err["loc"])
-        if err["type"] == "extra_forbidden":
-            if loc in secret_paths:
-                continue  # already reported as a secret, with better advice
-            out.append(locate(loc, "unknown key" + _did_you_mean(loc, data)))
-            continue
-        msg = err["msg"]
-        if err["type"] == "missing":
-            msg = "required key is missing"
-        elif "input" in err and not isinstance(err["input"], (dict, list)):
-            msg = f"{msg} (got {err['input']!r})"
-        out.append(locate(loc, msg))
-    return out
-
-
-def _did_you_mean(loc: Key, data: Any) -> str:
-    """' (did you mean 'x'?)' when an unknown key is close to a known one."""
-    model: Any = Inventory
-    for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
-            continue
-        field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
-        if field is None:
-            model = None
-            break
-        model = _model_in(field.annotation)
-    if model is None or not hasattr(model, "model_fields"):
-        return ""
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _model_in(annotation: Any) -> Any:
-    """The BaseModel class inside an annotation such as list[Node] or Network | None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
-class _Locator:
-    """Turns a key path into a Problem with the best known file position."""
-
-    def __init__(self, label: str, positions: dict[Key, tuple[int, int]]):
-        self.label = label
-        self.positions = positions
-
-    def __call__(self, key: Key, message: str) -> Problem:
-        probe = tuple(key)
-        # The deepest known ancestor: a missing key points at its parent mapping.
-        while probe and probe not in self.positions:
-            probe = probe[:-1]
-        line, col = self.positions.get(probe, (None, None))
-        return Problem(self.label, line, col, format_key(key), message)
-
-
-def format_key(key: Key) -> str:
-    """('nodes', 2, 'bench_ip') -> 'nodes[2].bench_ip'."""
-    out = ""
-    for part in key:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _load_yaml(text: str, label: str) -> tuple[Any, dict[Key, tuple[int, int]], list[Problem]]:
-    """Parse YAML keeping each key's (line, column); duplicate keys are problems."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        return None, {}, [Problem(label, line, col, "", f"YAML syntax error: {exc.problem or exc}")]
-    except yaml.YAMLError as exc:
-        return None, {}, [Problem(label, None, None, "", f"YAML error: {exc}")]
-    except RecursionError:
-        return None, {}, [Problem(label, None, None, "", "YAML nesting is too deep")]
-    positions: dict[Key, tuple[int, int]] = {}
-    problems: list[Problem] = []
-    if root is not None:
-        positions[()] = (root.start_mark.line + 1, root.start_mark.column + 1)
-        _walk(root, (), positions, problems, label, set())
-    return data, positions, problems
-
-
-def _walk(node: yaml.Node, key: Key, positions: dict[Key, tuple[int, int]],
-          problems: list[Problem], label: str, seen: set[int]) -> None:
-    if id(node) in seen:  # aliases may point back up the tree
-        return
-    seen = seen | {id(node)}
-    if isinstance(node, yaml.MappingNode):
-        names: set[str] = set()
-        for k_node, v_node in node.value:
-            name = str(k_node.value)
-            child = key + (name,)
-            pos = (k_node.start_mark.line + 1, k_node.start_mark.column + 1)
-            if name in names and name != "<<":
-                problems.append(Problem(label, pos[0], pos[1], format_key(child), "duplicate key"))
-            names.add(name)
-            positions.setdefault(child, pos)
-            _walk(v_node, child, positions, problems, label, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            positions.setdefault(key + (i,), (item.start_mark.line + 1, item.start_mark.column + 1))
-            _walk(item, key + (i,), positions, problems, label, seen)
 
 
 def inventory_json_schema() -> dict[str, Any]:
