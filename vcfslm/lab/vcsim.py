@@ -164,6 +164,9 @@ class VcsimOptions:
     method_delay: Mapping[str, int] = field(default_factory=dict)  # e.g. {"CloneVM_Task": 1000}
     host_hardware: str = "vx650v4"     # vx650v4 | vcsim
     api: str = DEFAULT_API             # the vSphere API advertised (one of API_CHOICES)
+    # {"CloneVM_Task": 2}: answer HTTP 503 to a clone while 2 are being served (0: always),
+    # as vCenter's reverse proxy sheds load; the refusals are logged in vcsim.log.
+    throttle: Mapping[str, int] = field(default_factory=dict)
 
 
 def format_method_delay(delays: Mapping[str, int]) -> str:
@@ -202,6 +205,8 @@ def command_line(binary: Path, workdir: Path, opts: VcsimOptions) -> list[str]:
         argv += ["-delay", str(int(opts.delay_ms))]
     if opts.method_delay:
         argv += ["-method-delay", format_method_delay(opts.method_delay)]
+    if opts.throttle:
+        argv += ["-throttle", format_method_delay(opts.throttle)]  # the same METHOD=N list
     return argv
 
 
@@ -233,6 +238,7 @@ class Vcsim:
     api: str = DEFAULT_API        # what was asked for (api_version is what it reports)
     hardware_version: str = TEMPLATE_HARDWARE_VERSION
     record_file: str = ""
+    throttle: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -251,6 +257,7 @@ class Vcsim:
                                                "template", "api_version", "log", "delay_ms", "api",
                                                "hardware_version", "record_file")}
         data["method_delay"] = dict(self.method_delay)
+        data["throttle"] = dict(self.throttle)
         data["process"] = self.process.to_json()
         return data
 
@@ -264,7 +271,8 @@ class Vcsim:
                    method_delay={k: int(v) for k, v in (data.get("method_delay") or {}).items()},
                    api=data.get("api", DEFAULT_API),
                    hardware_version=data.get("hardware_version", TEMPLATE_HARDWARE_VERSION),
-                   record_file=data.get("record_file", ""))
+                   record_file=data.get("record_file", ""),
+                   throttle={k: int(v) for k, v in (data.get("throttle") or {}).items()})
 
 
 def start(workdir: Path, password: str, opts: VcsimOptions = VcsimOptions(),
@@ -291,7 +299,18 @@ def start(workdir: Path, password: str, opts: VcsimOptions = VcsimOptions(),
                  api_version=info.get("api_version", ""), log=str(log), process=rec,
                  delay_ms=opts.delay_ms, method_delay=dict(opts.method_delay), api=opts.api,
                  hardware_version=info.get("hardware_version", TEMPLATE_HARDWARE_VERSION),
-                 record_file=info.get("record_file", ""))
+                 record_file=info.get("record_file", ""), throttle=dict(opts.throttle))
+
+
+def throttled(vcsim: Vcsim) -> dict[str, int]:
+    """How many calls of each method the simulator refused with 503 so far (from its log)."""
+    counts: dict[str, int] = {}
+    for line in _read(Path(vcsim.log)).splitlines():
+        _, sep, rest = line.partition("vcsim: throttled ")
+        if sep:
+            method = rest.split(" ", 1)[0]
+            counts[method] = counts.get(method, 0) + 1
+    return counts
 
 
 def _wait_ready(proc: subprocess.Popen, ready: Path, log: Path, timeout: float) -> dict:

@@ -10,6 +10,11 @@
 // ReconfigVM_Task / CloneVM_Task body carrying virtualNuma or a numa.* advanced
 // setting is recorded as it arrived, one JSON line per call, in -record-file.
 //
+// -throttle METHOD=K answers HTTP 503 Service Unavailable (what vCenter's reverse
+// proxy answers when it sheds load) to a METHOD call while K calls of it are already
+// being served, so clients' backoff can be tested; K=0 refuses every call of METHOD.
+// Each refusal is logged ("vcsim: throttled ...").
+//
 // Built in GOPATH mode against Debian's golang-github-vmware-govmomi-dev
 // (govmomi 0.24.2). When ready it prints one JSON line on stdout (and writes it
 // to -ready-file when given) with the URL and the CA file; SIGTERM stops it.
@@ -77,6 +82,7 @@ type options struct {
 	readyFile    string
 	api          string
 	recordFile   string
+	throttle     string
 }
 
 // ready is the machine-readable line printed once the server accepts requests.
@@ -114,6 +120,7 @@ func parseFlags() options {
 	flag.StringVar(&o.readyFile, "ready-file", "", "also write the ready line (JSON) to this file, atomically")
 	flag.StringVar(&o.api, "api", "6.5", "vSphere API version to advertise: "+strings.Join(apiNames(), " | "))
 	flag.StringVar(&o.recordFile, "record-file", "", "append recorded vNUMA reconfigure/clone bodies here (JSON lines)")
+	flag.StringVar(&o.throttle, "throttle", "", "answer HTTP 503 to METHOD while K calls of it are in flight, e.g. CloneVM_Task=2 (0: always)")
 	flag.Parse()
 	if o.password == "" {
 		o.password = os.Getenv("VCSIM_PASSWORD")
@@ -123,6 +130,11 @@ func parseFlags() options {
 
 // parseMethodDelay turns "A=1,B=2" into a map of method name to milliseconds.
 func parseMethodDelay(spec string) (map[string]int, error) {
+	return parseMethodInts("-method-delay", "milliseconds", spec)
+}
+
+// parseMethodInts turns "A=1,B=2" into a map of method name to a non-negative integer.
+func parseMethodInts(flagName, unit, spec string) (map[string]int, error) {
 	delays := map[string]int{}
 	for _, item := range strings.Split(spec, ",") {
 		item = strings.TrimSpace(item)
@@ -131,11 +143,11 @@ func parseMethodDelay(spec string) (map[string]int, error) {
 		}
 		parts := strings.SplitN(item, "=", 2)
 		if len(parts) != 2 {
-			return nil, fmt.Errorf("-method-delay: %q is not METHOD=MS", item)
+			return nil, fmt.Errorf("%s: %q is not METHOD=N", flagName, item)
 		}
-		ms, err := strconv.Atoi(parts[1])
+		ms, err := strconv.Atoi(strings.TrimSpace(parts[1]))
 		if err != nil || ms < 0 {
-			return nil, fmt.Errorf("-method-delay: %q: milliseconds must be a non-negative integer", item)
+			return nil, fmt.Errorf("%s: %q: %s must be a non-negative integer", flagName, item, unit)
 		}
 		delays[strings.TrimSpace(parts[0])] = ms
 	}
@@ -540,12 +552,56 @@ func parseRecord(body []byte, action string) *soapRecord {
 	return rec
 }
 
-// recorder wraps the simulator's handler: it serves the advertised versions document and
-// appends every vNUMA-carrying reconfigure/clone body to a file, then passes the call on.
+// reBodyMethod finds the called method: the first element inside the SOAP body.
+var reBodyMethod = regexp.MustCompile(`<(?:[A-Za-z0-9_]+:)?Body\b[^>]*>\s*<(?:[A-Za-z0-9_]+:)?([A-Za-z0-9_]+)`)
+
+// throttle counts the calls of each limited method being served and refuses one over its limit.
+type throttle struct {
+	limits   map[string]int
+	mu       sync.Mutex
+	inFlight map[string]int
+	refused  map[string]int
+}
+
+func newThrottle(limits map[string]int) *throttle {
+	return &throttle{limits: limits, inFlight: map[string]int{}, refused: map[string]int{}}
+}
+
+// enter admits a call of method (true) or counts a refusal (false); admitted calls must leave.
+func (t *throttle) enter(method string) bool {
+	limit, ok := t.limits[method]
+	if !ok {
+		return true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.inFlight[method] >= limit {
+		t.refused[method]++
+		log.Printf("vcsim: throttled %s (%d in flight, limit %d): refusal %d answered 503",
+			method, t.inFlight[method], limit, t.refused[method])
+		return false
+	}
+	t.inFlight[method]++
+	return true
+}
+
+func (t *throttle) leave(method string) {
+	if _, ok := t.limits[method]; !ok {
+		return
+	}
+	t.mu.Lock()
+	t.inFlight[method]--
+	t.mu.Unlock()
+}
+
+// recorder wraps the simulator's handler: it serves the advertised versions document,
+// appends every vNUMA-carrying reconfigure/clone body to a file and refuses calls over
+// the throttle's limits, then passes the call on.
 type recorder struct {
 	next     http.Handler
 	versions http.Handler
 	file     string
+	throttle *throttle
 	mu       sync.Mutex
 }
 
@@ -554,15 +610,29 @@ func (rw *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rw.versions.ServeHTTP(w, r)
 		return
 	}
-	if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/sdk") && rw.file != "" {
+	limited := rw.throttle != nil && len(rw.throttle.limits) > 0
+	if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/sdk") && (rw.file != "" || limited) {
 		body, err := ioutil.ReadAll(r.Body)
 		_ = r.Body.Close()
 		if err != nil {
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
-		if rec := parseRecord(body, strings.Trim(r.Header.Get("SOAPAction"), `"`)); rec != nil {
-			rw.append(rec)
+		if limited {
+			if m := reBodyMethod.FindSubmatch(body); m != nil {
+				method := string(m[1])
+				if !rw.throttle.enter(method) {
+					w.Header().Set("Retry-After", "1")
+					http.Error(w, "Service Unavailable", http.StatusServiceUnavailable)
+					return
+				}
+				defer rw.throttle.leave(method)
+			}
+		}
+		if rw.file != "" {
+			if rec := parseRecord(body, strings.Trim(r.Header.Get("SOAPAction"), `"`)); rec != nil {
+				rw.append(rec)
+			}
 		}
 		r.Body = ioutil.NopCloser(bytes.NewReader(body))
 	}
@@ -601,6 +671,10 @@ func run(o options) error {
 		return errors.New("-host and -cluster must be at least 1")
 	}
 	delays, err := parseMethodDelay(o.methodDelay)
+	if err != nil {
+		return err
+	}
+	limits, err := parseMethodInts("-throttle", "the limit", o.throttle)
 	if err != nil {
 		return err
 	}
@@ -673,7 +747,7 @@ func run(o options) error {
 	server := model.Service.NewServer()
 	// Set before the ready line is written, so before any client can call.
 	server.Config.Handler = &recorder{next: server.Config.Handler, versions: serviceVersions(api),
-		file: o.recordFile}
+		file: o.recordFile, throttle: newThrottle(limits)}
 
 	// Latency starts only now, so start-up (template creation) stays fast.
 	model.DelayConfig.Delay = o.delay
