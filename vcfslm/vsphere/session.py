@@ -2,7 +2,8 @@
 
 Session expiry is healed by logging in again (safe for any call: vCenter refused
 it before doing anything); connection resets are retried with backoff only for
-calls that are safe to repeat.
+calls that are safe to repeat; a vCenter refusing calls for load (throttle.py) is
+asked again after a jittered backoff, and named when it keeps refusing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from ..errors import VCenterError
 from ..progress import NullReporter, Reporter
 from .credentials import Secret, ssl_context
 from .desired import lowest, parse_version
+from .throttle import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Throttled,
+    next_wait,
+    throttle_reason,
+    throttled_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +46,24 @@ def fault_text(exc: BaseException) -> str:
         return f"{type(exc).__name__.split('.')[-1]}: {msg}".rstrip(": ") if msg else \
             type(exc).__name__.split(".")[-1]
     return str(exc) or type(exc).__name__
+
+
+def method_name(fn: Callable) -> str:
+    """The API method a callable invokes ("CloneVM_Task"), for logs and errors.
+
+    pyVmomi's bound methods are lambdas closing over a ManagedMethod whose info names it.
+    """
+    name = getattr(fn, "__name__", "")
+    if name and name != "<lambda>":
+        return name
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            wsdl = cell.cell_contents.info.wsdlName
+        except (AttributeError, ValueError):
+            continue
+        if isinstance(wsdl, str):
+            return wsdl
+    return "a vCenter call"
 
 
 def pyvmomi_version(api: str) -> str:
@@ -60,17 +87,24 @@ class Session:
 
     vcenter: the inventory's vcenter section; password: a Secret; retries: extra
     attempts after a reset or an expiry; backoff: first wait (s) before retrying a reset;
-    api_pin: the API release to speak ("6.7"); None = the newest both sides know.
+    api_pin: the API release to speak ("6.7"); None = the newest both sides know;
+    pool_size: HTTPS connections kept open (one per thread calling at once); throttle:
+    how long to keep asking a vCenter that refuses calls for load (None: the default);
+    parallel: the workers of this run, named when throttling persists.
     """
 
     def __init__(self, vcenter, password: Secret, reporter: Reporter | None = None,
-                 retries: int = 4, backoff: float = 0.5, api_pin: str | None = None):
+                 retries: int = 4, backoff: float = 0.5, api_pin: str | None = None,
+                 pool_size: int = 1, throttle: Backoff | None = None, parallel: int | None = None):
         self.cfg = vcenter
         self.api_pin = api_pin
         self.password = password
         self.reporter = reporter or NullReporter()
         self.retries = retries
         self.backoff = backoff
+        self.pool_size = pool_size
+        self.throttle = throttle or DEFAULT_BACKOFF
+        self.parallel = parallel
         self.si = None
         self._content = None
         self._login_lock = threading.Lock()
@@ -106,8 +140,18 @@ class Session:
                 raise
             raise VCenterError(f"vCenter {cfg.host} does not offer vSphere API {self.api_pin} "
                                "(not in its vimServiceVersions.xml)") from None
+        self._size_pool()
         log.debug("logged in to vCenter %s: API %s, session API %s%s", cfg.host, self.api_version,
                   self.session_api_version, " (pinned)" if pinned else "")
+
+    def _size_pool(self) -> None:
+        # pyVmomi keeps poolSize (default 5) idle HTTPS connections and closes any other
+        # after its call: with more worker threads than that, every call past the fifth
+        # pays a fresh TCP + TLS handshake on the operator's CPU. One per worker keeps them.
+        stub = getattr(self.si, "_stub", None)
+        if stub is not None and isinstance(getattr(stub, "poolSize", None), int):
+            stub.poolSize = max(stub.poolSize, self.pool_size)
+            log.debug("HTTPS connection pool: up to %d connection(s) kept open", stub.poolSize)
 
     def close(self) -> None:
         if self.si is not None:
@@ -162,24 +206,48 @@ class Session:
             sm.Login(self.cfg.user, self.password.reveal())
 
     def call(self, fn: Callable, *args, idempotent: bool = True, **kwargs):
-        """fn(*args) with session-expiry healing; connection resets retried when idempotent."""
+        """fn(*args) with session-expiry healing and throttling backoff (any call); connection
+        resets retried when idempotent. Throttled when vCenter keeps refusing for load."""
         delay = self.backoff
-        what = getattr(fn, "__name__", "call")
-        for attempt in range(self.retries + 1):
+        what = method_name(fn)
+        attempt = 0
+        refusals = 0
+        waited = 0.0
+        while True:
             try:
                 return fn(*args, **kwargs)
             except vim.fault.NotAuthenticated:
                 # Refused before anything happened: safe to repeat any call.
                 if attempt == self.retries:
                     raise
-                log.debug("%s: not authenticated (attempt %d of %d)", what, attempt + 1,
-                          self.retries + 1)
+                attempt += 1
+                log.debug("%s: not authenticated (attempt %d of %d)", what, attempt, self.retries + 1)
                 self._relogin()
             except TRANSIENT as exc:
                 if not idempotent or attempt == self.retries:
                     raise
+                attempt += 1
                 log.debug("%s: %s (attempt %d of %d); retrying in %.1f s", what, type(exc).__name__,
-                          attempt + 1, self.retries + 1, delay)
+                          attempt, self.retries + 1, delay)
                 time.sleep(delay)
                 delay *= 2
-        raise AssertionError("unreachable")
+            except (http.client.HTTPException, vmodl.MethodFault) as exc:
+                reason = throttle_reason(exc)
+                if reason is None:
+                    raise
+                # Refused for load, not carried out: safe to repeat any call after a wait.
+                refusals += 1
+                waited += self.throttle_wait(what, reason, refusals, waited)
+
+    def throttle_wait(self, what: str, reason: str, refusals: int, waited: float) -> float:
+        """Sleep before asking again after refusal number `refusals` and return the wait (s);
+        Throttled when the backoff is spent. waited: seconds already waited on this call."""
+        wait = next_wait(self.throttle, refusals, waited)
+        if wait is None:
+            log.debug("%s: %s, refusal %d: giving up after %.1f s of backoff", what, reason,
+                      refusals, waited)
+            raise Throttled(throttled_message(what, reason, refusals, waited, self.parallel))
+        log.debug("%s: vCenter throttling (%s), refusal %d; asking again in %.1f s", what, reason,
+                  refusals, wait)
+        time.sleep(wait)
+        return wait

@@ -16,6 +16,7 @@ from pyVmomi import vim, vmodl
 from ..errors import VCenterError
 from .session import Session
 from .snapshot import ethernet_cards, usable_ipv4
+from .throttle import throttle_reason
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,21 @@ class Waiter:
         """Start a task with method(*args, **kwargs) and return its result (see `task`).
 
         what: names the task in the debug log ("clone slm-01"); idempotent: the start
-        may be retried after a connection reset (power operations are).
+        may be retried after a connection reset (power operations are). A task that
+        fails because vCenter had too many at once (TooManyConcurrentNativeClones) did
+        nothing: it is started again after the session's throttling backoff.
         """
-        return self.task(self.session.call(method, *args, idempotent=idempotent, **kwargs), what)
+        refusals = 0
+        waited = 0.0
+        while True:
+            try:
+                return self.task(self.session.call(method, *args, idempotent=idempotent, **kwargs), what)
+            except TaskFailed as exc:
+                reason = throttle_reason(exc.__cause__)
+                if reason is None:
+                    raise
+                refusals += 1
+                waited += self.session.throttle_wait(what, reason, refusals, waited)
 
     def task(self, task, what: str = "a task", timeout: float | None = None):
         """The task's result once it succeeds; TaskFailed (cause: the fault) when it fails."""
