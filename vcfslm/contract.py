@@ -120,13 +120,28 @@ def model_ref(inventory) -> str:
 # ------------------------------------------------------------------ node selection
 
 
-# How many hosts one stage works on at once. vCenter queues what it cannot run, but each
-# clone holds a provisioning slot on the template's datastore and a session thread; past a
-# few dozen concurrent tasks a shared vCenter slows every other tenant's work and starts to
-# answer with throttling faults. SSH to guests has no such shared server: the operator's
-# file descriptors and CPU are the limit, so its cap is higher. Both are raised per run
+# How many hosts one stage works on at once. Both caps are raised or lowered per run
 # (`--parallel`) or per inventory (`vcenter.parallel`, `guest.parallel`).
-VCENTER_PARALLEL_CAP = 32
+#
+# vCenter: each worker keeps one call or task in flight, all on one session, so the cap is
+# this run's share of vCenter's concurrency:
+# - vCenter executes about 640 concurrent operations before it queues incoming requests and
+#   holds 2,000 sessions before it refuses logins (VMware performance blog, "vCenter Limits
+#   for Tasks Running at the Same Time", 2021-02; the same SOAP limits in "Endpoint Limits
+#   for Concurrent REST Requests from vCenter APIs", 2022-07). 64 is a tenth of the 640,
+#   the rest left to the other tenants of a shared vCenter.
+# - vpxd's resource manager charges clones and migrations against a cost limit per host
+#   (vpxd.ResourceManager.maxCostPerEsx6xHost = 16; 8 before ESXi 6.0) and per datastore
+#   (maxCostPerEsx6xDs = 128) (Broadcom KB 326281; a provisioning operation costs a host 1,
+#   vSphere 6.x "Limits on Simultaneous Migrations") and queues, never fails, what is over
+#   them. One VM per host keeps every destination host far below its limit; the template's
+#   host and datastore are charged by every clone, and vCenter itself queues the surplus,
+#   so more workers only move that wait into vCenter's queue while the other steps
+#   (reconfigure, customize, power on) run on all hosts at once.
+# - 64 takes a 64-host workload domain in one wave instead of four.
+# SSH to guests has no such shared server: the operator's file descriptors and CPU are
+# the limit.
+VCENTER_PARALLEL_CAP = 64
 GUEST_PARALLEL_CAP = 64
 
 

@@ -15,15 +15,16 @@ from vcfslm.cli import vcenter as cli
 BRIEF = Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml"
 
 
-def vm_result(failed=(), pending=()):
+def vm_result(failed=(), pending=(), throttled=()):
     outcomes = [SimpleNamespace(name=f"slm-0{i}", ok=f"slm-0{i}" not in failed,
                                 status="failed" if f"slm-0{i}" in failed else "ok", message="",
-                                step="", ip=None, moref=None,
+                                step="", ip=None, moref=None, throttled=f"slm-0{i}" in throttled,
                                 pending=["numCPUs: 8 -> 96"] if f"slm-0{i}" in pending else [])
                 for i in range(1, 5)]
     return SimpleNamespace(
         outcomes=outcomes, failed=[o for o in outcomes if not o.ok],
         pending=[o for o in outcomes if o.ok and o.pending], warnings=[],
+        throttled=[o for o in outcomes if o.throttled],
         plan=SimpleNamespace(change_count=3, path_lines=lambda: ["vCenter API 8.0.3.0, session API 8.0.3.0"]),
         to_dict=lambda: {"changes": 3, "vms": [o.name for o in outcomes]})
 
@@ -55,7 +56,8 @@ def test_stage_all_runs_vms_then_guests_and_remembers_the_inventory(mocker, env,
     mocker.patch.object(cli, "_run_vm_stage", return_value=vm_result())
     res = CliRunner().invoke(main, ["provision", str(BRIEF), "--trust-new-hosts", "-o", "json"], env=env)
     assert res.exit_code == 0, res.output
-    assert guest_calls == [("phi3-vx650v4", ("ssh", True), {})]
+    # every guest at once: the brief's 4 nodes are under the SSH cap
+    assert guest_calls == [("phi3-vx650v4", ("ssh", True), {"max_workers": 4})]
     doc = json.loads(res.stdout)
     assert doc["changes"] == 3 and doc["guests"] == {"ok": True}
     state = json.loads(Path(env["VCFSLM_STATE"]).read_text())
@@ -102,3 +104,72 @@ def test_bad_inventory_is_exit_2_before_any_connection(mocker, env, tmp_path):
         res = CliRunner().invoke(main, [cmd, str(bad)], env=env)
         assert res.exit_code == 2 and "vm.vnuma_nodes" in res.output
     run.assert_not_called()
+
+
+# ------------------------------------------------------------------ --parallel
+
+
+def brief_with(tmp_path, **vcenter) -> Path:
+    import yaml
+
+    data = yaml.safe_load(BRIEF.read_text())
+    data["vcenter"].update(vcenter)
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("parallel, setting, workers", [
+    (None, None, 4),    # every VM: 4 nodes are under the cap
+    (None, 2, 2),       # the inventory's vcenter.parallel
+    (3, 2, 3),          # --parallel overrides it
+    (64, None, 4),      # never more workers than VMs
+])
+def test_vcenter_workers_follow_flag_then_inventory_then_cap(tmp_path, parallel, setting, workers):
+    from vcfslm.inventory import load_inventory
+
+    inv = load_inventory(brief_with(tmp_path, parallel=setting))
+    assert cli.vcenter_workers(inv, parallel) == workers
+
+
+def test_parallel_reaches_the_driver_and_the_guest_stage(mocker, env, guest_calls):
+    built = {}
+
+    class Driver:
+        def __init__(self, cfg, password, reporter, **kw):
+            built.update(kw)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    mocker.patch("vcfslm.vsphere.driver.PyVmomiVCenter", Driver)
+    mocker.patch("vcfslm.vsphere.credentials.resolve_password", return_value="pw")
+    mocker.patch("vcfslm.vsphere.reconcile.provision", return_value=vm_result())
+    mocker.patch.object(cli, "_print_summary")
+    res = CliRunner().invoke(main, ["provision", str(BRIEF), "--parallel", "2"], env=env)
+    assert res.exit_code == 0, res.output
+    assert built["max_workers"] == 2
+    assert guest_calls[0][2] == {"max_workers": 2}
+
+
+@pytest.mark.parametrize("cmd", ["provision", "destroy"])
+def test_parallel_below_one_is_exit_2(env, cmd):
+    res = CliRunner().invoke(main, [cmd, str(BRIEF), "--parallel", "0"], env=env)
+    assert res.exit_code == 2
+    assert "Invalid value for '--parallel': 0 is not in the range x>=1." in res.output
+
+
+def test_throttled_vms_name_the_throttling_and_a_lower_parallel(mocker, env, guest_calls):
+    mocker.patch.object(cli, "_run_vm_stage",
+                        return_value=vm_result(failed=("slm-02", "slm-03"), throttled=("slm-02", "slm-03")))
+    res = CliRunner().invoke(main, ["provision", str(BRIEF)], env=env)
+    assert res.exit_code == 1
+    lines = res.output.splitlines()
+    assert "error: 2 of 4 VM(s) failed: slm-02, slm-03; the guest stage was skipped" in lines
+    assert ("vCenter is throttling: it kept refusing calls for 2 VM(s) (slm-02, slm-03) with 4 at once"
+            in lines)
+    assert "retry with a lower --parallel, e.g. --parallel 2" in lines
+    assert guest_calls == []

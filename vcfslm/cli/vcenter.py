@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from .. import contract
 from ..errors import UsageError, VCenterError
 from ..progress import Progress, describe
 from .common import (
@@ -114,9 +115,32 @@ def api_option(f):
              "below 8.0.0.1 vNUMA takes the extraConfig fallback.")(f)
 
 
+def parallel_option(help_text: str):
+    return click.option("--parallel", type=click.IntRange(min=1), default=None, metavar="N",
+                        help=help_text)
+
+
+PROVISION_PARALLEL_HELP = (
+    "Hosts worked on at once, on vCenter and then over SSH (default: vcenter.parallel and "
+    f"guest.parallel, else every host up to {contract.VCENTER_PARALLEL_CAP} VMs / "
+    f"{contract.GUEST_PARALLEL_CAP} guests); e.g. --parallel 8 when vCenter throttles.")
+DESTROY_PARALLEL_HELP = (
+    "VMs powered off and deleted at once (default: vcenter.parallel, else every VM up to "
+    f"{contract.VCENTER_PARALLEL_CAP}); e.g. --parallel 8 when vCenter throttles.")
+
+
+def vcenter_workers(inv, parallel: int | None) -> int:
+    """VMs worked on at once: --parallel, else vcenter.parallel, else every VM up to the cap."""
+    return contract.parallelism(parallel or inv.vcenter.parallel, len(inv.nodes),
+                                contract.VCENTER_PARALLEL_CAP)
+
+
 @contextmanager
-def _vcenter(inv, reporter, api_pin: str | None = None):
-    """A connected pyVmomi driver and an Automation API client factory; sessions closed on exit."""
+def _vcenter(inv, reporter, api_pin: str | None = None, parallel: int | None = None):
+    """A connected pyVmomi driver and an Automation API client factory; sessions closed on exit.
+
+    parallel: --parallel (None: the inventory's vcenter.parallel, else the cap).
+    """
     from ..vsphere.credentials import resolve_password
     from ..vsphere.driver import PyVmomiVCenter
 
@@ -127,7 +151,8 @@ def _vcenter(inv, reporter, api_pin: str | None = None):
 
         return AutomationClient(inv.vcenter, password)
 
-    with PyVmomiVCenter(inv.vcenter, password, reporter, api_pin=api_pin) as vc:
+    with PyVmomiVCenter(inv.vcenter, password, reporter, api_pin=api_pin,
+                        max_workers=vcenter_workers(inv, parallel)) as vc:
         yield vc, automation
 
 
@@ -183,11 +208,12 @@ def _confirm_restarts(plan) -> bool:
     return click.confirm(f"Power off and restart running VM(s) {names}?", default=False, err=True)
 
 
-def _run_vm_stage(inv, allow_restart: bool, yes: bool, output: str, api_pin: str | None = None):
+def _run_vm_stage(inv, allow_restart: bool, yes: bool, output: str, api_pin: str | None = None,
+                  parallel: int | None = None):
     from ..vsphere import reconcile
 
     with VmLinesReporter(quiet=output == "json") as reporter:
-        with _vcenter(inv, reporter, api_pin) as (vc, automation):
+        with _vcenter(inv, reporter, api_pin, parallel) as (vc, automation):
             return reconcile.provision(inv, vc, reporter, allow_restart, automation,
                                        confirm=None if yes else _confirm_restarts)
 
@@ -215,8 +241,12 @@ def _load_guest_stage():
     return importlib.import_module(GUEST_STAGE_MODULE)
 
 
-def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict) -> None:
-    """Run the guest stage (provision_guests) when this build has it."""
+def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict,
+                 parallel: int | None = None) -> None:
+    """Run the guest stage (provision_guests) when this build has it.
+
+    parallel: --parallel, the guests prepared at once (None: guest.parallel, else the cap).
+    """
     module = _load_guest_stage()
     if module is None:
         if stage == "guests":
@@ -224,7 +254,10 @@ def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict)
         err_console.print("note: the guest stage is not part of this build; provisioned VMs only")
         return
     with VmLinesReporter(quiet=output == "json") as reporter:
-        summary = module.provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter)
+        workers = contract.parallelism(parallel or inv.guest.parallel, len(inv.nodes),
+                                       contract.GUEST_PARALLEL_CAP)
+        summary = module.provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
+                                          max_workers=workers)
     # the `guests` command's renderers, so both commands show a run alike
     if output == "json":
         doc["guests"] = summary_json(summary)
@@ -242,20 +275,26 @@ def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before restarting running VMs.")
 @click.option("--trust-new-hosts", is_flag=True,
               help="Guest stage: record the SSH host keys of guests not yet in known_hosts.")
+@parallel_option(PROVISION_PARALLEL_HELP)
 @api_option
 @output_option
 def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
-              trust_new_hosts: bool, api_pin: str | None, output: str) -> None:
+              trust_new_hosts: bool, parallel: int | None, api_pin: str | None, output: str) -> None:
     """Create or converge the inventory's VMs on vCenter, then prepare the guests.
 
     \b
     Clones one VM per ESXi host (96 vCPUs in four vNUMA nodes in the brief's
     inventory), pins it to the host's NUMA nodes, customizes hostname and IPs,
-    powers it on and waits for its IP; all VMs in parallel. A re-run changes
-    only what differs. Examples:
+    powers it on and waits for its IP; every VM at once, up to a cap that is
+    safe for a shared vCenter (--parallel or vcenter.parallel set it). A re-run
+    changes only what differs. A vCenter refusing calls for load (HTTP 503) is
+    asked again with growing, jittered waits; if it keeps refusing, the VM fails
+    with "vCenter is throttling" and a lower --parallel is the way out. Examples:
       vcfslm provision cluster.yaml
       vcfslm provision cluster.yaml --allow-restart --yes
       vcfslm provision cluster.yaml --stage vms
+      vcfslm provision cluster.yaml --parallel 64      a 64-host domain at once
+      vcfslm provision cluster.yaml --parallel 8       a vCenter that throttles
       vcfslm provision cluster.yaml --trust-new-hosts   first contact with new guests
     Exit 1 when any VM failed or changes are pending a restart.
     """
@@ -263,17 +302,18 @@ def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
     path = resolve_inventory_path(inventory)
     doc: dict = {}  # the JSON form: the VM stage's result, plus "guests"; printed once
     try:
-        _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc, api_pin)
+        _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc, api_pin,
+                          parallel)
     finally:
         if output == "json" and doc:
             print_json(doc)
 
 
 def _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc,
-                      api_pin=None) -> None:
+                      api_pin=None, parallel=None) -> None:
     result = None
     if stage in ("vms", "all"):
-        result = _run_vm_stage(inv, allow_restart, yes, output, api_pin)
+        result = _run_vm_stage(inv, allow_restart, yes, output, api_pin, parallel)
         remember_inventory(path)
         if output == "json":
             doc.update(result.to_dict())
@@ -282,22 +322,34 @@ def _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, out
         if result.failed:
             raise VCenterError(f"{len(result.failed)} of {len(result.outcomes)} VM(s) failed: "
                                + ", ".join(o.name for o in result.failed)
-                               + ("; the guest stage was skipped" if stage == "all" else ""))
+                               + ("; the guest stage was skipped" if stage == "all" else "")
+                               + throttled_hint(result.throttled, vcenter_workers(inv, parallel)))
     else:
         remember_inventory(path)
     if stage in ("guests", "all"):
-        _guest_stage(inv, stage, output, trust_new_hosts, doc)
+        _guest_stage(inv, stage, output, trust_new_hosts, doc, parallel)
     if result is not None and result.pending:
         raise VCenterError(f"{len(result.pending)} VM(s) have changes pending a restart: "
                            + ", ".join(o.name for o in result.pending)
                            + " (run provision --allow-restart)")
 
 
+def throttled_hint(throttled: list, workers: int) -> str:
+    """The closing lines when vCenter's throttling failed VMs: what happened, what to do."""
+    if not throttled:
+        return ""
+    lower = max(1, workers // 2)
+    return (f"\nvCenter is throttling: it kept refusing calls for {len(throttled)} VM(s) "
+            f"({', '.join(o.name for o in throttled)}) with {workers} at once"
+            f"\nretry with a lower --parallel, e.g. --parallel {lower}")
+
+
 @click.command()
 @inventory_argument
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@parallel_option(DESTROY_PARALLEL_HELP)
 @output_option
-def destroy(inventory: str | None, yes: bool, output: str) -> None:
+def destroy(inventory: str | None, yes: bool, parallel: int | None, output: str) -> None:
     """Power off and delete the inventory's VMs (only those carrying its ownership marker).
 
     \b
@@ -305,6 +357,7 @@ def destroy(inventory: str | None, yes: bool, output: str) -> None:
     refused, never deleted. Examples:
       vcfslm destroy cluster.yaml
       vcfslm destroy cluster.yaml --yes
+      vcfslm destroy cluster.yaml --yes --parallel 8   gentler on a busy vCenter
     Exit 1 when a VM was refused or failed to be destroyed.
     """
     from ..vsphere import reconcile
@@ -317,7 +370,7 @@ def destroy(inventory: str | None, yes: bool, output: str) -> None:
                              default=False, err=True)
 
     with VmLinesReporter(quiet=output == "json") as reporter:
-        with _vcenter(inv, reporter) as (vc, automation):
+        with _vcenter(inv, reporter, parallel=parallel) as (vc, automation):
             result = reconcile.destroy(inv, vc, reporter, automation, None if yes else confirm)
     if output == "json":
         print_json({**result.plan.to_dict(), "warnings": result.warnings,
@@ -334,7 +387,9 @@ def destroy(inventory: str | None, yes: bool, output: str) -> None:
         raise VCenterError("refused to destroy:\n" + "\n".join(f"  - {r}" for r in result.plan.refused))
     failed = [o.name for o in result.outcomes if not o.ok]
     if failed:
-        raise VCenterError(f"failed to destroy: {', '.join(failed)}")
+        raise VCenterError(f"failed to destroy: {', '.join(failed)}"
+                           + throttled_hint([o for o in result.outcomes if o.throttled],
+                                            vcenter_workers(inv, parallel)))
 
 
 COMMANDS = [plan, provision, destroy]

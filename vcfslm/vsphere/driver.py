@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from pyVmomi import vim, vmodl
 
+from .. import contract
 from ..errors import VCenterError
 from ..progress import Reporter
 from . import snapshot, specs
@@ -35,6 +36,7 @@ from .session import Session
 from .snapshot import Refs
 from .state import Snapshot, VmState
 from .tasks import TaskFailed, Waiter
+from .throttle import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +66,19 @@ class PyVmomiVCenter:
     """VCenter implementation over pyVmomi; use as a context manager (closes the session).
 
     vcenter: the inventory's vcenter section; password: a Secret; max_workers: VMs
-    handled at once; task_timeout, ip_timeout: seconds a task / a guest IP may take;
-    retries, backoff, api_pin: see session.Session.
+    handled at once (the CLI resolves it with contract.parallelism); None = every VM up
+    to contract.VCENTER_PARALLEL_CAP; task_timeout, ip_timeout: seconds a task / a guest
+    IP may take; retries, backoff, api_pin, throttle: see session.Session.
     """
 
     def __init__(self, vcenter, password: Secret, reporter: Reporter | None = None,
-                 max_workers: int = 16, task_timeout: float = 3600.0, ip_timeout: float = 900.0,
-                 retries: int = 4, backoff: float = 0.5, api_pin: str | None = None):
-        self.session = Session(vcenter, password, reporter, retries, backoff, api_pin)
+                 max_workers: int | None = None, task_timeout: float = 3600.0,
+                 ip_timeout: float = 900.0, retries: int = 4, backoff: float = 0.5,
+                 api_pin: str | None = None, throttle: Backoff | None = None):
+        # One HTTPS connection per worker, plus the calling thread's (observe, folders).
+        pool = (max_workers or contract.VCENTER_PARALLEL_CAP) + 1
+        self.session = Session(vcenter, password, reporter, retries, backoff, api_pin,
+                               pool_size=pool, throttle=throttle, parallel=max_workers)
         self.reporter = self.session.reporter
         self.max_workers = max_workers
         self.task_timeout = task_timeout

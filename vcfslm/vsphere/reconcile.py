@@ -15,11 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
+from .. import contract
 from ..errors import VCenterError
 from ..progress import NullReporter, Reporter
 from . import changes, preflight, vnuma
 from .desired import DesiredVm, desired_vms
 from .state import Snapshot, VmState
+from .throttle import Throttled
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,8 @@ Out = TypeVar("Out")
 
 @dataclass
 class VmOutcome:
-    """How one VM ended: status ok | failed | blocked; `step` is the last step attempted."""
+    """How one VM ended: status ok | failed | blocked; `step` is the last step attempted;
+    throttled: it failed because vCenter kept refusing calls for load."""
 
     name: str
     status: str
@@ -45,6 +48,7 @@ class VmOutcome:
     moref: str | None = None
     ip: str | None = None
     pending: list[str] = field(default_factory=list)
+    throttled: bool = False
 
     @property
     def ok(self) -> bool:
@@ -73,9 +77,9 @@ class VmWorker(Protocol):
 
 
 class VCenter(Protocol):
-    """What reconcile needs from a vCenter driver."""
+    """What reconcile needs from a vCenter driver (max_workers None: every VM up to the cap)."""
 
-    max_workers: int
+    max_workers: int | None
 
     def observe(self, inv) -> Snapshot: ...
 
@@ -113,6 +117,10 @@ class ProvisionResult:
         return [o for o in self.outcomes if o.ok and o.pending]
 
     @property
+    def throttled(self) -> list[VmOutcome]:
+        return [o for o in self.outcomes if o.throttled]
+
+    @property
     def exit_code(self) -> int:
         return 1 if self.failed or self.pending else 0
 
@@ -123,7 +131,8 @@ class ProvisionResult:
             "session_api_version": p.session_api_version, "vnuma_path": p.vnuma_path,
             "vnuma_reason": p.vnuma_reason,
             "vms": [{"name": o.name, "status": o.status, "message": o.message, "step": o.step,
-                     "ip": o.ip, "moref": o.moref, "pending": o.pending} for o in self.outcomes],
+                     "ip": o.ip, "moref": o.moref, "pending": o.pending, "throttled": o.throttled}
+                    for o in self.outcomes],
             "warnings": self.warnings, "tagged": self.tagged,
         }
 
@@ -284,12 +293,15 @@ def destroy_vms(vc: VCenter, dplan: changes.DestroyPlan,
                    "vcfslm-destroy")
 
 
-def _pooled(fn: Callable[[In], Out], items: Sequence[In], max_workers: int, prefix: str) -> list[Out]:
-    """fn over items in a pool of at most max_workers threads, results in item order."""
+def _pooled(fn: Callable[[In], Out], items: Sequence[In], max_workers: int | None,
+            prefix: str) -> list[Out]:
+    """fn over items in a pool of max_workers threads (None: every item up to the vCenter
+    cap), results in item order."""
     if not items:
         return []
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(items))),
-                            thread_name_prefix=prefix) as pool:
+    workers = contract.parallelism(max_workers, len(items), contract.VCENTER_PARALLEL_CAP)
+    log.debug("%s: %d VM(s), %d at once", prefix, len(items), workers)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix) as pool:
         return list(pool.map(fn, items))
 
 
@@ -328,6 +340,7 @@ def _apply_vm(vc: VCenter, vp: changes.VmPlan, reporter: Reporter,
         reporter.update(name, done)
     except Exception as exc:  # one VM's failure must not stop the others
         outcome.moref = worker.moref
+        outcome.throttled = isinstance(exc, Throttled)
         _failed(outcome, vc.error_text(exc), reporter)
     return outcome
 
@@ -361,6 +374,7 @@ def _destroy_vm(vc: VCenter, state: VmState, reporter: Reporter) -> VmOutcome:
             worker.destroy()
             reporter.update(state.name, "destroyed")
     except Exception as exc:  # the others go on
+        outcome.throttled = isinstance(exc, Throttled)
         _failed(outcome, vc.error_text(exc), reporter)
     return outcome
 
