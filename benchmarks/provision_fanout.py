@@ -1,10 +1,12 @@
-"""Fan-out of provision: 1 VM vs 16 VMs on a vcsim with ~1 s latency per vCenter call.
+"""Fan-out of provision: 1 VM vs N VMs on a vcsim with ~1 s latency per vCenter call.
 
 Every VM needs the same chain of slow calls (clone, reconfigure, customize,
-mark, power on), so if VMs are handled in parallel, 16 VMs take about as long
-as one. Prints both wall times and their ratio (target <= 1.5).
+mark, power on), so if VMs are handled in parallel, N VMs take about as long
+as one. Workers are resolved as `vcfslm provision` resolves them (--parallel,
+else every VM up to contract.VCENTER_PARALLEL_CAP). Prints both wall times,
+their ratio (target <= 1.5) and the parallelism used.
 
-    .venv/bin/python benchmarks/provision_fanout.py [--vms 16] [--delay-ms 1000]
+    .venv/bin/python benchmarks/provision_fanout.py [--vms 64] [--delay-ms 1000] [--parallel N]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vcfslm import contract  # noqa: E402
 from vcfslm.inventory import load_inventory  # noqa: E402
 from vcfslm.lab import vcsim  # noqa: E402
 from vcfslm.vsphere import reconcile  # noqa: E402
@@ -51,11 +54,11 @@ def inventory(server: vcsim.Vcsim, name: str, count: int, workdir: Path) -> Path
     return path
 
 
-def provision_time(path: Path, password: Secret) -> float:
+def provision_time(path: Path, password: Secret, workers: int) -> float:
     """Wall time of one full provision (connect, observe, apply) of a fresh inventory."""
     inv = load_inventory(path)
     started = time.perf_counter()
-    with PyVmomiVCenter(inv.vcenter, password) as vc:
+    with PyVmomiVCenter(inv.vcenter, password, max_workers=workers) as vc:
         result = reconcile.provision(inv, vc)
     elapsed = time.perf_counter() - started
     if result.failed:
@@ -67,7 +70,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vms", type=int, default=16)
     parser.add_argument("--delay-ms", type=int, default=1000)
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="VMs at once, as provision --parallel (default: every VM up to "
+                             f"the cap, {contract.VCENTER_PARALLEL_CAP})")
     args = parser.parse_args()
+    if args.vms < 1 or args.delay_ms < 0 or (args.parallel is not None and args.parallel < 1):
+        parser.error("--vms and --parallel must be at least 1, --delay-ms at least 0")
+    workers = contract.parallelism(args.parallel, args.vms, contract.VCENTER_PARALLEL_CAP)
     password = secrets.token_urlsafe(12)
     with tempfile.TemporaryDirectory(prefix="vcfslm-fanout-") as tmp:
         workdir = Path(tmp)
@@ -76,12 +85,15 @@ def main() -> int:
         server = vcsim.start(workdir / "vcsim", password, opts)
         try:
             secret = Secret(password)
-            one = provision_time(inventory(server, "fan-one", 1, workdir), secret)
-            many = provision_time(inventory(server, "fan-many", args.vms, workdir), secret)
+            one = provision_time(inventory(server, "fan-one", 1, workdir), secret, 1)
+            many = provision_time(inventory(server, "fan-many", args.vms, workdir), secret, workers)
         finally:
             vcsim.stop(server)
     ratio = many / one
+    how = (f"--parallel {args.parallel}" if args.parallel is not None
+           else f"the default: every VM up to the cap of {contract.VCENTER_PARALLEL_CAP}")
     print(f"vcsim latency {args.delay_ms} ms on {', '.join(SLOW_METHODS)}")
+    print(f"parallelism {workers} VMs at once ({how})")
     print(f"{'VMs':>4}  {'wall time (s)':>13}")
     print(f"{1:>4}  {one:13.2f}")
     print(f"{args.vms:>4}  {many:13.2f}")
