@@ -91,27 +91,42 @@ def _linear_params_per_token(config) -> tuple[int, int]:
     return per_layer, heads * head_dim
 
 
+def decode_linear_flops(config, batch: int) -> float:
+    """FLOPs of one decode step's linears and lm_head: one row per stream through every matrix."""
+    per_layer, _ = _linear_params_per_token(config)
+    return 2.0 * batch * (per_layer * config.num_hidden_layers + config.hidden_size * config.vocab_size)
+
+
+def decode_attention_flops(config, batch: int, context_tokens: float) -> float:
+    """FLOPs of one decode step's attention: QK^T and AV of one query per stream over its context."""
+    _, attn_width = _linear_params_per_token(config)
+    return 2.0 * 2.0 * batch * context_tokens * attn_width * config.num_hidden_layers
+
+
 def decode_step_flops(config, batch: int, context_tokens: float) -> float:
     """FLOPs of one decode step: every linear and the lm_head on one row per stream, and
     attention over each stream's cached context."""
-    per_layer, attn_width = _linear_params_per_token(config)
-    layers = config.num_hidden_layers
-    linears = 2.0 * batch * (per_layer * layers + config.hidden_size * config.vocab_size)
-    attention = 2.0 * 2.0 * batch * context_tokens * attn_width * layers
-    return linears + attention
+    return decode_linear_flops(config, batch) + decode_attention_flops(config, batch, context_tokens)
+
+
+def prefill_linear_flops(config, batch: int, tokens: int) -> float:
+    """FLOPs of one prefill's linears on every prompt row, and the lm_head on one row per stream
+    (the engine keeps only the last position's logits)."""
+    per_layer, _ = _linear_params_per_token(config)
+    return (2.0 * batch * tokens * per_layer * config.num_hidden_layers
+            + 2.0 * batch * config.hidden_size * config.vocab_size)
+
+
+def prefill_attention_flops(config, batch: int, tokens: int) -> float:
+    """FLOPs of one prefill's causal attention (QK^T and AV): each query attends over its
+    causal prefix, (tokens + 1) / 2 keys on average."""
+    _, attn_width = _linear_params_per_token(config)
+    return 2.0 * 2.0 * batch * tokens * (tokens + 1) / 2 * attn_width * config.num_hidden_layers
 
 
 def prefill_flops(config, batch: int, tokens: int) -> float:
-    """FLOPs of one prefill: every linear on every prompt row, causal attention, and the
-    lm_head on one row per stream (the engine keeps only the last position's logits)."""
-    per_layer, attn_width = _linear_params_per_token(config)
-    layers = config.num_hidden_layers
-    rows = batch * tokens
-    linears = 2.0 * rows * per_layer * layers
-    # QK^T and AV: each query attends over its causal prefix, (tokens + 1) / 2 keys on average.
-    attention = 2.0 * 2.0 * batch * tokens * (tokens + 1) / 2 * attn_width * layers
-    lm_head = 2.0 * batch * config.hidden_size * config.vocab_size
-    return linears + attention + lm_head
+    """FLOPs of one prefill: its linears and lm_head, and causal attention."""
+    return prefill_linear_flops(config, batch, tokens) + prefill_attention_flops(config, batch, tokens)
 
 
 def roofline_ttft_s(flops: float, tflops: float | None, weight_bytes: float = 0.0,

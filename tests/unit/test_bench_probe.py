@@ -186,3 +186,10 @@ def test_placement_facts_read_the_binding_given_at_start_not_the_bound_main_thre
     monkeypatch.setenv("VCFSLM_PIN", "numactl")
     wrong = placement.placement_facts(None, {"cpus": "0-95", "mems": "0"})
     assert wrong["problems"][0] == "placement: process CPUs 0-95 != intended 0-3"
+
+
+def test_decode_linears_curve_is_measured_per_row_count():
+    pytest.importorskip("torch")
+    curve = probe.measure_decode_linears(threads=1, rows=(1, 4, 16), mib=32, repeats=1)
+    assert curve.rows == (1, 4, 16) and len(curve.gbs) == 3 and all(g > 0 for g in curve.gbs)
+    assert curve.buffer_bytes >= 30 * 1024 * 1024 and curve.threads == 1

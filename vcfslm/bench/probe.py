@@ -95,16 +95,26 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
 
 
 def _engine_read_s(elements: int, repeats: int) -> float:
-    """Seconds of one pass of the engine's linear kernel over `elements` bf16 weights.
-
-    The matrix is cut into Phi-3-sized slices (3072 columns, at most 16384 rows), packed
-    one at a time, so the probe never holds two copies of its buffer.
-    """
+    """Seconds of one pass of the engine's linear kernel over `elements` bf16 weights."""
     import torch
 
     from . import linear
 
     plan = linear.choose_plan(linear.onednn_bf16())
+    slices = _engine_slices(elements, plan)
+    x = torch.ones(plan.min_rows, slices[0].in_features, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        return _best(lambda: [layer(x) for layer in slices], repeats)
+
+
+def _engine_slices(elements: int, plan) -> list:
+    """`elements` bf16 weights as the engine's packed linears, cut into Phi-3-sized slices
+    (3072 columns, at most 16384 rows) packed one at a time, so the probe never holds two
+    copies of its buffer."""
+    import torch
+
+    from . import linear
+
     k, rows_per = 3072, 16384
     rows_total = max(elements // k, 1)
     slices = []
@@ -112,9 +122,59 @@ def _engine_read_s(elements: int, repeats: int) -> float:
         rows = min(rows_per, rows_total)
         slices.append(linear.PackedLinear(torch.ones(rows, k, dtype=torch.bfloat16), None, plan))
         rows_total -= rows
-    x = torch.ones(plan.min_rows, k, dtype=torch.bfloat16)
+    return slices
+
+
+@dataclass(frozen=True)
+class DecodeLinears:
+    """How fast the engine's linear kernel consumes streamed weights at decode batch sizes.
+
+    gbs[i]: weight GB/s at rows[i] rows (streams). At one row it is the read bandwidth;
+    as rows grow each weight byte carries more FLOPs, and where the kernel turns
+    compute-bound the rate falls. The curve is the measured knee between the two sides
+    of the decode roofline, which the performance model uses instead of assuming one.
+    """
+
+    rows: tuple[int, ...]
+    gbs: tuple[float, ...]
+    kernel: str
+    threads: int
+    buffer_bytes: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+DECODE_MIB = 512
+
+
+def measure_decode_linears(threads: int | None = None, rows: tuple[int, ...] = DECODE_ROWS,
+                           mib: int = DECODE_MIB, repeats: int = 3, plan=None) -> DecodeLinears:
+    """The weight rate of the engine's linear kernel at each decode batch in `rows`, over a
+    `mib` MiB weight set far larger than any last-level cache (so weights stream from memory
+    as in a decode step). plan: the engine's KernelPlan (default: this CPU's)."""
+    import torch
+
+    from . import linear
+
+    if threads:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    plan = plan or linear.choose_plan(linear.onednn_bf16())
+    elements = max(mib * 1024 * 1024 // 2, 3072)
+    slices = _engine_slices(elements, plan)
+    weight_bytes = sum(layer.weight_nbytes for layer in slices)
+    rates = []
     with torch.inference_mode():
-        return _best(lambda: [layer(x) for layer in slices], repeats)
+        for m in rows:
+            # The engine pads a batch below the kernel's minimum rows the same way.
+            x = torch.ones(max(m, plan.min_rows), slices[0].in_features, dtype=torch.bfloat16)
+            rates.append(weight_bytes / _best(lambda x=x: [layer(x) for layer in slices], repeats) / 1e9)
+    return DecodeLinears(rows=tuple(rows), gbs=tuple(round(r, 3) for r in rates), kernel=plan.kernel,
+                         threads=torch.get_num_threads(), buffer_bytes=weight_bytes,
+                         seconds=time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -196,11 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--mib", type=int, default=DEFAULT_MIB, help="read buffer size in MiB")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-gemm", action="store_true", help="skip the bf16 GEMM rate")
+    parser.add_argument("--no-gemm", action="store_true",
+                        help="skip the bf16 GEMM rate and the decode-batch linear rates")
     args = parser.parse_args(argv)
     result = measure_bandwidth(args.threads, args.mib, args.repeats).to_dict()
     if not args.no_gemm:
         result["gemm"] = measure_gemm(args.threads).to_dict()
+        result["decode_linears"] = measure_decode_linears(args.threads).to_dict()
     try:
         import torch
 

@@ -311,12 +311,14 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     progress({**base, "phase": "loaded", "model": loaded.facts["source"], "load_s": loaded.facts["load_s"],
               "params": loaded.facts["params"], "engine": engine.label})
 
-    bandwidth = gemm = None
+    bandwidth = gemm = decode_linears = None
     if not args.no_probe:
         dist.barrier()  # probe together: ranks of a node share its memory system
         threads = torch.get_num_threads()
         bandwidth = probe_mod.measure_bandwidth(threads, args.probe_mib)
         gemm = probe_mod.measure_gemm(threads, plan=engine.plan)
+        decode_linears = probe_mod.measure_decode_linears(threads, mib=min(args.probe_mib, probe_mod.DECODE_MIB),
+                                                          plan=engine.plan)
         torch.set_num_threads(args.threads or _default_threads())
         progress({**base, "phase": "probed", "read_gbs": round(bandwidth.read_gbs, 2),
                   "triad_gbs": round(bandwidth.triad_gbs, 2), "gemm_tflops": round(gemm.tflops, 4)})
@@ -337,7 +339,8 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     facts = {"rank": env.rank, "local_rank": env.local_rank, "node": args.node,
              "node_rank": env.group_rank, "placement": placement, "model": loaded.facts,
              "probe": bandwidth.to_dict() if bandwidth else None,
-             "gemm": gemm.to_dict() if gemm else None, "engine": engine.label,
+             "gemm": gemm.to_dict() if gemm else None,
+             "decode_linears": decode_linears.to_dict() if decode_linears else None, "engine": engine.label,
              "pack": engine.pack.to_dict(),
              "numerics": {**numerics.to_dict(), "greedy": greedy} if numerics else None,
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
