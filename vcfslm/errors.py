@@ -8,6 +8,7 @@
     │   ├── SloSpecError            an SLO given on the command line or in a file
     │   ├── RunFolderError          a run folder: meta.json, results.jsonl, ranks/
     │   ├── CsvError                a CSV given to `report --csv` / `size --csv`
+    │   ├── PlatformError           a platform file (YAML) or probe JSON given to `predict`
     │   └── UsageError              flags that click itself cannot check
     ├── VCenterError                vCenter refused or failed (preflight, a task, the session)
     │   └── PreflightError          read-only checks failed; nothing was changed
@@ -90,6 +91,11 @@ class RunFolderError(InputError):
 
 class CsvError(InputError):
     """An imported CSV has a missing column or a value of the wrong kind."""
+
+
+class PlatformError(InputError):
+    """A platform description (YAML, or `vcfslm probe -o json` output) is missing a value or
+    holds one no hardware has."""
 
 
 class UsageError(InputError):

@@ -1,4 +1,4 @@
-"""Find the data folders (templates/, playbooks/, inventories/) shipped with vcfslm.
+"""Find the data folders (templates/, playbooks/, inventories/, platforms/) shipped with vcfslm.
 
 In a checkout (editable install) they sit next to the package; in a built wheel
 they are force-included under `vcfslm/_data/`.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import VcfslmError
 
-KINDS = ("templates", "playbooks", "inventories")
+KINDS = ("templates", "playbooks", "inventories", "platforms")
 _PACKAGE = Path(__file__).resolve().parent
 
 

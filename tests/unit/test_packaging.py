@@ -1,4 +1,4 @@
-"""The wheel carries templates/, playbooks/ and inventories/, found at run time from it."""
+"""The wheel carries templates/, playbooks/, inventories/ and platforms/, found at run time from it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_resources_found_in_checkout():
-    for kind in ("templates", "playbooks", "inventories"):
+    for kind in ("templates", "playbooks", "inventories", "platforms"):
         assert resource_dir(kind) == ROOT / kind
 
 
@@ -31,7 +31,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_contains_data_folders(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "vcfslm/_data/inventories/vx650v4-4node.yaml" in names
-    for kind in ("templates", "playbooks", "inventories"):
+    for kind in ("templates", "playbooks", "inventories", "platforms"):
         shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / kind).rglob("*") if p.is_file()}
         assert {f"vcfslm/_data/{s}" for s in shipped} <= set(names), kind
 

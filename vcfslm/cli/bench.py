@@ -21,24 +21,19 @@ from rich.table import Table
 from ..contract import ACCEPTED_COMPILE_MODES, Matrix
 from ..errors import BenchError, Problem, UsageError
 from .bench_summary import print_run_summary
-from .common import RichReporter, console, err_console, inventory_option, output_option, print_json
+from .common import (
+    RichReporter,
+    console,
+    err_console,
+    int_list,
+    inventory_option,
+    output_option,
+    print_json,
+)
 
 LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
               "seed", "no_probe", "probe_mib")
 CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
-
-
-def int_list(ctx, param, value: str | None) -> list[int] | None:
-    """click callback: '1,4,8' -> [1, 4, 8]."""
-    if value is None:
-        return None
-    try:
-        values = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise click.BadParameter(f"expected positive integers, got {value!r}")
-    return values
 
 
 @click.command("bench")

@@ -68,6 +68,19 @@ def inventory_option(f):
                         help=f"Inventory YAML (default: ${INVENTORY_ENV}, then the last provisioned).")(f)
 
 
+def int_list(ctx, param, value: str | None) -> list[int] | None:
+    """click callback: '1,4,8' -> [1, 4, 8]."""
+    if value is None:
+        return None
+    try:
+        values = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    return values
+
+
 def output_option(f):
     return click.option("--output", "-o", "output", type=click.Choice(["text", "json"]),
                         default="text", show_default=True, help="Output format.")(f)

@@ -1,0 +1,253 @@
+"""`vcfslm predict`: TTFT, TPOT, the crossover and the node count for hardware not yet bought,
+from a calibrated performance model fitted on measured cells; `--validate` checks the model
+on a run's own cells."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import Problem, UsageError
+from .common import int_list, output_option, print_json
+from .report import latest_run
+
+
+@click.command("predict")
+@click.option("--results", "results", multiple=True, type=click.Path(exists=True, path_type=Path),
+              metavar="RUN|CSV", help="Measurements to fit on: run dir(s) or CSV(s) (default: the latest run).")
+@click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
+              show_default=True, help="Where to look for the latest run.")
+@click.option("--measured-on", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Platform file (YAML or probe JSON) a CSV was measured on (runs carry their own probes).")
+@click.option("--model", "model_name", type=click.Choice(["phi-3-mini"]), default="phi-3-mini", show_default=True,
+              help="The model a CSV was measured with.")
+@click.option("--platform", "platform_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Target: a platform YAML (platforms/*.yaml, or a shipped one by name such as "
+                   "vx650v4-6737p) or the JSON `vcfslm probe -o json` printed on the target.")
+@click.option("--bandwidth-gbs", type=float, default=None, help="Target: read GB/s of one NUMA node.")
+@click.option("--gemm-tflops", type=float, default=None, help="Target: bf16 GEMM TFLOP/s of one rank.")
+@click.option("--ranks-per-node", type=click.IntRange(min=1), default=None, help="Target change: ranks per VM.")
+@click.option("--threads-per-rank", type=click.IntRange(min=1), default=None, help="Target change: threads per rank.")
+@click.option("--vnuma-nodes", type=click.IntRange(min=1), default=None,
+              help="Target change: vNUMA nodes per VM (the host's bandwidth is split among them).")
+@click.option("--batch-sizes", callback=int_list, default=None, metavar="LIST",
+              help="Batches per rank to predict (default: the measured ones).")
+@click.option("--input-tokens", callback=int_list, default=None, metavar="LIST",
+              help="Prompt lengths to predict (default: the measured ones).")
+@click.option("--output-tokens", type=click.IntRange(min=2), default=None, help="Output length (default: measured).")
+@click.option("--slo", "slos", multiple=True, metavar="SLO",
+              help="SLO name (A, B, ...) or spec 'name:tpot<=150ms,ttft<=2s'. Repeatable (default: every SLO).")
+@click.option("--peak-streams", "peaks", multiple=True, type=click.IntRange(min=1),
+              help="Peak concurrent streams to size for. Repeatable.")
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+              help="Fraction of each VM's threshold kept free.")
+@click.option("--validate", "validate_runs", multiple=True, type=click.Path(exists=True, file_okay=False,
+              path_type=Path), metavar="RUN",
+              help="Check the model instead: fit on part of these runs' cells, predict the rest. Repeatable.")
+@click.option("--fit-batches", callback=int_list, default=None, metavar="LIST",
+              help="--validate: fit on these batches (default: the smaller half).")
+@click.option("--fit-threads", type=click.IntRange(min=1), default=None,
+              help="--validate: fit on the runs with this many threads per rank, predict the others.")
+@output_option
+def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth_gbs, gemm_tflops,
+            ranks_per_node, threads_per_rank, vnuma_nodes, batch_sizes, input_tokens, output_tokens, slos,
+            peaks, headroom, validate_runs, fit_batches, fit_threads, output) -> None:
+    """Predict TTFT, TPOT, the crossover and the nodes on a target platform, with 95 % intervals.
+
+    \b
+    The model (stated with its fitted efficiencies in the output and the report):
+      decode step = linears(batch) / eta_w + KV bytes / (bandwidth x eta_kv) + overhead
+      TTFT = prompt FLOPs / (GEMM rate x eta_p) + attention / (GEMM x eta_pa) + weights / bandwidth
+    fitted on the measured cells, then evaluated with the target's rates. A figure outside
+    the fitted regime (larger batch, longer input, the compute-bound side) is flagged.
+
+    \b
+    Examples:
+      vcfslm predict --results runs/<id> --platform platforms/vx650v4-6737p.yaml --peak-streams 256 --slo B
+      vcfslm predict --results runs/<id> --bandwidth-gbs 92 --gemm-tflops 4 --threads-per-rank 24
+      vcfslm predict --results brief.csv --measured-on platforms/vx650v4-6747p.yaml \\
+          --platform platforms/vx650v4-6737p.yaml
+      vcfslm predict --validate runs/<id> --fit-batches 1,4
+      vcfslm predict --validate runs/<1-thread> --validate runs/<2-thread> --fit-threads 1
+    """
+    from ..analysis import predict as P
+    from ..analysis.perfmodel import fit_model, validate
+
+    if validate_runs:
+        given = [name for name, v in (("--results", results), ("--platform", platform_file),
+                                      ("--bandwidth-gbs", bandwidth_gbs), ("--gemm-tflops", gemm_tflops),
+                                      ("--peak-streams", peaks)) if v]
+        if given:
+            raise UsageError(f"--validate checks the model on its runs' own cells; drop {', '.join(given)}")
+        inputs = load_measured(list(validate_runs), None, model_name)
+        fit, held = P.split(inputs.observations, inputs.threads, fit_batches, fit_threads)
+        reasons = P.check_validation(fit, held)
+        if reasons:
+            raise UsageError([Problem(", ".join(map(str, validate_runs)), None, None, "", r) for r in reasons])
+        model = _fit(fit_model, fit)
+        check = validate(model, held)
+        if output == "json":
+            print_json({"model": model.to_dict(), "fit_observations": len(fit),
+                        "cells": [_error_dict(c) for c in check.cells],
+                        "median_abs_error": {"tpot": check.median_abs("tpot"), "ttft": check.median_abs("ttft")}})
+            return
+        click.echo(f"fitted on {len(fit)} repeats: {P.median_rates(fit)}")
+        for line in model.statement():
+            click.echo(line)
+        click.echo("")
+        for line in P.validation_table(check).text():
+            click.echo(line)
+        return
+
+    if (bandwidth_gbs is None) != (gemm_tflops is None):
+        raise UsageError("give --bandwidth-gbs and --gemm-tflops together (or a --platform file)")
+    if platform_file and bandwidth_gbs is not None:
+        raise UsageError("give either --platform or --bandwidth-gbs/--gemm-tflops, not both")
+    sources = list(results) or [latest_run(runs_dir)]
+    inputs = load_measured(sources, measured_on, model_name)
+    model = _fit(fit_model, inputs.observations)
+    target = build_target(inputs, platform_file, bandwidth_gbs, gemm_tflops, ranks_per_node, threads_per_rank,
+                          vnuma_nodes)
+    from ..analysis.report import known_slos
+    from ..analysis.slo import resolve_slos
+
+    known, _ = known_slos(inputs.metas)
+    chosen = resolve_slos(slos, known)
+    scenarios = P.scenarios_of(inputs.observations, batch_sizes, input_tokens, output_tokens)
+    answer = P.predict_target(model, inputs.dims, target, scenarios, chosen, peaks, headroom)
+    notes = target_notes(inputs, target)
+    if output == "json":
+        print_json({"results": [str(s) for s in sources], "target": target.description,
+                    "target_basis": target.basis, "rank_rates": target.rates, "model": model.to_dict(),
+                    "predictions": [p.to_dict() for p in answer.predictions],
+                    "crossovers": [_threshold_dict(t) for t in answer.thresholds],
+                    "sizings": [{**n.sizing.to_dict(), "nodes_interval": [n.low, n.high]} for n in answer.nodes],
+                    "notes": notes})
+        return
+    click.echo(f"fitted on {', '.join(map(str, sources))}: {model.observations} repeats, "
+               f"{P.median_rates(inputs.observations)}")
+    for line in model.statement():
+        click.echo(line)
+    r = target.rates
+    click.echo(f"target: {target.description}; per rank: read {r.read_gbs:.1f} GB/s, GEMM {r.gemm_tflops:.3f} TFLOP/s")
+    for n in notes:
+        click.echo(f"note: {n}")
+    click.echo("")
+    for table in (P.prediction_table(answer), P.threshold_table(answer)) + ((P.nodes_table(answer),)
+                                                                             if answer.nodes else ()):
+        for line in table.text():
+            click.echo(line)
+        click.echo("")
+
+
+def _fit(fit_model, observations):
+    try:
+        return fit_model(observations)
+    except ValueError as exc:
+        raise UsageError(f"cannot fit the performance model: {exc}") from None
+
+
+@dataclass
+class Measured:
+    """The measured side: observations, the model's dims, the runs' metadata and calibrations."""
+
+    observations: list = field(default_factory=list)
+    threads: dict[str, int] = field(default_factory=dict)    # source -> threads per rank
+    metas: list = field(default_factory=list)
+    calibrations: list = field(default_factory=list)
+    dims: Any = None
+    measured_platform: Any = None                            # a CSV's --measured-on
+
+
+def load_measured(sources: list[Path], measured_on: Path | None, model_name: str) -> Measured:
+    from ..analysis.calibration import KNOWN_DIMS, observations, rank_rates, run_calibration
+    from ..analysis.cells import aggregate, load_runs
+    from ..analysis.csv_import import import_csv
+    from ..hardware import load_platform
+
+    out = Measured()
+    run_dirs = [p for p in sources if p.is_dir()]
+    csvs = [p for p in sources if not p.is_dir()]
+    for run in load_runs(run_dirs):
+        cal = run_calibration(run)
+        cells = aggregate([run]).cells
+        out.observations += observations(cells, cal.dims, cal.rates, cal.run_id)
+        out.threads[cal.run_id] = cal.threads_per_rank
+        out.metas.append(run.meta)
+        out.calibrations.append(cal)
+        out.dims = out.dims or cal.dims
+    if csvs:
+        if measured_on is None:
+            raise UsageError([Problem(str(csvs[0]), None, None, "", "a CSV carries no probe figures: give "
+                                      "--measured-on PLATFORM (the platform file it was measured on)")])
+        platform = load_platform(measured_on)
+        out.measured_platform = platform
+        dims = KNOWN_DIMS[model_name]
+        for path in csvs:
+            cells = import_csv(path).cells
+            for ranks in sorted({c.ranks_per_vm for c in cells}):
+                rates = rank_rates(platform.with_changes(ranks_per_node=ranks))
+                out.observations += observations([c for c in cells if c.ranks_per_vm == ranks], dims, rates,
+                                                 str(path))
+                out.threads[str(path)] = platform.threads
+        out.dims = out.dims or dims
+    if not out.observations:
+        raise UsageError([Problem(", ".join(map(str, sources)), None, None, "", "no valid measured cells to fit on")])
+    return out
+
+
+def build_target(inputs: Measured, platform_file, bandwidth_gbs, gemm_tflops, ranks_per_node, threads_per_rank,
+                 vnuma_nodes):
+    from ..analysis.calibration import rank_rates
+    from ..analysis.predict import Target
+    from ..hardware import load_platform, platform_from_flags, platform_from_run
+
+    if platform_file:
+        platform = load_platform(platform_file)
+    elif bandwidth_gbs is not None:
+        platform = platform_from_flags(bandwidth_gbs, gemm_tflops, numa_nodes=vnuma_nodes or 1,
+                                       threads_per_rank=threads_per_rank or 1, ranks_per_node=ranks_per_node)
+    elif inputs.measured_platform is not None:
+        platform = inputs.measured_platform
+    else:
+        cal = inputs.calibrations[0]
+        platform = platform_from_run(cal.run_id, cal.rates, cal.threads_per_rank, cal.ranks_per_node)
+    platform = platform.with_changes(ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
+                                     vnuma_nodes=vnuma_nodes)
+    return Target(platform.describe(), rank_rates(platform), platform.ranks, platform.basis)
+
+
+def target_notes(inputs: Measured, target) -> list[str]:
+    notes = []
+    measured_basis = "measured" if inputs.calibrations else (inputs.measured_platform.basis
+                                                             if inputs.measured_platform else "measured")
+    if target.basis != measured_basis:
+        notes.append(f"the target's figures are {target.basis}, the fit's were {measured_basis}: the fitted "
+                     "efficiencies carry a bias between the two; run `vcfslm probe -o json` on the target "
+                     "for measured figures")
+    if not target.rates.decode_rows and any(o.rates.decode_rows for o in inputs.observations):
+        notes.append("the target has no decode-batch curve: its batch knee is the roofline's "
+                     "max(bandwidth, GEMM rate), the fit's was probed")
+    return notes
+
+
+def _threshold_dict(t) -> dict:
+    c = t.crossover
+    return {"slo": c.slo.to_dict(), "input_tokens": c.input_tokens, "output_tokens": c.output_tokens,
+            "status": c.status, "threshold_streams_per_vm": c.threshold, "first_failing_streams_per_vm": c.first_failing,
+            "binding": c.binding,
+            "interval": [x.threshold if x else None for x in (t.pessimistic, t.optimistic)]}
+
+
+def _error_dict(c) -> dict:
+    s = c.scenario
+    return {"run": c.source, "batch_per_rank": s.batch, "input_tokens": s.input_tokens,
+            "output_tokens": s.output_tokens, "tpot_ms": c.measured_tpot_ms, "predicted_tpot_ms": c.predicted_tpot_ms,
+            "tpot_error": c.tpot_error, "ttft_s": c.measured_ttft_s, "predicted_ttft_s": c.predicted_ttft_s,
+            "ttft_error": c.ttft_error, "extrapolation": list(c.flags)}
+
+
+COMMANDS = [predict]
