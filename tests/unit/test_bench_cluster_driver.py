@@ -37,9 +37,8 @@ def scripted(name: str, polls: list[str], *, lock: str = "LOCKED", ranks=range(4
     """A node whose preflight passes, whose launch prints a pid, and whose polls follow `polls`."""
     t = FakeTransport(name)
     t.add(re.compile(r"test -x .*rank\.sh.*"), f"VERSION {__version__}\n")
-    t.add(re.compile(r"mkdir -p .*\.\./\.lock-.*"), lock + "\n")
+    t.add(re.compile(r"mkdir -p \S+/\.\. && if mkdir .*\.lock-.*"), lock + "\n")
     t.add(re.compile(r"mkdir -p .*/pids .*setsid nohup.*"), "4242\n")
-    t.add(re.compile(r"echo 4242 > .*"), "")
     t.add(re.compile(r"if \[ -f .*node-.*\.exit.*"), list(polls))
     t.add(re.compile(r"t=''; .*kill -TERM.*"), "")
     t.add(re.compile(r"rm -rf .*\.lock-.*"), "")
@@ -175,3 +174,129 @@ def test_stop_command_targets_only_this_runs_pids(inv):
     assert "/opt/vcfslm/runs/r/node-slm-01.pid" in cmd
     assert "/opt/vcfslm/runs/r/pids/rank-0.pid" in cmd and "/opt/vcfslm/runs/r/pids/rank-1.pid" in cmd
     assert "pkill" not in cmd and "killall" not in cmd
+
+
+# ------------------------------------------------------------------ fan-out and connections
+
+
+def test_fan_out_keeps_node_order_whatever_finishes_first():
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vcfslm.bench.cluster import fan_out
+
+    def slow_first(i):
+        time.sleep(0.05 * (3 - i))  # item 0 finishes last
+        if i == 1:
+            raise ValueError("node 1 broke")
+        return i * 10
+
+    with ThreadPoolExecutor(4) as pool:
+        out = fan_out(slow_first, [0, 1, 2, 3], pool)
+    assert out[0] == 0 and out[2] == 20 and out[3] == 30
+    assert isinstance(out[1], ValueError)  # one node's failure does not hide the others' results
+
+
+def test_fan_out_fail_fast_starts_nothing_after_a_failure():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vcfslm.bench.cluster import NotRun, fan_out
+
+    ran = []
+    lock = threading.Lock()
+
+    def task(i):
+        with lock:
+            ran.append(i)
+        if i == 1:
+            raise RuntimeError("cannot launch")
+        return i
+
+    with ThreadPoolExecutor(1) as pool:  # one at a time: items after the failure are queued
+        out = fan_out(task, [0, 1, 2, 3], pool, fail_fast=True)
+    assert out[0] == 0 and isinstance(out[1], RuntimeError)
+    assert all(isinstance(r, NotRun) for r in out[2:])
+    assert ran == [0, 1]
+
+
+def many_nodes(inv, n: int):
+    base = inv.nodes[0]
+    return [base.model_copy(update={"name": f"n{i:03d}"}) for i in range(n)]
+
+
+def test_pool_covers_every_node_up_to_the_guest_cap(inv, tmp_path):
+    from vcfslm.contract import GUEST_PARALLEL_CAP
+
+    opts = ClusterOptions(run_id="r", runs_root=tmp_path)
+    assert ClusterBench(inv, many_nodes(inv, 20), lambda n: None, opts).workers == 20
+    assert ClusterBench(inv, many_nodes(inv, 70), lambda n: None, opts).workers == GUEST_PARALLEL_CAP
+
+
+def test_launch_failure_on_one_node_stops_every_node(inv, tmp_path):
+    a = scripted("slm-01", ["RUNNING\n"])
+    b = scripted("slm-02", ["RUNNING\n"], ranks=range(4, 8))
+    b.add(re.compile(r"mkdir -p .*/pids .*setsid nohup.*"), (1, "", "no space left on device"))
+    bench = bench_for(inv, {"slm-01": a, "slm-02": b}, tmp_path)
+    with pytest.raises(BenchError, match="could not start torchrun on slm-02"):
+        bench.run()
+    assert stops(a) == 1 and stops(b) == 1
+    assert not any(c.startswith("if [ -f") for c in a.calls + b.calls)  # never polled
+
+
+class CountingConnector:
+    """Hands out one scripted transport per connect and counts the connects per node."""
+
+    def __init__(self, make):
+        self.make, self.count, self.made = make, {}, {}
+
+    def __call__(self, node):
+        self.count[node.name] = self.count.get(node.name, 0) + 1
+        t = self.make(node.name)
+        self.made.setdefault(node.name, []).append(t)
+        return t
+
+
+def test_polling_reuses_one_connection_per_node(inv, tmp_path):
+    polls = ["RUNNING\n"] * 6 + ["EXIT 0\n"]
+    names = [n.name for n in inv.nodes]
+    ranks = {name: range(4 * i, 4 * i + 4) for i, name in enumerate(names)}
+
+    def make(name):
+        t = scripted(name, list(polls), ranks=ranks[name])
+        with_records(t, "/opt/vcfslm/runs/r", ranks[name], name)
+        return t
+
+    connect = CountingConnector(make)
+    bench = ClusterBench(inv, inv.nodes, connect, ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0))
+    meta, records = bench.run()
+    assert meta.complete and len({r.rank for r in records}) == 16
+    # one connection per node for preflight, 7 poll ticks, fetch and unlock
+    assert connect.count == {name: 1 for name in names} and bench.connects == 4
+    for name in names:
+        [t] = connect.made[name]
+        calls = [c for c in t.calls if c.startswith("if [ -f")]
+        assert len(calls) == 7  # one command per node per tick: state and new log together
+        assert t.closed
+
+
+def test_a_dropped_connection_is_reopened_once_and_kept(inv, tmp_path):
+    from vcfslm.errors import TransportError
+
+    def make(name):
+        t = scripted(name, ["RUNNING\n"] * 3 + ["EXIT 0\n"])
+        with_records(t, "/opt/vcfslm/runs/r", range(4), name)
+        return t
+
+    connect = CountingConnector(make)
+    bench = ClusterBench(inv, inv.nodes[:1], connect, ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0))
+    bench.preflight()
+    bench.start()
+    [first] = connect.made["slm-01"]
+    first.run = lambda *a, **k: (_ for _ in ()).throw(TransportError("connection reset"))
+    assert bench.watch() is None
+    bench.collect()
+    bench._close()
+    assert connect.count == {"slm-01": 2}  # the drop, then one fresh connection for the rest
+    [_, second] = connect.made["slm-01"]
+    assert sum(c.startswith("if [ -f") for c in second.calls) == 4

@@ -26,13 +26,14 @@ def test_torchrun_lines_per_node_golden(inv):
     argv = list(launches[2].torchrun_argv)
     assert argv == [
         "/opt/vcfslm/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "4", "--nproc-per-node", "4", "--node-rank", "2",
-        "--master-addr", "172.16.25.21", "--master-port", "29500", "--max-restarts", "0",
+        "--master-addr", "172.16.25.21", "--master-port", "29500", "--rdzv-conf", "timeout=621",
+        "--max-restarts", "0",
         "--log-dir", "/opt/vcfslm/runs/r1/logs/slm-03/ranks", "--redirects", "3", "--tee", "3",
         "--no-python", "/opt/vcfslm/launch/rank.sh", "--",
         "--model", "microsoft/Phi-3-mini-128k-instruct", "--batch-sizes", "1,4,8,16",
         "--input-tokens", "128,512,1024", "--output-tokens", "128", "--warmup", "1", "--repeats", "3",
         "--out", "/opt/vcfslm/runs/r1", "--run-id", "r1", "--node", "slm-03", "--nodes", "4",
-        "--threads", "24", "--compile", "compile"]
+        "--threads", "24", "--compile", "compile", "--timeout", "1800"]
     # every node rendezvous on node 0's bench IP, never the management network
     assert all("172.16.25.21" in la.torchrun_argv for la in launches)
     assert not any("192.168.10.21" in la.torchrun_argv for la in launches)
@@ -116,3 +117,42 @@ def test_parse_poll():
     assert L.parse_poll("RUNNING\nabc\n") == ("running", None, "abc\n")
     assert L.parse_poll("EXIT 0\n") == ("exited", 0, "")
     assert L.parse_poll("GONE\n") == ("gone", None, "")
+
+
+def test_rendezvous_timeout_grows_with_the_cluster():
+    one, sixteen, big = (L.rendezvous_timeout_s(1, 2), L.rendezvous_timeout_s(16, 1),
+                         L.rendezvous_timeout_s(64, 4))
+    # never below torch's own static-rendezvous default, and growing with nodes and ranks
+    assert L.RDZV_BASE_S <= one < sixteen < big
+    assert L.rendezvous_timeout_s(64, 1) < big
+    assert (one, sixteen, big) == (606, 681, 1052)
+    assert all(isinstance(v, int) for v in (one, sixteen, big))
+    # the workers' group waits at least as long, and never less than a collective may take
+    assert L.process_group_timeout_s(1, 2) == L.COLLECTIVE_TIMEOUT_S
+    assert L.process_group_timeout_s(512, 4) == L.rendezvous_timeout_s(512, 4) > L.COLLECTIVE_TIMEOUT_S
+
+
+def test_rendezvous_timeout_reaches_torchrun_and_the_workers(inv, monkeypatch):
+    """The installed torchrun reads --rdzv-conf timeout= into its static rendezvous."""
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    launches = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1", probe_mib=0))
+    argv = list(launches[1].torchrun_argv)
+    assert argv[argv.index("--timeout") + 1] == str(L.process_group_timeout_s(4, 4))
+    assert "--no-probe" in argv
+    args = get_args_parser().parse_args(argv[3:])
+    config, _, _ = config_from_args(args)
+    assert config.rdzv_backend == "static"
+    assert int(config.rdzv_configs["timeout"]) == L.rendezvous_timeout_s(4, 4)
+    assert config.rdzv_configs["rank"] == 1
+
+
+def test_launch_records_the_pid_in_the_lock_in_the_same_round_trip(tmp_path):
+    run = tmp_path / "runs" / "r"
+    la = L.NodeLaunch(0, "n1", "127.0.0.1", "127.0.0.1", str(run), "", (0,))
+    subprocess.run(["bash", "-c", L.lock_command(la, "r")], check=True, capture_output=True)
+    cmd = L.detached(["true"], run_dir=str(run), pid_file=la.pid_file, exit_file=la.exit_file,
+                     log_file=la.log_file, pid_copy=f"{la.lock_dir}/pid")
+    pid = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip()
+    assert pid.isdigit() and Path(la.lock_dir, "pid").read_text().strip() == pid

@@ -4,6 +4,10 @@ The operator never carries model data: it preflights the guests, starts every no
 torchrun at once (static rendezvous on node 0's bench IP), polls their logs, stops
 all of them on the first failure, timeout or interrupt, and fetches the records into
 `runs/<run-id>/`. Command lines come from `launch.py`; SSH from a `Transport`.
+
+Every phase fans out over the nodes at once (`fan_out`, one worker pool for the run, as
+wide as the guest fan-out allows). Each node keeps one transport for the whole run,
+reconnected only when it drops, and one poll is one command on it.
 """
 
 from __future__ import annotations
@@ -14,21 +18,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..contract import (
+    GUEST_PARALLEL_CAP,
     Matrix,
     build_run_meta,
     guest_paths,
     matrix_record,
     model_ref,
+    parallelism,
     parse_progress,
 )
-from ..errors import BenchError, TransportError, VcfslmError
+from ..errors import BenchError, CommandFailed, TransportError, VcfslmError
 from ..progress import NullReporter, Reporter
 from ..results import (
     RunMeta,
@@ -58,6 +64,7 @@ class ClusterOptions:
     timeout_s: float | None = None
     compile_mode: str | None = None
     poll_s: float = 1.0
+    probe_mib: int | None = None      # the workers' bandwidth probe buffer; 0 = no probe
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
 
@@ -73,6 +80,8 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
     ranks = inv.bench.ranks_per_node
     master = str(nodes[0].bench_ip)
     matrix = run_matrix(inv, opts)
+    rdzv_timeout = L.rendezvous_timeout_s(len(nodes), ranks)
+    pg_timeout = L.process_group_timeout_s(len(nodes), ranks)
     out = []
     for i, node in enumerate(nodes):
         args = L.worker_args(model=model_ref(inv), batch_sizes=matrix.batch_sizes,
@@ -80,18 +89,51 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
                              warmup=matrix.warmup, repeats=matrix.repeats, out=run_dir, run_id=opts.run_id, node=node.name, nodes=len(nodes),
                              threads=inv.bench.threads_per_rank,
                              compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
-                             scenarios=opts.scenarios)
+                             scenarios=opts.scenarios, timeout_s=pg_timeout, probe_mib=opts.probe_mib)
         argv = L.torchrun_argv(torchrun=[paths.python, "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
                                node_rank=i, master_addr=master, master_port=inv.bench.port,
                                rank_script=paths.rank_script,
-                               log_dir=f"{run_dir}/logs/{node.name}/ranks", args=args)
+                               log_dir=f"{run_dir}/logs/{node.name}/ranks", args=args,
+                               rdzv_timeout_s=rdzv_timeout)
         stub = L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, "",
                             tuple(range(i * ranks, (i + 1) * ranks)))
         env = {"VCFSLM_PID_DIR": f"{run_dir}/pids", "VCFSLM_RUN_DIR": run_dir}
         cmd = L.detached(argv, run_dir=run_dir, pid_file=stub.pid_file, exit_file=stub.exit_file,
-                         log_file=stub.log_file, env=env)
+                         log_file=stub.log_file, env=env, pid_copy=f"{stub.lock_dir}/pid")
         out.append(L.NodeLaunch(i, node.name, stub.address, stub.bench_ip, run_dir, cmd,
                                 stub.global_ranks, tuple(argv)))
+    return out
+
+
+class NotRun(BenchError):
+    """A node's task was never started: another node had already failed."""
+
+
+def fan_out(fn: Callable[[Any], Any], items: Sequence, pool: Executor, *,
+            fail_fast: bool = False) -> list[Any]:
+    """fn over every item at once in `pool`; each item's value or exception, in item order.
+
+    fail_fast: after the first exception, tasks not yet started do not run and come back
+    as NotRun (running ones finish): a node that cannot launch stops the others launching.
+    """
+    failed = threading.Event()
+
+    def task(item):
+        if fail_fast and failed.is_set():
+            raise NotRun("not started: another node failed first")
+        try:
+            return fn(item)
+        except BaseException:
+            failed.set()
+            raise
+
+    futures = [pool.submit(task, item) for item in items]
+    out: list[Any] = []
+    for fut in futures:
+        try:
+            out.append(fut.result())
+        except Exception as exc:  # noqa: BLE001 - reported per node
+            out.append(exc)
     return out
 
 
@@ -130,6 +172,8 @@ class ClusterBench:
         self.local_dir = Path(opts.runs_root) / opts.run_id
         self._transports: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self.connects = 0  # connections opened (one per node, plus one per reconnect)
         self._vcenter: dict[str, Any] = {}
         self.tracker = BenchTracker(inv.bench.warmup + (opts.repeats or inv.bench.repeats),
                                     started=time.monotonic())
@@ -137,13 +181,25 @@ class ClusterBench:
     # -- connections -----------------------------------------------------------------
 
     def _t(self, name: str):
+        """This node's transport for the run: opened on first use, kept until it drops."""
         with self._lock:
             t = self._transports.get(name)
         if t is None:
             t = self.connect(next(n for n in self.nodes if n.name == name))
             with self._lock:
                 self._transports[name] = t
+                self.connects += 1
         return t
+
+    def _retrying(self, name: str, fn: Callable[[Any], Any]) -> Any:
+        """fn(transport); on a dropped connection, once more on a fresh one (idempotent fn only)."""
+        try:
+            return fn(self._t(name))
+        except CommandFailed:
+            raise
+        except (TransportError, OSError, EOFError):
+            self._drop(name)
+            return fn(self._t(name))
 
     def _drop(self, name: str) -> None:
         with self._lock:
@@ -154,17 +210,18 @@ class ClusterBench:
             except Exception:  # noqa: BLE001 - closing a dead connection may fail any way
                 pass
 
-    def _each(self, fn: Callable[[L.NodeLaunch], Any]) -> dict[str, Any]:
-        """Run fn on every node in parallel; value or the exception per node."""
-        out: dict[str, Any] = {}
-        with ThreadPoolExecutor(max_workers=min(16, len(self.launches))) as pool:
-            futures = {la.name: pool.submit(fn, la) for la in self.launches}
-            for name, fut in futures.items():
-                try:
-                    out[name] = fut.result()
-                except Exception as exc:  # noqa: BLE001 - reported per node
-                    out[name] = exc
-        return out
+    @property
+    def workers(self) -> int:
+        """Nodes driven at once: every node up to the guest fan-out cap."""
+        return parallelism(None, len(self.launches), GUEST_PARALLEL_CAP)
+
+    def _each(self, fn: Callable[[L.NodeLaunch], Any], *, fail_fast: bool = False) -> dict[str, Any]:
+        """Run fn on every node at once; value or the exception per node, in node order."""
+        if self._pool is None:
+            # One pool for the run: a poll tick reuses its threads instead of starting N.
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="bench-node")
+        results = fan_out(fn, self.launches, self._pool, fail_fast=fail_fast)
+        return {la.name: res for la, res in zip(self.launches, results, strict=True)}
 
     # -- phases ------------------------------------------------------------------------
 
@@ -214,20 +271,21 @@ class ClusterBench:
 
     def _unlock(self, la: L.NodeLaunch) -> None:
         try:
-            self._t(la.name).run(L.unlock_command(la), timeout=30, check=False)
-        except (TransportError, OSError):
+            self._retrying(la.name, lambda t: t.run(L.unlock_command(la), timeout=30, check=False))
+        except (TransportError, OSError, EOFError):
             pass
 
     def start(self) -> None:
-        """Start every node's torchrun, all at once."""
+        """Start every node's torchrun, all at once (one round trip each: the launch line also
+        records the pid in the node's lock); the first node that cannot start stops the rest."""
         def go(la: L.NodeLaunch) -> None:
-            t = self._t(la.name)
-            pid = t.run(la.launch_command, timeout=60).stdout.strip()
-            t.run(f"echo {shlex.quote(pid)} > {shlex.quote(la.lock_dir)}/pid", timeout=30, check=False)
+            # Not retried: a launch that dropped mid-way may have started torchrun already.
+            pid = self._t(la.name).run(la.launch_command, timeout=60).stdout.strip()
             self.states[la.name].state = "running"
             self.reporter.update(la.name, f"torchrun started (pid {pid})")
 
-        failed = {n: e for n, e in self._each(go).items() if isinstance(e, Exception)}
+        results = self._each(go, fail_fast=True)
+        failed = {n: e for n, e in results.items() if isinstance(e, Exception) and not isinstance(e, NotRun)}
         if failed:
             raise BenchError("could not start torchrun on " + ", ".join(f"{n} ({e})" for n, e in failed.items()))
 
@@ -288,9 +346,8 @@ class ClusterBench:
     def stop_all(self) -> None:
         """Stop every node's torchrun and workers (group + pid files), then release locks."""
         def stop(la: L.NodeLaunch) -> None:
-            t = self._t(la.name)
-            t.run(L.stop_command(la), timeout=60, check=False)
-            t.run(L.unlock_command(la), timeout=30, check=False)
+            self._retrying(la.name, lambda t: t.run(f"{L.stop_command(la)}; {L.unlock_command(la)}",
+                                                    timeout=90, check=False))
         for name, res in self._each(stop).items():
             if isinstance(res, Exception):
                 self.reporter.log(f"{name}: could not stop cleanly: {res}")
@@ -300,13 +357,15 @@ class ClusterBench:
         ranks_dir = self.local_dir / "ranks"
         ranks_dir.mkdir(parents=True, exist_ok=True)
 
-        def fetch(la: L.NodeLaunch) -> None:
-            t = self._t(la.name)
+        def fetch_on(la: L.NodeLaunch, t) -> None:
             listing = t.run(f"ls {shlex.quote(la.run_dir)}/ranks 2>/dev/null", timeout=60, check=False).stdout
             for rank in la.global_ranks:
                 for name in (f"rank-{rank}.jsonl", f"rank-{rank}.json"):  # records, then facts
                     if name in listing.split():
                         t.get(f"{la.run_dir}/ranks/{name}", str(ranks_dir / name))
+
+        def fetch(la: L.NodeLaunch) -> None:
+            self._retrying(la.name, lambda t: fetch_on(la, t))
         for name, res in self._each(fetch).items():
             if isinstance(res, Exception):
                 self.reporter.log(f"{name}: could not fetch records: {res}")
@@ -382,6 +441,9 @@ class ClusterBench:
     def _close(self) -> None:
         for name in list(self._transports):
             self._drop(name)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def resume_options(run_dir: Path) -> dict:
@@ -393,4 +455,5 @@ def resume_options(run_dir: Path) -> dict:
             "label": meta.label}
 
 
-__all__ = ["ClusterBench", "ClusterOptions", "plan_launches", "resume_options", "run_matrix"]
+__all__ = ["ClusterBench", "ClusterOptions", "NotRun", "fan_out", "plan_launches", "resume_options",
+           "run_matrix"]

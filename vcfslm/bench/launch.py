@@ -12,16 +12,34 @@ connection never kills a run by accident and a stop is always explicit:
 The operator polls these over SSH (one short command per node per tick), streams the
 new log lines, and on any failure stops every node: the process group and the pid
 files, nothing broader. This module imports no SSH library: it drives a Transport.
+
+How long the ranks may take to meet grows with the cluster (`rendezvous_timeout_s`):
+torchrun's static rendezvous waits for every node's agent at node 0's store, and each
+worker's gloo group then reads every other rank's address from that store.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
+
+# The rendezvous budget. The base is torch's own static-rendezvous default (a cold guest
+# importing torch, a slow VM): small runs wait no less than torchrun would by itself.
+RDZV_BASE_S = 600
+# Per node: its torchrun starts only after the operator's SSH launch reaches it, and the
+# launches go out in waves of the guest fan-out; a loaded guest starts later still.
+RDZV_PER_NODE_S = 5
+# Per rank pair: gloo's full mesh makes every rank read every other rank's key from
+# node 0's one store (world_size^2 reads, each ~8 bytes x world_size), then connect.
+RDZV_PER_RANK_PAIR_S = 0.002
+# The worker's process-group timeout also bounds every collective, and a barrier waits
+# for the slowest rank's window: it never drops below the worker's own default.
+COLLECTIVE_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -54,11 +72,29 @@ class NodeLaunch:
         return f"{self.run_dir}/../.lock-{self.name}"
 
 
+def rendezvous_timeout_s(nodes: int, ranks_per_node: int = 1) -> int:
+    """Seconds the ranks of a `nodes` x `ranks_per_node` run may take to meet (whole seconds:
+    torchrun's static rendezvous reads its `timeout` as an int)."""
+    world = max(1, nodes) * max(1, ranks_per_node)
+    return math.ceil(RDZV_BASE_S + RDZV_PER_NODE_S * max(1, nodes) + RDZV_PER_RANK_PAIR_S * world * world)
+
+
+def process_group_timeout_s(nodes: int, ranks_per_node: int = 1) -> int:
+    """The worker's gloo timeout: its init waits for every rank (the rendezvous budget), its
+    collectives for the slowest window (never less than COLLECTIVE_TIMEOUT_S)."""
+    return max(COLLECTIVE_TIMEOUT_S, rendezvous_timeout_s(nodes, ranks_per_node))
+
+
 def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequence[int],
                 output_tokens: int, warmup: int, repeats: int, out: str, run_id: str,
                 node: str, nodes: int, threads: int, compile_mode: str = "compile",
-                resume: bool = False, scenarios: str | None = None) -> list[str]:
-    """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper)."""
+                resume: bool = False, scenarios: str | None = None,
+                timeout_s: float | None = None, probe_mib: int | None = None) -> list[str]:
+    """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper).
+
+    timeout_s: the process-group timeout (None: the worker's default); probe_mib: the
+    bandwidth probe's buffer (None: the worker's default, 0: no probe).
+    """
     args = ["--model", model, "--batch-sizes", ",".join(map(str, batch_sizes)),
             "--input-tokens", ",".join(map(str, input_tokens)), "--output-tokens", str(output_tokens),
             "--warmup", str(warmup), "--repeats", str(repeats), "--out", out, "--run-id", run_id,
@@ -67,28 +103,42 @@ def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequenc
         args.append("--resume")
     if scenarios:
         args += ["--scenarios", scenarios]
+    if timeout_s is not None:
+        args += ["--timeout", f"{timeout_s:g}"]
+    if probe_mib == 0:
+        args.append("--no-probe")
+    elif probe_mib is not None:
+        args += ["--probe-mib", str(probe_mib)]
     return args
 
 
 def torchrun_argv(*, torchrun: Sequence[str], nnodes: int, nproc_per_node: int, node_rank: int,
                   master_addr: str, master_port: int, rank_script: str, log_dir: str,
-                  args: Sequence[str]) -> list[str]:
+                  args: Sequence[str], rdzv_timeout_s: int | None = None) -> list[str]:
     """torchrun with a static rendezvous on node 0's bench IP and the rank wrapper.
 
     torchrun: how to start it, e.g. [venv python, "-m", "torch.distributed.run"] (the module
     works wherever torch imports; the console script may live elsewhere).
+    rdzv_timeout_s: how long node 0's agent waits for every node (and the others for node
+    0's store); the static backend reads only `timeout` from --rdzv-conf (join_timeout and
+    read_timeout belong to the c10d/etcd backends). None: torchrun's default (900 s).
     """
+    rdzv = ["--rdzv-conf", f"timeout={int(rdzv_timeout_s)}"] if rdzv_timeout_s is not None else []
     return [*torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
             "--node-rank", str(node_rank), "--master-addr", master_addr,
-            "--master-port", str(master_port), "--max-restarts", "0",
+            "--master-port", str(master_port), *rdzv, "--max-restarts", "0",
             "--log-dir", log_dir, "--redirects", "3", "--tee", "3",
             # "--" keeps torchrun's parser off the worker's options (--node vs --node-rank).
             "--no-python", rank_script, "--", *args]
 
 
 def detached(argv: Sequence[str], *, run_dir: str, pid_file: str, exit_file: str, log_file: str,
-             env: dict[str, str] | None = None) -> str:
-    """Shell that starts argv in its own session, records its pid and, later, its exit code."""
+             env: dict[str, str] | None = None, pid_copy: str | None = None) -> str:
+    """Shell that starts argv in its own session, records its pid and, later, its exit code.
+
+    pid_copy: a second file that gets the pid in the same round trip (the bench lock's, so a
+    later run can tell a live holder from a stale lock).
+    """
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted((env or {}).items()))
     inner = f"{exports}{shlex.join(argv)}; echo $? > {shlex.quote(exit_file)}.tmp && " \
             f"mv {shlex.quote(exit_file)}.tmp {shlex.quote(exit_file)}"
@@ -97,7 +147,9 @@ def detached(argv: Sequence[str], *, run_dir: str, pid_file: str, exit_file: str
     return (f"mkdir -p {shlex.quote(run_dir)}/pids {shlex.quote(log_parent)} || exit 1; "
             f"rm -f {shlex.quote(exit_file)}; "
             f"setsid nohup bash -c {shlex.quote(inner)} > {shlex.quote(log_file)} 2>&1 < /dev/null & "
-            f"echo $! > {shlex.quote(pid_file)}; cat {shlex.quote(pid_file)}")
+            f"echo $! > {shlex.quote(pid_file)}; "
+            + (f"cp {shlex.quote(pid_file)} {shlex.quote(pid_copy)} 2>/dev/null; " if pid_copy else "")
+            + f"cat {shlex.quote(pid_file)}")
 
 
 def poll_command(launch: NodeLaunch, offset: int) -> str:
