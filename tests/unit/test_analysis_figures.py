@@ -25,18 +25,31 @@ def both_scopes_with_roofline():
     return parse_csv("\n".join(rows) + "\n", "both.csv").cells
 
 
-def test_all_five_figures_are_drawn_and_not_blank(tmp_path):
+def model_section():
+    from test_perfmodel import synthetic
+
+    from vcfslm.analysis.perfmodel import fit_model, validate
+    from vcfslm.analysis.predict import ModelSection
+
+    obs = synthetic([1, 4, 8, 16], [128, 512], noise=0.03)
+    small = [o for o in obs if o.scenario.batch <= 4]
+    return ModelSection(fit_model(obs), validate(fit_model(obs), obs),
+                        validate(fit_model(small), [o for o in obs if o.scenario.batch > 4]), (1, 4))
+
+
+def test_all_six_figures_are_drawn_and_not_blank(tmp_path):
     image = pytest.importorskip("matplotlib.image")
     from vcfslm.analysis.figures import render_all
 
-    figures, skipped = render_all(both_scopes_with_roofline(), DEFAULT_SLOS, tmp_path, "run-42")
+    figures, skipped = render_all(both_scopes_with_roofline(), DEFAULT_SLOS, tmp_path, "run-42",
+                                  model=model_section())
     assert skipped == []
     assert [f.name for f in figures] == ["fig-1-throughput", "fig-2-matched-tpot", "fig-3-tpot-slo",
-                                         "fig-4-ttft-slo", "fig-5-roofline"]
+                                         "fig-4-ttft-slo", "fig-5-roofline", "fig-6-model"]
     for f in figures:
         assert f.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         pixels = image.imread(f.path)
-        assert pixels.shape[:2] == (500, 800)
+        assert pixels.shape[:2] == ((500, 1000) if f.name == "fig-6-model" else (500, 800))
         assert pixels.std() > 0.05, f"{f.name} looks blank"
         assert "run-42" in f.title
 
@@ -47,7 +60,8 @@ def test_missing_data_skips_figures_with_a_reason(tmp_path):
     figures, skipped = render_all(parse_csv(brief_shaped_csv(), "b.csv").cells, DEFAULT_SLOS, tmp_path, "r")
     assert len(figures) == 3
     assert skipped == ["fig-2-matched-tpot: needs single-VM and cluster data at the same batch per rank",
-                       "fig-5-roofline: no roofline data (no bandwidth or compute probe in this run)"]
+                       "fig-5-roofline: no roofline data (no bandwidth or compute probe in this run)",
+                       "fig-6-model: no performance model (not fitted)"]
     assert not (tmp_path / "fig-2-matched-tpot.png").exists()
 
 

@@ -184,3 +184,18 @@ def test_a_bad_platform_file_names_its_line(tmp_path):
     lines = out.stderr.splitlines()
     assert f"error: {bad}:4:1: bandwidth_gbs: Input should be greater than 0 (got 0)" in lines
     assert f"{bad}:1:1: gemm_tflops_per_cpu: required key is missing" in lines
+
+
+def test_report_states_the_fitted_model_and_draws_it(tmp_path):
+    r = model_run(tmp_path / "r1", "r1")
+    out = run("report", r)
+    assert out.exit_code == 0, out.output
+    md = (r / "report.md").read_text().splitlines()
+    assert "## Performance model" in md
+    assert any(line.startswith("- fitted on 16 repeats from 1 run(s), batch ≤ 16, input ≤ 512: eta_w = 0.800")
+               for line in md)
+    assert ("- Check: fitted on batches 1, 4 only, the other cells are predicted with median |error| TPOT 1.0%, "
+            "TTFT 0.0% (4 cells; `vcfslm predict --validate` for more splits).") in md
+    assert "### Performance model vs measured (fitted on every valid cell)" in md
+    assert (r / "fig-6-model.png").stat().st_size > 0
+    assert 'id="fig-6-model"' in (r / "report.html").read_text()

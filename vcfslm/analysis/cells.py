@@ -163,6 +163,7 @@ class Analysis:
     cells: list[Cell]
     metas: list[RunMeta] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    runs: list[RunFile] = field(default_factory=list)   # the run folders read (what a model is fitted on)
 
     def scopes(self) -> list[str]:
         return [s for s in (SINGLE, CLUSTER) if any(c.scope == s for c in self.cells)]
@@ -234,7 +235,8 @@ def aggregate(runs: Sequence[RunFile | tuple[RunMeta, Sequence[WindowRecord]]]) 
         # A cell whose only invalid windows are a gate-failed rank's is already said per rank.
         warnings.extend(f"{describe(cell)}: {flag}" for flag in cell.flags if flag != explained)
     # A failed numerics gate voids a rank's every number: say it before anything else.
-    return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=numerics + warnings)
+    return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=numerics + warnings,
+                    runs=[r for r in runs if isinstance(r, RunFile)])
 
 
 def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: int | None = None,

@@ -5,7 +5,9 @@
 3. TPOT vs streams per VM with SLO threshold lines;
 4. TTFT vs streams per VM with SLO threshold lines;
 5. measured TPOT vs its bandwidth floor and TTFT vs its compute floor (one panel
-   each, for whichever floor the probes measured).
+   each, for whichever floor the probes measured);
+6. the performance model's TPOT and TTFT against the measured ones (fitted on every
+   cell, and fitted on the small batches only, predicting the rest).
 A figure without the data it needs is skipped with a reason, never drawn empty.
 """
 
@@ -41,8 +43,11 @@ class Figure:
 
 
 def render_all(cells: Sequence[Cell], slos: Sequence[Slo], out_dir: str | Path, run_title: str,
-               percentile: str = "p50") -> tuple[list[Figure], list[str]]:
-    """Draw every figure the data allow into `out_dir`; returns (figures, reasons for skipped ones)."""
+               percentile: str = "p50", model=None) -> tuple[list[Figure], list[str]]:
+    """Draw every figure the data allow into `out_dir`; returns (figures, reasons for skipped ones).
+
+    model: the report's predict.ModelSection, for figure 6.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cells = [c for c in cells if c.has_data]
@@ -53,6 +58,7 @@ def render_all(cells: Sequence[Cell], slos: Sequence[Slo], out_dir: str | Path, 
         ("fig-3-tpot-slo", lambda: latency_figure(cells, slos, run_title, "tpot", percentile)),
         ("fig-4-ttft-slo", lambda: latency_figure(cells, slos, run_title, "ttft", percentile)),
         ("fig-5-roofline", lambda: roofline_figure(cells, run_title)),
+        ("fig-6-model", lambda: model_figure(model, run_title)),
     ]
     for name, make in makers:
         result = make()
@@ -223,3 +229,44 @@ def roofline_figure(cells: Sequence[Cell], run_title: str):
                "TTFT": "compute floor = prompt FLOPs / measured bf16 GEMM rate"}
     return fig, title, "Dashed: the floor each indicator cannot beat; " + \
         "; ".join(caption[p[0]] for p in panels) + "."
+
+
+MODEL_PANELS = (("TPOT", "measured_tpot_ms", "predicted_tpot_ms", "ms"), ("TTFT", "measured_ttft_s", "predicted_ttft_s", "s"))
+
+
+def model_figure(section, run_title: str):
+    """The model against the measurements, per indicator: on the diagonal is exact."""
+    if section is None or section.in_sample is None:
+        return "no performance model (" + (section.reason if section is not None else "not fitted") + ")"
+    title = f"Performance model vs measured — {run_title}"
+    fig = MplFigure(figsize=(10, 5), layout="constrained")
+    axes = fig.subplots(1, 2, squeeze=False)[0]
+    fig.suptitle(textwrap.fill(title, width=110), fontsize=10)
+    series = [("fitted on every cell", section.in_sample, "o", "full")]
+    if section.held_out is not None and section.held_out.cells:
+        batches = ", ".join(map(str, section.fit_batches))
+        series.append((f"predicted from batches {batches}", section.held_out, "s", "none"))
+    for ax, (name, measured, predicted, unit) in zip(axes, MODEL_PANELS, strict=True):
+        values = []
+        for label, check, marker, fill in series:
+            xs = [getattr(c, measured) for c in check.cells]
+            ys = [getattr(c, predicted) for c in check.cells]
+            values += xs + ys
+            ax.plot(xs, ys, linestyle="none", marker=marker, fillstyle=fill, label=label)
+        lo, hi = min(values) / 1.3, max(values) * 1.3
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="model = measured")
+        band = 0.15 if name == "TPOT" else 0.25
+        ax.fill_between([lo, hi], [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)],
+                        color="grey", alpha=0.15, label=f"±{band:.0%}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"measured p50 {name} ({unit})")
+        ax.set_ylabel(f"model {name} ({unit})")
+        ax.set_title(name, fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig, title, ("Each point is one cell (batch x input length). The shaded band is the accuracy the "
+                        "model is held to (15 % for TPOT, 25 % for TTFT); hollow squares were predicted by a "
+                        "fit that never saw them.")

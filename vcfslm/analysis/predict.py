@@ -14,7 +14,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .cells import SINGLE, Cell, CellKey, Quantiles
-from .perfmodel import Observation, PerfModel, Prediction, RankRates, Scenario, Validation, predict
+from .perfmodel import (
+    Observation,
+    PerfModel,
+    Prediction,
+    RankRates,
+    Scenario,
+    Validation,
+    predict,
+    validate,
+)
 from .slo import Crossover, Sizing, crossovers, size
 from .tables import Table, fmt
 
@@ -205,3 +214,71 @@ def median_rates(observations: Sequence[Observation]) -> str:
     curve = any(o.rates.decode_rows for o in observations)
     return (f"read {bw:.1f} GB/s, GEMM {gemm:.3f} TFLOP/s per rank"
             + (", decode-batch curve probed" if curve else ", no decode-batch curve (roofline knee)"))
+
+
+# ------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """The performance model as the report states it: fitted on every valid cell of the runs,
+    its in-sample error per cell, and the honesty check (fit on the smaller half of the
+    batches, predict the rest)."""
+
+    model: PerfModel | None
+    in_sample: Validation | None = None
+    held_out: Validation | None = None
+    fit_batches: tuple[int, ...] = ()
+    reason: str = ""          # why there is no model (no probes, too few cells)
+
+    def lines(self) -> list[str]:
+        if self.model is None:
+            return [f"Not fitted: {self.reason}."]
+        out = list(self.model.statement())
+        if self.held_out is not None and self.held_out.cells:
+            out.append(f"Check: fitted on batches {', '.join(map(str, self.fit_batches))} only, the other cells "
+                       f"are predicted with median |error| TPOT {_pct(self.held_out.median_abs('tpot'))}, "
+                       f"TTFT {_pct(self.held_out.median_abs('ttft'))} ({len(self.held_out.cells)} cells; "
+                       "`vcfslm predict --validate` for more splits).")
+        return out
+
+
+def model_section(runs: Sequence) -> ModelSection:
+    """Fit the model on runs (RunFiles) that carry their probes; a reason when it cannot."""
+    from ..errors import InputError
+    from .calibration import observations, run_calibration
+    from .cells import aggregate
+    from .perfmodel import fit_model
+
+    if not runs:
+        return ModelSection(None, reason="no run folders (a CSV carries no probes)")
+    obs = []
+    try:
+        for run in runs:
+            cal = run_calibration(run)
+            obs += observations(aggregate([run]).cells, cal.dims, cal.rates, cal.run_id)
+    except InputError as exc:
+        return ModelSection(None, reason=exc.problems[0].message)
+    try:
+        model = fit_model(obs)
+    except ValueError as exc:
+        return ModelSection(None, reason=str(exc))
+    fit, held = split(obs, {}, None, None)
+    held_out = None
+    if not check_validation(fit, held):
+        try:
+            held_out = validate(fit_model(fit), held)
+        except ValueError:
+            held_out = None
+    return ModelSection(model, validate(model, obs), held_out, tuple(sorted({o.scenario.batch for o in fit})))
+
+
+def model_table(section: ModelSection) -> Table | None:
+    if section.in_sample is None:
+        return None
+    rows = [[c.source or "–", str(c.scenario.input_tokens), str(c.scenario.batch), f"{c.measured_ttft_s:.3f}",
+             f"{c.predicted_ttft_s:.3f}", f"{c.ttft_error:+.1%}", f"{c.measured_tpot_ms:.1f}",
+             f"{c.predicted_tpot_ms:.1f}", f"{c.tpot_error:+.1%}"] for c in section.in_sample.cells]
+    return Table("Performance model vs measured (fitted on every valid cell)",
+                 ["run", "input tokens", "batch/rank", "TTFT s", "model", "error", "TPOT ms", "model", "error"],
+                 rows)

@@ -24,6 +24,7 @@ from typing import Any
 
 from vcfslm.analysis.cells import Analysis, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv
+from vcfslm.analysis.predict import ModelSection, model_section, model_table
 from vcfslm.analysis.slo import Crossover, Sizing, crossovers, resolve_slos, size, slos_from_meta
 from vcfslm.analysis.summary import SloReasons, reasoning_intro, slo_reasons, summary_table
 from vcfslm.analysis.tables import (
@@ -62,6 +63,7 @@ class Report:
     reasons: list[SloReasons]
     reasons_intro: str
     warnings: list[str] = field(default_factory=list)
+    model: ModelSection | None = None
 
 
 @dataclass
@@ -124,7 +126,7 @@ def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] =
                   percentile=percentile, slos=slos, crossovers=xs, sizings=sizings, tables=tables,
                   summary=summary_table(xs, sizings, percentile, headroom),
                   reasons=slo_reasons(xs, sizings, headroom), reasons_intro=reasoning_intro(headroom),
-                  warnings=warnings + analysis.warnings)
+                  warnings=warnings + analysis.warnings, model=model_section(analysis.runs))
 
 
 def run_title(analysis: Analysis, sources: Sequence[str]) -> str:
@@ -148,7 +150,8 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     reporter.update("report", "drawing figures")
     from vcfslm.analysis import figures as fig_module  # matplotlib only when drawing
 
-    figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, percentile)
+    figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, percentile,
+                                             report.model)
     reporter.update("report", "writing")
     files = [f.path for f in figures]
     outputs = {
@@ -259,6 +262,9 @@ def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -
     for r in report.reasons:
         out += [f"- **{r.headline}.** {r.rule}"] + [f"  - {line}" for line in r.contexts]
     out += ["", "## Tables", ""] + [t.markdown() for t in report.tables]
+    out += ["## Performance model", ""] + [f"- {line}" for line in _model_lines(report)] + [""]
+    table = model_table(report.model) if report.model else None
+    out += [table.markdown()] if table else []
     out += ["## More figures", ""] + _md_figures(more)
     out += [f"- skipped {s}" for s in skipped]
     for meta in report.analysis.metas:
@@ -272,6 +278,10 @@ def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -
         else:
             out.append("No guest facts recorded.")
     return "\n".join(out) + "\n"
+
+
+def _model_lines(report: Report) -> list[str]:
+    return report.model.lines() if report.model else ["Not fitted."]
 
 
 def _md_figures(figures: Sequence) -> list[str]:
@@ -377,6 +387,10 @@ def render_html(report: Report, figures: Sequence, skipped: Sequence[str]) -> st
     parts.append(f"<h2>Reasoning per SLO</h2><p>{_e(report.reasons_intro)}</p>" + _reasons_html(report.reasons))
     parts.append("<h2>Tables</h2>")
     parts += [table_html(t) for t in report.tables]
+    parts.append('<h2 id="model">Performance model</h2><ul>'
+                 + "".join(f"<li>{_e(line)}</li>" for line in _model_lines(report)) + "</ul>")
+    table = model_table(report.model) if report.model else None
+    parts += [table_html(table)] if table else []
     parts.append("<h2>More figures</h2>")
     parts += [_figure_html(f) for f in more]
     if skipped:
