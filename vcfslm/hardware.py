@@ -129,9 +129,13 @@ class Platform(_Model):
                                          e["msg"].removeprefix("Value error, ")) for e in exc.errors()]) from None
 
     def describe(self) -> str:
-        return (f"{self.name}: {self.numa_nodes} vNUMA nodes x {self.cpus_per_numa_node} vCPUs, "
-                f"{self.bandwidth_gbs:g} GB/s per node, {self.gemm_tflops_per_cpu:g} TFLOP/s per vCPU "
-                f"({self.basis}); {self.ranks} ranks x {self.threads} threads")
+        return (f"{self.name}: {_n(self.numa_nodes, 'vNUMA node')} x {_n(self.cpus_per_numa_node, 'vCPU')}, "
+                f"{self.bandwidth_gbs:.1f} GB/s per node, {self.gemm_tflops_per_cpu:.3g} TFLOP/s per vCPU "
+                f"({self.basis}); {_n(self.ranks, 'rank')} x {_n(self.threads, 'thread')}")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def layout_problems(p: Platform) -> list[str]:

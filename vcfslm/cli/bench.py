@@ -197,14 +197,17 @@ def _from_meta(run_dir: Path) -> dict[str, Any]:
 @click.option("--no-numactl", is_flag=True, help="One probe over the whole machine, unpinned.")
 @output_option
 def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
-    """Memory bandwidth (read and STREAM triad) and bf16 GEMM rate per NUMA node, as the ranks see them.
+    """Memory bandwidth, bf16 GEMM rate and decode-batch linear rates per NUMA node, as ranks see them.
 
     \b
     Each probe runs in its own process pinned with numactl to one node (CPUs and
     memory), with that node's CPU count as threads unless --threads is given. The
     decode floor of a model is bytes read per step / read bandwidth (or its FLOPs at
-    the GEMM rate, when longer); the prefill floor is prompt FLOPs / GEMM rate.
+    the GEMM rate, when longer); the prefill floor is prompt FLOPs / GEMM rate. The
+    decode-batch curve (the engine's linear kernel at 1..64 rows over streamed weights) is
+    the knee `vcfslm predict` models decode with; its JSON is a --platform for predict.
     Example: vcfslm probe --mib 2048
+             vcfslm probe -o json > this-host.json
     """
     from ..bench.placement import node_cpu_lists
 
@@ -231,15 +234,18 @@ def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
         return
     table = Table(title="memory bandwidth (GB/s = 1e9 bytes/s, best of 5) and bf16 GEMM rate")
     for col in ("NUMA node", "CPUs", "threads", "read GB/s", "read kernel", "triad GB/s", "buffer MiB",
-                "GEMM TFLOP/s", "GEMM kernel"):
+                "GEMM TFLOP/s", "GEMM kernel", "decode linears GB/s by rows"):
         table.add_column(col, justify="right")
     for r in rows:
         gemm = r.get("gemm") or {}
+        curve = r.get("decode_linears") or {}
+        knee = " ".join(f"{n}:{g:.0f}" for n, g in zip(curve.get("rows", ()), curve.get("gbs", ()), strict=False))
         table.add_row("all" if r["numa_node"] is None else str(r["numa_node"]), r.get("cpu_affinity", "?"),
                       str(r["threads"]), f"{r['read_gbs']:.1f}", str(r.get("read_kernel", "?")),
                       f"{r['triad_gbs']:.1f}", str(r["buffer_bytes"] // (1024 * 1024)),
-                      f"{gemm['tflops']:.3f}" if gemm else "-", str(gemm.get("kernel", "-")))
+                      f"{gemm['tflops']:.3f}" if gemm else "-", str(gemm.get("kernel", "-")), knee or "-")
     console.print(table)
+    click.echo("Save `vcfslm probe -o json > host.json` on a target machine for `vcfslm predict --platform host.json`.")
 
 
 COMMANDS = [bench, probe]
