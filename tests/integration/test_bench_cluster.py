@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from vcfslm.bench.launch import process_group_timeout_s, rendezvous_timeout_s
 from vcfslm.results import load_run
 
 pytestmark = pytest.mark.integration
@@ -57,6 +58,10 @@ def assert_complete(run_dir: Path, nodes: int, ranks_per_node: int, scenarios: i
     assert len(per_rank_scenario) == len(ranks) * scenarios
     assert all(len(w) == repeats for w in per_rank_scenario.values())
     assert all(r.rank_tps > 0 and len(r.tpot_ms) == r.batch_per_rank for r in records)
+    # every window of every rank records how far it left the barrier after the first rank
+    assert all(r.start_skew_s >= 0 for r in records)
+    if nodes * ranks_per_node == 1:
+        assert all(r.start_skew_s == 0 for r in records)
     assert {r.node for r in records} == set(meta.nodes)
     assert (run_dir / "logs" / meta.nodes[0] / "torchrun.log").exists()
     # every rank's facts came back: the engine it ran and its numerics gate
@@ -75,6 +80,9 @@ def test_dry_run_prints_each_nodes_command(provisioned_lab, tmp_path):
         argv = p["torchrun"]
         assert argv[argv.index("--node-rank") + 1] == str(i)
         assert argv[argv.index("--master-addr") + 1] == master
+        # the rendezvous budget of a 4-node run, for torchrun and for the workers' group
+        assert argv[argv.index("--rdzv-conf") + 1] == f"timeout={rendezvous_timeout_s(4, inv.bench.ranks_per_node)}"
+        assert argv[argv.index("--timeout") + 1] == str(process_group_timeout_s(4, inv.bench.ranks_per_node))
     assert not list(tmp_path.iterdir())  # nothing launched, nothing written
 
 

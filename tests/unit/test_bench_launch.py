@@ -156,3 +156,10 @@ def test_launch_records_the_pid_in_the_lock_in_the_same_round_trip(tmp_path):
                      log_file=la.log_file, pid_copy=f"{la.lock_dir}/pid")
     pid = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip()
     assert pid.isdigit() and Path(la.lock_dir, "pid").read_text().strip() == pid
+
+
+def test_torchrun_console_is_unbuffered(inv):
+    """torchrun's console goes to a file the operator tails: block buffering would hold
+    the ranks' progress back until the run ends."""
+    la = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))[0]
+    assert "export PYTHONUNBUFFERED=1;" in la.launch_command

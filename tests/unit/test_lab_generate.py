@@ -110,3 +110,19 @@ def test_shipped_lab_inventory_validates_and_matches_the_generator():
     assert [(n.name, n.host, n.management_ip, n.bench_ip, n.advanced) for n in shipped.nodes] == \
         [(n.name, n.host, n.management_ip, n.bench_ip, n.advanced) for n in generated.nodes]
     assert shipped.slos == generated.slos
+
+
+def test_guests_inventory_takes_a_port_and_ranks_per_node():
+    from types import SimpleNamespace
+
+    started = [SimpleNamespace(name=f"slm-{140 + i}", address=f"127.0.0.{150 + i}",
+                               bench_address=f"127.0.1.{150 + i}", port=40000 + i, user="me",
+                               key="/lab/ssh/id_ed25519", known_hosts="/lab/ssh/known_hosts")
+               for i in range(3)]
+    doc = generate.guests_inventory(started, "/lab/work", bench_port=31234, ranks_per_node=1)
+    inventory = parse_inventory(yaml.safe_dump(doc), "guests.yaml")
+    assert inventory.bench.port == 31234 and inventory.bench.ranks_per_node == 1
+    assert [str(n.bench_ip) for n in inventory.nodes] == ["127.0.1.150", "127.0.1.151", "127.0.1.152"]
+    default = generate.guests_inventory(started, "/lab/work")
+    assert default["bench"]["port"] == 29500
+    assert default["bench"]["ranks_per_node"] == generate.bench_section(generate.machine_shape(), 1)["ranks_per_node"]

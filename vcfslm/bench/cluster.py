@@ -97,7 +97,9 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
                                rdzv_timeout_s=rdzv_timeout)
         stub = L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, "",
                             tuple(range(i * ranks, (i + 1) * ranks)))
-        env = {"VCFSLM_PID_DIR": f"{run_dir}/pids", "VCFSLM_RUN_DIR": run_dir}
+        # PYTHONUNBUFFERED: torchrun tees the ranks into a file; block-buffered, the operator
+        # would see progress only every few KiB (or when the run ends).
+        env = {"VCFSLM_PID_DIR": f"{run_dir}/pids", "VCFSLM_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"}
         cmd = L.detached(argv, run_dir=run_dir, pid_file=stub.pid_file, exit_file=stub.exit_file,
                          log_file=stub.log_file, env=env, pid_copy=f"{stub.lock_dir}/pid")
         out.append(L.NodeLaunch(i, node.name, stub.address, stub.bench_ip, run_dir, cmd,

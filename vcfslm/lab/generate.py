@@ -216,13 +216,21 @@ def lab_nodes(count: int, ports: Mapping[str, int]) -> list[LabNode]:
             for i in range(count)]
 
 
-def guests_inventory(guests: Sequence[Any], workdir: str) -> dict[str, Any]:
+def guests_inventory(guests: Sequence[Any], workdir: str, *, bench_port: int = 29500,
+                     ranks_per_node: int | None = None) -> dict[str, Any]:
     """A lab inventory for running sshd guests alone (no vcsim behind it): for the guest
-    stage's tests and benchmarks, which never contact vCenter."""
-    return lab_inventory(
+    stage's tests and benchmarks, which never contact vCenter.
+
+    bench_port: the rendezvous port (a benchmark picks a free one: node 0's store binds it
+    on every address); ranks_per_node: None = the lab's default for this machine.
+    """
+    doc = lab_inventory(
         vcenter_host="127.0.0.1", vcenter_port=443, vcenter_user="lab", ca_bundle="/dev/null",
         template="lab-template",
         nodes=[LabNode(name=g.name, host=f"DC0_C0_H{i}", management_ip=g.address,
                        bench_ip=g.bench_address, ssh_port=g.port) for i, g in enumerate(guests)],
         guest_user=guests[0].user, ssh_key=guests[0].key, known_hosts=guests[0].known_hosts,
-        workdir=workdir, bench_port=29500, shape=machine_shape())
+        workdir=workdir, bench_port=bench_port, shape=machine_shape())
+    if ranks_per_node is not None:
+        doc["bench"]["ranks_per_node"] = ranks_per_node
+    return doc
