@@ -389,6 +389,7 @@ class Prediction:
     ttft_s: float
     ttft_interval: tuple[float, float] | None
     rank_tps: float
+    rank_tps_interval: tuple[float, float] | None
     knee: float
     flags: tuple[str, ...] = field(default=())
 
@@ -401,6 +402,7 @@ class Prediction:
         return {"batch_per_rank": s.batch, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
                 "tpot_ms": self.tpot_ms, "tpot_ms_interval": self.tpot_interval, "ttft_s": self.ttft_s,
                 "ttft_s_interval": self.ttft_interval, "rank_tps": self.rank_tps,
+                "rank_tps_interval": self.rank_tps_interval,
                 "knee": self.knee, "extrapolation": list(self.flags)}
 
 
@@ -434,13 +436,21 @@ def predict(model: PerfModel, dims: ModelDims, rates: RankRates, s: Scenario) ->
         flags.append(f"compute-side decode (linears at {x.knee:.1f}x streaming) where the fitted cells "
                      "were bandwidth-bound")
     tpot_ms = step * 1000.0
-    seconds = ttft + (s.output_tokens - 1) * step
+    tpot_interval = _interval(tpot_ms, step_hw and step_hw * 1000.0)
+    ttft_interval = _interval(ttft, ttft_hw)
+    tps_interval = None
+    if tpot_interval and ttft_interval:   # slowest and fastest ends together
+        tps_interval = (_rank_tps(s, ttft_interval[1], tpot_interval[1] / 1000.0),
+                        _rank_tps(s, ttft_interval[0], tpot_interval[0] / 1000.0))
     return Prediction(
-        scenario=s, tpot_ms=tpot_ms,
-        tpot_interval=_interval(tpot_ms, step_hw and step_hw * 1000.0),
-        ttft_s=ttft, ttft_interval=_interval(ttft, ttft_hw),
-        rank_tps=s.batch * s.output_tokens / seconds if seconds > 0 else 0.0,
-        knee=x.knee, flags=tuple(flags))
+        scenario=s, tpot_ms=tpot_ms, tpot_interval=tpot_interval, ttft_s=ttft, ttft_interval=ttft_interval,
+        rank_tps=_rank_tps(s, ttft, step), rank_tps_interval=tps_interval, knee=x.knee, flags=tuple(flags))
+
+
+def _rank_tps(s: Scenario, ttft_s: float, step_s: float) -> float:
+    """Generated tokens of the rank / its end-to-end time (the brief's rank throughput)."""
+    seconds = ttft_s + (s.output_tokens - 1) * step_s
+    return s.batch * s.output_tokens / seconds if seconds > 0 else float("inf")
 
 
 def _unidentified(fit: LinearFit, x: Sequence[float], total: float, parts: Sequence[str], what: str) -> list[str]:

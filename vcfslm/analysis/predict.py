@@ -132,7 +132,7 @@ def prediction_table(result: PredictionResult) -> Table:
         s = p.scenario
         rows.append([str(s.input_tokens), str(s.batch), str(s.batch * ranks), _with_interval(p.ttft_s, p.ttft_interval, 2),
                      _with_interval(p.tpot_ms, p.tpot_interval, 1), fmt(1000.0 / p.tpot_ms if p.tpot_ms else None, 1),
-                     fmt(p.rank_tps, 1), "; ".join(p.flags) or "–"])
+                     _with_interval(p.rank_tps, p.rank_tps_interval, 1), "; ".join(p.flags) or "–"])
     return Table(f"Predicted p50 per rank on {result.target.description} (95 % prediction interval)",
                  ["input tokens", "batch/rank", "streams/VM", "TTFT s", "TPOT ms", "tok/s/user", "rank tok/s",
                   "extrapolation"], rows)
