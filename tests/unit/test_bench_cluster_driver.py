@@ -300,3 +300,14 @@ def test_a_dropped_connection_is_reopened_once_and_kept(inv, tmp_path):
     assert connect.count == {"slm-01": 2}  # the drop, then one fresh connection for the rest
     [_, second] = connect.made["slm-01"]
     assert sum(c.startswith("if [ -f") for c in second.calls) == 4
+
+
+def test_a_node_that_has_exited_is_not_polled_again(inv, tmp_path):
+    a = scripted("slm-01", ["EXIT 0\n"])
+    b = scripted("slm-02", ["RUNNING\n"] * 4 + ["EXIT 0\n"], ranks=range(4, 8))
+    bench = bench_for(inv, {"slm-01": a, "slm-02": b}, tmp_path)
+    with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
+    with_records(b, bench.launches[1].run_dir, range(4, 8), "slm-02")
+    assert bench.run()[0].complete
+    polls = lambda t: sum(c.startswith("if [ -f") for c in t.calls)  # noqa: E731
+    assert (polls(a), polls(b)) == (1, 5)

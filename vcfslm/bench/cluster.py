@@ -292,7 +292,11 @@ class ClusterBench:
             raise BenchError("could not start torchrun on " + ", ".join(f"{n} ({e})" for n, e in failed.items()))
 
     def _poll(self, la: L.NodeLaunch) -> None:
+        """One round trip: the node's state and its new log lines (none once it has exited:
+        the exit file is written after torchrun's last line, so that poll read them all)."""
         st = self.states[la.name]
+        if st.state == "exited":
+            return
         try:
             res = self._t(la.name).run(L.poll_command(la, st.offset), timeout=60, check=False)
         except (TransportError, OSError, EOFError) as exc:

@@ -1,0 +1,205 @@
+"""Fan-out of the cluster bench: the same small matrix on 1 lab node and on N lab nodes.
+
+Real sshd guests on loopback (127.0.0.150 and up), the project's wheel installed by the
+guest stage, one torchrun per guest over SSH (static rendezvous on node 0's bench IP),
+1 rank per node, synthetic:tiny. It checks that every rank of every run has a record
+for every scenario x repeat, and prints the wall times, the N/1 ratio, the barrier
+skew (the workers' `start_skew_s`) and where the time went.
+
+All guests are this machine: N ranks share its CPUs, so the ratio measures the
+orchestration *and* N times the model work on the same cores. It is > 1 by design.
+
+    .venv/bin/python benchmarks/cluster_fanout.py [--nodes 16] [--compile eager|compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vcfslm.bench import launch as L  # noqa: E402
+from vcfslm.bench.cluster import ClusterBench, ClusterOptions, run_matrix  # noqa: E402
+from vcfslm.cli.guest_stage import bench_connector, ssh_connector  # noqa: E402
+from vcfslm.contract import parse_progress  # noqa: E402
+from vcfslm.guest.provision import preflight_problems, provision_guests  # noqa: E402
+from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
+from vcfslm.inventory import load_inventory  # noqa: E402
+from vcfslm.lab import generate, guests  # noqa: E402
+from vcfslm.lab.lab import seed_guest_venv  # noqa: E402
+
+FIRST_INDEX = 139  # 127.0.0.150.. : away from the lab's, the tests' and ssh_fanout's guests
+PHASES = ("preflight", "start", "watch", "collect")
+
+
+class TimedBench(ClusterBench):
+    """A ClusterBench that notes how long each phase took and when each worker event arrived."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.phase_s: dict[str, float] = {}
+        self.events: list[tuple[float, dict]] = []
+        self.t0 = time.monotonic()
+        for name in PHASES:
+            setattr(self, name, self._timed(name, getattr(self, name)))
+
+    def _timed(self, name, fn):
+        def wrapper(*a, **kw):
+            started = time.monotonic()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.phase_s[name] = time.monotonic() - started
+        return wrapper
+
+    def _consume(self, la, text: str) -> None:
+        now = time.monotonic() - self.t0
+        for line in text.splitlines():
+            event = parse_progress(L.split_rank_line(line)[1])
+            if event is not None:
+                self.events.append((now, event))
+        super()._consume(la, text)
+
+
+def write_inventory(started, workdir: Path, path: Path, port: int) -> Path:
+    doc = generate.guests_inventory(started, str(workdir), bench_port=port, ranks_per_node=1)
+    doc["bench"]["threads_per_rank"] = 1
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def first_seen(events, phase: str) -> list[float]:
+    """Per rank, when its first event of `phase` reached the operator (s since the run began)."""
+    seen: dict[int, float] = {}
+    for t, e in events:
+        if e.get("phase") == phase and e.get("rank") is not None:
+            seen.setdefault(e["rank"], t)
+    return sorted(seen.values())
+
+
+def one_run(inv, nodes: int, run_id: str, runs: Path, args) -> dict:
+    opts = ClusterOptions(run_id=run_id, runs_root=runs, compile_mode=args.compile, poll_s=args.poll,
+                          probe_mib=args.probe_mib, scenarios=args.scenarios,
+                          command=["benchmarks/cluster_fanout.py"])
+    connect = bench_connector(inv, None, runs / run_id / "logs" / "ssh")
+    bench = TimedBench(inv, inv.nodes[:nodes], connect, opts, preflight_checks=preflight_problems)
+    started, cpu = time.perf_counter(), time.process_time()
+    meta, records = bench.run()
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    scenarios = len(run_matrix(inv, opts).scenarios(opts.scenarios))
+    expected = nodes * inv.bench.ranks_per_node * scenarios * inv.bench.repeats
+    per_rank: dict[int, int] = {}
+    for r in records:
+        per_rank[r.rank] = per_rank.get(r.rank, 0) + 1
+    missing = [rank for rank in range(nodes * inv.bench.ranks_per_node)
+               if per_rank.get(rank, 0) != scenarios * inv.bench.repeats]
+    if not meta.complete or len(records) != expected or missing:
+        raise SystemExit(f"{run_id}: incomplete: {len(records)}/{expected} records, ranks short: {missing}")
+    skews = [r.start_skew_s * 1000 for r in records]
+    ev = bench.events
+    return {
+        "nodes": nodes, "wall": wall, "operator_cpu": cpu, "records": len(records), "expected": expected,
+        "ranks": len(per_rank), "phases": dict(bench.phase_s), "connects": bench.connects,
+        "skew_p50": statistics.median(skews), "skew_max": max(skews),
+        "window_s": statistics.mean(r.wall_s for r in records),
+        "last_start": max(first_seen(ev, "start"), default=float("nan")),
+        "last_loaded": max(first_seen(ev, "loaded"), default=float("nan")),
+        "first_window": min(first_seen(ev, "warmup"), default=float("nan")),
+        "finished": max(first_seen(ev, "finished"), default=float("nan")),
+    }
+
+
+def start_guests(count: int, base: Path):
+    client = guests.ensure_client_keys(base / "ssh")
+    started = []
+    try:
+        for i in range(count):
+            started.append(guests.start_guest(FIRST_INDEX + i, base / "guests", client))
+    except BaseException:
+        for g in started:
+            guests.stop_guest(g)
+        raise
+    guests.write_known_hosts(client.known_hosts, started)
+    return started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--compile", choices=("eager", "compile"), default="eager",
+                        help="decode step (eager: 16 ranks compiling on 2 cores would measure the compiler)")
+    parser.add_argument("--probe-mib", type=int, default=64,
+                        help="bandwidth probe buffer per rank (the worker's 1 GiB x 16 ranks would not fit)")
+    parser.add_argument("--poll", type=float, default=1.0, help="operator poll interval (s)")
+    parser.add_argument("--scenarios", help="BATCHxINPUT patterns (default: the lab's whole matrix)")
+    parser.add_argument("--keep", help="keep the lab and run folders under this folder")
+    args = parser.parse_args()
+    tmp = None if args.keep else tempfile.TemporaryDirectory(prefix="vcfslm-cluster-fanout-")
+    base = Path(args.keep or tmp.name)
+    base.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    started = start_guests(args.nodes, base)
+    try:
+        work = base / "work"
+        work.mkdir(exist_ok=True)
+        seed_guest_venv(work / "venv")
+        port = guests.free_port("0.0.0.0")
+        inv = load_inventory(write_inventory(started, work, base / "inventory.yaml", port))
+        wheel = ProjectWheel()
+        wheel.get()
+        prepared = provision_guests(inv, ssh_connector(inv, None), wheel=wheel, run_dir=base / "logs")
+        if not prepared.ok:
+            raise SystemExit("guest stage failed:\n"
+                             + "\n".join(f"{h.host}: {h.error}" for h in prepared.failed_hosts))
+        setup = time.perf_counter() - began
+        stamp = time.strftime("%H%M%S")
+        one = one_run(inv, 1, f"fanout-1n-{stamp}", base / "runs", args)
+        many = one_run(inv, args.nodes, f"fanout-{args.nodes}n-{stamp}", base / "runs", args)
+    finally:
+        for g in started:
+            guests.stop_guest(g)
+        if tmp is not None:
+            tmp.cleanup()
+    shape = generate.machine_shape()
+    scenarios = len(run_matrix(inv, ClusterOptions(run_id="x")).scenarios(args.scenarios))
+    print(f"cluster bench fan-out: 1 vs {args.nodes} lab nodes x 1 rank, synthetic:tiny, "
+          f"{args.compile}, {scenarios} scenarios x ({inv.bench.warmup} warmup + {inv.bench.repeats} "
+          f"measured) windows, this machine: {shape.cpus} CPUs, {shape.memory_gib} GiB "
+          f"(lab setup {setup:.0f} s, not counted)")
+    print(f"rendezvous timeout: {L.rendezvous_timeout_s(1, 1)} s at 1 node, "
+          f"{L.rendezvous_timeout_s(args.nodes, 1)} s at {args.nodes} nodes")
+    head = f"{'':<28}{'1 node':>12}{f'{args.nodes} nodes':>12}"
+    print(head)
+    rows = [("wall (s)", "wall", "{:.1f}"), ("records (got/expected)", None, None),
+            ("SSH connections opened", "connects", "{:d}"),
+            ("operator CPU (s)", "operator_cpu", "{:.1f}")]
+    rows += [(f"  {p} (s)", p, "{:.1f}") for p in PHASES]
+    rows += [("  last rank started (s)", "last_start", "{:.1f}"),  # torchrun + rendezvous + import
+             ("  last rank loaded (s)", "last_loaded", "{:.1f}"),
+             ("  first window (s)", "first_window", "{:.1f}"),
+             ("  last rank finished (s)", "finished", "{:.1f}"),
+             ("mean window wall (s)", "window_s", "{:.3f}"),
+             ("barrier skew p50 (ms)", "skew_p50", "{:.2f}"),
+             ("barrier skew max (ms)", "skew_max", "{:.2f}")]
+    for label, key, fmt in rows:
+        if key is None:
+            a, b = f"{one['records']}/{one['expected']}", f"{many['records']}/{many['expected']}"
+        else:
+            get = (lambda r, k=key: r["phases"].get(k, float("nan"))) if key in PHASES else \
+                (lambda r, k=key: r[k])
+            a, b = fmt.format(get(one)), fmt.format(get(many))
+        print(f"{label:<28}{a:>12}{b:>12}")
+    print(f"ratio {args.nodes}/1 wall: {many['wall'] / one['wall']:.2f}  "
+          f"(every rank's records present in both runs)")
+
+
+if __name__ == "__main__":
+    main()
