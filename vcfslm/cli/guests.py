@@ -10,6 +10,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from ..contract import GUEST_PARALLEL_CAP
 from ..progress import Progress, describe
 from .common import (
     RichReporter,
@@ -106,9 +107,13 @@ def _hosts(value: str | None) -> list[str] | None:
               help="Folder for the per-host command logs (default ~/.vcfslm/guest-runs/<time>).")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               metavar="SECONDS", help="How long to keep retrying SSH to guests that do not answer yet.")
+@click.option("--parallel", type=click.IntRange(min=1), default=None, metavar="N",
+              help=f"Guests prepared at once (overrides the inventory's guest.parallel; default: "
+                   f"every guest up to {GUEST_PARALLEL_CAP}).")
 @output_option
 def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, trust_new_hosts: bool,
-           hosts: str | None, log_dir: str | None, wait_s: float, output: str) -> None:
+           hosts: str | None, log_dir: str | None, wait_s: float, parallel: int | None,
+           output: str) -> None:
     """Prepare existing guests over SSH with playbooks (no VM changes).
 
     \b
@@ -117,6 +122,7 @@ def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, tru
       vcfslm guests cluster.yaml -p launch --hosts slm-01 re-render launch scripts on one node
       vcfslm guests cluster.yaml --dry-run                the commands each host would run
       vcfslm guests cluster.yaml --trust-new-hosts        first contact with new VMs
+      vcfslm guests cluster.yaml --parallel 8             at most 8 guests at once
     A second run changes nothing. Exit 1 when any host failed (the others still ran).
     """
     from ..guest.provision import provision_guests
@@ -125,7 +131,8 @@ def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, tru
     with LiveHosts() as reporter:
         summary = provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
                                    playbooks=list(playbooks) or None, dry_run=dry_run,
-                                   run_dir=log_dir, hosts=_hosts(hosts), connect_wait_s=wait_s)
+                                   run_dir=log_dir, hosts=_hosts(hosts), connect_wait_s=wait_s,
+                                   max_workers=parallel)
     if output == "json":
         print_json(summary_json(summary))
     else:

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..contract import GUEST_PARALLEL_CAP, parallelism
 from ..errors import PlaybookError, TransportError
 from ..progress import NullReporter, Reporter
 from .playbook import Playbook, StepResult, host_variables, run_step
 from .steps import HostContext
 from .transport import Transport
-
-MAX_WORKERS = 16
 
 
 @dataclass
@@ -98,16 +97,19 @@ class RunSummary:
 
 def run_hosts(inventory, playbooks: Sequence[Playbook], nodes: Sequence, connect: Callable[[Any], Transport],
               *, reporter: Reporter | None = None, dry_run: bool = False, wheel: Any = None,
-              templates_dir: Path | None = None, max_workers: int = MAX_WORKERS,
+              templates_dir: Path | None = None, max_workers: int | None = None,
               log_dir: Path | None = None) -> RunSummary:
-    """Run `playbooks` on every node in parallel; `connect(node)` opens its Transport."""
+    """Run `playbooks` on every node in parallel; `connect(node)` opens its Transport.
+
+    max_workers: hosts worked on at once (None: every node up to GUEST_PARALLEL_CAP).
+    """
     reporter = reporter or NullReporter()
     started = time.monotonic()
 
     def one(node) -> HostSummary:
         return _run_host(inventory, playbooks, node, connect, reporter, dry_run, wheel, templates_dir)
 
-    workers = max(1, min(max_workers, len(nodes)))
+    workers = parallelism(max_workers, len(nodes), GUEST_PARALLEL_CAP)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="guest") as pool:
         hosts = list(pool.map(one, nodes))
     return RunSummary(hosts, dry_run, time.monotonic() - started, log_dir)
@@ -132,13 +134,14 @@ def _run_host(inventory, playbooks, node, connect, reporter: Reporter, dry_run: 
     ctx = HostContext(inventory, node, host_variables(inventory, node), transport, wheel,
                       templates_dir=templates_dir, records=summary.records, reporter=reporter)
     k = 0
+    every = [step for playbook in playbooks for step in playbook.steps]
     try:
         for playbook in playbooks:
             ctx.base_dir = Path(playbook.path).parent
             for step in playbook.steps:
                 k += 1
                 reporter.update(node.name, f"step {k}/{total} {playbook.name}: {step.name}")
-                result = run_step(playbook, step, ctx, dry_run=dry_run)
+                result = run_step(playbook, step, ctx, dry_run=dry_run, ahead=every[k:])
                 summary.steps.append(result)
                 if result.status == "failed":
                     summary.error = f"{playbook.name} step {k}/{total} ({step.name}): {result.error}"
