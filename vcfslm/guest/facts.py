@@ -6,6 +6,7 @@ against a host that cannot be reached yet ("what would a new VM need").
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -202,21 +203,41 @@ INTERFACES: Fact[tuple[Interface, ...]] = Fact("interfaces", "ip -j addr", _ip_r
 
 # A TCP connect answers "is this IP reachable": an accepted or refused connection both prove
 # the address answers; only a timeout or unreachable route means it does not. ping may be absent.
+# One interpreter connects to every peer at once (a guest of a 64-node cluster probes 63
+# peers; one process per peer and a timeout each would cost it CPU and wall time).
 _PROBE_PY = """\
-import socket, sys
+import errno, os, select, socket, sys, time
+deadline = time.monotonic() + float(TIMEOUT)
+pending = {}
+def why(e):
+    return os.strerror(e).replace(" ", "_")
 for target in sys.argv[1:]:
     host, port = target.rsplit(":", 1)
-    s = socket.socket()
-    s.settimeout(float(TIMEOUT))
+    host = host.strip("[]")
     try:
-        s.connect((host, int(port)))
-        print(target, "ok")
-    except ConnectionRefusedError:
-        print(target, "refused")
-    except OSError as e:
-        print(target, "fail", (e.strerror or type(e).__name__).replace(" ", "_"))
-    finally:
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        e = s.connect_ex((host, int(port)))
+    except (OSError, ValueError) as exc:
+        print(target, "fail", (getattr(exc, "strerror", None) or type(exc).__name__).replace(" ", "_"))
+        continue
+    if e in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY):
+        pending[s] = target
+        continue
+    print(target, "ok" if e == 0 else "refused" if e == errno.ECONNREFUSED else "fail " + why(e))
+    s.close()
+while pending:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        break
+    for s in select.select([], list(pending), [], left)[1]:
+        target = pending.pop(s)
+        e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        print(target, "ok" if e == 0 else "refused" if e == errno.ECONNREFUSED else "fail " + why(e))
         s.close()
+for s, target in pending.items():
+    print(target, "fail", "timed_out")
+    s.close()
 """
 
 _PROBE_SH = """for t in {targets}; do
@@ -245,11 +266,13 @@ def parse_probe(text: str) -> dict[str, Reach]:
 
 
 def reach_probe(targets: list[str], timeout: float = 3.0) -> Fact[dict[str, Reach]]:
-    """TCP probe of `ip:port` targets from the guest: bash's /dev/tcp (cheap), else python3."""
+    """TCP probe of `ip:port` targets from the guest: one python3 (no site, isolated) connecting
+    to all at once, else bash's /dev/tcp one target after the other."""
     args = " ".join(q(t) for t in targets)
-    cmd = (f"if command -v bash >/dev/null 2>&1 && command -v timeout >/dev/null 2>&1; then "
+    cmd = (f"if command -v python3 >/dev/null 2>&1; then python3 -I -S -c {q(probe_python(timeout))} {args}; "
+           f"elif command -v bash >/dev/null 2>&1 && command -v timeout >/dev/null 2>&1; then "
            f"{_PROBE_SH.format(targets=args, timeout=int(max(1, timeout)))}; "
-           f"else python3 -c {q(probe_python(timeout))} {args}; fi")
+           f"else echo 'no python3 or bash to probe with' >&2; fi")
 
     def parse(r: Result) -> dict[str, Reach]:
         found = parse_probe(r.stdout)
@@ -262,7 +285,7 @@ def reach_probe(targets: list[str], timeout: float = 3.0) -> Fact[dict[str, Reac
 
 
 def probe_python(timeout: float) -> str:
-    """The python3 probe (for guests without bash): `python3 -c CODE ip:port ...`."""
+    """The python3 probe: `python3 -c CODE ip:port ...`."""
     return _PROBE_PY.replace("TIMEOUT", repr(timeout))
 
 
@@ -311,6 +334,25 @@ def versions(venv: str) -> Fact[Versions]:
                 input=_VERSIONS_PY)
 
 
+def installed_version(venv: str, dist: str) -> Fact[str | None]:
+    """A distribution's version in a venv, read from its `<name>-<version>.dist-info` folder
+    name (the installer writes it from the wheel's name; no interpreter starts, so the check
+    costs the guest no CPU to speak of). None when absent or installed twice."""
+    name = re.sub(r"[-_.]+", "_", dist)
+    pattern = f"{q(venv.rstrip('/'))}/lib*/python*/site-packages/{q(name)}-*.dist-info"
+    cmd = (f'for d in {pattern}; do [ -f "$d/METADATA" ] && echo "${{d##*/}}"; done; true')
+
+    def parse(r: Result) -> str | None:
+        found = set()
+        for line in r.stdout.split():
+            m = re.fullmatch(r"[^-]+-(.+)\.dist-info", line)
+            if m and m.group(0).split("-", 1)[0].lower() == name.lower():
+                found.add(m.group(1))
+        return found.pop() if len(found) == 1 else None
+
+    return Fact(f"dist:{venv}:{dist}", cmd, parse, None)
+
+
 # ------------------------------------------------------------------ files and commands
 
 
@@ -333,7 +375,7 @@ def file_state(path: str, sudo: bool = False) -> Fact[FileState]:
     """stat + sha256 of one remote path."""
     p = q(path)
     cmd = (f"if [ -e {p} ]; then stat -L -c '%F|%a|%U|%G' {p}; "
-           f"if [ -f {p} ]; then sha256sum {p} | cut -d' ' -f1; fi; else echo absent; fi")
+           f"if [ -f {p} ]; then sha256sum {p}; fi; else echo absent; fi")
 
     def parse(r: Result) -> FileState:
         lines = r.stdout.strip().splitlines()
@@ -342,7 +384,8 @@ def file_state(path: str, sudo: bool = False) -> Fact[FileState]:
         kind, mode, owner, group = (lines[0].split("|") + ["", "", "", ""])[:4]
         kind = {"regular file": "file", "regular empty file": "file", "directory": "directory"}.get(
             kind, "other")
-        return FileState(kind, mode.zfill(4), owner, group, lines[1].strip() if len(lines) > 1 else None)
+        digest = lines[1].split()[0] if len(lines) > 1 and lines[1].split() else None
+        return FileState(kind, mode.zfill(4), owner, group, digest)
 
     return Fact(f"file:{path}", cmd, parse, FileState(None), sudo=sudo)
 
@@ -468,10 +511,65 @@ class PipState:
         return self.venv_exists and not self.missing
 
 
+# The venv's package folders as its interpreter finds them: lib*/python*/site-packages and
+# the folders their .pth files add (relative to the site folder; `import` lines add none).
+# Their names with mtime and ctime, with pyvenv.cfg's and the interpreter's, change whenever
+# a distribution is installed, upgraded or removed: the "fingerprint" of what is installed.
+# A venv that also sees the system's site-packages has no fingerprint (always checked).
+_PIP_FINGERPRINT_SH = """v={venv}; rec={record}
+test -x "$v/bin/python" || {{ echo novenv; exit 0; }}
+own=unknown
+if [ -f "$v/pyvenv.cfg" ]; then
+  while IFS='=' read -r k val || [ -n "$k" ]; do
+    case "$k" in include-system-site-packages*) case "$val" in *[Ff]alse*) own=yes;; *) own=no;; esac;; esac
+  done < "$v/pyvenv.cfg"
+fi
+set --
+for s in "$v"/lib*/python*/site-packages; do
+  [ -d "$s" ] || continue
+  set -- "$@" "$s"
+  for p in "$s"/*.pth; do
+    [ -f "$p" ] || continue
+    while IFS= read -r l || [ -n "$l" ]; do
+      case "$l" in ''|'#'*|'import '*|'import	'*) ;;
+        /*) [ -d "$l" ] && set -- "$@" "$l";;
+        *) [ -d "$s/$l" ] && set -- "$@" "$s/$l";;
+      esac
+    done < "$p"
+  done
+done
+fp=
+if [ "$own" = yes ] && [ $# -gt 0 ]; then
+  fp=$(stat -L --printf '%n %y %z|' "$v/pyvenv.cfg" "$v/bin/python" "$@" 2>/dev/null) || fp=
+fi
+if [ -n "$fp" ] && [ -f "$rec" ] && IFS= read -r have < "$rec" && [ "$have" = "$fp" ]; then
+  echo '[]'; exit 0
+fi
+out=$("$v/bin/python" - {requirements}); rc=$?
+printf '%s\n' "$out"
+if [ $rc -eq 0 ] && [ -n "$fp" ] && [ "$out" = '[]' ]; then
+  printf '%s\n' "$fp" > "$rec.tmp$$" 2>/dev/null && mv -f "$rec.tmp$$" "$rec" 2>/dev/null || rm -f "$rec.tmp$$"
+fi
+exit $rc
+"""
+
+
+def pip_record(venv: str, requirements: list[str]) -> str:
+    """Where a venv records the fingerprint its requirements were last found satisfied at."""
+    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
+    return f"{venv.rstrip('/')}/.vcfslm-pip-{key}"
+
+
 def pip_state(venv: str, requirements: list[str]) -> Fact[PipState]:
-    """Check requirements (and their dependencies, extras included) against a guest venv."""
-    py = f"{venv.rstrip('/')}/bin/python"
-    cmd = f"test -x {q(py)} || {{ echo novenv; exit 0; }}; {q(py)} - " + " ".join(q(r) for r in requirements)
+    """Check requirements (and their dependencies, extras included) against a guest venv.
+
+    The interpreter only starts when the venv's fingerprint (see _PIP_FINGERPRINT_SH) differs
+    from the one recorded when these requirements were last found satisfied: a converged
+    check reads a few folder timestamps instead of importing packaging in the guest. The
+    record is a cache of this check's own answer, written only by a full check that passed.
+    """
+    cmd = _PIP_FINGERPRINT_SH.format(venv=q(venv.rstrip("/")), record=q(pip_record(venv, requirements)),
+                                     requirements=" ".join(q(r) for r in requirements))
 
     def parse(r: Result) -> PipState:
         text = r.stdout.strip()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CommandFailed, TransportError
+from . import batch
 from .transport import Result, sudo_wrap
 
 PUT_CHUNK = 32768  # paramiko's SFTP chunk: how often put reports progress
@@ -24,7 +25,8 @@ class FakeTransport:
     script: {command or re.Pattern: response}; a response is a Result, (exit, stdout[, stderr]),
     a stdout string (exit 0), a callable (cmd, input) -> response, or a list of responses
     consumed in order. files: remote path -> bytes (put/put_bytes write here, get reads).
-    Exact commands match first, then patterns (fullmatch).
+    Exact commands match first, then patterns (fullmatch). A batch of facts (guest/batch.py)
+    is answered fact by fact from the same script.
     """
 
     def __init__(self, host: str = "fake", script: dict | None = None, *, user: str = "root",
@@ -36,6 +38,7 @@ class FakeTransport:
         self.modes: dict[str, int | None] = {}
         self.calls: list[str] = []  # every command run, as sent (after sudo wrapping)
         self.puts: list[str] = []
+        self.batches: list[list[str]] = []  # each batch of facts: the commands it carried
         self.closed = False
         self.drop_after: int | None = None  # commands allowed before the "connection" drops
         self._lock = threading.Lock()
@@ -47,6 +50,9 @@ class FakeTransport:
     def run(self, cmd: str, timeout: float | None = None, sudo: bool = False, *,
             check: bool = True, input: str | bytes | None = None) -> Result:
         full = sudo_wrap(cmd, self.user, sudo)
+        decoded = batch.decode(full) if not sudo else None
+        if decoded is not None:
+            return self._run_batch(full, *decoded)
         with self._lock:
             self._check_alive(full)
             self.calls.append(full)
@@ -58,6 +64,24 @@ class FakeTransport:
         if check and result.exit != 0:
             raise CommandFailed(result, self.host)
         return result
+
+    def _run_batch(self, script: str, token: str, facts: list[tuple[str, str | None]]) -> Result:
+        """A batch of facts: each command answers from the script (and is recorded in `calls`)
+        as if it had run alone; the batch counts as one round trip in `batches`."""
+        with self._lock:
+            self._check_alive("a batch of facts")
+            self.batches.append([cmd for cmd, _ in facts])
+        answers = []
+        for cmd, data in facts:
+            with self._lock:
+                self._check_alive(cmd)
+                self.calls.append(cmd)
+                response = self._lookup(cmd)
+            if callable(response) and not isinstance(response, Result):
+                response = response(cmd, data.encode() if data is not None else None)
+            r = _as_result(cmd, response)
+            answers.append((r.exit, r.stdout, r.stderr))
+        return Result(script, 0, batch.encode(token, answers), "", 0.0)
 
     def _check_alive(self, what: str) -> None:
         if self.closed:

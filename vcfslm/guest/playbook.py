@@ -22,6 +22,7 @@ import difflib
 import re
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from ..errors import (
     VcfslmError,
 )
 from ..resources import resource_dir
+from . import facts as F
 from .steps import STEP_TYPES, HostContext, Op, Shell, Upload, describe, execute, slug
 
 COMMON_KEYS = {"name", "sudo", "timeout"}
@@ -461,12 +463,33 @@ def execute_ops(ops: list[Op], ctx: HostContext, label: str, timeout: float | No
         meter.finish()
 
 
-def run_step(playbook: Playbook, step: PlaybookStep, ctx: HostContext, *, dry_run: bool) -> StepResult:
-    """Plan one step against the host's facts and (unless dry_run) run what it still needs."""
+def facts_ahead(steps: Sequence[PlaybookStep], ctx: HostContext) -> list[F.Fact]:
+    """The facts the given steps read before changing anything (up to the first step that
+    does not resolve: it fails, and the steps after it do not run)."""
+    out: list[F.Fact] = []
+    for step in steps:
+        try:
+            out += step.resolve(ctx.variables).facts(ctx, step.sudo)
+        except VcfslmError:
+            break
+    return out
+
+
+def run_step(playbook: Playbook, step: PlaybookStep, ctx: HostContext, *, dry_run: bool,
+             ahead: Sequence[PlaybookStep] = ()) -> StepResult:
+    """Plan one step against the host's facts and (unless dry_run) run what it still needs.
+
+    ahead: the steps that follow on this host (of every playbook of the run); when this
+    step's facts are not gathered yet, theirs are gathered in the same round trip. A step
+    that changes the host drops every cached fact, so later steps read them afresh.
+    """
     started = time.monotonic()
     result = StepResult(playbook.name, step.index, step.name, step.kind, "ok")
     try:
         typed = step.resolve(ctx.variables)
+        needed = typed.facts(ctx, step.sudo)
+        if not all(ctx.has_fact(f) for f in needed):
+            ctx.prefetch(needed + facts_ahead(ahead, ctx))
         ops = typed.plan(ctx, step.sudo)
         result.commands = [describe(op, ctx.user) for op in ops]
         if ops and not dry_run:

@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..contract import select_nodes
+from ..contract import GUEST_PARALLEL_CAP, parallelism, select_nodes
 from ..progress import NullReporter, Reporter
+from . import batch
 from .facts import GuestFacts, gather_guest_facts
 from .playbook import DEFAULT_PLAYBOOKS, load_playbooks
-from .runner import MAX_WORKERS, HostSummary, RunSummary, run_hosts
+from .runner import HostSummary, RunSummary, run_hosts
 from .transport import Transport
 from .verify import verify_guest
 from .wheel import ProjectWheel
@@ -39,7 +40,7 @@ def default_run_dir() -> Path:
 def provision_guests(inventory, connect: Connector, reporter: Reporter | None = None, *,
                      playbooks: Sequence[str | Path] | None = None, dry_run: bool = False,
                      run_dir: str | Path | None = None, hosts: Sequence[str] | None = None,
-                     max_workers: int = MAX_WORKERS, connect_wait_s: float = 60.0,
+                     max_workers: int | None = None, connect_wait_s: float = 60.0,
                      wheel: ProjectWheel | None = None) -> RunSummary:
     """Run playbooks (default: base, pytorch, model, launch, verify) on the inventory's guests.
 
@@ -49,7 +50,8 @@ def provision_guests(inventory, connect: Connector, reporter: Reporter | None = 
     ~/.vcfslm/guest-runs/<time>); dry_run: gather facts and return the commands each host
     would run, running none; connect_wait_s: how long to keep retrying SSH to a guest that
     does not answer yet (a booting VM); wheel: the project wheel to push (default: built
-    from this checkout once).
+    from this checkout once); max_workers: guests prepared at once (`--parallel`; None:
+    the inventory's guest.parallel, else every selected guest up to GUEST_PARALLEL_CAP).
     """
     reporter = reporter or NullReporter()
     nodes = select_nodes(inventory, names=hosts)
@@ -61,10 +63,12 @@ def provision_guests(inventory, connect: Connector, reporter: Reporter | None = 
     def open_host(node) -> Transport:
         return connect(node, log_dir=log_dir, wait_s=wait_s)
 
+    requested = max_workers if max_workers is not None else inventory.guest.parallel
+    workers = parallelism(requested, len(nodes), GUEST_PARALLEL_CAP)
     reporter.log(f"guests: {', '.join(b.name for b in books)} on {', '.join(n.name for n in nodes)}"
-                 + (" (dry run)" if dry_run else "") + f"; command logs in {log_dir}")
+                 + (" (dry run)" if dry_run else "") + f", {workers} at once; command logs in {log_dir}")
     return run_hosts(inventory, books, nodes, open_host, reporter=reporter, dry_run=dry_run,
-                     wheel=wheel or ProjectWheel(), max_workers=max_workers, log_dir=log_dir)
+                     wheel=wheel or ProjectWheel(), max_workers=workers, log_dir=log_dir)
 
 
 def verify_guests(inventory, connect: Connector, reporter: Reporter | None = None, *,
@@ -76,17 +80,13 @@ def verify_guests(inventory, connect: Connector, reporter: Reporter | None = Non
 
 
 def guest_facts(inventory, transport: Transport, node_name: str | None = None) -> GuestFacts:
-    """Gather one guest's verification facts over an open transport (for run metadata)."""
-    cache: dict[str, Any] = {}
-
-    def get(fact):
-        if fact.key not in cache:
-            result = transport.run(fact.command, timeout=fact.timeout, sudo=fact.sudo, check=False,
-                                   input=fact.input)
-            cache[fact.key] = fact.parse(result)
-        return cache[fact.key]
-
-    return gather_guest_facts(get, inventory, node_name or transport.host)
+    """Gather one guest's verification facts over an open transport, in one round trip
+    (for run metadata)."""
+    name = node_name or transport.host
+    wanted: list = []
+    gather_guest_facts(wanted.append, inventory, name)
+    values, _ = batch.gather(transport, wanted)
+    return gather_guest_facts(lambda fact: values[fact.key], inventory, name)
 
 
 def preflight_problems(inventory, transport: Transport) -> list[str]:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..contract import model_kind as contract_model_kind
 from ..errors import PlaybookError
+from . import batch
 from . import facts as F
 from .templates import render_template
 from .transport import Transport, sudo_wrap
@@ -139,10 +140,20 @@ class HostContext:
             if self.transport is None:
                 self._facts[fact.key] = fact.absent
             else:
-                result = self.transport.run(fact.command, timeout=fact.timeout, sudo=fact.sudo,
-                                            check=False, input=fact.input)
-                self._facts[fact.key] = fact.parse(result)
+                self._facts[fact.key] = batch.run_one(self.transport, fact)
         return self._facts[fact.key]
+
+    def has_fact(self, fact: F.Fact) -> bool:
+        return fact.key in self._facts
+
+    def prefetch(self, facts: list[F.Fact]) -> int:
+        """Gather the facts not cached yet, together in one round trip (batch.gather).
+        Returns the round trips made."""
+        if self.transport is None:
+            return 0
+        values, trips = batch.gather(self.transport, [f for f in facts if f.key not in self._facts])
+        self._facts.update(values)
+        return trips
 
     def forget(self) -> None:
         """Drop cached facts (after a step changed the host)."""
@@ -187,6 +198,12 @@ class Step(BaseModel):
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         raise NotImplementedError
 
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        """The facts `plan` reads on a converged host, known before any of them is read: the
+        runner gathers them (with the following steps') in one round trip. A fact `plan`
+        reads only after another's answer is left out and read on its own when needed."""
+        return []
+
 
 class PackagesStep(Step):
     """System packages via apt or dnf (whichever the guest has)."""
@@ -201,6 +218,9 @@ class PackagesStep(Step):
         if not self.apt and not self.dnf:
             raise ValueError("name packages for apt and/or dnf")
         return self
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        return [F.packages(self.apt, self.dnf)]
 
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         state = ctx.fact(F.packages(self.apt, self.dnf))
@@ -274,6 +294,9 @@ class FileStep(Step):
             raise ValueError("path must be absolute")
         return self
 
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        return [F.file_state(self.path.rstrip("/") or "/", sudo=sudo)]
+
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         path = self.path.rstrip("/") or "/"
         if self.state == "file":
@@ -320,6 +343,10 @@ class TemplateStep(Step):
     def render(self, ctx: HostContext) -> str:
         return render_template(self.src, ctx.template_context(self.vars), ctx.templates_dir)
 
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        interfaces = [] if ctx.inventory.bench.interface else [F.INTERFACES]
+        return interfaces + [F.file_state(self.dest, sudo=sudo)]
+
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         return content_ops(self.dest, self.render(ctx).encode(), self.mode, self.owner, self.group,
                            ctx, sudo)
@@ -333,6 +360,12 @@ class CommandStep(Step):
     creates: str | None = Field(None, description="Skip when this remote path exists.")
     unless: str | None = Field(None, description="Skip when this command exits 0.")
     chdir: str | None = None
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        # `unless` runs only when `creates` is missing, as written: it is not batched with it.
+        if self.creates:
+            return [F.path_exists(self.creates, sudo=sudo)]
+        return [F.command_succeeds(self.unless, sudo=sudo)] if self.unless else []
 
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         if self.creates and ctx.fact(F.path_exists(self.creates, sudo=sudo)):
@@ -350,6 +383,9 @@ class VenvStep(Step):
     path: str
     python: str = "python3"
     system_site_packages: bool = False
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        return [F.venv_state(self.path)]
 
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         if ctx.fact(F.venv_state(self.path)).exists:
@@ -392,6 +428,9 @@ class PipStep(Step):
                                                      "from with --no-index.")
     remote_wheelhouse: str | None = Field(None, description="Where the wheelhouse goes on the guest.")
     constraints: list[str] = Field(default_factory=list, description="Lines of a pip -c file.")
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        return [F.pip_state(self.venv, self.packages)]
 
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         state = ctx.fact(F.pip_state(self.venv, self.packages))
@@ -445,15 +484,19 @@ class WheelStep(Step):
     find_links: list[str] = Field(default_factory=list, description="Remote folders of wheels.")
     no_index: bool = False
 
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        venv = self.venv.rstrip("/")
+        return [F.installed_version(venv, "vcfslm"), F.file_content(f"{venv}/{MARKER_WHEEL}")]
+
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         if ctx.wheel is None:
             raise PlaybookError("no project wheel is available to this run")
         wheel = ctx.wheel.get()
         venv = self.venv.rstrip("/")
         marker = "+".join([wheel.sha256, *sorted(self.extras)])  # one shell word
-        installed = ctx.fact(F.versions(venv))
+        installed = ctx.fact(F.installed_version(venv, "vcfslm"))
         recorded = ctx.fact(F.file_content(f"{venv}/{MARKER_WHEEL}"))
-        if installed.vcfslm == wheel.version and (recorded or "").strip() == marker:
+        if installed == wheel.version and (recorded or "").strip() == marker:
             return []
         remote = f"{self.dest.rstrip('/')}/{wheel.path.name}"
         py = f"{venv}/bin/python"
@@ -489,6 +532,22 @@ class ModelStep(Step):
     models_dir: str = Field(description="Remote folder of staged models.")
     python: str = Field(description="Guest python with huggingface_hub (the venv's).")
 
+    def _hub_probe(self) -> tuple[str, str]:
+        code = ("import sys; from huggingface_hub import snapshot_download as s; "
+                "s(sys.argv[1], local_files_only=len(sys.argv) > 2)")
+        return code, f"HF_HUB_OFFLINE=1 {q(self.python)} -c {q(code)} {q(self.model)} cached"
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        kind = contract_model_kind(self.model)
+        root = self.models_dir.rstrip("/")
+        if kind == "synthetic":
+            return [F.file_state(f"{root}/{slug(self.model)}/{MARKER_MODEL}", sudo=sudo)]
+        if kind == "hub":
+            return [F.command_succeeds(self._hub_probe()[1])]
+        if kind == "dir":
+            return [F.file_content(f"{root}/{Path(self.model).expanduser().name}/{MARKER_MODEL}")]
+        return []
+
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         kind = model_kind(self.model)
         root = self.models_dir.rstrip("/")
@@ -496,9 +555,7 @@ class ModelStep(Step):
             marker = f"{root}/{slug(self.model)}/{MARKER_MODEL}"
             return content_ops(marker, (self.model + "\n").encode(), None, None, None, ctx, sudo)
         if kind == "hub":
-            code = ("import sys; from huggingface_hub import snapshot_download as s; "
-                    "s(sys.argv[1], local_files_only=len(sys.argv) > 2)")
-            probe = f"HF_HUB_OFFLINE=1 {q(self.python)} -c {q(code)} {q(self.model)} cached"
+            code, probe = self._hub_probe()
             if ctx.fact(F.command_succeeds(probe)):
                 return []
             return [Shell(f"{q(self.python)} -c {q(code)} {q(self.model)}", sudo=sudo, timeout=7200)]
@@ -535,6 +592,12 @@ class VerifyStep(Step):
     numa: bool = Field(True, description="vNUMA nodes, CPUs per node, contiguity, memory balance.")
     network: bool = Field(True, description="Bench IP on an interface with the expected MTU.")
     reachability: bool = Field(True, description="Other nodes' bench IPs answer.")
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        wanted: list[F.Fact] = []
+        F.gather_guest_facts(lambda f: wanted.append(f), ctx.inventory, ctx.node.name, numa=self.numa,
+                             network=self.network, reachability=self.reachability)
+        return wanted
 
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
         from .verify import verify_guest
