@@ -27,7 +27,7 @@ def test_sshd_config_is_key_only_for_one_user_with_lab_paths(tmp_path: Path):
                      f"AuthorizedKeysFile {tmp_path / 'ak'}", f"PidFile {tmp_path / 'pid'}",
                      "AllowUsers slm", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
                      "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
-                     "SetEnv VCFSLM_LAB_NODE=slm-01", "Subsystem sftp internal-sftp"):
+                     "SetEnv VCFSLM_LAB_NODE=slm-01 SHLVL=1", "Subsystem sftp internal-sftp"):
         assert expected in lines, expected
     assert "/etc/ssh" not in text
 

@@ -4,7 +4,8 @@ Guest i listens on 127.0.0.(11+i) with its own config, ed25519 host key, pid fil
 and log under `<lab>/guests/<node>/`. All guests accept one generated client key
 (`<lab>/ssh/id_ed25519`) for the current user, and the lab writes
 `<lab>/ssh/known_hosts` (`[127.0.0.11]:PORT ssh-ed25519 ...`) so clients keep
-host-key checking on. Each sshd sets VCFSLM_LAB_NODE=<node> in its sessions.
+host-key checking on. Each sshd sets VCFSLM_LAB_NODE=<node> in its sessions, and
+SHLVL=1 so bash does not run the operator's ~/.bashrc for each session (see sshd_config).
 """
 
 from __future__ import annotations
@@ -131,7 +132,12 @@ def sshd_config(*, name: str, address: str, port: int, user: str, host_key: Path
         "PrintLastLog no",
         "UseDNS no",
         "LogLevel INFO",
-        f"SetEnv VCFSLM_LAB_NODE={name}",
+        # SHLVL=1: bash takes the session's shell for a nested one and skips ~/.bashrc, which
+        # it reads for every sshd-started shell otherwise. A VM's guest account has its own
+        # dotfiles; the lab's guests share the operator's, whose rc (pyenv init, say) would
+        # cost each SSH session ~0.1 CPU-s, 32 times over on one machine. (One SetEnv line:
+        # sshd keeps only the first.)
+        f"SetEnv VCFSLM_LAB_NODE={name} SHLVL=1",
         "",
     ])
 
