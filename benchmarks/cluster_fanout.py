@@ -15,9 +15,11 @@ orchestration *and* N times the model work on the same cores. It is > 1 by desig
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -69,6 +71,54 @@ class TimedBench(ClusterBench):
         super()._consume(la, text)
 
 
+def sockets_of(pid: int) -> int:
+    """Open sockets of a process (0 when it is gone)."""
+    try:
+        return sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+                   for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def agent_pid(run_id: str) -> int | None:
+    """Node 0's torchrun agent (it hosts the rendezvous store) of this run."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"torch.distributed.run" in cmd and b"--node-rank" in cmd and \
+                    cmd[cmd.index(b"--node-rank") + 1] == b"0" and run_id.encode() in b" ".join(cmd):
+                return int(proc.name)
+    return None
+
+
+class Sampler(threading.Thread):
+    """Peak sockets while a run goes: the operator's fds, each rank's, node 0's agent's.
+
+    Lab guests are this machine, so their processes can be looked at directly."""
+
+    def __init__(self, run_dir: Path, run_id: str):
+        super().__init__(daemon=True)
+        self.run_dir, self.run_id = run_dir, run_id
+        self.stop = threading.Event()
+        self.operator_fds = self.rank_sockets = self.store_sockets = 0
+
+    def run(self) -> None:
+        agent = None
+        while not self.stop.wait(0.5):
+            self.operator_fds = max(self.operator_fds, len(os.listdir("/proc/self/fd")))
+            for f in (self.run_dir / "pids").glob("rank-*.pid"):
+                try:
+                    self.rank_sockets = max(self.rank_sockets, sockets_of(int(f.read_text())))
+                except (OSError, ValueError):
+                    pass
+            agent = agent or agent_pid(self.run_id)
+            if agent:
+                self.store_sockets = max(self.store_sockets, sockets_of(agent))
+
+
 def write_inventory(started, workdir: Path, path: Path, port: int) -> Path:
     doc = generate.guests_inventory(started, str(workdir), bench_port=port, ranks_per_node=1)
     doc["bench"]["threads_per_rank"] = 1
@@ -91,8 +141,14 @@ def one_run(inv, nodes: int, run_id: str, runs: Path, args) -> dict:
                           command=["benchmarks/cluster_fanout.py"])
     connect = bench_connector(inv, None, runs / run_id / "logs" / "ssh")
     bench = TimedBench(inv, inv.nodes[:nodes], connect, opts, preflight_checks=preflight_problems)
+    sampler = Sampler(Path(inv.guest.workdir) / "runs" / run_id, run_id)
+    sampler.start()
     started, cpu = time.perf_counter(), time.process_time()
-    meta, records = bench.run()
+    try:
+        meta, records = bench.run()
+    finally:
+        sampler.stop.set()
+        sampler.join()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     scenarios = len(run_matrix(inv, opts).scenarios(opts.scenarios))
     expected = nodes * inv.bench.ranks_per_node * scenarios * inv.bench.repeats
@@ -106,7 +162,8 @@ def one_run(inv, nodes: int, run_id: str, runs: Path, args) -> dict:
     skews = [r.start_skew_s * 1000 for r in records]
     ev = bench.events
     return {
-        "nodes": nodes, "wall": wall, "operator_cpu": cpu, "records": len(records), "expected": expected,
+        "nodes": nodes, "wall": wall, "operator_cpu": cpu, "operator_fds": sampler.operator_fds,
+        "rank_sockets": sampler.rank_sockets, "store_sockets": sampler.store_sockets, "records": len(records), "expected": expected,
         "ranks": len(per_rank), "phases": dict(bench.phase_s), "connects": bench.connects,
         "skew_p50": statistics.median(skews), "skew_max": max(skews),
         "window_s": statistics.mean(r.wall_s for r in records),
@@ -180,7 +237,10 @@ def main() -> None:
     print(head)
     rows = [("wall (s)", "wall", "{:.1f}"), ("records (got/expected)", None, None),
             ("SSH connections opened", "connects", "{:d}"),
-            ("operator CPU (s)", "operator_cpu", "{:.1f}")]
+            ("operator CPU (s)", "operator_cpu", "{:.1f}"),
+            ("operator open fds (peak)", "operator_fds", "{:d}"),
+            ("sockets per rank (peak)", "rank_sockets", "{:d}"),
+            ("node 0 agent sockets (peak)", "store_sockets", "{:d}")]
     rows += [(f"  {p} (s)", p, "{:.1f}") for p in PHASES]
     rows += [("  last rank started (s)", "last_start", "{:.1f}"),  # torchrun + rendezvous + import
              ("  last rank loaded (s)", "last_loaded", "{:.1f}"),
