@@ -73,8 +73,11 @@ def _run(inv, selected, opts, reporter, log_dir, trust_new_hosts):
     bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter,
                            preflight_checks=preflight_problems, guest_facts=_guest_facts,
                            vcenter_facts=_observed_vms)
+    from ..bench.launch import rendezvous_timeout_s
+
     reporter.log(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
-                 f"rendezvous {selected[0].bench_ip}:{inv.bench.port}")
+                 f"rendezvous {selected[0].bench_ip}:{inv.bench.port} "
+                 f"(timeout {rendezvous_timeout_s(len(selected), inv.bench.ranks_per_node)} s)")
     meta, records = bench.run()
     return meta, records, bench.local_dir
 
