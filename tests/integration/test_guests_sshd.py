@@ -91,7 +91,25 @@ def test_every_playbook_runs_on_four_guests(provisioned, lab_inv):
     assert playbooks == {"base", "pytorch", "model", "launch", "verify"}
     total = sum(len(h.steps) for h in first.hosts) // 4
     assert ("slm-03", f"step {total}/{total} verify: vNUMA topology and bench network") in reporter.updates
-    assert "$ numactl --hardware" in (logs / "first" / "slm-02.log").read_text()
+    assert "numactl --hardware" in (logs / "first" / "slm-02.log").read_text()
+
+
+def test_a_converged_run_is_one_connection_and_one_round_trip_per_host(provisioned, lab_inv, wheel,
+                                                                        tmp_path):
+    inner = ssh(lab_inv)
+    connects: list[str] = []
+
+    def counting(node, **kw):
+        connects.append(node.name)
+        return inner(node, **kw)
+
+    summary = provision_guests(lab_inv, counting, run_dir=tmp_path / "logs", wheel=wheel)
+    assert summary.ok and summary.changed == 0, failures(summary)
+    assert sorted(connects) == sorted(n.name for n in lab_inv.nodes)  # five playbooks, one connection
+    log = (tmp_path / "logs" / "slm-03.log").read_text()
+    assert log.count("connected to ") == 1
+    commands = re.findall(r"^\[[^]]+\] \$ (.*)$", log, re.M)
+    assert len(commands) == 1 and commands[0].startswith("# vcfslm fact batch "), commands
 
 
 def test_second_run_changes_nothing(provisioned):

@@ -167,3 +167,39 @@ def test_fake_transport_refuses_unscripted():
     assert t.run("a").stdout == "1"
     with pytest.raises(UnscriptedCommand):
         t.run("b")
+
+
+@pytest.mark.parametrize(("setting", "flag", "nodes", "want"), [
+    (None, None, 4, 4),     # every guest (under the cap)
+    (2, None, 4, 2),        # the inventory's guest.parallel
+    (2, 3, 4, 3),           # --parallel wins
+    (None, 1, 4, 1),
+    (None, 8, 2, 2),        # never more workers than guests
+])
+def test_guests_at_once_come_from_flag_then_inventory(inv, tmp_path, setting, flag, nodes, want):
+    path = tmp_path / "p.yaml"
+    path.write_text(PLAYBOOK)
+    inv = inv.model_copy(update={"guest": inv.guest.model_copy(update={"parallel": setting})})
+    lock = threading.Lock()
+    state = {"now": 0, "most": 0}
+    gate = threading.Barrier(want, timeout=5)
+
+    def connect(node, *, log_dir, wait_s):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+            first = state.setdefault("arrived", 0) < want
+            state["arrived"] += 1
+        if first:
+            gate.wait()  # the first `want` hosts are in here together, or the barrier breaks
+        with lock:
+            state["now"] -= 1
+        return converged(node.name)
+
+    hosts = [n.name for n in inv.nodes[:nodes]]
+    reporter = RecordingReporter()
+    summary = provision_guests(inv, connect, reporter, playbooks=[str(path)], hosts=hosts,
+                               run_dir=tmp_path / "logs", max_workers=flag)
+    assert summary.ok, summary.rows()
+    assert state["most"] == want
+    assert any(f", {want} at once;" in m for m in reporter.messages)

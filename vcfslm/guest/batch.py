@@ -49,19 +49,18 @@ class Batch:
         parts = [f"{HEADER}{t} {len(self.facts)}\n"]
         for i, fact in enumerate(self.facts):
             if fact.input is None:
-                stdin, doc = "</dev/null", ""
+                stdin = "</dev/null\n"
             else:
                 delim = f"{t}_IN_{i}"
                 if re.search(rf"^{re.escape(delim)}$", fact.input, re.M):
                     raise ValueError(f"fact {fact.key}: its input holds the batch delimiter")
-                stdin, doc = f"<<'{delim}'", f"{fact.input}{delim}\n"
-            # stdout goes straight out (fd 3); stderr is captured, with a trailing `x` so its
-            # last newlines survive the command substitution; `exit` in a fact ends its subshell.
+                stdin = f"<<'{delim}'\n{fact.input}{delim}\n"
+            # Markers open and close the fact's part of both streams (the shell writes them
+            # in order with the fact's own output); its subshell keeps `exit` and `cd` to it.
             parts.append(
-                f"printf '%s %d\\n' {t} {i}\n"
-                f"{{ __e=$( {{ {{ {self.command(fact)}\n}} {stdin} 2>&1 1>&3 3>&-\n{doc}"
-                f"__r=$?; printf x; exit $__r; }} ); __r=$?; }} 3>&1\n"
-                f"printf '\\n%s %d %d\\n%s\\n%s %d end\\n' {t} {i} \"$__r\" \"${{__e%x}}\" {t} {i}\n")
+                f"printf '%s %d\\n' {t} {i}; printf '%s %d\\n' {t} {i} >&2\n"
+                f"( {self.command(fact)}\n) {stdin}"
+                f"__r=$?; printf '\\n%s %d %d\\n' {t} {i} $__r; printf '\\n%s %d end\\n' {t} {i} >&2\n")
         parts.append("true\n")
         return "".join(parts)
 
@@ -70,36 +69,54 @@ def make(facts: Sequence[Fact], user: str, token: str | None = None) -> Batch:
     return Batch(tuple(facts), token or f"__VCFSLM_F{uuid.uuid4().hex}", user)
 
 
+def _sections(text: str, token: str, n: int, with_code: bool) -> list[tuple[str, str]]:
+    """Each fact's part of one stream as (text, exit code or ""), up to the first torn part.
+
+    stdout parts read `TOKEN i\\n<output>\\nTOKEN i <exit>\\n`; stderr parts
+    `TOKEN i\\n<output>\\nTOKEN i end\\n`.
+    """
+    out: list[tuple[str, str]] = []
+    pos = 0
+    for i in range(n):
+        begin = f"{token} {i}\n"
+        at = text.find(begin, pos)
+        if at < 0:
+            break
+        close = f"\n{token} {i} " if with_code else f"\n{token} {i} end\n"
+        end = text.find(close, at + len(begin))
+        if end < 0:
+            break
+        after = end + len(close)
+        if with_code:
+            eol = text.find("\n", after)
+            if eol < 0:
+                break
+            out.append((text[at + len(begin):end], text[after:eol]))
+            pos = eol + 1
+        else:
+            out.append((text[at + len(begin):end], ""))
+            pos = after
+    return out
+
+
 def split(batch: Batch, result: Result) -> dict[str, Result]:
     """One Result per fact key, from the batch's output; PlaybookError names the first fact
-    whose section is missing or torn (the batch stopped there) and what the batch printed."""
-    out = result.stdout
-    t = batch.token
-    pos = 0
+    whose part is missing or torn (the batch stopped there) and what the batch printed."""
+    n = len(batch.facts)
+    outs = _sections(result.stdout, batch.token, n, True)
+    errs = _sections(result.stderr, batch.token, n, False)
     got: dict[str, Result] = {}
     for i, fact in enumerate(batch.facts):
-        begin = f"{t} {i}\n"
-        at = out.find(begin, pos)
-        mid = out.find(f"\n{t} {i} ", at + len(begin)) if at >= 0 else -1
-        eol = out.find("\n", mid + 1) if mid >= 0 else -1
-        end_marker = f"\n{t} {i} end\n"
-        end = out.find(end_marker, eol) if eol >= 0 else -1
-        if end < 0:
-            tail = (result.stderr.strip() or out[pos:].strip() or "no output").splitlines()[-3:]
+        code = outs[i][1] if i < len(outs) else ""
+        if i >= len(errs) or not code.lstrip("-").isdigit():
+            shown = result.stderr.replace(f"{batch.token} ", "#").strip() or result.stdout.strip()
+            tail = (shown or "no output").splitlines()[-3:]
             raise PlaybookError(
-                f"fact {fact.key}: no answer in the batched facts (fact {i + 1} of "
-                f"{len(batch.facts)}; the batch exited {result.exit}): {batch.command(fact)}\n"
+                f"fact {fact.key}: no answer in the batched facts (fact {i + 1} of {n}; the "
+                f"batch exited {result.exit}): {batch.command(fact)}\n"
                 + "\n".join(f"  | {line}" for line in tail))
-        stdout = out[at + len(begin):mid]
-        code = out[mid + len(f"\n{t} {i} "):eol]
-        try:
-            exit_code = int(code)
-        except ValueError:
-            raise PlaybookError(f"fact {fact.key}: unreadable exit code {code!r} in the batched facts: "
-                                f"{batch.command(fact)}") from None
-        got[fact.key] = Result(batch.command(fact), exit_code, stdout, out[eol + 1:end],
-                               result.duration / max(1, len(batch.facts)))
-        pos = end + len(end_marker)
+        got[fact.key] = Result(batch.command(fact), int(code), outs[i][0], errs[i][0],
+                               result.duration / max(1, n))
     return got
 
 
@@ -141,8 +158,8 @@ def gather(transport: Transport, facts: Sequence[Fact]) -> tuple[dict[str, objec
 # ------------------------------------------------------------------ for scripted transports
 
 
-_SECTION = re.compile(r"printf '%s %d\\n' (\S+) (\d+)\n\{ __e=\$\( \{ \{ (.*?)\n\} (</dev/null|<<'(\S+)')"
-                      r" 2>&1 1>&3 3>&-\n", re.S)
+_SECTION = re.compile(r"printf '%s %d\\n' (\S+) (\d+); printf '%s %d\\n' \S+ \d+ >&2\n\( (.*?)\n\) "
+                      r"(?:</dev/null|<<'(\S+)')\n", re.S)
 
 
 def decode(script: str) -> tuple[str, list[tuple[str, str | None]]] | None:
@@ -154,14 +171,16 @@ def decode(script: str) -> tuple[str, list[tuple[str, str | None]]] | None:
     facts = []
     for m in _SECTION.finditer(script):
         stdin = None
-        if m.group(5):
-            rest = script[m.end():]
-            stdin = rest[:rest.index(f"{m.group(5)}\n")]
+        if m.group(4):
+            head = f"<<'{m.group(4)}'\n"
+            start = script.index(head, m.start()) + len(head)
+            stdin = script[start:script.index(f"\n{m.group(4)}\n", start - 1) + 1]
         facts.append((m.group(3), stdin))
     return token, facts
 
 
-def encode(token: str, results: Sequence[tuple[int, str, str]]) -> str:
-    """The stdout a shell prints for a batch whose facts gave these (exit, stdout, stderr)."""
-    return "".join(f"{token} {i}\n{out}\n{token} {i} {code}\n{err}\n{token} {i} end\n"
-                   for i, (code, out, err) in enumerate(results))
+def encode(token: str, results: Sequence[tuple[int, str, str]]) -> tuple[str, str]:
+    """The (stdout, stderr) a shell prints for a batch whose facts gave these (exit, stdout, stderr)."""
+    out = "".join(f"{token} {i}\n{o}\n{token} {i} {code}\n" for i, (code, o, _) in enumerate(results))
+    err = "".join(f"{token} {i}\n{e}\n{token} {i} end\n" for i, (_, _, e) in enumerate(results))
+    return out, err

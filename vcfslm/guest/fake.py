@@ -81,7 +81,8 @@ class FakeTransport:
                 response = response(cmd, data.encode() if data is not None else None)
             r = _as_result(cmd, response)
             answers.append((r.exit, r.stdout, r.stderr))
-        return Result(script, 0, batch.encode(token, answers), "", 0.0)
+        out, err = batch.encode(token, answers)
+        return Result(script, 0, out, err, 0.0)
 
     def _check_alive(self, what: str) -> None:
         if self.closed:
