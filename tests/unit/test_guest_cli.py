@@ -85,3 +85,22 @@ def test_real_run_on_unreachable_hosts_fails_each(unreachable, tmp_path):
     r = run("verify", str(unreachable), "--hosts", "slm-01,slm-03", "--wait", "0")
     assert r.exit_code == 1
     assert "2 of 2 host(s) failed" in r.output and "cannot connect to 127.0.0.33" in r.output
+
+
+def test_parallel_flag_reaches_the_guest_stage(unreachable, monkeypatch):
+    from vcfslm.guest import provision
+
+    seen = []
+
+    def fake(inv, connect, reporter=None, **kw):
+        seen.append(kw.get("max_workers"))
+        return provision.RunSummary([])
+
+    monkeypatch.setattr(provision, "provision_guests", fake)
+    assert run("guests", str(unreachable), "--parallel", "3").exit_code == 0
+    assert run("guests", str(unreachable)).exit_code == 0
+    assert run("verify", str(unreachable), "--parallel", "2").exit_code == 0
+    assert seen == [3, None, 2]
+    r = run("guests", str(unreachable), "--parallel", "0")
+    assert r.exit_code == 2 and "--parallel" in r.output
+    assert "guest.parallel" in run("guests", "--help").output

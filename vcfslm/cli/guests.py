@@ -89,6 +89,12 @@ class LiveHosts:
             self._live.console.print(message, markup=False, soft_wrap=True)
 
 
+parallel_option = click.option(
+    "--parallel", type=click.IntRange(min=1), default=None, metavar="N",
+    help=f"Guests worked on at once (overrides the inventory's guest.parallel; default: every "
+         f"guest up to {GUEST_PARALLEL_CAP}).")
+
+
 def _hosts(value: str | None) -> list[str] | None:
     return [h.strip() for h in value.split(",") if h.strip()] if value else None
 
@@ -107,9 +113,7 @@ def _hosts(value: str | None) -> list[str] | None:
               help="Folder for the per-host command logs (default ~/.vcfslm/guest-runs/<time>).")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               metavar="SECONDS", help="How long to keep retrying SSH to guests that do not answer yet.")
-@click.option("--parallel", type=click.IntRange(min=1), default=None, metavar="N",
-              help=f"Guests prepared at once (overrides the inventory's guest.parallel; default: "
-                   f"every guest up to {GUEST_PARALLEL_CAP}).")
+@parallel_option
 @output_option
 def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, trust_new_hosts: bool,
            hosts: str | None, log_dir: str | None, wait_s: float, parallel: int | None,
@@ -155,9 +159,10 @@ def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, tru
 @click.option("--hosts", "hosts", metavar="A,B", help="Only these nodes (comma-separated names).")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=60.0, show_default=True,
               metavar="SECONDS", help="How long to keep retrying SSH to guests that do not answer yet.")
+@parallel_option
 @output_option
 def verify(inventory: str | None, trust_new_hosts: bool, hosts: str | None, wait_s: float,
-           output: str) -> None:
+           parallel: int | None, output: str) -> None:
     """Check inside each guest that its NUMA topology and bench network match the inventory.
 
     \b
@@ -174,7 +179,7 @@ def verify(inventory: str | None, trust_new_hosts: bool, hosts: str | None, wait
     inv = load(inventory)
     with LiveHosts() as reporter:
         summary = verify_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
-                                hosts=_hosts(hosts), connect_wait_s=wait_s)
+                                hosts=_hosts(hosts), connect_wait_s=wait_s, max_workers=parallel)
     if output == "json":
         print_json(summary_json(summary))
     else:

@@ -73,10 +73,10 @@ def provision_guests(inventory, connect: Connector, reporter: Reporter | None = 
 
 def verify_guests(inventory, connect: Connector, reporter: Reporter | None = None, *,
                   run_dir: str | Path | None = None, hosts: Sequence[str] | None = None,
-                  connect_wait_s: float = 60.0) -> RunSummary:
+                  connect_wait_s: float = 60.0, max_workers: int | None = None) -> RunSummary:
     """In-guest verification only (the verify playbook); each host's facts land in its records."""
     return provision_guests(inventory, connect, reporter, playbooks=["verify"], run_dir=run_dir,
-                            hosts=hosts, connect_wait_s=connect_wait_s)
+                            hosts=hosts, connect_wait_s=connect_wait_s, max_workers=max_workers)
 
 
 def guest_facts(inventory, transport: Transport, node_name: str | None = None) -> GuestFacts:
