@@ -452,9 +452,11 @@ class _ShellSession:
         if data is not None:
             script = f"printf %s {base64.b64encode(data).decode()} | base64 -d > \"$D/in\"\n"
             stdin = '"$D/in"'
+        # No stderr (the usual case): no wc and cat to start on the guest.
         script += (f'"${{SHELL:-/bin/sh}}" -c {shlex.quote(cmd)} < {stdin} 2> "$D/err"\n'
-                   f"printf '\\n%s %s %s\\n' {self.token} $? $(wc -c < \"$D/err\")\n"
-                   'cat "$D/err"\n')
+                   'r=$?; if [ -s "$D/err" ]; then '
+                   f"printf '\\n%s %s %s\\n' {self.token} $r $(wc -c < \"$D/err\"); cat \"$D/err\"; "
+                   f"else printf '\\n%s %s 0\\n' {self.token} $r; fi\n")
         deadline = time.monotonic() + timeout
         try:
             self.chan.sendall(script.encode())
