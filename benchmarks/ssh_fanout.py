@@ -18,6 +18,7 @@ converged <= 2) and the SSH connections each host opened per run.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -89,15 +90,38 @@ class CountingConnector:
         return self.inner(node, **kw)
 
 
-def timed(inv, playbooks, wheel, logs: Path, repeats: int,
-          converged: bool) -> tuple[float, list[float], int]:
-    """(median wall time, every wall time, most connections one host opened in one run)."""
-    times, most = [], 0
+def operator_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def guests_cpu(started) -> float:
+    """CPU seconds of the guests' finished SSH sessions (reaped children of each sshd)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for g in started:
+        try:
+            fields = Path(f"/proc/{g.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[13]) + int(fields[14])) / tick  # cutime + cstime
+    return total
+
+
+def timed(inv, playbooks, wheel, logs: Path, repeats: int, converged: bool,
+          started) -> tuple[float, list[float], int, float, float]:
+    """(median wall time, every wall time, most connections one host opened in one run,
+    operator CPU-s and guests' CPU-s per run, medians)."""
+    times, most, ops, gcs = [], 0, [], []
     for _ in range(repeats):
         connect = CountingConnector(inv)
-        started = time.perf_counter()
+        cpu0, guest0 = operator_cpu(), guests_cpu(started)
+        t0 = time.perf_counter()
         summary = provision_guests(inv, connect, playbooks=playbooks, wheel=wheel, run_dir=logs)
-        times.append(time.perf_counter() - started)
+        times.append(time.perf_counter() - t0)
+        ops.append(operator_cpu() - cpu0)
+        time.sleep(0.2)  # the sessions' processes are reaped by their sshd
+        gcs.append(guests_cpu(started) - guest0)
         if not summary.ok:
             raise SystemExit("run failed:\n" + "\n".join(f"{h.host}: {h.error}" for h in summary.failed_hosts))
         if converged and summary.changed:
@@ -105,7 +129,7 @@ def timed(inv, playbooks, wheel, logs: Path, repeats: int,
                 f"{h.host}: {s.playbook}/{s.name}" for h in summary.hosts for s in h.steps
                 if s.status == "changed"))
         most = max([most, *connect.counts.values()])
-    return statistics.median(times), times, most
+    return statistics.median(times), times, most, statistics.median(ops), statistics.median(gcs)
 
 
 def main() -> None:
@@ -147,20 +171,24 @@ def main() -> None:
             rows = []
             for label, playbooks in (("guest-bound", [str(book)]), ("converged", list(DEFAULT_PLAYBOOKS))):
                 converged = label == "converged"
-                t1, all1, c1 = timed(one, playbooks, wheel, base / "logs", args.repeats, converged)
-                tn, alln, cn = timed(many, playbooks, wheel, base / "logs", args.repeats, converged)
-                rows.append((label, t1, tn, tn / t1, max(c1, cn), all1, alln))
+                t1, all1, c1, op1, g1 = timed(one, playbooks, wheel, base / "logs", args.repeats,
+                                              converged, started)
+                tn, alln, cn, opn, gn = timed(many, playbooks, wheel, base / "logs", args.repeats,
+                                              converged, started)
+                rows.append((label, t1, tn, tn / t1, max(c1, cn), all1, alln, (op1, g1, opn, gn)))
         finally:
             for g in started:
                 guests.stop_guest(g)
     print(f"guest stage fan-out: 1 vs {args.guests} guests (real sshd on loopback, "
           f"median of {args.repeats}, this machine: {generate.machine_shape().cpus} CPUs)")
     print(f"{'workload':<14}{'1 guest':>10}{f'{args.guests} guests':>12}{'ratio':>8}{'SSH connections/host/run':>27}")
-    for label, t1, tn, ratio, conns, _, _ in rows:
+    for label, t1, tn, ratio, conns, *_ in rows:
         print(f"{label:<14}{t1:>9.2f}s{tn:>11.2f}s{ratio:>8.2f}{conns:>27}")
-    for label, _, _, _, _, all1, alln in rows:
+    for label, _, _, _, _, all1, alln, (op1, g1, opn, gn) in rows:
         print(f"  {label}: 1 guest {', '.join(f'{t:.2f}' for t in all1)} s; "
               f"{args.guests} guests {', '.join(f'{t:.2f}' for t in alln)} s")
+        print(f"  {label}: CPU-s per run, operator / guests: 1 guest {op1:.2f} / {g1:.2f}; "
+              f"{args.guests} guests {opn:.2f} / {gn:.2f} ({1000 * gn / args.guests:.0f} ms per guest)")
     print("target: guest-bound ratio <= 1.5, converged ratio <= 2")
 
 
