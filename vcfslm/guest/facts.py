@@ -546,9 +546,9 @@ if [ -n "$fp" ] && [ -f "$rec" ] && IFS= read -r have < "$rec" && [ "$have" = "$
   echo '[]'; exit 0
 fi
 out=$("$v/bin/python" - {requirements}); rc=$?
-printf '%s\n' "$out"
+printf '%s\\n' "$out"
 if [ $rc -eq 0 ] && [ -n "$fp" ] && [ "$out" = '[]' ]; then
-  printf '%s\n' "$fp" > "$rec.tmp$$" 2>/dev/null && mv -f "$rec.tmp$$" "$rec" 2>/dev/null || rm -f "$rec.tmp$$"
+  {{ printf '%s\\n' "$fp" > "$rec.tmp$$" && mv -f "$rec.tmp$$" "$rec" || rm -f "$rec.tmp$$"; }} 2>/dev/null
 fi
 exit $rc
 """
