@@ -1,7 +1,10 @@
 """Run playbooks on many hosts: all hosts in parallel (bounded pool), steps in order per host.
 
 One host's failure (a step, its connection, even a bug) never stops the others;
-the summary has one row per host with changed/ok/failed counts and durations.
+the summary has one row per host with changed/ok/failed counts and durations. Each
+host gets one connection for the whole run (every playbook and step), and its facts
+are gathered in batches (playbook.run_step), so a converged host costs one SSH
+handshake and one round trip.
 """
 
 from __future__ import annotations

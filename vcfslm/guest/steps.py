@@ -3,7 +3,9 @@ still needed (pyinfra's model). "changed" means at least one operation ran.
 
 Each step type is a pydantic model of its arguments (unknown arguments are refused
 when the playbook loads); `plan(ctx, sudo)` returns the operations (`Shell` or
-`Upload`) that would bring the guest to the described state, [] when it is there.
+`Upload`) that would bring the guest to the described state, [] when it is there;
+`facts(ctx, sudo)` names the facts `plan` reads up front, so the runner can gather a
+host's facts for all its remaining steps in one round trip (guest/batch.py).
 """
 
 from __future__ import annotations
