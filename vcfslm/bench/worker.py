@@ -369,7 +369,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             continue
         prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
                                   seed=args.seed * 1_000_003 + batch * 7919 + input_tokens)
-        roofline, roofline_ttft = roofline.scenario_floors(
+        tpot_floor, ttft_floor = roofline.scenario_floors(
             loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, input_tokens,
             output_tokens, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
         allowed = binding.get("cpus")
@@ -387,9 +387,9 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             moved = placement_problems(process_cpus=allowed, process_mems=None, intended_cpus=None,
                                        intended_node=None, threads=thread_cpus())
             record = window_record(env=env, args=args, scenario=scenario, window=window, gen=gen,
-                                   skew_s=skew, roofline_ms=roofline, placement=placement,
+                                   skew_s=skew, roofline_ms=tpot_floor, placement=placement,
                                    peak_rss=peak_rss_bytes(), rss=current_rss_bytes(),
-                                   roofline_ttft=roofline_ttft,
+                                   roofline_ttft=ttft_floor,
                                    extra_invalid=rank_invalid + moved)
             if phase == "measure":
                 results.append_record(my_file, record)
@@ -398,8 +398,8 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                       "ttft_s_p50": round(results.percentile(record.ttft_s, 50), 4),
                       "rank_tps": round(record.rank_tps, 3), "wall_s": round(record.wall_s, 4),
                       "skew_ms": round(skew * 1000, 3), "valid": record.valid,
-                      "compiles": gen.compiles, "roofline_tpot_ms": roofline and round(roofline, 3),
-                      "roofline_ttft_s": roofline_ttft and round(roofline_ttft, 4),
+                      "compiles": gen.compiles, "roofline_tpot_ms": tpot_floor and round(tpot_floor, 3),
+                      "roofline_ttft_s": ttft_floor and round(ttft_floor, 4),
                       "rss_gb": round(record.rss_bytes / 1e9, 3),
                       "peak_rss_gb": round(record.peak_rss_bytes / 1e9, 3)})
         progress({**where, "phase": "done", "window": args.repeats})
