@@ -65,8 +65,7 @@ def validate(*args: str) -> dict:
 def show(name: str, doc: dict) -> bool:
     err = doc["median_abs_error"]
     ok = all(err[k] is not None and err[k] <= TARGETS[k] for k in TARGETS)
-    print(f"\n{name}: fitted on {doc['fit_observations']} repeats; "
-          + "; ".join(e for e in doc["model"]["statement"][2:3]))
+    print(f"\n{name}: {doc['model']['statement'][2]}")
     print(f"  {'run':<6} {'input':>6} {'batch':>6} {'TTFT s':>8} {'model':>8} {'err':>7} "
           f"{'TPOT ms':>8} {'model':>8} {'err':>7}")
     for c in doc["cells"]:

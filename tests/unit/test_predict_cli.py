@@ -199,3 +199,15 @@ def test_report_states_the_fitted_model_and_draws_it(tmp_path):
     assert "### Performance model vs measured (fitted on every valid cell)" in md
     assert (r / "fig-6-model.png").stat().st_size > 0
     assert 'id="fig-6-model"' in (r / "report.html").read_text()
+
+
+def test_predicting_another_model_shape_is_flagged(tmp_path):
+    r = model_run(tmp_path / "r1", "r1")
+    out = run("predict", "--results", r, "--model", "phi-3-mini", "--platform", "vx650v4-6737p", "-o", "json")
+    assert out.exit_code == 0, out.output
+    preds = json.loads(out.stdout)["predictions"]
+    assert all("another model shape than the fitted one" in p["extrapolation"] for p in preds)
+    same = json.loads(run("predict", "--results", r, "--platform", "vx650v4-6737p", "-o", "json").stdout)
+    # 32 layers read 5.7x the weights of the fitted 2: TPOT at batch 1 grows about as much
+    ratio = preds[0]["tpot_ms"] / same["predictions"][0]["tpot_ms"]
+    assert 5 < ratio < 12

@@ -22,8 +22,9 @@ from .report import latest_run
               show_default=True, help="Where to look for the latest run.")
 @click.option("--measured-on", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Platform file (YAML or probe JSON) a CSV was measured on (runs carry their own probes).")
-@click.option("--model", "model_name", type=click.Choice(["phi-3-mini"]), default="phi-3-mini", show_default=True,
-              help="The model a CSV was measured with.")
+@click.option("--model", "model_name", type=click.Choice(["phi-3-mini"]), default=None,
+              help="The model to predict for (default: the one measured; a CSV's is taken as phi-3-mini). "
+                   "Another shape than the fitted one is flagged as an extrapolation.")
 @click.option("--platform", "platform_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Target: a platform YAML (platforms/*.yaml, or a shipped one by name such as "
                    "vx650v4-6737p) or the JSON `vcfslm probe -o json` printed on the target.")
@@ -68,12 +69,14 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
     Examples:
       vcfslm predict --results runs/<id> --platform platforms/vx650v4-6737p.yaml --peak-streams 256 --slo B
       vcfslm predict --results runs/<id> --bandwidth-gbs 92 --gemm-tflops 4 --threads-per-rank 24
+      vcfslm predict --results runs/<small-model run> --model phi-3-mini --platform vx650v4-6737p
       vcfslm predict --results brief.csv --measured-on platforms/vx650v4-6747p.yaml \\
           --platform platforms/vx650v4-6737p.yaml
       vcfslm predict --validate runs/<id> --fit-batches 1,4
       vcfslm predict --validate runs/<1-thread> --validate runs/<2-thread> --fit-threads 1
     """
     from ..analysis import predict as P
+    from ..analysis.calibration import KNOWN_DIMS
     from ..analysis.perfmodel import fit_model, validate
 
     if validate_runs:
@@ -117,7 +120,8 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
     known, _ = known_slos(inputs.metas)
     chosen = resolve_slos(slos, known)
     scenarios = P.scenarios_of(inputs.observations, batch_sizes, input_tokens, output_tokens)
-    answer = P.predict_target(model, inputs.dims, target, scenarios, chosen, peaks, headroom)
+    dims = KNOWN_DIMS[model_name] if model_name else inputs.dims
+    answer = P.predict_target(model, dims, target, scenarios, chosen, peaks, headroom)
     notes = target_notes(inputs, target)
     if output == "json":
         print_json({"results": [str(s) for s in sources], "target": target.description,
@@ -185,7 +189,7 @@ def load_measured(sources: list[Path], measured_on: Path | None, model_name: str
                                       "--measured-on PLATFORM (the platform file it was measured on)")])
         platform = load_platform(measured_on)
         out.measured_platform = platform
-        dims = KNOWN_DIMS[model_name]
+        dims = KNOWN_DIMS[model_name or "phi-3-mini"]
         for path in csvs:
             cells = import_csv(path).cells
             for ranks in sorted({c.ranks_per_vm for c in cells}):
