@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -173,3 +174,14 @@ def test_bench_option_errors_exit_2(args, message, tmp_path):
 def test_bench_and_probe_are_registered():
     result = invoke("--help")
     assert "bench" in result.output and "probe" in result.output
+
+
+@pytest.mark.parametrize("flags, expected", [(["--probe-mib", "64"], ["--probe-mib", "64"]),
+                                             (["--no-probe"], ["--no-probe"])])
+def test_probe_settings_reach_the_cluster_workers(flags, expected):
+    inventory = str(Path(__file__).resolve().parents[2] / "inventories" / "lab.yaml")
+    result = invoke("bench", "--nodes", "1", "--dry-run", "-i", inventory, "-o", "json", *flags)
+    assert result.exit_code == 0, result.output
+    [launch] = json.loads(result.stdout)
+    argv = launch["torchrun"]
+    assert argv[argv.index(expected[0]):argv.index(expected[0]) + len(expected)] == expected

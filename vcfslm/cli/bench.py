@@ -31,8 +31,7 @@ from .common import (
     print_json,
 )
 
-LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl",
-              "seed", "no_probe", "probe_mib")
+LOCAL_ONLY = ("model", "ranks", "threads", "batch_sizes", "input_tokens", "warmup", "no_numactl", "seed")
 CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
 
 
@@ -69,8 +68,9 @@ CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
               help="Decode step: compile (torch.compile over one packed copy of the weights: the "
                    "measurement mode) or eager (a baseline); autotune, freezing and default are older "
                    "names of compile (default: the inventory's bench.compile, else compile).")
-@click.option("--no-probe", is_flag=True, help="Skip the bandwidth probe: no roofline (local).")
-@click.option("--probe-mib", type=click.IntRange(min=16), default=None, help="Probe buffer in MiB (local; default 1024).")
+@click.option("--no-probe", is_flag=True, help="Skip the rank probes: no roofline, no performance model.")
+@click.option("--probe-mib", type=click.IntRange(min=16), default=None,
+              help="Bandwidth probe buffer in MiB per rank (default 1024; the cluster's workers' own default).")
 @click.option("--timeout", type=float, default=None, help="Whole-run timeout in seconds.")
 @click.option("--nodes", type=click.IntRange(min=1), default=None, help="Cluster mode: the first N inventory nodes.")
 @click.option("--hosts", default=None, metavar="A,B", help="Cluster mode: these inventory nodes.")
@@ -110,7 +110,8 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
                 run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
                 repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
                 dry_run=opts["dry_run"], runs_dir=opts["runs_dir"], compile_mode=opts["compile_mode"],
-                trust_new_hosts=opts["trust_new_hosts"], output=opts["output"], verbose=verbose)
+                trust_new_hosts=opts["trust_new_hosts"], output=opts["output"], verbose=verbose,
+                probe_mib=0 if opts["no_probe"] else opts["probe_mib"])
 
 
 def _flags(names: list[str]) -> str:

@@ -21,8 +21,11 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
                 run_id: str | None, label: str | None, scenarios: str | None, repeats: int | None,
                 output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
                 compile_mode: str | None,
-                trust_new_hosts: bool, output: str, verbose: int = 0) -> None:
-    """Select nodes, then preflight, launch, watch and collect the cluster run."""
+                trust_new_hosts: bool, output: str, verbose: int = 0, probe_mib: int | None = None) -> None:
+    """Select nodes, then preflight, launch, watch and collect the cluster run.
+
+    probe_mib: the workers' bandwidth probe buffer (None: their default; 0: no probes).
+    """
     from ..bench import cluster as C
 
     inv = load(inventory)
@@ -44,7 +47,7 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
     opts = C.ClusterOptions(run_id=run_id or new_run_id(inv.name, len(selected)), runs_root=runs_root,
                             label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
                             output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
-                            command=["vcfslm", *sys.argv[1:]])
+                            probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]])
     if dry_run:
         launches = C.plan_launches(inv, selected, opts)
         if output == "json":
