@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import PlatformError, Problem
 from .resources import resource_dir
-from .yamldoc import Locator, load_located, pydantic_problems
+from .yamldoc import load_mapping, pydantic_problems, read_document
 
 # Bounds that no CPU server reaches: beyond them a value is a typo (GB/s for MB/s, a
 # whole machine's figure given per vCPU), refused instead of predicted from.
@@ -162,14 +162,8 @@ def load_platform(path: str | Path) -> Platform:
         if shipped.exists():
             path = shipped
     label = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlatformError([Problem(label, None, None, "", "file not found")]) from None
-    except OSError as exc:
-        raise PlatformError([Problem(label, None, None, "", f"cannot read: {exc}")]) from None
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+    text = read_document(path, PlatformError)
+    if text.lstrip().startswith("["):
         return platform_from_probe(_json(text, label), label)
     return parse_platform(text, label)
 
@@ -183,13 +177,8 @@ def _json(text: str, label: str) -> Any:
 
 
 def parse_platform(text: str, label: str = "<platform>") -> Platform:
-    data, positions, problems = load_located(text, label)
-    if problems:
-        raise PlatformError(problems)
-    locate = Locator(label, positions)
-    if not isinstance(data, dict):
-        raise PlatformError([locate((), "a platform file is a mapping (name, numa_nodes, cpus_per_numa_node, "
-                                         "bandwidth_gbs, gemm_tflops_per_cpu, ...)")])
+    data, locate = load_mapping(text, label, PlatformError, "a platform file is a mapping (name, numa_nodes, "
+                                "cpus_per_numa_node, bandwidth_gbs, gemm_tflops_per_cpu, ...)")
     try:
         return Platform.model_validate(data)
     except ValidationError as exc:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from . import contract, footprint, topology
 from .contract import LEGACY_COMPILE_MODES
 from .errors import InventoryError, Problem
-from .yamldoc import Key, Locator, load_located, pydantic_problems
+from .yamldoc import Key, load_mapping, pydantic_problems, read_document
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 # A key naming one of these words (as a whole word) holds a secret, unless it names an env var.
@@ -314,26 +314,13 @@ def _memory_problems(inv: Inventory) -> list[tuple[Key, str]]:
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read, parse and validate an inventory file; InventoryError lists every problem."""
-    path = Path(path)
-    label = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InventoryError([Problem(label, None, None, "", "file not found")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError([Problem(label, None, None, "", f"cannot read: {exc}")]) from None
-    return parse_inventory(text, label)
+    return parse_inventory(read_document(path, InventoryError), str(path))
 
 
 def parse_inventory(text: str, label: str = "<inventory>") -> Inventory:
     """Validate inventory YAML text; `label` names it in error messages."""
-    data, positions, problems = load_located(text, label)
-    if problems:
-        raise InventoryError(problems)
-    locate = Locator(label, positions)
-    if not isinstance(data, dict):
-        raise InventoryError([locate((), "the inventory must be a mapping of keys "
-                                          "(name, vcenter, placement, vm, nodes, ...)")])
+    data, locate = load_mapping(text, label, InventoryError, "the inventory must be a mapping of keys "
+                                                             "(name, vcenter, placement, vm, nodes, ...)")
     problems = [locate(k, m) for k, m in _secret_keys(data)]
     try:
         inv = Inventory.model_validate(data)

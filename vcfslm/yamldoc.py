@@ -9,15 +9,40 @@ become `Problem`s that name the file, the line, the column and the key path, wit
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import Problem
+from .errors import InputError, Problem
 
 Key = tuple[str | int, ...]
+
+
+def read_document(path: str | os.PathLike[str], error: type[InputError]) -> str:
+    """The text of an input file; `error` (naming the file) when it is missing or unreadable."""
+    label = str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error([Problem(label, None, None, "", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error([Problem(label, None, None, "", f"cannot read: {exc}")]) from None
+
+
+def load_mapping(text: str, label: str, error: type[InputError], what: str) -> tuple[dict, Locator]:
+    """A YAML mapping and the locator of its keys; `error` for bad YAML or a document that is not
+    a mapping. what: how the error describes the expected mapping."""
+    data, positions, problems = load_located(text, label)
+    if problems:
+        raise error(problems)
+    locate = Locator(label, positions)
+    if not isinstance(data, dict):
+        raise error([locate((), what)])
+    return data, locate
 
 
 def pydantic_problems(exc: ValidationError, data: Any, locate: Locator, root: type[BaseModel],
