@@ -13,8 +13,13 @@ import pytest
 
 from vcfslm.analysis.report import write_report
 from vcfslm.results import RunMeta, WindowRecord, write_meta, write_records
+from vcfslm.roofline import ModelDims
 
 pytestmark = pytest.mark.integration
+
+PHI3_2L = ModelDims(num_hidden_layers=2, hidden_size=3072, num_attention_heads=32, num_key_value_heads=32,
+                    head_dim=96, intermediate_size=8192, vocab_size=32064, step_weight_bytes=650_016_768,
+                    kv_bytes_per_token=24_576)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (make setup installs it)")
@@ -32,7 +37,11 @@ def synthetic_run(run_dir, run_id, nodes, gate_failed=None):
                    threads_per_rank=24, model="synthetic:tiny",
                    matrix={"batch_sizes": [1, 4, 8, 16], "input_tokens": [128, 1024], "output_tokens": 64,
                            "warmup": 1, "repeats": 2},
-                   complete=True, guests={n: {"vnuma_nodes": 4, "numa_ok": True} for n in nodes})
+                   complete=True, guests={n: {"vnuma_nodes": 4, "numa_ok": True} for n in nodes},
+                   # each rank's probes and model shape: the report fits its performance model on them
+                   ranks={str(r): {"node": nodes[r // 4], "local_rank": r % 4, "probe": {"read_gbs": 60.0},
+                                   "gemm": {"tflops": 2.0, "threads": 24}, "model": PHI3_2L.to_facts()}
+                          for r in range(4 * len(nodes))})
     records = []
     for batch in (1, 4, 8, 16):
         for inp in (128, 1024):
@@ -87,7 +96,7 @@ def test_every_image_loads(dom):
     m = re.search(r'data-images="(\d+) ok=(\d+) broken=(\d+)"', dom)
     assert m, "the page's image check did not run"
     total, ok, broken = map(int, m.groups())
-    assert (total, ok, broken) == (5, 5, 0)
+    assert (total, ok, broken) == (6, 6, 0)   # fig-6-model among them
 
 
 @needs_chromium
