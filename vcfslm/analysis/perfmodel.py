@@ -393,10 +393,6 @@ class Prediction:
     knee: float
     flags: tuple[str, ...] = field(default=())
 
-    @property
-    def extrapolated(self) -> bool:
-        return bool(self.flags)
-
     def to_dict(self) -> dict:
         s = self.scenario
         return {"batch_per_rank": s.batch, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
