@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import PlatformError, Problem
 from .resources import resource_dir
-from .yamldoc import load_mapping, pydantic_problems, read_document
+from .yamldoc import load_mapping, pydantic_problems, read_document, validation_message
 
 # Bounds that no CPU server reaches: beyond them a value is a typo (GB/s for MB/s, a
 # whole machine's figure given per vCPU), refused instead of predicted from.
@@ -122,11 +123,7 @@ class Platform(_Model):
                 data["threads_per_rank"] = None
         if threads_per_rank is not None:
             data["threads_per_rank"] = threads_per_rank
-        try:
-            return Platform.model_validate(data)
-        except ValidationError as exc:
-            raise PlatformError([Problem("--ranks-per-node/--threads-per-rank/--vnuma-nodes", None, None, "",
-                                         e["msg"].removeprefix("Value error, ")) for e in exc.errors()]) from None
+        return _validated(data, lambda loc: ("--ranks-per-node/--threads-per-rank/--vnuma-nodes", ""))
 
     def describe(self) -> str:
         return (f"{self.name}: {_n(self.numa_nodes, 'vNUMA node')} x {_n(self.cpus_per_numa_node, 'vCPU')}, "
@@ -182,12 +179,20 @@ def parse_platform(text: str, label: str = "<platform>") -> Platform:
     try:
         return Platform.model_validate(data)
     except ValidationError as exc:
-        found = pydantic_problems(exc, data, locate, Platform)
-        raise PlatformError([_plain(p) for p in found]) from None
+        raise PlatformError(pydantic_problems(exc, data, locate, Platform)) from None
 
 
-def _plain(p: Problem) -> Problem:
-    return Problem(p.file, p.line, p.column, p.key, p.message.removeprefix("Value error, "))
+def _validated(data: dict, where: Callable[[tuple], tuple[str, str]]) -> Platform:
+    """A Platform built from values that come from no file; where(loc) -> (source, key) names a
+    finding's origin (a flag, a probe file's field)."""
+    try:
+        return Platform.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            source, key = where(tuple(err["loc"]))
+            problems.append(Problem(source, None, None, key, validation_message(err)))
+        raise PlatformError(problems) from None
 
 
 def platform_from_probe(rows: Any, label: str = "<probe>") -> Platform:
@@ -222,11 +227,7 @@ def platform_from_probe(rows: Any, label: str = "<probe>") -> Platform:
         "decode_linears": curve, "basis": "measured",
         "sources": {"bandwidth": "vcfslm probe read_gbs", "gemm": "vcfslm probe gemm"},
     }
-    try:
-        return Platform.model_validate(data)
-    except ValidationError as exc:
-        raise PlatformError([Problem(label, None, None, ".".join(map(str, e["loc"])),
-                                     e["msg"].removeprefix("Value error, ")) for e in exc.errors()]) from None
+    return _validated(data, lambda loc: (label, ".".join(map(str, loc))))
 
 
 def platform_from_flags(bandwidth_gbs: float, gemm_tflops: float, *, numa_nodes: int = 1,
@@ -238,12 +239,8 @@ def platform_from_flags(bandwidth_gbs: float, gemm_tflops: float, *, numa_nodes:
             "bandwidth_gbs": bandwidth_gbs, "gemm_tflops_per_cpu": gemm_tflops / threads_per_rank,
             "ranks_per_node": ranks_per_node, "threads_per_rank": threads_per_rank,
             "sources": {"bandwidth": "--bandwidth-gbs", "gemm": "--gemm-tflops"}}
-    try:
-        return Platform.model_validate(data)
-    except ValidationError as exc:
-        flag = {"bandwidth_gbs": "--bandwidth-gbs", "gemm_tflops_per_cpu": "--gemm-tflops"}
-        raise PlatformError([Problem(flag.get(str(e["loc"][0]) if e["loc"] else "", "command line"), None, None,
-                                     "", e["msg"].removeprefix("Value error, ")) for e in exc.errors()]) from None
+    flag = {"bandwidth_gbs": "--bandwidth-gbs", "gemm_tflops_per_cpu": "--gemm-tflops"}
+    return _validated(data, lambda loc: (flag.get(str(loc[0]) if loc else "", "command line"), ""))
 
 
 def platform_from_run(run_id: str, rates, threads_per_rank: int, ranks_per_node: int) -> Platform:

@@ -57,13 +57,19 @@ def pydantic_problems(exc: ValidationError, data: Any, locate: Locator, root: ty
                 continue
             out.append(locate(loc, "unknown key" + _did_you_mean(loc, root)))
             continue
-        msg = err["msg"]
+        msg = validation_message(err)
         if err["type"] == "missing":
             msg = "required key is missing"
         elif "input" in err and not isinstance(err["input"], (dict, list)):
             msg = f"{msg} (got {err['input']!r})"
         out.append(locate(loc, msg))
     return out
+
+
+def validation_message(err: dict) -> str:
+    """One pydantic finding as a user reads it: a validator's own words without pydantic's
+    "Value error, " in front."""
+    return err["msg"].removeprefix("Value error, ")
 
 
 def _did_you_mean(loc: Key, root: type[BaseModel]) -> str:

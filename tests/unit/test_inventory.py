@@ -159,3 +159,11 @@ def test_older_compile_mode_names_read_as_compile_and_unknown_ones_are_refused()
     with pytest.raises(InventoryError) as err:
         parse_inventory(yaml.safe_dump(data), "c.yaml")
     assert "bench.compile" in str(err.value)
+
+
+def test_a_validators_own_words_without_pydantics_prefix():
+    data = yaml.safe_load(BRIEF.read_text())
+    data["bench"]["batch_sizes"] = [1, 1]
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(yaml.safe_dump(data), "x.yaml")
+    assert str(err.value).splitlines() == ["x.yaml:2:3: bench.batch_sizes: values must be unique"]
