@@ -7,6 +7,9 @@ A run directory (`runs/<run-id>/`) holds:
 - `results.jsonl`   one `WindowRecord` per line: rank x scenario x measured window.
 - `ranks/rank-<global rank>.jsonl`  the same records as each rank wrote them
                     (appended atomically as each window ends).
+- `serving.jsonl`   serving mode (bench --serve): one `ServeRecord` per line, rank x
+                    load x measured window, every request's times in it; as each rank
+                    wrote them in `ranks/serve-<global rank>.jsonl`.
 - `logs/<node>/rank-<n>.log`  per-rank output.
 
 `WindowRecord` fields (JSON, one object per line; times in seconds unless the name
@@ -116,6 +119,85 @@ class WindowRecord:
         return _build(cls, data)
 
 
+# Serving mode (bench --serve): one record per rank x load window. Requests arrive on
+# their own (open loop: Poisson or gamma at `load` requests/s per rank; closed loop:
+# `load` users per rank, each waiting `think_s` after its reply) and join a continuous
+# batch of `slots` streams between decode steps. Times are seconds from the window's
+# start (the barrier) unless the name says `_ms`; the request lists are parallel, one
+# entry per request that arrived inside the measured span [warmup_s, duration_s -
+# cooldown_s] and finished (`unfinished` counts those that did not by the window's end:
+# they fail every SLO).
+SERVE_LOAD_KINDS = ("rate", "users")
+SERVE_ARRIVALS = ("poisson", "gamma", "closed")
+
+
+@dataclass
+class ServeRecord:
+    """One measured serving window of one rank at one load."""
+
+    run_id: str
+    node: str
+    node_rank: int
+    rank: int
+    local_rank: int
+    world_size: int
+    ranks_per_node: int
+    nodes: int
+    load_kind: str                 # "rate" (requests/s per rank) | "users" (per rank)
+    load: float
+    arrival: str                   # "poisson" | "gamma" | "closed"
+    slots: int                     # the batch cap: streams decoded together at most
+    input_tokens: int              # the context's nominal prompt length (its largest when drawn)
+    output_tokens: int             # the nominal output length (its largest when drawn)
+    window: int                    # 0..repeats-1 at this load
+    seed: int                      # this rank's arrival/length seed for the window
+    duration_s: float              # arrivals are generated over [0, duration_s)
+    warmup_s: float
+    cooldown_s: float
+    span_s: float                  # the measured span's length
+    wall_s: float                  # barrier -> last request done (or the window's cutoff)
+    offered: int                   # requests that arrived in the measured span
+    completed: int                 # of them, finished
+    unfinished: int                # of them, not finished by the cutoff
+    arrival_s: list[float]         # per finished measured request
+    queue_s: list[float]           # arrival -> its prefill started
+    ttft_s: list[float]            # arrival -> first token (the queue included)
+    tpot_ms: list[float]           # (e2e - ttft) / (output tokens - 1)
+    e2e_s: list[float]             # arrival -> last token
+    request_input_tokens: list[int]
+    request_output_tokens: list[int]
+    generated_tokens: int          # tokens produced inside the measured span (every request)
+    rank_tps: float                # generated_tokens / span_s
+    mean_active: float             # time-averaged busy slots over the measured span
+    max_queue: int                 # most requests waiting for a slot at once
+    burstiness: float = 1.0        # gamma shape (1 = Poisson); for "closed", unused
+    think_s: float = 0.0           # closed loop: mean think time between a reply and the next request
+    goodput: dict[str, Any] = field(default_factory=dict)   # SLO name -> requests/s that met it
+    start_skew_s: float = 0.0
+    peak_rss_bytes: int = 0
+    rss_bytes: int = 0
+    recompiles: int = 0
+    valid: bool = True
+    invalid_reasons: list[str] = field(default_factory=list)
+    placement: dict[str, Any] = field(default_factory=dict)
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def scenario(self) -> tuple[str, float, int, int]:
+        """(load kind, load, input tokens, output tokens): what identifies a serving scenario."""
+        return (self.load_kind, float(self.load), self.input_tokens, self.output_tokens)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServeRecord:
+        found = serve_record_findings(data)
+        if found:
+            raise SchemaError(found)
+        return _build(cls, data)
+
+
 def _required(f) -> bool:
     from dataclasses import MISSING
 
@@ -139,7 +221,7 @@ def _build(cls, data: dict[str, Any]):
 Findings = list[tuple[str, str]]        # (key path, what is wrong with it)
 Check = Callable[[Any], Findings]       # a value -> findings keyed relative to it
 
-AT_LEAST_ONE = frozenset({"schema", "world_size", "ranks_per_node", "nodes", "batch_per_rank",
+AT_LEAST_ONE = frozenset({"schema", "world_size", "ranks_per_node", "nodes", "batch_per_rank", "slots",
                           "input_tokens", "output_tokens", "threads_per_rank"})
 _KINDS = {str: "a string", bool: "true or false", dict: "an object"}
 _PLURALS = {float: "numbers", int: "integers", str: "strings"}
@@ -245,6 +327,28 @@ def record_findings(data: Any) -> Findings:
     return found
 
 
+
+def serve_record_findings(data: Any) -> Findings:
+    """What is wrong with one serving.jsonl object, field by field (empty: a good record)."""
+    found = schema_findings(ServeRecord, data)
+    if not isinstance(data, dict):
+        return found
+    for name, allowed in (("load_kind", SERVE_LOAD_KINDS), ("arrival", SERVE_ARRIVALS)):
+        value = data.get(name)
+        if isinstance(value, str) and value not in allowed:
+            found.append((name, f"expected one of {', '.join(allowed)}, got {value!r}"))
+    lists = ("arrival_s", "queue_s", "ttft_s", "tpot_ms", "e2e_s", "request_input_tokens",
+             "request_output_tokens")
+    lengths = {len(data[k]) for k in lists if isinstance(data.get(k), list)}
+    if len(lengths) > 1:
+        found.append(("", "the per-request lists differ in length: " + ", ".join(
+            f"{k} {len(data[k])}" for k in lists if isinstance(data.get(k), list))))
+    schema = data.get("schema")
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+        found.append(("schema", f"version {schema} is newer than this vcfslm reads (up to "
+                                f"{SCHEMA_VERSION}): upgrade vcfslm"))
+    return found
+
 # matrix keys the analysis reads: an integer or a list of them / a count / a text
 MATRIX_LISTS = ("batch_sizes", "input_tokens", "output_tokens")
 MATRIX_COUNTS = ("warmup", "repeats")
@@ -333,7 +437,7 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def append_record(path: str | os.PathLike[str], record: WindowRecord) -> None:
+def append_record(path: str | os.PathLike[str], record: WindowRecord | ServeRecord) -> None:
     """Append one record so that a crash leaves either the whole line or none of it.
 
     The file is rewritten through a temp file + rename: records are small and few
@@ -346,25 +450,35 @@ def append_record(path: str | os.PathLike[str], record: WindowRecord) -> None:
     atomic_write_text(path, existing + record.to_json() + "\n")
 
 
+SERVE_RESULTS = "serving.jsonl"   # a run's merged ServeRecords (results.jsonl holds WindowRecords)
 MAX_PROBLEMS = 20     # per file: enough to see the pattern, few enough to read
 TORN = "torn last line skipped (no newline at the end and not valid JSON: its writer was stopped mid-line)"
 
 
-def read_records(path: str | os.PathLike[str], warnings: list[str] | None = None) -> list[WindowRecord]:
-    """Read a JSON-lines file of records, each checked against the schema.
+def read_records(path: str | os.PathLike[str], warnings: list[str] | None = None,
+                 kind: type = WindowRecord) -> list[Any]:
+    """Read a JSON-lines file of records (`kind`: WindowRecord or ServeRecord), each checked
+    against its schema.
 
     A blank line is skipped. A torn last line (no newline at the end and not valid JSON:
     what a killed writer leaves) is skipped too, and said in `warnings` when given. Any
     other bad line raises RunFolderError listing every problem as file:line field: message.
     """
-    records, problems = _checked_records(Path(path), warnings if warnings is not None else [])
+    records, problems = _checked_records(Path(path), warnings if warnings is not None else [], kind)
     if problems:
         raise RunFolderError(problems)
     return records
 
 
-def _checked_records(path: Path, warnings: list[str]) -> tuple[list[WindowRecord], list[Problem]]:
+def read_serve_records(path: str | os.PathLike[str], warnings: list[str] | None = None) -> list[ServeRecord]:
+    """read_records for a serving.jsonl (or ranks/serve-<n>.jsonl) file."""
+    return read_records(path, warnings, ServeRecord)
+
+
+def _checked_records(path: Path, warnings: list[str], kind: type = WindowRecord
+                     ) -> tuple[list[Any], list[Problem]]:
     """The good records of a JSON-lines file and the problems of the others (capped, see _capped)."""
+    findings = serve_record_findings if kind is ServeRecord else record_findings
     lines = _read_text(path).split("\n")
     records, problems = [], []
     for lineno, line in enumerate(lines, 1):
@@ -379,10 +493,10 @@ def _checked_records(path: Path, warnings: list[str]) -> tuple[list[WindowRecord
                 problems.append(Problem(str(path), lineno, getattr(exc, "colno", None), "",
                                         f"not valid JSON: {getattr(exc, 'msg', exc)}"))
             continue
-        found = record_findings(data)
+        found = findings(data)
         problems.extend(Problem(str(path), lineno, None, key, message) for key, message in found)
         if not found:
-            records.append(_build(WindowRecord, data))
+            records.append(_build(kind, data))
     return records, _capped(problems, path)
 
 
@@ -406,13 +520,13 @@ def _read_text(path: Path) -> str:
         raise RunFolderError([Problem(str(path), None, None, "", f"cannot read: {exc.strerror or exc}")]) from None
 
 
-def write_records(path: str | os.PathLike[str], records: Iterable[WindowRecord]) -> None:
+def write_records(path: str | os.PathLike[str], records: Iterable[WindowRecord | ServeRecord]) -> None:
     atomic_write_text(path, "".join(r.to_json() + "\n" for r in records))
 
 
-def finished_scenarios(records: Iterable[WindowRecord], repeats: int) -> set[tuple[int, int, int]]:
+def finished_scenarios(records: Iterable[WindowRecord | ServeRecord], repeats: int) -> set[tuple]:
     """Scenarios for which `repeats` windows are recorded (what --resume skips)."""
-    counts: dict[tuple[int, int, int], set[int]] = {}
+    counts: dict[tuple, set[int]] = {}
     for r in records:
         counts.setdefault(r.scenario, set()).add(r.window)
     return {s for s, windows in counts.items() if len(windows) >= repeats}
@@ -546,16 +660,18 @@ class RunFile:
     records: list[WindowRecord]
     sources: list[Path]                 # results.jsonl, or the ranks/rank-<n>.jsonl read instead
     warnings: list[str] = field(default_factory=list)
+    serve_records: list[ServeRecord] = field(default_factory=list)   # serving.jsonl (bench --serve)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.meta, self.records))
 
 
 def read_run(run_dir: str | os.PathLike[str], require_records: bool = True) -> RunFile:
-    """meta.json + results.jsonl of a run dir (records from ranks/ when results.jsonl is missing).
+    """meta.json + results.jsonl (+ serving.jsonl) of a run dir; records from ranks/ when
+    the merged file is missing (rank-<n>.jsonl, serve-<n>.jsonl).
 
-    Every problem of the folder is one RunFolderError; so is a run without records unless
-    `require_records` is false (a crashed run that --resume picks up again).
+    Every problem of the folder is one RunFolderError; so is a run without records of
+    either kind unless `require_records` is false (a crashed run that --resume picks up again).
     """
     run_dir = Path(run_dir)
     problems: list[Problem] = []
@@ -573,11 +689,18 @@ def read_run(run_dir: str | os.PathLike[str], require_records: bool = True) -> R
         good, bad = _checked_records(path, warnings)
         records.extend(good)
         problems.extend(bad)
+    serving = run_dir / SERVE_RESULTS
+    serve_sources = [serving] if serving.exists() else sorted((run_dir / "ranks").glob("serve-*.jsonl"))
+    serve_records: list[ServeRecord] = []
+    for path in serve_sources:
+        good, bad = _checked_records(path, warnings, ServeRecord)
+        serve_records.extend(good)
+        problems.extend(bad)
     if problems:
         raise RunFolderError(problems)
-    if require_records and not records:
+    if require_records and not records and not serve_records:
         raise RunFolderError([Problem("", None, None, "", f"no records: {_no_records(run_dir, sources)}")])
-    return RunFile(run_dir, meta, records, sources, warnings)
+    return RunFile(run_dir, meta, records, sources + serve_sources, warnings, serve_records)
 
 
 def _no_records(run_dir: Path, sources: Sequence[Path]) -> str:

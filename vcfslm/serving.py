@@ -1,0 +1,348 @@
+"""Serving mode's decisions, pure: what a load is, when requests arrive, how long they
+are, whether a load meets an SLO, and which load to measure next in a sweep.
+
+Shared by the rank worker (which generates the arrivals and runs the sweep inside the
+run) and the analysis (which judges the recorded windows the same way), so a threshold
+read off a report is the one the sweep bisected towards.
+
+Definitions (after vLLM's `bench serve` and guidellm, on one rank instead of an HTTP
+server):
+- Open loop, `rate` requests/s per rank: inter-arrival gaps are exponential (Poisson)
+  or gamma with shape `burstiness` and the same mean 1/rate, so burstiness 1 is
+  Poisson, below 1 burstier (the gaps' coefficient of variation is 1/sqrt(burstiness)),
+  above 1 more regular. Requests arrive whether or not the rank keeps up.
+- Closed loop, `users` per rank: each user sends a request, waits for its last token,
+  thinks (exponential, mean `think_s`; 0 = not at all) and sends the next.
+- A window generates arrivals over [0, duration_s). Only requests arriving inside the
+  measured span [warmup_s, duration_s - cooldown_s] count: the first fill an empty
+  batch, the last see it draining. The window runs until every counted request is done
+  or the cutoff (duration_s + drain_s) passes; a counted request unfinished by then has
+  missed every SLO (its latency is taken as infinite).
+- A load meets an SLO when the p90 TTFT (queue included) and the p90 TPOT of every
+  counted request of every rank are within the limits (<=, as in static mode).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+LOAD_KINDS = ("rate", "users")
+ARRIVALS = ("poisson", "gamma")          # open loop; users always mean a closed loop
+LENGTH_DISTS = ("fixed", "uniform")
+SERVE_PERCENTILE = 90.0
+DEFAULT_SLOTS = 16
+# A sweep stops narrowing when the passing and failing loads are this close (relative).
+SWEEP_TOLERANCE = 0.05
+
+
+# ------------------------------------------------------------------ the settings
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """How a serving run loads each rank (meta.json keeps it as matrix["serve"])."""
+
+    load_kind: str = "rate"                 # "rate" | "users"
+    loads: tuple[float, ...] = (1.0,)       # per rank: requests/s, or users
+    input_tokens: tuple[int, ...] = (512,)  # one context per value (nominal prompt length)
+    output_tokens: int = 128
+    slots: int = DEFAULT_SLOTS
+    arrival: str = "poisson"                # open loop only: "poisson" | "gamma"
+    burstiness: float = 1.0
+    think_s: float = 0.0                    # closed loop only
+    lengths: str = "fixed"                  # "fixed" | "uniform" (in [low x nominal, nominal])
+    length_low: float = 0.5
+    duration_s: float = 60.0
+    warmup_s: float = 5.0
+    cooldown_s: float = 5.0
+    drain_s: float | None = None            # after duration_s; None: duration_s (then unfinished)
+    warmup_windows: int = 1                 # discarded windows before the first measured load
+    repeats: int = 1
+    sweep: bool = False
+    sweep_steps: int = 3                    # bisection steps per SLO and context
+    seed: int = 0
+
+    def __post_init__(self):
+        problems = spec_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def arrival_kind(self) -> str:
+        """What the records call the arrival process: closed for users."""
+        return "closed" if self.load_kind == "users" else self.arrival
+
+    @property
+    def span_s(self) -> float:
+        return self.duration_s - self.warmup_s - self.cooldown_s
+
+    @property
+    def cutoff_s(self) -> float:
+        return self.duration_s + (self.duration_s if self.drain_s is None else self.drain_s)
+
+    @property
+    def max_context(self) -> int:
+        return max(self.input_tokens) + self.output_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["loads"] = list(self.loads)
+        out["input_tokens"] = list(self.input_tokens)
+        return out
+
+    @classmethod
+    def of_record(cls, data: Mapping[str, Any]) -> ServeSpec:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for key in ("loads", "input_tokens"):
+            if key in known:
+                known[key] = tuple(known[key])
+        return cls(**known)
+
+    def with_loads(self, loads: Iterable[float]) -> ServeSpec:
+        return replace(self, loads=tuple(loads))
+
+
+def spec_problems(spec: ServeSpec) -> list[str]:
+    """What makes a ServeSpec unusable (empty: fine); each says which setting and why."""
+    out = []
+    if spec.load_kind not in LOAD_KINDS:
+        out.append(f"load kind must be one of {', '.join(LOAD_KINDS)}, got {spec.load_kind!r}")
+    if not spec.loads or any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)
+                             for v in spec.loads):
+        out.append(f"loads must be positive numbers, got {list(spec.loads)}")
+    elif spec.load_kind == "users" and any(float(v) != int(v) for v in spec.loads):
+        out.append(f"users must be whole numbers, got {list(spec.loads)}")
+    if not spec.input_tokens or any(v < 1 for v in spec.input_tokens):
+        out.append(f"input tokens must be positive, got {list(spec.input_tokens)}")
+    if spec.output_tokens < 2:
+        out.append(f"output tokens must be at least 2 (TPOT needs two), got {spec.output_tokens}")
+    if spec.slots < 1:
+        out.append(f"slots must be at least 1, got {spec.slots}")
+    if spec.arrival not in ARRIVALS:
+        out.append(f"arrival must be one of {', '.join(ARRIVALS)}, got {spec.arrival!r}")
+    if not spec.burstiness > 0:
+        out.append(f"burstiness must be positive, got {spec.burstiness}")
+    if spec.think_s < 0:
+        out.append(f"think time must not be negative, got {spec.think_s}")
+    if spec.lengths not in LENGTH_DISTS:
+        out.append(f"lengths must be one of {', '.join(LENGTH_DISTS)}, got {spec.lengths!r}")
+    if not 0 < spec.length_low <= 1:
+        out.append(f"length_low must be in (0, 1], got {spec.length_low}")
+    if min(spec.warmup_s, spec.cooldown_s) < 0 or spec.duration_s <= 0:
+        out.append("duration must be positive and warm-up/cool-down not negative")
+    elif spec.span_s <= 0:
+        out.append(f"warm-up {spec.warmup_s:g} s + cool-down {spec.cooldown_s:g} s leave nothing of the "
+                   f"{spec.duration_s:g} s window to measure")
+    if spec.drain_s is not None and spec.drain_s < 0:
+        out.append(f"drain must not be negative, got {spec.drain_s}")
+    if spec.repeats < 1 or spec.warmup_windows < 0 or spec.sweep_steps < 0:
+        out.append("repeats must be at least 1, warm-up windows and sweep steps not negative")
+    return out
+
+
+# ------------------------------------------------------------------ arrivals
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A request as the load generator plans it (open loop: its arrival is fixed)."""
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+def window_seed(seed: int, rank: int, load: float, input_tokens: int, window: int) -> int:
+    """A seed per (run seed, rank, load, context, window): ranks draw independent streams,
+    and a resumed or repeated run draws the same ones."""
+    return (seed * 1_000_003 + rank * 7919 + int(round(load * 1000)) * 104_729
+            + input_tokens * 31 + window * 15_485_863) % (2 ** 63)
+
+
+def interarrival_gaps(rate: float, count: int, rng: random.Random, burstiness: float = 1.0) -> list[float]:
+    """`count` gaps with mean 1/rate: exponential (burstiness 1) or gamma(shape=burstiness)."""
+    if burstiness == 1.0:
+        return [rng.expovariate(rate) for _ in range(count)]
+    return [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(count)]
+
+
+def arrival_times(rate: float, duration_s: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
+    """Open-loop arrival times in [0, duration_s) at `rate` per second."""
+    out: list[float] = []
+    t = 0.0
+    while True:
+        t += interarrival_gaps(rate, 1, rng, burstiness)[0]
+        if t >= duration_s:
+            return out
+        out.append(t)
+
+
+def draw_length(nominal: int, rng: random.Random, dist: str = "fixed", low: float = 0.5) -> int:
+    """A request's length: the nominal one, or uniform on [low x nominal, nominal]."""
+    if dist == "fixed":
+        return nominal
+    return rng.randint(max(1, math.ceil(low * nominal)), nominal)
+
+
+def open_loop_plan(spec: ServeSpec, rate: float, input_tokens: int, rng: random.Random) -> list[Planned]:
+    """Every request of one open-loop window, in arrival order."""
+    return [Planned(t, draw_length(input_tokens, rng, spec.lengths, spec.length_low),
+                    draw_length(spec.output_tokens, rng, spec.lengths, spec.length_low))
+            for t in arrival_times(rate, spec.duration_s, rng, spec.burstiness)]
+
+
+def think_time(mean_s: float, rng: random.Random) -> float:
+    """A closed-loop user's pause between a reply and its next request."""
+    return rng.expovariate(1.0 / mean_s) if mean_s > 0 else 0.0
+
+
+def in_span(arrival_s: float, spec: ServeSpec) -> bool:
+    """Does a request arriving then count (inside the measured span)?"""
+    return spec.warmup_s <= arrival_s <= spec.duration_s - spec.cooldown_s
+
+
+# ------------------------------------------------------------------ judging a load
+
+
+def tail(values: Sequence[float], unfinished: int, q: float = SERVE_PERCENTILE) -> float:
+    """The q-th percentile of the finished requests' values with `unfinished` more taken as
+    infinite (nearest rank above the linear position, so a tail that reaches an unfinished
+    request is infinite); NaN when there are no requests at all."""
+    xs = sorted(v for v in values if v is not None and not math.isnan(v)) + [math.inf] * unfinished
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    if math.isinf(xs[hi]):
+        return math.inf
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Every counted request of one load (all ranks, all repeats) and what they sum to."""
+
+    load: float
+    ttft_s: tuple[float, ...]
+    tpot_ms: tuple[float, ...]
+    unfinished: int
+    span_s: float                       # measured seconds summed over ranks x repeats
+    ranks: int = 1
+    mean_active: float = 0.0            # per rank, averaged over windows
+    invalid: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def requests(self) -> int:
+        return len(self.ttft_s) + self.unfinished
+
+    def ttft_tail(self, q: float = SERVE_PERCENTILE) -> float:
+        return tail(self.ttft_s, self.unfinished, q)
+
+    def tpot_tail(self, q: float = SERVE_PERCENTILE) -> float:
+        return tail(self.tpot_ms, self.unfinished, q)
+
+
+def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
+    """ServeRecords (any ranks and repeats of one context) pooled per load."""
+    pooled: dict[float, dict[str, Any]] = {}
+    for r in records:
+        p = pooled.setdefault(float(r.load), {"ttft": [], "tpot": [], "unfinished": 0, "span": 0.0,
+                                              "ranks": set(), "active": [], "invalid": []})
+        p["ttft"].extend(r.ttft_s)
+        p["tpot"].extend(r.tpot_ms)
+        p["unfinished"] += r.unfinished
+        p["span"] += r.span_s
+        p["ranks"].add(r.rank)
+        p["active"].append(r.mean_active)
+        if not r.valid:
+            p["invalid"].extend(f"rank {r.rank} window {r.window}: {why}" for why in r.invalid_reasons)
+    return {load: LoadResult(load, tuple(p["ttft"]), tuple(p["tpot"]), p["unfinished"], p["span"],
+                             len(p["ranks"]), sum(p["active"]) / len(p["active"]), tuple(p["invalid"]))
+            for load, p in sorted(pooled.items())}
+
+
+def meets(result: LoadResult, tpot_ms: float | None, ttft_s: float | None,
+          q: float = SERVE_PERCENTILE) -> bool | None:
+    """Does the load meet the limits at the q-th percentile? None: no request to judge."""
+    if result.requests == 0:
+        return None
+    ok = True
+    if tpot_ms is not None:
+        ok = ok and result.tpot_tail(q) <= tpot_ms
+    if ttft_s is not None:
+        ok = ok and result.ttft_tail(q) <= ttft_s
+    return ok
+
+
+def goodput(ttft_s: Sequence[float], tpot_ms: Sequence[float], span_s: float,
+            limits: Mapping[str, Any]) -> dict[str, float]:
+    """Requests per second that met each SLO (name -> {tpot_ms, ttft_s}), over `span_s`."""
+    if span_s <= 0:
+        return {name: 0.0 for name in limits}
+    out = {}
+    for name, limit in limits.items():
+        lt, lf = _limit(limit, "tpot_ms"), _limit(limit, "ttft_s")
+        good = sum(1 for f, p in zip(ttft_s, tpot_ms, strict=True)
+                   if (lt is None or p <= lt) and (lf is None or f <= lf))
+        out[name] = good / span_s
+    return out
+
+
+def _limit(limit: Any, key: str) -> float | None:
+    return limit.get(key) if isinstance(limit, Mapping) else getattr(limit, key, None)
+
+
+# ------------------------------------------------------------------ the sweep
+
+
+def threshold(verdicts: Mapping[float, bool | None]) -> tuple[float | None, float | None]:
+    """(largest passing load below the first failing one, that first failing load).
+
+    The conservative reading of static mode's crossover: loads are taken in ascending
+    order and the first failure ends the search, even if a higher load passes again.
+    Loads without a verdict are ignored.
+    """
+    passing = failing = None
+    for load in sorted(verdicts):
+        verdict = verdicts[load]
+        if verdict is None:
+            continue
+        if not verdict:
+            failing = load
+            break
+        passing = load
+    return passing, failing
+
+
+def next_load(verdicts: Mapping[float, bool | None], load_kind: str, steps_taken: int, steps: int,
+              tolerance: float = SWEEP_TOLERANCE) -> float | None:
+    """The next load to measure for one SLO (None: the sweep for it is done).
+
+    Bisects between the largest passing and the first failing load; without both there
+    is nothing to bisect (the threshold is below the smallest or above the largest load
+    tried, and the report says which). Users are whole numbers.
+    """
+    if steps_taken >= steps:
+        return None
+    passing, failing = threshold(verdicts)
+    if passing is None or failing is None:
+        return None
+    if load_kind == "users":
+        if failing - passing <= 1:
+            return None
+        return float((int(passing) + int(failing)) // 2)
+    if (failing - passing) / failing <= tolerance:
+        return None
+    return _round_rate((passing + failing) / 2)
+
+
+def _round_rate(rate: float) -> float:
+    """Three significant digits: loads stay readable in tables and stable as dict keys."""
+    if rate <= 0:
+        return rate
+    digits = 2 - math.floor(math.log10(rate))
+    return round(rate, digits)
