@@ -1,0 +1,124 @@
+"""The serving window's scheduler on a fake engine and a fake clock: queueing, continuous
+admission, closed-loop users, the measured span, unfinished requests."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vcfslm.bench.serve import record_fields, run_window
+from vcfslm.serving import ServeSpec
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += max(s, 1e-6)
+
+
+class FakeSlots:
+    """Prefill costs `prefill_s` per request, a decode step `step_s` whatever the occupancy."""
+
+    def __init__(self, clock, slots, prefill_s=0.05, step_s=0.01):
+        self.clock, self.n, self.prefill_s, self.step_s = clock, slots, prefill_s, step_s
+        self.busy: set[int] = set()
+        self.admitted: list[int] = []
+        self.max_busy = 0
+
+    def free(self):
+        return [s for s in range(self.n) if s not in self.busy]
+
+    def admit(self, requests):
+        for slot, _prompt in requests:
+            assert slot not in self.busy
+            self.busy.add(slot)
+            self.admitted.append(slot)
+        self.clock.t += self.prefill_s * len(requests)
+        self.max_busy = max(self.max_busy, len(self.busy))
+        return [1] * len(requests)
+
+    def step(self):
+        assert self.busy
+        self.clock.t += self.step_s
+        return {s: 1 for s in self.busy}
+
+    def evict(self, slot):
+        self.busy.remove(slot)
+
+
+def _serve(spec, load, slots=4, **kw):
+    clock = Clock()
+    engine = FakeSlots(clock, slots, **kw)
+    out = run_window(engine, spec, load, 128, random.Random(5), lambda r: r.input_tokens,
+                     clock=clock, sleep=clock.sleep)
+    return out, engine, record_fields(out, spec, {"A": {"tpot_ms": 20.0, "ttft_s": 0.5}})
+
+
+def test_a_light_load_never_queues_and_ttft_is_the_prefill():
+    spec = ServeSpec(loads=(0.5,), output_tokens=10, duration_s=100, warmup_s=10, cooldown_s=10)
+    out, engine, rec = _serve(spec, 0.5)
+    assert rec["offered"] == rec["completed"] > 20 and rec["unfinished"] == 0
+    # 0.5 req/s, each busy for 0.05 + 9 x 0.01 s: queueing is rare and short.
+    assert sorted(rec["ttft_s"])[len(rec["ttft_s"]) // 2] == pytest.approx(0.05, abs=1e-6)
+    assert all(t == pytest.approx(10.0, rel=1e-6) or t >= 10.0 for t in rec["tpot_ms"])
+    assert rec["request_output_tokens"] == [10] * rec["completed"]
+    assert all(10 <= a <= 90 for a in rec["arrival_s"])
+    assert rec["goodput"]["A"] == pytest.approx(rec["completed"] / 80, rel=0.2)
+    assert 0 < rec["mean_active"] < 0.2
+
+
+def test_an_overload_queues_and_leaves_counted_requests_unfinished():
+    # 4 slots each busy 0.05 + 49 x 0.01 s serve ~7.4 requests/s; 12 arrive per second.
+    spec = ServeSpec(loads=(12.0,), output_tokens=50, duration_s=10, warmup_s=2, cooldown_s=2, drain_s=2)
+    out, engine, rec = _serve(spec, 12.0)
+    assert rec["unfinished"] > 0 and rec["completed"] > 0
+    assert rec["offered"] == rec["completed"] + rec["unfinished"]
+    assert rec["max_queue"] > 20
+    assert out.wall_s >= spec.cutoff_s
+    assert engine.max_busy == 4 and rec["mean_active"] == pytest.approx(4.0, rel=0.05)
+    assert max(rec["queue_s"]) > 0.5
+
+
+def test_requests_join_between_steps_and_reuse_freed_slots():
+    spec = ServeSpec(loads=(20.0,), output_tokens=5, duration_s=10, warmup_s=1, cooldown_s=1)
+    out, engine, rec = _serve(spec, 20.0, slots=2)
+    assert len(engine.admitted) > 100 and set(engine.admitted) == {0, 1}
+    joined_mid_stream = [r for r in out.requests if r.started_s is not None and r.started_s > r.arrival_s]
+    assert joined_mid_stream   # some waited for a slot, then joined the running batch
+
+
+def test_closed_loop_users_keep_their_slots_busy():
+    spec = ServeSpec(load_kind="users", loads=(3,), output_tokens=20, duration_s=30, warmup_s=5, cooldown_s=5)
+    out, engine, rec = _serve(spec, 3, slots=4)
+    assert engine.max_busy == 3
+    assert rec["mean_active"] == pytest.approx(3.0, rel=0.05)
+    assert rec["max_queue"] == 0 and rec["unfinished"] == 0
+    # each user's next request arrives when its previous one ends (no think time)
+    by_user = {}
+    for r in out.requests:
+        by_user.setdefault(r.user, []).append(r)
+    for reqs in by_user.values():
+        for a, b in zip(reqs, reqs[1:], strict=False):
+            assert b.arrival_s == pytest.approx(a.last_s)
+
+
+def test_closed_loop_think_time_lowers_occupancy():
+    spec = ServeSpec(load_kind="users", loads=(4,), output_tokens=10, think_s=1.0, duration_s=60,
+                     warmup_s=5, cooldown_s=5)
+    _out, _engine, rec = _serve(spec, 4, slots=4)
+    # busy ~0.14 s per request, thinking ~1 s: each user occupies a slot ~12 % of the time
+    assert 0.2 < rec["mean_active"] < 1.0
+
+
+def test_only_requests_inside_the_span_count():
+    spec = ServeSpec(loads=(2.0,), output_tokens=4, duration_s=40, warmup_s=10, cooldown_s=10)
+    out, _engine, rec = _serve(spec, 2.0)
+    assert all(10 <= r.arrival_s <= 30 for r in out.counted)
+    assert len(out.requests) > len(out.counted)
+    assert rec["generated_tokens"] <= sum(r.produced for r in out.requests)

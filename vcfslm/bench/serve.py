@@ -1,0 +1,214 @@
+"""One serving window: a load generator and a continuous-batching scheduler on one rank.
+
+The scheduler is what every production server does between decode steps (vLLM, TGI,
+OpenVINO Model Server): requests that have arrived wait in FIFO order; whenever slots
+are free, the waiting ones are prefilled into them (prefill stalls the running streams
+for its duration, as it does in a server without chunked prefill); then one decode step
+advances every busy slot by a token; a request leaves its slot when it has produced its
+output tokens. No HTTP server: the measurement is the engine's, not a network stack's.
+
+Arrivals (vcfslm.serving): open loop, every arrival time drawn before the window starts,
+so a rank that falls behind sees its queue grow; or closed loop, N users who each send
+the next request a think time after their last reply.
+
+The loop is torch-free: it drives any object with SlotEngine's admit/step/evict/free
+methods, and takes its clock, its sleep and its prompts as arguments, so a unit test
+runs it against a fake engine on a fake clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .. import serving
+from ..serving import Planned, ServeSpec
+
+# How long the loop sleeps at most while idle before it looks again (an arrival wakes it
+# sooner: the sleep is until the next arrival).
+IDLE_POLL_S = 0.05
+
+
+class Slots(Protocol):
+    def free(self) -> list[int]: ...
+    def admit(self, requests: list[tuple[int, Any]]) -> list[int]: ...
+    def step(self) -> dict[int, int]: ...
+    def evict(self, slot: int) -> None: ...
+
+
+@dataclass
+class Request:
+    """One request's life on the rank (times in seconds from the window's start)."""
+
+    index: int
+    user: int | None
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    counted: bool
+    started_s: float | None = None     # its prefill began
+    first_s: float | None = None       # its first token existed
+    last_s: float | None = None        # its last token existed
+    produced: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.last_s is not None
+
+
+@dataclass
+class WindowOutcome:
+    """What one window measured, before it becomes a ServeRecord."""
+
+    requests: list[Request]
+    wall_s: float
+    generated_in_span: int
+    busy_slot_seconds: float           # integral of busy slots over the measured span
+    max_queue: int
+    steps: int
+    step_s: list[float] = field(default_factory=list)
+
+    @property
+    def counted(self) -> list[Request]:
+        return [r for r in self.requests if r.counted]
+
+
+class _Occupancy:
+    """The integral of busy slots over time, clipped to the measured span."""
+
+    def __init__(self, start: float, end: float):
+        self.start, self.end = start, end
+        self.total = 0.0
+        self._busy = 0
+        self._since = 0.0
+
+    def change(self, now: float, busy: int) -> None:
+        lo, hi = max(self._since, self.start), min(now, self.end)
+        if hi > lo:
+            self.total += self._busy * (hi - lo)
+        self._busy, self._since = busy, now
+
+
+def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random,
+               prompt_for: Callable[[Request], Any], *, clock: Callable[[], float] = time.perf_counter,
+               sleep: Callable[[float], None] = time.sleep) -> WindowOutcome:
+    """Serve one window at `load` (requests/s per rank, or users) for context `input_tokens`."""
+    span_end = spec.duration_s - spec.cooldown_s
+    closed = spec.load_kind == "users"
+    future: list[tuple[float, int, Request]] = []      # (arrival, index, request): a heap
+    requests: list[Request] = []
+
+    def plan(arrival: float, user: int | None, planned: Planned | None = None) -> None:
+        if planned is None:
+            planned = Planned(arrival, serving.draw_length(input_tokens, rng, spec.lengths, spec.length_low),
+                              serving.draw_length(spec.output_tokens, rng, spec.lengths, spec.length_low))
+        r = Request(len(requests), user, planned.arrival_s, planned.input_tokens, planned.output_tokens,
+                    serving.in_span(planned.arrival_s, spec))
+        requests.append(r)
+        heapq.heappush(future, (r.arrival_s, r.index, r))
+
+    if closed:
+        for user in range(int(load)):
+            # Users start spread over one think time, so they do not stay in lock-step.
+            plan(rng.uniform(0, spec.think_s) if spec.think_s > 0 else 0.0, user)
+    else:
+        for planned in serving.open_loop_plan(spec, load, input_tokens, rng):
+            plan(planned.arrival_s, None, planned)
+
+    waiting: deque[Request] = deque()
+    running: dict[int, Request] = {}
+    occupancy = _Occupancy(spec.warmup_s, span_end)
+    generated = max_queue = steps = 0
+    step_times: list[float] = []
+    t0 = clock()
+
+    def now() -> float:
+        return clock() - t0
+
+    def produce(r: Request, at: float) -> None:
+        nonlocal generated
+        r.produced += 1
+        if spec.warmup_s <= at <= span_end:
+            generated += 1
+
+    def finish(slot: int, r: Request, at: float) -> None:
+        r.last_s = at
+        slots.evict(slot)
+        del running[slot]
+        if closed and r.user is not None:
+            follow = at + serving.think_time(spec.think_s, rng)
+            if follow < spec.duration_s:
+                plan(follow, r.user)
+
+    while True:
+        t = now()
+        while future and future[0][0] <= t:
+            waiting.append(heapq.heappop(future)[2])
+        free = slots.free()
+        max_queue = max(max_queue, len(waiting) - len(free))   # those that must wait for a slot
+        counted_left = any(r.counted and not r.done for r in requests)
+        if t >= spec.cutoff_s or (t >= span_end and not counted_left and not running):
+            break
+        if waiting and free:
+            batch = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
+            for r in batch:
+                r.started_s = t
+            occupancy.change(t, len(running) + len(batch))
+            slots.admit([(slot, prompt_for(r)) for slot, r in zip(free, batch, strict=False)])
+            at = now()
+            for slot, r in zip(free, batch, strict=False):
+                running[slot] = r
+                r.first_s = at
+                produce(r, at)
+                if r.produced >= r.output_tokens:
+                    finish(slot, r, at)
+            occupancy.change(at, len(running))
+            continue
+        if running:
+            before = now()
+            slots.step()
+            at = now()
+            steps += 1
+            step_times.append(at - before)
+            for slot, r in list(running.items()):
+                produce(r, at)
+                if r.produced >= r.output_tokens:
+                    finish(slot, r, at)
+            occupancy.change(at, len(running))
+            continue
+        if not future:
+            break                       # nothing waits, runs or will arrive
+        sleep(max(0.0, min(future[0][0] - t, IDLE_POLL_S)))
+    end = now()
+    occupancy.change(end, len(running))
+    return WindowOutcome(requests, end, generated, occupancy.total, max_queue, steps, step_times)
+
+
+def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any]) -> dict[str, Any]:
+    """The ServeRecord fields one window's outcome gives (the rest are the rank's identity)."""
+    counted = outcome.counted
+    done = [r for r in counted if r.done]
+    ttft = [r.first_s - r.arrival_s for r in done]
+    e2e = [r.last_s - r.arrival_s for r in done]
+    tpot = [(e - f) / (r.produced - 1) * 1000.0 if r.produced > 1 else 0.0
+            for r, f, e in zip(done, ttft, e2e, strict=True)]
+    span = spec.span_s
+    return {
+        "duration_s": spec.duration_s, "warmup_s": spec.warmup_s, "cooldown_s": spec.cooldown_s,
+        "span_s": span, "wall_s": outcome.wall_s, "offered": len(counted), "completed": len(done),
+        "unfinished": len(counted) - len(done),
+        "arrival_s": [r.arrival_s for r in done], "queue_s": [r.started_s - r.arrival_s for r in done],
+        "ttft_s": ttft, "tpot_ms": tpot, "e2e_s": e2e,
+        "request_input_tokens": [r.input_tokens for r in done],
+        "request_output_tokens": [r.produced for r in done],
+        "generated_tokens": outcome.generated_in_span,
+        "rank_tps": outcome.generated_in_span / span if span > 0 else 0.0,
+        "mean_active": outcome.busy_slot_seconds / span if span > 0 else 0.0,
+        "max_queue": outcome.max_queue,
+        "goodput": serving.goodput(ttft, tpot, span, limits),
+    }
