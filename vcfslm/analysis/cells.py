@@ -217,12 +217,14 @@ def aggregate(runs: Sequence[RunFile | tuple[RunMeta, Sequence[WindowRecord]]]) 
         meta, records = run
         scope, vms = scope_of(meta), max(len(meta.nodes), 1)
         numerics.extend(numerics_warnings(meta.run_id, records))
-        warnings.extend(run_warnings(meta, records, getattr(run, "warnings", ())))
+        serves = bool(getattr(run, "serve_records", None))
+        warnings.extend(run_warnings(meta, records, getattr(run, "warnings", ()), serves))
         for r in records:
             key = CellKey(scope, vms, r.ranks_per_node, r.batch_per_rank, r.input_tokens, r.output_tokens)
             groups[key].append(r)
             sources[key].add(meta.run_id)
-        for scenario in expected_scenarios(meta):
+        # A serving run without static windows asked for none (its matrix may still list them).
+        for scenario in () if serves and not records else expected_scenarios(meta):
             key = CellKey(scope, vms, meta.ranks_per_node, *scenario)
             expected[key] += expected_windows(meta)
             sources[key].add(meta.run_id)
@@ -355,15 +357,17 @@ def expected_windows(meta: RunMeta) -> int:
     return repeats * max(len(meta.nodes), 1) * meta.ranks_per_node
 
 
-def run_warnings(meta: RunMeta, records: Sequence[WindowRecord], read: Sequence[str] = ()) -> list[str]:
+def run_warnings(meta: RunMeta, records: Sequence[WindowRecord], read: Sequence[str] = (),
+                 serves: bool = False) -> list[str]:
     """Run-level warnings: what reading its files skipped (`read`: a torn last line), an
-    unfinished run, a failure, records of other runs."""
+    unfinished run, a failure, records of other runs (`serves`: it has serving records, so
+    no static ones is no fault)."""
     out = list(read)
     if not meta.complete:
         out.append(f"run {meta.run_id} is not complete (meta.json complete=false)")
     if meta.failure:
         out.append(f"run {meta.run_id} failed: {meta.failure}")
-    if not records:
+    if not records and not serves:
         out.append(f"run {meta.run_id} has no records")
     foreign = {r.run_id for r in records} - {meta.run_id}
     if foreign:

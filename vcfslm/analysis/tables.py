@@ -7,7 +7,9 @@
 - matched-load comparison single VM vs cluster: difference in % and whether it
   lies within the run-to-run spread;
 - crossover per SLO x context and sizing per SLO x context;
-- a run's own summary (`scenario_rows`), what `bench` prints when it ends.
+- a run's own summary (`scenario_rows`), what `bench` prints when it ends;
+- serving mode: the serving threshold beside the static crossover (with the nodes it
+  asks for), every series' loads, every series' thresholds, sizing from them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, sort_key, spread
+from vcfslm.analysis.serve import (
+    PCT,
+    UNITS,
+    ServeComparison,
+    ServePoint,
+    ServeSizing,
+    ServeThreshold,
+    describe_key,
+    fmt_load,
+)
 from vcfslm.analysis.slo import Crossover, Sizing
 
 
@@ -331,3 +343,104 @@ def scenario_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
+
+
+# ------------------------------------------------------------------ serving
+
+
+def _serve_fmt(value: float | None, digits: int) -> str:
+    if value is not None and math.isinf(value):
+        return "∞"
+    return fmt(value, digits)
+
+
+def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence[ServeSizing],
+                       headroom: float = 0.0) -> Table:
+    """Per SLO x context: the serving threshold, the static crossover beside it, their ratio and
+    the nodes the serving threshold asks for."""
+    peaks = list(dict.fromkeys(s.peak_streams for s in sizings if s.peak_streams is not None))
+    several_outputs = len({c.threshold.key.output_tokens for c in comparisons}) > 1
+    notes_of = {id(c): _serve_note(c) for c in comparisons}
+    with_notes = any(notes_of.values())
+    cols = ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
+    cols += ["load", "threshold (per VM)", "first failing (per VM)", "binding", "streams/VM at threshold",
+             f"static crossover {PCT} (streams/VM)", "serving / static"]
+    cols += [f"nodes for {p} streams" for p in peaks] + (["note"] if with_notes else [])
+    rows = []
+    for c in comparisons:
+        t = c.threshold
+        mine = {s.peak_streams: s for s in sizings if s.threshold is t}
+        row = [t.slo.title, str(t.key.input_tokens)] + ([str(t.key.output_tokens)] if several_outputs else [])
+        row += [UNITS[t.key.load_kind], t.threshold_text, t.first_failing_text, t.binding or "–", t.streams_text,
+                c.static_text, c.ratio_text]
+        row += [mine[p].nodes_text() if p in mine else "–" for p in peaks]
+        row += [notes_of[id(c)]] if with_notes else []
+        rows.append(row)
+    title = f"Serving threshold per SLO and context (continuous batching, {PCT}"
+    title += f", headroom {headroom:.0%})" if headroom else ")"
+    notes = [f"Threshold: the largest load tried whose {PCT} TTFT (queue included) and {PCT} TPOT meet the SLO, "
+             "before the first failing load; unfinished requests count as infinitely late. "
+             "“< n”: even the smallest load tried fails; “≥ n”: every load tried meets it.",
+             "Streams/VM at threshold: time-averaged busy slots × ranks per VM (Little's law, measured). "
+             f"Serving / static: those streams over the static-batch crossover at {PCT}. "
+             "Nodes = ceil(peak streams / streams per VM at threshold"
+             + (" × (1 − headroom)" if headroom else "") + ")."]
+    return Table(title, cols, rows, notes)
+
+
+def _serve_note(c: ServeComparison) -> str:
+    t = c.threshold
+    notes = []
+    if t.non_monotonic:
+        notes.append("not monotonic: passes again at " + ", ".join(
+            fmt_load(v * t.key.ranks_per_vm) for v in t.non_monotonic))
+    if t.key.scope == CLUSTER:
+        notes.append("read from cluster series")
+    if c.note:
+        notes.append(c.note)
+    return "; ".join(notes)
+
+
+def serve_points_table(points: Sequence[ServePoint], slos: Sequence) -> Table:
+    """One series' loads: latency tails, goodput per SLO, concurrency, requests, validity."""
+    key = points[0].key
+    unit = key.unit
+    cols = [f"load/rank ({unit})", f"load/VM ({unit})", "requests", "unfinished", "TTFT p50 (s)",
+            f"TTFT {PCT} (s)", "TPOT p50 (ms)", f"TPOT {PCT} (ms)", "streams/VM", "completed (req/s/VM)"]
+    cols += [f"goodput {s.title} (req/s/VM)" for s in slos]
+    flagged = any(p.flags for p in points)
+    cols += ["windows"] + (["flags"] if flagged else [])
+    rows = []
+    for p in sorted(points, key=lambda p: p.load):
+        row = [fmt_load(p.load), fmt_load(p.load_per_vm), str(p.requests), str(p.unfinished),
+               _serve_fmt(p.ttft_p50_s, 2), _serve_fmt(p.ttft_p90_s, 2), _serve_fmt(p.tpot_p50_ms, 1),
+               _serve_fmt(p.tpot_p90_ms, 1), fmt(p.streams_per_vm, 1), fmt(p.completed_per_vm, 2)]
+        row += [fmt(p.goodput_per_vm.get(s.name), 2) for s in slos]
+        row += [f"{p.windows - p.invalid_windows}/{p.windows}"] + (["; ".join(p.flags)] if flagged else [])
+        rows.append(row)
+    title = f"Serving, {describe_key(key)}"
+    notes = ["Tails pool every counted request of every rank and valid window; ∞: the tail reaches an "
+             "unfinished request. Goodput: requests per second per VM that met the SLO."]
+    return Table(title, cols, rows, notes)
+
+
+def serve_thresholds_table(thresholds: Sequence[ServeThreshold]) -> Table:
+    """Every series x SLO (the answer reads one per SLO and context)."""
+    cols = ["SLO", "series", "threshold (per VM)", "first failing (per VM)", "binding", "streams/VM at threshold"]
+    rows = [[t.slo.title, describe_key(t.key), f"{t.threshold_text} {t.key.unit}", t.first_failing_text,
+             t.binding or "–", t.streams_text] for t in thresholds]
+    return Table("Serving threshold of every series", cols, rows)
+
+
+def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
+    cols = ["SLO", "input tokens", "load", "peak streams", "peak req/s", "streams/VM at threshold",
+            "threshold (per VM)", "headroom", "nodes by streams", "nodes by rate"]
+    rows = [[s.threshold.slo.title, str(s.threshold.key.input_tokens), UNITS[s.threshold.key.load_kind],
+             "–" if s.peak_streams is None else str(s.peak_streams),
+             "–" if s.peak_rps is None else f"{s.peak_rps:g}", s.threshold.streams_text,
+             s.threshold.threshold_text, f"{s.headroom:.0%}", s.nodes_text("streams"), s.nodes_text("rate")]
+            for s in sizings]
+    return Table("Sizing from the serving threshold", cols, rows,
+                 ["Nodes by streams = ceil(peak streams / streams per VM at threshold × (1 − headroom)); "
+                  "by rate = ceil(peak req/s / threshold req/s per VM × (1 − headroom)). “≤ n”: every load "
+                  "tried met the SLO, so fewer nodes may do."])

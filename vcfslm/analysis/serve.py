@@ -1,0 +1,675 @@
+"""Serving mode's answer (pure): latency and goodput per load, the serving threshold per
+SLO and context, the static crossover beside it, and the sizing law from it.
+
+How the numbers are read (the decisions themselves are vcfslm.serving's, so the
+threshold here is the one the in-run sweep bisects towards):
+
+- A serving point is one load of one series: every valid window of every rank and run
+  of one (scope, VMs, ranks per VM, load kind, arrival, slots, context) at that load,
+  pooled by `serving.load_results`. Invalid windows are left out of every number and
+  counted, as in static mode; a load without a valid window is not judged.
+- Tails are p`SERVE_PERCENTILE` (and p50) of every counted request, the queue included in
+  TTFT; a request unfinished by the window's cutoff counts as infinitely late.
+- Goodput per SLO is `serving.goodput` over the pooled span (rank-seconds), times ranks
+  per VM: requests per second per VM that met the SLO.
+- Concurrent streams per VM = the time-averaged busy slots of a rank x ranks per VM: the
+  load Little's law measures, comparable with static mode's streams per VM.
+- The threshold per series and SLO is `serving.threshold` over `serving.meets` verdicts:
+  the largest passing load before the first failing one (ascending). "below": even the
+  smallest load tried fails; "above": every load tried passes (a lower bound).
+- The answer per SLO x context reads single-VM series when there are any (cluster ones
+  otherwise); of several series the one with the fewest concurrent streams per VM at its
+  threshold (the conservative reading).
+- Sizing: nodes = ceil(peak streams / serving streams per VM x (1 - headroom)); for a rate
+  load also nodes = ceil(peak requests/s / threshold requests/s per VM x (1 - headroom)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from vcfslm import serving
+from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, scope_of
+from vcfslm.analysis.slo import TPOT, TTFT, Crossover, Slo, crossovers
+from vcfslm.errors import UsageError
+from vcfslm.results import ServeRecord
+
+PCT = f"p{serving.SERVE_PERCENTILE:g}"
+UNITS = {"rate": "req/s", "users": "users"}
+LOAD_NAMES = {"rate": "requests/s", "users": "users"}
+STATUSES = ("threshold", "below", "above", "unjudged")
+
+
+@dataclass(frozen=True)
+class ServeKey:
+    """What one series of serving points shares; its loads vary."""
+
+    scope: str
+    vms: int
+    ranks_per_vm: int
+    load_kind: str                 # "rate" | "users"
+    arrival: str                   # "poisson" | "gamma" | "closed"
+    slots: int
+    input_tokens: int
+    output_tokens: int
+
+    @property
+    def context(self) -> tuple[int, int]:
+        return (self.input_tokens, self.output_tokens)
+
+    @property
+    def unit(self) -> str:
+        return UNITS[self.load_kind]
+
+
+@dataclass(frozen=True, eq=False)
+class ServePoint:
+    """One load of one series: what users saw and what the VM delivered."""
+
+    key: ServeKey
+    load: float                                  # per rank: requests/s or users
+    result: serving.LoadResult | None            # valid windows pooled; None without any
+    goodput_per_vm: Mapping[str, float] = field(default_factory=dict)   # SLO name -> req/s per VM
+    windows: int = 0
+    invalid_windows: int = 0
+    offered: int = 0
+    completed: int = 0
+    source: str = ""
+    flags: tuple[str, ...] = ()
+
+    @property
+    def load_per_vm(self) -> float:
+        return self.load * self.key.ranks_per_vm
+
+    @property
+    def has_data(self) -> bool:
+        return self.result is not None and self.result.requests > 0
+
+    def _tail(self, which: str, q: float) -> float | None:
+        if not self.has_data:
+            return None
+        return getattr(self.result, f"{which}_tail")(q)
+
+    @property
+    def ttft_p50_s(self) -> float | None:
+        return self._tail("ttft", 50)
+
+    @property
+    def ttft_p90_s(self) -> float | None:
+        return self._tail("ttft", serving.SERVE_PERCENTILE)
+
+    @property
+    def tpot_p50_ms(self) -> float | None:
+        return self._tail("tpot", 50)
+
+    @property
+    def tpot_p90_ms(self) -> float | None:
+        return self._tail("tpot", serving.SERVE_PERCENTILE)
+
+    @property
+    def streams_per_vm(self) -> float | None:
+        """Mean concurrent streams per VM (busy slots, time-averaged) at this load."""
+        return None if self.result is None else self.result.mean_active * self.key.ranks_per_vm
+
+    @property
+    def requests(self) -> int:
+        return 0 if self.result is None else self.result.requests
+
+    @property
+    def unfinished(self) -> int:
+        return 0 if self.result is None else self.result.unfinished
+
+    @property
+    def completed_per_vm(self) -> float | None:
+        """Finished requests per second per VM (every request, SLO or not)."""
+        if self.result is None or self.result.span_s <= 0:
+            return None
+        return len(self.result.ttft_s) / self.result.span_s * self.key.ranks_per_vm
+
+    @property
+    def valid(self) -> bool:
+        return self.invalid_windows == 0 and self.windows > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**key_dict(self.key), "load_per_rank": self.load, "load_per_vm": self.load_per_vm,
+                "ttft_p50_s": _finite(self.ttft_p50_s), "ttft_p90_s": _finite(self.ttft_p90_s),
+                "tpot_p50_ms": _finite(self.tpot_p50_ms), "tpot_p90_ms": _finite(self.tpot_p90_ms),
+                "tails_infinite": [name for name, v in (("ttft", self.ttft_p90_s), ("tpot", self.tpot_p90_ms))
+                                   if v is not None and math.isinf(v)],
+                "goodput_per_vm": dict(self.goodput_per_vm), "completed_per_vm": self.completed_per_vm,
+                "streams_per_vm": self.streams_per_vm, "requests": self.requests,
+                "unfinished": self.unfinished, "offered": self.offered, "completed": self.completed,
+                "windows": self.windows, "invalid_windows": self.invalid_windows, "valid": self.valid,
+                "flags": list(self.flags), "source": self.source}
+
+
+def key_dict(key: ServeKey) -> dict[str, Any]:
+    return {"scope": key.scope, "vms": key.vms, "ranks_per_vm": key.ranks_per_vm, "load_kind": key.load_kind,
+            "arrival": key.arrival, "slots": key.slots, "input_tokens": key.input_tokens,
+            "output_tokens": key.output_tokens}
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def fmt_load(value: float) -> str:
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
+
+
+def describe_key(key: ServeKey) -> str:
+    return (f"{SCOPE_TITLES[key.scope]} ({key.vms} VM x {key.ranks_per_vm} ranks, {key.slots} slots, "
+            f"{key.arrival}) input {key.input_tokens} / output {key.output_tokens}")
+
+
+# ------------------------------------------------------------------ points
+
+
+def _spec_of(meta) -> serving.ServeSpec | None:
+    data = (meta.matrix or {}).get("serve")
+    if not isinstance(data, Mapping):
+        return None
+    try:
+        return serving.ServeSpec.of_record(data)
+    except (TypeError, ValueError):
+        return None
+
+
+def serve_points(runs: Sequence[Any], slos: Sequence[Slo]) -> tuple[list[ServePoint], list[str]]:
+    """Every serving point of `runs` (RunFiles) with goodput per SLO, plus the warnings of
+    their windows (invalid ones, missing ones, runs without a valid window)."""
+    groups: dict[tuple[ServeKey, float], list[ServeRecord]] = defaultdict(list)
+    sources: dict[tuple[ServeKey, float], set[str]] = defaultdict(set)
+    expected: dict[tuple[ServeKey, float], int] = defaultdict(int)
+    warnings: list[str] = []
+    for run in runs:
+        meta, records = run.meta, list(getattr(run, "serve_records", ()) or ())
+        if not records:
+            continue
+        scope, vms = scope_of(meta), max(len(meta.nodes), 1)
+        for r in records:
+            key = (ServeKey(scope, vms, r.ranks_per_node, r.load_kind, r.arrival, r.slots, r.input_tokens,
+                            r.output_tokens), float(r.load))
+            groups[key].append(r)
+            sources[key].add(meta.run_id)
+        if not any(r.valid for r in records):
+            warnings.append(f"run {meta.run_id} has no valid serving window: no serving numbers")
+        spec = _spec_of(meta)
+        if spec is not None and not spec.sweep:
+            seen = {k[0] for k in groups if meta.run_id in sources[k]}
+            for series in seen:
+                for load in spec.loads:
+                    key = (series, float(load))
+                    expected[key] += spec.repeats * vms * meta.ranks_per_node
+    points = []
+    for (series, load), records in sorted(groups.items(), key=lambda kv: (_key_order(kv[0][0]), kv[0][1])):
+        points.append(make_point(series, load, records, slos, expected.get((series, load)),
+                                 ", ".join(sorted(sources[(series, load)]))))
+    for series, load in sorted(expected, key=lambda k: (_key_order(k[0]), k[1])):
+        if (series, load) not in groups:
+            warnings.append(f"serving {describe_key(series)}: no windows recorded at {fmt_load(load)} "
+                            f"{series.unit} per rank (load missing)")
+    for p in points:
+        warnings.extend(f"serving {describe_key(p.key)} at {fmt_load(p.load)} {p.key.unit} per rank: {flag}"
+                        for flag in p.flags)
+    return points, warnings
+
+
+def _key_order(k: ServeKey) -> tuple:
+    return (k.scope != SINGLE, k.vms, k.input_tokens, k.output_tokens, k.load_kind, k.ranks_per_vm, k.slots,
+            k.arrival)
+
+
+def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos: Sequence[Slo],
+               expected: int | None = None, source: str = "") -> ServePoint:
+    """Pool one load's records (valid windows only) and judge its goodput per SLO."""
+    valid = [r for r in records if r.valid]
+    result = serving.load_results(valid).get(float(load)) if valid else None
+    goodput: dict[str, float] = {}
+    if result is not None:
+        ttft = [v for r in valid for v in r.ttft_s]
+        tpot = [v for r in valid for v in r.tpot_ms]
+        per_rank = serving.goodput(ttft, tpot, result.span_s, {s.name: s for s in slos})
+        goodput = {name: v * key.ranks_per_vm for name, v in per_rank.items()}
+    invalid = [r for r in records if not r.valid]
+    flags = []
+    if expected and len(records) < expected:
+        flags.append(f"incomplete: {len(records)} of {expected} windows recorded")
+    if invalid:
+        reasons = sorted({why for r in invalid for why in r.invalid_reasons})
+        detail = f" ({'; '.join(reasons)})" if reasons else ""
+        flags.append(f"{len(invalid)} invalid window(s) left out{detail}")
+        if not valid:
+            flags.append("no valid window: no numbers")
+    recompiled = sum(1 for r in records if r.recompiles)
+    if recompiled:
+        flags.append(f"recompiles inside {recompiled} window(s)")
+    return ServePoint(key, float(load), result, goodput, len(records), len(invalid),
+                      sum(r.offered for r in valid), sum(r.completed for r in valid), source, tuple(flags))
+
+
+def series_of(points: Sequence[ServePoint]) -> dict[ServeKey, list[ServePoint]]:
+    """Points per series, loads ascending."""
+    out: dict[ServeKey, list[ServePoint]] = {}
+    for p in sorted(points, key=lambda p: (_key_order(p.key), p.load)):
+        out.setdefault(p.key, []).append(p)
+    return out
+
+
+# ---------------------------------------------------------------- thresholds
+
+
+@dataclass(frozen=True, eq=False)
+class ServeThreshold:
+    """The serving threshold of one series under one SLO."""
+
+    key: ServeKey
+    slo: Slo
+    points: tuple[ServePoint, ...]               # every load of the series, ascending
+    verdicts: Mapping[float, bool | None]        # per load per rank (None: not judged)
+    status: str                                  # "threshold" | "below" | "above" | "unjudged"
+    passing: float | None                        # per rank
+    failing: float | None                        # per rank
+    binding: str | None                          # at the first failing load
+    non_monotonic: tuple[float, ...] = ()        # loads per rank passing again after a failure
+    notes: tuple[str, ...] = ()
+
+    def point(self, load: float | None) -> ServePoint | None:
+        return next((p for p in self.points if p.load == load), None)
+
+    @property
+    def judged(self) -> list[ServePoint]:
+        return [p for p in self.points if self.verdicts.get(p.load) is not None]
+
+    @property
+    def load_per_vm(self) -> float | None:
+        return None if self.passing is None else self.passing * self.key.ranks_per_vm
+
+    @property
+    def failing_per_vm(self) -> float | None:
+        return None if self.failing is None else self.failing * self.key.ranks_per_vm
+
+    @property
+    def streams_per_vm(self) -> float | None:
+        """Concurrent streams per VM measured at the threshold load."""
+        p = self.point(self.passing)
+        return None if p is None else p.streams_per_vm
+
+    @property
+    def rate_per_vm(self) -> float | None:
+        """Requests/s per VM at the threshold (a rate load only)."""
+        return self.load_per_vm if self.key.load_kind == "rate" else None
+
+    @property
+    def threshold_text(self) -> str:
+        judged = self.judged
+        if self.status == "below":
+            return f"< {fmt_load(judged[0].load_per_vm)}"
+        if self.status == "above":
+            return f"≥ {fmt_load(judged[-1].load_per_vm)}"
+        if self.status == "unjudged":
+            return "–"
+        return fmt_load(self.load_per_vm)
+
+    @property
+    def streams_text(self) -> str:
+        s = self.streams_per_vm
+        if s is None or self.status in ("below", "unjudged"):
+            return "–"
+        return ("≥ " if self.status == "above" else "") + f"{s:.1f}"
+
+    @property
+    def first_failing_text(self) -> str:
+        if self.failing is None:
+            judged = self.judged
+            return f"> {fmt_load(judged[-1].load_per_vm)}" if judged else "–"
+        return fmt_load(self.failing_per_vm)
+
+    def summary(self) -> str:
+        return threshold_reason(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**key_dict(self.key), "slo": self.slo.to_dict(), "percentile": PCT, "status": self.status,
+                "load_unit": f"{self.key.unit} per VM", "threshold_load_per_rank": self.passing,
+                "threshold_load_per_vm": self.load_per_vm, "first_failing_load_per_rank": self.failing,
+                "first_failing_load_per_vm": self.failing_per_vm,
+                "threshold_streams_per_vm": self.streams_per_vm, "threshold_is_lower_bound": self.status == "above",
+                "binding": self.binding, "non_monotonic_loads_per_rank": list(self.non_monotonic),
+                "verdicts": [{"load_per_rank": p.load, "load_per_vm": p.load_per_vm,
+                              "meets": self.verdicts.get(p.load)} for p in self.points],
+                "threshold": self.threshold_text, "notes": list(self.notes), "reasoning": self.summary()}
+
+
+def _binding(result: serving.LoadResult, slo: Slo) -> str:
+    over = []
+    if slo.tpot_ms is not None and not result.tpot_tail() <= slo.tpot_ms:
+        over.append(TPOT)
+    if slo.ttft_s is not None and not result.ttft_tail() <= slo.ttft_s:
+        over.append(TTFT)
+    text = " and ".join(over)
+    return text + (" (unfinished requests)" if result.unfinished and
+                   any(math.isinf(v) for v in (result.tpot_tail(), result.ttft_tail())) else "")
+
+
+def serve_threshold(points: Sequence[ServePoint], slo: Slo) -> ServeThreshold:
+    """The threshold of one series (its points, any order) under `slo`."""
+    if not points:
+        raise ValueError("a serving threshold needs at least one load")
+    ordered = tuple(sorted(points, key=lambda p: p.load))
+    verdicts = {p.load: (serving.meets(p.result, slo.tpot_ms, slo.ttft_s) if p.has_data else None)
+                for p in ordered}
+    passing, failing = serving.threshold(verdicts)
+    if passing is not None and failing is not None:
+        status = "threshold"
+    elif failing is not None:
+        status = "below"
+    elif passing is not None:
+        status = "above"
+    else:
+        status = "unjudged"
+    fail_point = next((p for p in ordered if p.load == failing), None)
+    binding = _binding(fail_point.result, slo) if fail_point is not None else None
+    later = tuple(p.load for p in ordered if failing is not None and p.load > failing and verdicts[p.load])
+    notes = []
+    empty = [p for p in ordered if verdicts[p.load] is None]
+    if empty:
+        notes.append(f"No valid data at {', '.join(fmt_load(p.load_per_vm) for p in empty)} "
+                     f"{ordered[0].key.unit}/VM: those loads are not judged.")
+    return ServeThreshold(ordered[0].key, slo, ordered, verdicts, status, passing, failing, binding, later,
+                          tuple(notes))
+
+
+def thresholds(points: Sequence[ServePoint], slos: Sequence[Slo]) -> list[ServeThreshold]:
+    """Every series x SLO (SLO first, then series order)."""
+    by_series = series_of(points)
+    return [serve_threshold(pts, slo) for slo in slos for pts in by_series.values()]
+
+
+def _tails(p: ServePoint, slo: Slo) -> str:
+    parts = []
+    for name, value, limit, unit, digits in (("TPOT", p.tpot_p90_ms, slo.tpot_ms, "ms", 1),
+                                             ("TTFT", p.ttft_p90_s, slo.ttft_s, "s", 2)):
+        if value is None:
+            continue
+        text = "∞ (unfinished requests)" if math.isinf(value) else f"{value:.{digits}f} {unit}"
+        mark = "" if limit is None else f" {'≤' if value <= limit else '>'} {limit:g}"
+        parts.append(f"{PCT} {name} {text}{mark}")
+    return ", ".join(parts)
+
+
+def threshold_reason(t: ServeThreshold) -> str:
+    """One paragraph: where the threshold lies and why, bounds said plainly."""
+    k, unit = t.key, t.key.unit
+    head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]} ({k.arrival}, {k.slots} slots per rank), "
+            f"{k.input_tokens}-token inputs / {k.output_tokens} output, {PCT}")
+    judged = t.judged
+    if t.status == "unjudged":
+        text = f"{head}: no load has valid data to judge."
+    elif t.status == "below":
+        first = judged[0]
+        text = (f"{head}: below the smallest load tried. Even {fmt_load(first.load_per_vm)} {unit}/VM has "
+                f"{_tails(first, t.slo)}; {t.binding} binds. Measure lower loads to find the threshold.")
+    elif t.status == "above":
+        last = judged[-1]
+        text = (f"{head}: every load tried meets it, so the threshold is ≥ {fmt_load(last.load_per_vm)} "
+                f"{unit}/VM (the largest tried; {last.streams_per_vm:.1f} concurrent streams/VM measured there: "
+                f"{_tails(last, t.slo)}).")
+    else:
+        ok, fail = t.point(t.passing), t.point(t.failing)
+        text = (f"{head}: meets it up to {fmt_load(t.load_per_vm)} {unit}/VM ({ok.streams_per_vm:.1f} "
+                f"concurrent streams/VM measured; {_tails(ok, t.slo)}); {fmt_load(t.failing_per_vm)} {unit}/VM "
+                f"fails on {t.binding} ({_tails(fail, t.slo)}).")
+    if t.non_monotonic:
+        loads = ", ".join(fmt_load(v * k.ranks_per_vm) for v in t.non_monotonic)
+        text += (f" Not monotonic: {loads} {unit}/VM meet(s) it again after {fmt_load(t.failing_per_vm)} failed; "
+                 "the threshold stays below the first failure.")
+    for note in t.notes:
+        text += f" {note}"
+    return text
+
+
+def _conservative(t: ServeThreshold) -> tuple:
+    rank = {"below": 0, "threshold": 1, "above": 2, "unjudged": 3}[t.status]
+    return (rank, t.streams_per_vm if t.streams_per_vm is not None else 0.0)
+
+
+def primary(all_thresholds: Sequence[ServeThreshold]) -> list[ServeThreshold]:
+    """Per SLO x context x load kind the threshold the answer reads: single-VM series first,
+    and of several the fewest streams per VM (a notes entry says so)."""
+    groups: dict[tuple, list[ServeThreshold]] = {}
+    for t in all_thresholds:
+        groups.setdefault((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.load_kind), []).append(t)
+    out = []
+    for ts in groups.values():
+        scope = SINGLE if any(t.key.scope == SINGLE for t in ts) else CLUSTER
+        mine = sorted((t for t in ts if t.key.scope == scope), key=_conservative)
+        chosen = mine[0]
+        notes = list(chosen.notes)
+        if scope == CLUSTER:
+            notes.append("No single-VM serving data: read from cluster series (per VM of one cluster VM).")
+        if len(mine) > 1:
+            notes.append(f"{len(mine)} serving configurations of this context; the one with the fewest "
+                         "concurrent streams per VM at its threshold is used.")
+        if tuple(notes) != chosen.notes:
+            chosen = ServeThreshold(chosen.key, chosen.slo, chosen.points, chosen.verdicts, chosen.status,
+                                    chosen.passing, chosen.failing, chosen.binding, chosen.non_monotonic,
+                                    tuple(notes))
+        out.append(chosen)
+    return out
+
+
+# ---------------------------------------------------------------- the comparison
+
+
+@dataclass(frozen=True, eq=False)
+class ServeComparison:
+    """A serving threshold and the static crossover of the same SLO and context."""
+
+    threshold: ServeThreshold
+    static: Crossover | None
+    note: str = ""
+
+    @property
+    def static_streams(self) -> int | None:
+        return None if self.static is None or self.static.status == "none" else self.static.threshold
+
+    @property
+    def ratio(self) -> float | None:
+        """Serving streams per VM / static streams per VM (None when either is unknown)."""
+        s, st = self.threshold.streams_per_vm, self.static_streams
+        if s is None or not st or self.threshold.status in ("below", "unjudged"):
+            return None
+        if self.threshold.status == "above" and self.static.status == "all":
+            return None
+        return s / st
+
+    @property
+    def ratio_text(self) -> str:
+        r = self.ratio
+        if r is None:
+            return "–"
+        if self.threshold.status == "above":
+            return f"≥ {r:.2f}"
+        return ("≤ " if self.static.status == "all" else "") + f"{r:.2f}"
+
+    @property
+    def static_text(self) -> str:
+        if self.static is None:
+            return "–"
+        return {"none": "none", "all": f"≥ {self.static.max_tested}"}.get(self.static.status,
+                                                                         str(self.static.threshold))
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.static
+        return {"slo": self.threshold.slo.name, "input_tokens": self.threshold.key.input_tokens,
+                "output_tokens": self.threshold.key.output_tokens, "load_kind": self.threshold.key.load_kind,
+                "serving_streams_per_vm": self.threshold.streams_per_vm, "serving_status": self.threshold.status,
+                "static_streams_per_vm": None if c is None else c.threshold,
+                "static_status": None if c is None else c.status, "static_percentile": PCT,
+                "static_scope": None if c is None else c.scope, "ratio": self.ratio, "ratio_text": self.ratio_text,
+                "note": self.note}
+
+
+def static_crossovers(cells: Sequence[Cell], slos: Sequence[Slo]) -> tuple[list[Crossover], str]:
+    """The static crossovers at the serving percentile (a note when they cannot be had)."""
+    if not any(c.has_data for c in cells):
+        return [], "no static-batch data among the inputs"
+    try:
+        return crossovers(cells, slos, PCT), ""
+    except UsageError:
+        return [], f"static {PCT} values unknown (a CSV without {PCT} columns?)"
+
+
+def compare(primaries: Sequence[ServeThreshold], cells: Sequence[Cell]) -> list[ServeComparison]:
+    """Each answer threshold beside the static crossover of the same SLO and context (at p90)."""
+    statics, why = static_crossovers(cells, list(dict.fromkeys(t.slo for t in primaries)))
+    index = {(c.slo, c.input_tokens, c.output_tokens): c for c in statics}
+    out = []
+    for t in primaries:
+        c = index.get((t.slo, t.key.input_tokens, t.key.output_tokens))
+        note = why if c is None and why else ("no static crossover of this context" if c is None else "")
+        if c is not None:
+            ranks = {cell.ranks_per_vm for cell in cells if cell.scope == c.scope and cell.has_data
+                     and (cell.input_tokens, cell.output_tokens) == t.key.context}
+            if ranks and ranks != {t.key.ranks_per_vm}:
+                note = (f"static cells have {', '.join(map(str, sorted(ranks)))} ranks per VM, the serving "
+                        f"series {t.key.ranks_per_vm}")
+        out.append(ServeComparison(t, c, note))
+    return out
+
+
+# ---------------------------------------------------------------- sizing
+
+
+def _nodes(peak: float, per_vm: float, headroom: float) -> int:
+    effective = Fraction(str(per_vm)) * (1 - Fraction(str(headroom)))
+    return math.ceil(Fraction(str(peak)) / effective)
+
+
+@dataclass(frozen=True, eq=False)
+class ServeSizing:
+    """Nodes for a peak under one serving threshold: by streams and, for a rate load, by rate."""
+
+    threshold: ServeThreshold
+    peak_streams: int | None
+    peak_rps: float | None
+    headroom: float
+    nodes_by_streams: int | None
+    nodes_by_rate: int | None
+    reasoning: str
+
+    @property
+    def nodes(self) -> int | None:
+        """The answer: by rate when a peak rate was given, else by streams."""
+        return self.nodes_by_rate if self.peak_rps is not None else self.nodes_by_streams
+
+    @property
+    def bound(self) -> bool:
+        return self.threshold.status == "above"
+
+    def nodes_text(self, which: str = "streams") -> str:
+        n = self.nodes_by_rate if which == "rate" else self.nodes_by_streams
+        if n is None:
+            return "–" if self.threshold.status in ("threshold", "above") else "below range"
+        return f"≤ {n}" if self.bound else str(n)
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.threshold
+        return {"threshold_kind": "serving", **key_dict(t.key), "slo": t.slo.to_dict(), "percentile": PCT,
+                "status": t.status, "threshold_load_per_vm": t.load_per_vm, "load_unit": f"{t.key.unit} per VM",
+                "threshold_streams_per_vm": t.streams_per_vm, "threshold_is_lower_bound": t.status == "above",
+                "first_failing_load_per_vm": t.failing_per_vm, "binding": t.binding,
+                "peak_streams": self.peak_streams, "peak_rps": self.peak_rps, "headroom": self.headroom,
+                "nodes_by_streams": self.nodes_by_streams, "nodes_by_rate": self.nodes_by_rate,
+                "nodes": self.nodes, "reasoning": self.reasoning, "threshold": t.summary()}
+
+
+def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | None = None,
+         headroom: float = 0.0) -> ServeSizing:
+    """The sizing law from a serving threshold, with the reasoning as text."""
+    if peak_streams is None and peak_rps is None:
+        raise UsageError("give a peak: concurrent streams, or requests/s for a rate load")
+    if peak_streams is not None and peak_streams <= 0:
+        raise UsageError(f"peak streams must be a positive whole number, not {peak_streams}")
+    if peak_rps is not None and not (math.isfinite(peak_rps) and peak_rps > 0):
+        raise UsageError(f"peak requests/s must be a positive number, not {peak_rps}")
+    if not 0 <= headroom < 1:
+        raise UsageError(f"headroom must be in [0, 1), e.g. 0.1 for 10%, not {headroom}")
+    if peak_rps is not None and t.key.load_kind != "rate":
+        raise UsageError("--peak-rps needs a serving threshold of a rate load (requests/s); this one is "
+                         f"{t.key.load_kind}")
+    k = t.key
+    head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
+            f"{k.output_tokens} output, {PCT}")
+    if t.status in ("below", "unjudged"):
+        why = ("even the smallest load tried fails; measure lower loads" if t.status == "below"
+               else "no load has valid data")
+        return ServeSizing(t, peak_streams, peak_rps, headroom, None, None,
+                           f"{head}: no node count can be read: {why}.")
+    streams, rate = t.streams_per_vm, t.rate_per_vm
+    derate = 1 - headroom
+    lines = [f"{head}: one VM meets the SLO up to {fmt_load(t.load_per_vm)} {k.unit}/VM, "
+             f"{streams:.1f} concurrent streams/VM measured there"
+             + (" (every load tried met it, so the true threshold may be higher and these node counts are "
+                "upper bounds)" if t.status == "above" else
+                f"; {fmt_load(t.failing_per_vm)} {k.unit}/VM fails on {t.binding}") + "."]
+    by_streams = by_rate = None
+    if peak_streams is not None:
+        if streams and streams > 0:
+            by_streams = _nodes(peak_streams, streams, headroom)
+            eff = streams * derate
+            lines.append(f"Nodes = ceil({peak_streams} / {eff:.3g}) = ceil({peak_streams / eff:.2f}) = {by_streams}"
+                         + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
+        else:
+            lines.append("No concurrent streams were measured at the threshold: nodes by streams cannot be read.")
+    if peak_rps is not None and rate:
+        by_rate = _nodes(peak_rps, rate, headroom)
+        eff = rate * derate
+        lines.append(f"By rate: nodes = ceil({peak_rps:g} / {eff:.3g}) = ceil({peak_rps / eff:.2f}) = {by_rate}"
+                     + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
+    if k.scope == CLUSTER:
+        lines.append(f"(Threshold read from {SCOPE_TITLES[CLUSTER]} serving data: no single-VM series.)")
+    return ServeSizing(t, peak_streams, peak_rps, headroom, by_streams, by_rate, " ".join(lines))
+
+
+# ---------------------------------------------------------------- everything
+
+
+@dataclass
+class ServeAnalysis:
+    """Serving mode's part of a report."""
+
+    points: list[ServePoint]
+    thresholds: list[ServeThreshold]            # every series x SLO
+    primaries: list[ServeThreshold]             # the answer per SLO x context x load kind
+    comparisons: list[ServeComparison]
+    sizings: list[ServeSizing]
+    warnings: list[str] = field(default_factory=list)
+    percentile: str = PCT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"percentile": self.percentile, "points": [p.to_dict() for p in self.points],
+                "thresholds": [t.to_dict() for t in self.thresholds],
+                "answer": [t.to_dict() for t in self.primaries],
+                "comparisons": [c.to_dict() for c in self.comparisons],
+                "sizings": [s.to_dict() for s in self.sizings], "warnings": list(self.warnings)}
+
+
+def has_serving(runs: Sequence[Any]) -> bool:
+    return any(getattr(r, "serve_records", None) for r in runs)
+
+
+def analyse(runs: Sequence[Any], slos: Sequence[Slo], cells: Sequence[Cell] = (),
+            peaks: Sequence[int] = (), headroom: float = 0.0) -> ServeAnalysis:
+    """Serving points, thresholds, the static comparison and sizing of `runs` (RunFiles);
+    `cells`: the static cells of every input (the crossover beside each threshold)."""
+    points, warnings = serve_points(runs, slos)
+    every = thresholds(points, slos)
+    answer = primary(every)
+    sizings = [size(t, peak, None, headroom) for t in answer for peak in peaks]
+    return ServeAnalysis(points, every, answer, compare(answer, cells), sizings, warnings)
