@@ -229,12 +229,49 @@ class Matrix:
 
 
 def matrix_record(matrix: Matrix, *, compile_mode: str, scenarios: str | None,
-                  seed: int | None = None) -> dict[str, Any]:
-    """meta.json's `matrix`: what the run measures and how (a resume repeats exactly this)."""
+                  seed: int | None = None, serve=None) -> dict[str, Any]:
+    """meta.json's `matrix`: what the run measures and how (a resume repeats exactly this).
+    A serving run adds `serve`: its ServeSpec (vcfslm.serving)."""
     out = {**matrix.to_dict(), "compile": compile_mode, "scenarios": scenarios}
     if seed is not None:
         out["seed"] = seed
+    if serve is not None:
+        out["serve"] = serve.to_dict()
     return out
+
+
+# ------------------------------------------------------------------ serving runs
+
+
+def serve_matrix(spec) -> Matrix:
+    """The static matrix a serving run's workers take: batch = the slots, the spec's
+    contexts. It sizes the numerics gate (run at the slots' batch and context) and makes
+    the run's matrix say what shapes were compiled."""
+    return Matrix((spec.slots,), tuple(spec.input_tokens), spec.output_tokens, 0, spec.repeats)
+
+
+def serve_limits(slos: dict[str, Any] | None) -> dict[str, dict[str, float | None]]:
+    """SLO name -> {tpot_ms, ttft_s} for the serving worker (goodput, the sweep): the run's
+    SLOs, else the defaults."""
+    chosen = slos or DEFAULT_SLOS
+    return {name: {"tpot_ms": spec.get("tpot_ms"), "ttft_s": spec.get("ttft_s")}
+            for name, spec in chosen.items() if isinstance(spec, dict)}
+
+
+def serve_complete(records: Iterable[Any], spec, world_size: int) -> bool:
+    """Every rank has `repeats` windows of every load asked for in every context (a sweep
+    may stop its grid early, so there each context needs its first load, and every load
+    measured needs all ranks)."""
+    have: dict[tuple, set[tuple[int, int]]] = {}
+    for r in records:
+        have.setdefault((r.input_tokens, float(r.load)), set()).add((r.rank, r.window))
+    full = {(rank, w) for rank in range(world_size) for w in range(spec.repeats)}
+    for input_tokens in spec.input_tokens:
+        loads = {load for (i, load) in have if i == input_tokens}
+        wanted = {float(min(spec.loads))} if spec.sweep else {float(v) for v in spec.loads}
+        if not wanted <= loads or any(not full <= have[(input_tokens, load)] for load in loads):
+            return False
+    return True
 
 
 def recorded_scenarios(matrix: dict[str, Any]) -> list[Scenario]:

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from . import contract, footprint, topology
 from .contract import LEGACY_COMPILE_MODES
@@ -165,6 +165,36 @@ class Guest(_Model):
         return self.venv or f"{self.workdir.rstrip('/')}/venv"
 
 
+class Serve(_Model):
+    """Serving mode (`bench --serve`): the load each rank takes, continuous batching."""
+
+    rates: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None, min_length=1, description="Open loop: arrival rates per rank, requests/s.")
+    users: list[PositiveInt] | None = Field(None, min_length=1,
+                                            description="Closed loop: users per rank (instead of rates).")
+    slots: PositiveInt = Field(16, description="Batch cap: streams a rank decodes together.")
+    arrival: Literal["poisson", "gamma"] = Field("poisson", description="Open-loop arrival process.")
+    burstiness: Annotated[float, Field(gt=0)] = Field(
+        1.0, description="Gamma shape: 1 is Poisson, below 1 burstier, above 1 more regular.")
+    think_s: Annotated[float, Field(ge=0)] = Field(0.0, description="Closed loop: mean think time, s.")
+    lengths: Literal["fixed", "uniform"] = Field(
+        "fixed", description="Prompt and output lengths: the nominal ones, or uniform in [low x n, n].")
+    length_low: Annotated[float, Field(gt=0, le=1)] = Field(0.5, description="Uniform lengths' lower end.")
+    duration_s: Annotated[float, Field(gt=0)] = Field(60.0, description="Arrivals per window, s.")
+    warmup_s: Annotated[float, Field(ge=0)] = Field(5.0, description="Excluded from metrics at the start.")
+    cooldown_s: Annotated[float, Field(ge=0)] = Field(5.0, description="Excluded from metrics at the end.")
+    sweep: bool = Field(False, description="Bisect towards each SLO's threshold after the loads.")
+    sweep_steps: Annotated[int, Field(ge=0)] = Field(3, description="Bisection steps per SLO and context.")
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if self.rates is not None and self.users is not None:
+            raise ValueError("give rates or users, not both")
+        if self.warmup_s + self.cooldown_s >= self.duration_s:
+            raise ValueError("warmup_s + cooldown_s leave nothing of duration_s to measure")
+        return self
+
+
 class Bench(_Model):
     """The benchmark matrix and its launch settings."""
 
@@ -180,6 +210,7 @@ class Bench(_Model):
     port: Port = Field(29500, description="torchrun rendezvous port on node 0's bench IP.")
     interface: str | None = Field(None, description="Guest bench interface; null = found from bench_ip.")
     timeout_s: Annotated[float, Field(gt=0)] = Field(6 * 3600, description="Whole-run timeout.")
+    serve: Serve = Field(default_factory=Serve, description="Serving mode's load (bench --serve).")
     compile: Literal["compile", "eager"] = Field(
         "compile", description="Decode step: compile (torch.compile over one packed copy of the "
                                "weights: the measurement mode) or eager (no compile: a baseline for "

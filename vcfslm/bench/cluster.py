@@ -33,19 +33,24 @@ from ..contract import (
     model_ref,
     parallelism,
     parse_progress,
+    serve_limits,
+    serve_matrix,
 )
 from ..errors import BenchError, CommandFailed, TransportError, VcfslmError
 from ..progress import NullReporter, Reporter
 from ..results import (
+    SERVE_RESULTS,
     RunMeta,
     load_run,
     rank_summaries,
     read_meta,
     read_rank_facts,
     read_records,
+    read_serve_records,
     write_meta,
     write_records,
 )
+from ..serving import ServeSpec
 from . import launch as L
 from .tracker import BenchTracker
 
@@ -66,11 +71,18 @@ class ClusterOptions:
     poll_s: float = 1.0
     probe_mib: int | None = None      # the workers' bandwidth probe buffer; 0 = no probe
     command: list[str] = field(default_factory=lambda: list(sys.argv))
+    serve: ServeSpec | None = None    # serving mode: the load each rank takes
 
 
 def run_matrix(inv, opts: ClusterOptions) -> Matrix:
-    """The inventory's matrix with this run's overrides."""
+    """The inventory's matrix with this run's overrides (a serving run's: contract.serve_matrix)."""
+    if opts.serve is not None:
+        return serve_matrix(opts.serve)
     return Matrix.of_inventory(inv.bench, output_tokens=opts.output_tokens, repeats=opts.repeats)
+
+
+def run_slos(inv) -> dict[str, Any]:
+    return {k: v.model_dump() for k, v in inv.slos.items()}
 
 
 def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaunch]:
@@ -89,7 +101,8 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
                              warmup=matrix.warmup, repeats=matrix.repeats, out=run_dir, run_id=opts.run_id, node=node.name, nodes=len(nodes),
                              threads=inv.bench.threads_per_rank,
                              compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
-                             scenarios=opts.scenarios, timeout_s=pg_timeout, probe_mib=opts.probe_mib)
+                             scenarios=opts.scenarios, timeout_s=pg_timeout, probe_mib=opts.probe_mib,
+                             serve=opts.serve, slos=serve_limits(run_slos(inv)) if opts.serve else None)
         argv = L.torchrun_argv(torchrun=[paths.python, "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
                                node_rank=i, master_addr=master, master_port=inv.bench.port,
                                rank_script=paths.rank_script,
@@ -366,7 +379,8 @@ class ClusterBench:
         def fetch_on(la: L.NodeLaunch, t) -> None:
             listing = t.run(f"ls {shlex.quote(la.run_dir)}/ranks 2>/dev/null", timeout=60, check=False).stdout
             for rank in la.global_ranks:
-                for name in (f"rank-{rank}.jsonl", f"rank-{rank}.json"):  # records, then facts
+                # records (static, serving), then facts
+                for name in (f"rank-{rank}.jsonl", f"serve-{rank}.jsonl", f"rank-{rank}.json"):
                     if name in listing.split():
                         t.get(f"{la.run_dir}/ranks/{name}", str(ranks_dir / name))
 
@@ -380,6 +394,12 @@ class ClusterBench:
             records.extend(read_records(p))
         records.sort(key=lambda r: (r.batch_per_rank, r.input_tokens, r.window, r.rank))
         write_records(self.local_dir / "results.jsonl", records)
+        served = []
+        for p in sorted(ranks_dir.glob("serve-*.jsonl")):
+            served.extend(read_serve_records(p))
+        if served or self.opts.serve is not None:
+            served.sort(key=lambda r: (r.input_tokens, r.load, r.window, r.rank))
+            write_records(self.local_dir / SERVE_RESULTS, served)
         return records
 
     # -- the whole run -------------------------------------------------------------------
@@ -394,9 +414,9 @@ class ClusterBench:
             ranks_per_node=inv.bench.ranks_per_node, threads_per_rank=inv.bench.threads_per_rank,
             model=inv.guest.model, command=self.opts.command, label=self.opts.label,
             matrix=matrix_record(run_matrix(inv, self.opts), scenarios=self.opts.scenarios,
-                                 compile_mode=self.opts.compile_mode or inv.bench.compile),
-            complete=complete, failure=failure, previous=previous,
-            slos={k: v.model_dump() for k, v in inv.slos.items()},
+                                 compile_mode=self.opts.compile_mode or inv.bench.compile,
+                                 serve=self.opts.serve),
+            complete=complete, failure=failure, previous=previous, slos=run_slos(inv),
             inventory_sha256=inventory_sha256(inv.source), versions={"vcfslm": __version__},
             vcenter=self._vcenter, guests=self.facts,
             ranks=rank_summaries(read_rank_facts(self.local_dir / "ranks")))
@@ -458,6 +478,7 @@ def resume_options(run_dir: Path) -> dict:
     return {"nodes": meta.nodes, "repeats": meta.matrix.get("repeats"),
             "output_tokens": meta.matrix.get("output_tokens"), "scenarios": meta.matrix.get("scenarios"),
             "compile": meta.matrix.get("compile"),
+            "serve": ServeSpec.of_record(meta.matrix["serve"]) if meta.matrix.get("serve") else None,
             "label": meta.label}
 
 

@@ -20,11 +20,13 @@ worker's gloo group then reads every other rank's address from that store.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
 
@@ -89,11 +91,13 @@ def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequenc
                 output_tokens: int, warmup: int, repeats: int, out: str, run_id: str,
                 node: str, nodes: int, threads: int, compile_mode: str = "compile",
                 resume: bool = False, scenarios: str | None = None,
-                timeout_s: float | None = None, probe_mib: int | None = None) -> list[str]:
+                timeout_s: float | None = None, probe_mib: int | None = None,
+                serve=None, slos: dict[str, Any] | None = None) -> list[str]:
     """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper).
 
     timeout_s: the process-group timeout (None: the worker's default); probe_mib: the
-    bandwidth probe's buffer (None: the worker's default, 0: no probe).
+    bandwidth probe's buffer (None: the worker's default, 0: no probe). serve: a
+    ServeSpec (serving mode) and slos its limits, both passed as JSON.
     """
     args = ["--model", model, "--batch-sizes", ",".join(map(str, batch_sizes)),
             "--input-tokens", ",".join(map(str, input_tokens)), "--output-tokens", str(output_tokens),
@@ -109,6 +113,9 @@ def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequenc
         args.append("--no-probe")
     elif probe_mib is not None:
         args += ["--probe-mib", str(probe_mib)]
+    if serve is not None:
+        args += ["--serve", json.dumps(serve.to_dict(), sort_keys=True),
+                 "--slos", json.dumps(slos or {}, sort_keys=True)]
     return args
 
 
@@ -225,6 +232,16 @@ def report_event(reporter, tracker, subject: str, event: dict, now: float | None
 def progress_status(event: dict) -> str:
     """One human line for a progress event (what the reporter shows per rank)."""
     phase = event.get("phase", "?")
+    if "load" in event and phase in ("warmup", "serve", "skip"):
+        unit = "req/s" if event.get("load_kind") == "rate" else "users"
+        head = f"serve {event.get('load')} {unit} in={event.get('input_tokens')}: {phase}"
+        if phase != "skip":
+            head += (f" {event.get('window')}  {event.get('completed')}/{event.get('offered')} done  "
+                     f"TTFT p90 {event.get('ttft_s_p90')} s  TPOT p90 {event.get('tpot_ms_p90')} ms  "
+                     f"busy {event.get('mean_active')}")
+            if not event.get("valid", True):
+                head += "  (invalid)"
+        return head
     if phase in ("warmup", "measure", "skip", "done"):
         head = (f"scenario {event.get('scenario')}/{event.get('scenarios')} "
                 f"b={event.get('batch')} in={event.get('input_tokens')}: {phase}")

@@ -31,9 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import results, topology
-from ..contract import Matrix, build_run_meta, matrix_record, new_run_id, parse_progress
+from ..contract import (
+    Matrix,
+    build_run_meta,
+    matrix_record,
+    new_run_id,
+    parse_progress,
+    serve_complete,
+    serve_limits,
+)
 from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
+from ..serving import ServeSpec
 from .launch import report_event, worker_args
 from .tracker import BenchTracker
 
@@ -48,6 +57,7 @@ class LocalRun:
     run_dir: Path
     meta: results.RunMeta
     records: list[results.WindowRecord] = field(default_factory=list)
+    serve_records: list[results.ServeRecord] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -91,13 +101,15 @@ def default_threads(node_cpus: dict[int, Sequence[int]], ranks: int) -> int:
 def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, node: str = NODE_NAME,
                      nodes: int = 1, threads: int, resume: bool = False, scenarios: str | None = None,
                      probe: bool = True, probe_mib: int = 1024, seed: int = 0,
-                     compile_mode: str = "compile") -> list[str]:
+                     compile_mode: str = "compile", serve: ServeSpec | None = None,
+                     slos: dict[str, Any] | None = None) -> list[str]:
     """The worker's command-line arguments (after torchrun's "--"): the cluster's, plus the
     local-only seed and probe settings."""
     args = worker_args(model=model, batch_sizes=matrix.batch_sizes, input_tokens=matrix.input_tokens,
                        output_tokens=matrix.output_tokens, warmup=matrix.warmup, repeats=matrix.repeats,
                        out=str(run_dir), run_id=run_id, node=node, nodes=nodes, threads=threads,
-                       compile_mode=compile_mode, resume=resume, scenarios=scenarios)
+                       compile_mode=compile_mode, resume=resume, scenarios=scenarios, serve=serve,
+                       slos=slos)
     args += ["--seed", str(seed), "--probe-mib", str(probe_mib)]
     if not probe:
         args.append("--no-probe")
@@ -143,11 +155,13 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
               label: str | None = None, command: list[str] | None = None,
               slos: dict[str, Any] | None = None, inductor_cache_dir: str | None = None,
               python: str | None = None, timeout: float | None = None,
-              reporter: Reporter | None = None,
+              reporter: Reporter | None = None, serve: ServeSpec | None = None,
               render_wrapper: Callable[[dict[str, Any]], str]) -> LocalRun:
     """Run the matrix with `ranks` workers on this machine; returns the run (records gathered).
 
     resume: continue the run `run_id` in place (its finished scenarios are skipped).
+    serve: serving mode (continuous batching under `serve`'s load); `matrix` then only
+    sizes the numerics gate (contract.serve_matrix).
     render_wrapper: the rank wrapper (rank.sh) from its template context; the guests' own
     template, handed in by the caller so that the bench stage never imports the guest stage.
     Raises BenchError when torchrun or a rank fails (meta.json records the failure).
@@ -178,12 +192,13 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     wrapper.chmod(0o755)
 
     meta = _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
-                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl)
+                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve)
     results.write_meta(run_dir, meta)
 
     args = worker_arguments(model=model, matrix=matrix, run_dir=run_dir.resolve(), run_id=run_id,
                             threads=threads, resume=resume, scenarios=scenarios, probe=probe,
-                            probe_mib=probe_mib, seed=seed, compile_mode=compile_mode)
+                            probe_mib=probe_mib, seed=seed, compile_mode=compile_mode, serve=serve,
+                            slos=serve_limits(meta.slos) if serve else None)
     cmd = torchrun_command(python, ranks, wrapper.resolve(), args)
     reporter.log(f"run {run_id}: {ranks} rank(s) x {threads} thread(s), "
                  f"{'numactl' if use_numactl else 'no numactl'}; folder {run_dir}")
@@ -191,7 +206,11 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     rc, tail, failures = _run_streaming(cmd, log_dir / "torchrun.log", reporter, timeout, tracker)
 
     records = results.read_records(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else []
+    served = run_dir / results.SERVE_RESULTS
+    serve_records = results.read_serve_records(served) if serve and served.exists() else []
     _finish_meta(meta, run_dir, records, matrix, ranks, scenarios)
+    if serve:
+        meta.complete = serve_complete(serve_records, serve, ranks)
     if rc != 0:
         detail = "; ".join(failures) or "\n".join(f"  | {line}" for line in tail)
         meta.failure = f"torchrun exited {rc}: {detail}"[:4000]
@@ -201,11 +220,11 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     if records:
         results.records_to_csv(run_dir / "results.csv", records)
     results.write_meta(run_dir, meta)
-    return LocalRun(run_dir, meta, records)
+    return LocalRun(run_dir, meta, records, serve_records)
 
 
 def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
-                  compile_mode, scenarios, slos, node_cpus, slots, use_numactl) -> results.RunMeta:
+                  compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve=None) -> results.RunMeta:
     # A resume keeps the run's creation time and facts; its matrix may extend the run's.
     previous = results.read_meta(run_dir) if resume else None
     guests = None if previous else {
@@ -213,7 +232,8 @@ def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matri
                     "ranks": slots, "numactl": use_numactl}}
     return build_run_meta(
         run_id=run_id, mode="local", nodes=[NODE_NAME], ranks_per_node=ranks, threads_per_rank=threads,
-        model=model, matrix=matrix_record(matrix, compile_mode=compile_mode, scenarios=scenarios, seed=seed),
+        model=model, matrix=matrix_record(matrix, compile_mode=compile_mode, scenarios=scenarios, seed=seed,
+                                          serve=serve),
         command=command or sys.argv, label=label, slos=slos, previous=previous, guests=guests)
 
 

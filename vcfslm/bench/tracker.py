@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..progress import Progress
 
 SUBJECT = "bench"
-WINDOW_PHASES = ("warmup", "measure")
+WINDOW_PHASES = ("warmup", "measure", "serve")
 
 
 def bench_eta(window_time_s: float, windows_done: int, windows_total: int) -> float | None:
@@ -60,7 +60,10 @@ class BenchTracker:
                                              and self.first_window_at is None):
             # windows begin once the model is loaded (and probed): time before is not theirs
             self.first_window_at = now
-        if phase in WINDOW_PHASES + ("skip", "done"):
+        if "load" in event and phase in WINDOW_PHASES + ("skip",):
+            # serving: a sweep decides its loads as it goes, so there is no "k of n"
+            self.label = f"serving load {event.get('load')} {event.get('load_kind')}, input {event.get('input_tokens')}"
+        elif phase in WINDOW_PHASES + ("skip", "done"):
             self.label = (f"scenario {event.get('scenario')}/{event.get('scenarios', self.scenarios)} "
                           f"(batch {event.get('batch')}, input {event.get('input_tokens')})")
         if phase == "skip":

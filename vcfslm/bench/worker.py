@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="teacher-forced steps of the numerics gate at start (0: no gate)")
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="seconds a collective may wait for the other ranks")
+    p.add_argument("--serve", default=None, metavar="JSON",
+                   help="serving mode: the ServeSpec as JSON (vcfslm.serving); the static matrix "
+                        "options then only size the numerics gate")
+    p.add_argument("--slos", default=None, metavar="JSON",
+                   help="serving mode: SLO name -> {tpot_ms, ttft_s}, for goodput and the sweep")
     return p
 
 
@@ -161,8 +166,9 @@ def agreed_skips(per_rank_finished: list[set[tuple[int, int, int]]]) -> set[tupl
     return common
 
 
-def sort_key(r: WindowRecord) -> tuple:
-    return (r.node_rank, r.rank, r.batch_per_rank, r.input_tokens, r.output_tokens, r.window)
+def sort_key(r) -> tuple:
+    """Records in node, rank, scenario, window order (WindowRecord or ServeRecord)."""
+    return (r.node_rank, r.rank, *r.scenario, r.window)
 
 
 def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple[int, int, int],
@@ -207,12 +213,13 @@ def rank_file(out: Path, rank: int) -> Path:
     return out / "ranks" / f"rank-{rank}.jsonl"
 
 
-def drop_scenarios(path: Path, scenarios: set[tuple[int, int, int]]) -> int:
+def drop_scenarios(path: Path, scenarios: set[tuple], kind: type = WindowRecord) -> int:
     """Remove the records of `scenarios` from a rank file (a rerun replaces them); count removed."""
     if not path.exists() or not scenarios:
         return 0
-    kept = [r for r in results.read_records(path) if r.scenario not in scenarios]
-    removed = len(results.read_records(path)) - len(kept)
+    every = results.read_records(path, kind=kind)
+    kept = [r for r in every if r.scenario not in scenarios]
+    removed = len(every) - len(kept)
     if removed:
         results.write_records(path, kept)
     return removed
@@ -345,6 +352,13 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
              "numerics": {**numerics.to_dict(), "greedy": greedy} if numerics else None,
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
     results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
+    if args.serve:
+        from .serve_worker import serve_windows
+
+        mine = serve_windows(args, env, out, base, engine, loaded.config.vocab_size, placement,
+                             rank_invalid, dist, progress, binding.get("cpus"))
+        engine.release()
+        return _finish(args, env, out, base, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))
 
     my_file = rank_file(out, env.rank)
     finished = results.finished_scenarios(results.read_records(my_file), args.repeats) \
@@ -407,6 +421,12 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
 
     dist.barrier()
     mine = results.read_records(my_file) if my_file.exists() else []
+    return _finish(args, env, out, base, dist, mine, facts, "results.jsonl", n=n)
+
+
+def _finish(args, env: TorchrunEnv, out: Path, base: dict, dist, mine: list, facts: dict, merged_name: str,
+            *, n: int) -> int:
+    """Rank 0 gathers every rank's records and facts and writes the merged files."""
     all_records: list[Any] = [None] * env.world_size if env.rank == 0 else None
     dist.gather_object(mine, all_records, dst=0)
     all_facts: list[Any] = [None] * env.world_size if env.rank == 0 else None
@@ -414,9 +434,9 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     done = {**base, "phase": "finished", "scenarios": n, "records": len(mine)}
     if env.rank == 0:
         merged = sorted((r for recs in all_records for r in recs), key=sort_key)
-        results.write_records(out / "results.jsonl", merged)
+        results.write_records(out / merged_name, merged)
         results.atomic_write_json(out / "ranks.json", sorted(all_facts, key=lambda f: f["rank"]))
-        done["results_path"] = str(out / "results.jsonl")
+        done["results_path"] = str(out / merged_name)
         done["total_records"] = len(merged)
     dist.barrier()
     progress(done)

@@ -18,8 +18,10 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ..contract import ACCEPTED_COMPILE_MODES, Matrix
+from ..contract import ACCEPTED_COMPILE_MODES, Matrix, serve_matrix
 from ..errors import BenchError, Problem, UsageError
+from ..serving import ServeSpec
+from .bench_serve import check_serve_flags, serve_options, serve_spec
 from .bench_summary import print_run_summary
 from .common import (
     RichReporter,
@@ -76,6 +78,7 @@ CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
 @click.option("--hosts", default=None, metavar="A,B", help="Cluster mode: these inventory nodes.")
 @click.option("--dry-run", is_flag=True, help="Cluster mode: print the torchrun commands and stop.")
 @click.option("--trust-new-hosts", is_flag=True, help="Cluster mode: record unknown SSH host keys.")
+@serve_options
 @output_option
 @click.pass_context
 def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -> None:
@@ -89,10 +92,13 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
       vcfslm bench --local -i cluster.yaml --model synthetic:tiny   matrix from the inventory
       vcfslm bench --local --resume 20250101-120000-local    finish an interrupted run
       vcfslm bench --nodes 4                                 the cluster (inventory nodes)
+      vcfslm bench --local --serve --rates 0.5,1,2 --input-tokens 512   serving: continuous batching
+      vcfslm bench --nodes 2 --serve --users 4,8,16 --sweep  closed loop, bisect to each SLO
     """
     given = {name for name in opts if ctx.get_parameter_source(name) not in
              (click.core.ParameterSource.DEFAULT, None)}
     verbose = (ctx.find_root().obj or {}).get("verbose", 0)
+    check_serve_flags(opts["serve"], given, resume=bool(opts["resume"]))
     if local:
         bad = sorted(given & set(CLUSTER_ONLY))
         if bad:
@@ -107,6 +113,7 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
     from .cluster import run_cluster
 
     run_cluster(inventory=inventory, nodes=opts["nodes"], hosts=opts["hosts"], resume=opts["resume"],
+                serve=opts if opts["serve"] else None,
                 run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
                 repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
                 dry_run=opts["dry_run"], runs_dir=opts["runs_dir"], compile_mode=opts["compile_mode"],
@@ -142,6 +149,12 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) 
         raise UsageError([Problem("", None, None, "--model", str(exc))]) from None
     matrix = Matrix(tuple(settings["batch_sizes"]), tuple(settings["input_tokens"]),
                     settings["output_tokens"], settings["warmup"], settings["repeats"])
+    serve = None
+    if opts["serve"] or settings.get("previous_serve"):
+        serve = serve_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_serve"),
+                           input_tokens=settings["input_tokens"], output_tokens=settings["output_tokens"],
+                           repeats=settings["repeats"], seed=settings["seed"])
+        matrix = serve_matrix(serve)
     quiet = opts["output"] == "json"
     with RichReporter(err_console, quiet=quiet, verbose=verbose > 0) as reporter:
         run = run_local(model=settings["model"], matrix=matrix, ranks=settings["ranks"],
@@ -152,7 +165,7 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) 
                         probe_mib=settings["probe_mib"], scenarios=settings.get("scenarios"),
                         label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
                         slos=settings.get("slos"), timeout=opts["timeout"], reporter=reporter,
-                        render_wrapper=partial(render_template, "rank.sh.j2"))
+                        serve=serve, render_wrapper=partial(render_template, "rank.sh.j2"))
     print_run_summary(run.meta, run.records, run.run_dir, opts["output"],
                       f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
                       f"{run.meta.threads_per_rank} thread(s), {run.meta.model}")
@@ -171,7 +184,7 @@ def _from_inventory(path: str) -> dict[str, Any]:
     b = inv.bench
     return {"model": inv.guest.model, "ranks": b.ranks_per_node, "batch_sizes": list(b.batch_sizes),
             "input_tokens": list(b.input_tokens), "output_tokens": b.output_tokens, "warmup": b.warmup,
-            "repeats": b.repeats, "compile_mode": b.compile,
+            "repeats": b.repeats, "compile_mode": b.compile, "serve": b.serve.model_dump(),
             "slos": {k: v.model_dump() for k, v in inv.slos.items()}}
 
 
@@ -188,7 +201,8 @@ def _from_meta(run_dir: Path) -> dict[str, Any]:
             "batch_sizes": m["batch_sizes"], "input_tokens": m["input_tokens"],
             "output_tokens": m["output_tokens"], "warmup": m.get("warmup", 1), "repeats": m["repeats"],
             "seed": m.get("seed", 0), "compile_mode": m.get("compile", "compile"),
-            "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos}
+            "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos,
+            "previous_serve": ServeSpec.of_record(m["serve"]) if m.get("serve") else None}
 
 
 @click.command("probe")

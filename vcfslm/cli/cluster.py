@@ -21,16 +21,19 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
                 run_id: str | None, label: str | None, scenarios: str | None, repeats: int | None,
                 output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
                 compile_mode: str | None,
-                trust_new_hosts: bool, output: str, verbose: int = 0, probe_mib: int | None = None) -> None:
+                trust_new_hosts: bool, output: str, verbose: int = 0, probe_mib: int | None = None,
+                serve: dict | None = None) -> None:
     """Select nodes, then preflight, launch, watch and collect the cluster run.
 
     probe_mib: the workers' bandwidth probe buffer (None: their default; 0: no probes).
+    serve: the --serve flags (serving mode), resolved against the inventory's bench.serve.
     """
     from ..bench import cluster as C
 
     inv = load(inventory)
     runs_root = Path(runs_dir)
     names = [h for h in (hosts or "").split(",") if h.strip()] or None
+    previous_serve = None
     if resume:
         run_path = Path(resume) if Path(resume).is_dir() else runs_root / resume
         if not (run_path / "meta.json").exists():
@@ -43,11 +46,20 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         scenarios = scenarios or previous["scenarios"]
         label = label or previous["label"]
         compile_mode = compile_mode or previous["compile"]
+        previous_serve = previous["serve"]
+    spec = None
+    if serve is not None or previous_serve is not None:
+        from .bench_serve import serve_spec
+
+        spec = serve_spec(serve or {}, inventory=inv.bench.serve.model_dump(), previous=previous_serve,
+                          input_tokens=inv.bench.input_tokens,
+                          output_tokens=output_tokens or inv.bench.output_tokens,
+                          repeats=repeats or inv.bench.repeats)
     selected = select_nodes(inv, nodes, names)
     opts = C.ClusterOptions(run_id=run_id or new_run_id(inv.name, len(selected)), runs_root=runs_root,
                             label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
                             output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
-                            probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]])
+                            probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]], serve=spec)
     if dry_run:
         launches = C.plan_launches(inv, selected, opts)
         if output == "json":

@@ -1,0 +1,89 @@
+"""`bench --serve`: flags resolve into one ServeSpec (flags > resumed run > inventory >
+defaults), bad combinations exit 2 naming the flag, the workers get it as JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from vcfslm.bench.launch import worker_args
+from vcfslm.cli import main
+from vcfslm.cli.bench_serve import serve_spec
+from vcfslm.contract import serve_complete, serve_limits, serve_matrix
+from vcfslm.errors import UsageError
+from vcfslm.serving import ServeSpec
+
+
+def _run(*args):
+    return CliRunner().invoke(main, ["bench", *args])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--local", "--rates", "1"], "error: --rates only apply to --serve runs"),
+    (["--local", "--serve", "--batch-sizes", "1"], "error: --batch-sizes do not apply to --serve"),
+    (["--local", "--serve", "--rates", "1", "--users", "2"], "error: give --rates or --users, not both"),
+    (["--local", "--serve"], "error: --rates/--users: serving needs a load"),
+    (["--local", "--serve", "--rates", "1", "--duration", "8"], "leave nothing of the 8 s window"),
+    (["--local", "--resume", "x", "--sweep"], "error: --resume continues a run with its own settings; drop --sweep"),
+])
+def test_bad_serve_flags_exit_2_naming_the_flag(args, message):
+    result = _run(*args)
+    assert result.exit_code == 2, result.output
+    assert any(line.startswith(message) or message in line for line in result.output.splitlines()), result.output
+
+
+def test_flags_win_over_the_inventory_and_defaults_fill_the_rest():
+    inventory = {"rates": [0.5, 1.0], "users": None, "slots": 8, "duration_s": 30.0, "arrival": "gamma",
+                 "burstiness": 0.5, "sweep": False}
+    spec = serve_spec({"rates": [2.0, 4.0], "slots": None, "sweep": True, "duration": None},
+                      inventory=inventory, previous=None, input_tokens=[128, 512], output_tokens=64, repeats=2)
+    assert spec.loads == (2.0, 4.0) and spec.load_kind == "rate"
+    assert (spec.slots, spec.duration_s, spec.arrival, spec.burstiness, spec.sweep) == (8, 30.0, "gamma", 0.5, True)
+    assert (spec.input_tokens, spec.output_tokens, spec.repeats) == ((128, 512), 64, 2)
+
+
+def test_users_from_the_inventory_mean_a_closed_loop():
+    spec = serve_spec({}, inventory={"users": [4, 8], "rates": None}, previous=None,
+                      input_tokens=[256], output_tokens=32, repeats=1)
+    assert spec.load_kind == "users" and spec.loads == (4.0, 8.0) and spec.arrival_kind == "closed"
+
+
+def test_a_resumed_run_keeps_its_spec():
+    previous = ServeSpec(loads=(3.0,), input_tokens=(64,), sweep=True)
+    assert serve_spec({}, inventory=None, previous=previous, input_tokens=[1], output_tokens=2, repeats=1) is previous
+
+
+def test_a_bad_value_is_a_usage_error():
+    with pytest.raises(UsageError, match="--serve: .*think time"):
+        serve_spec({"users": [2], "think_s": -1.0}, inventory=None, previous=None, input_tokens=[8],
+                   output_tokens=4, repeats=1)
+
+
+def test_workers_get_the_spec_and_limits_as_json():
+    spec = ServeSpec(loads=(1.0, 2.0), input_tokens=(128,), output_tokens=16, slots=4)
+    matrix = serve_matrix(spec)
+    assert (matrix.batch_sizes, matrix.input_tokens, matrix.output_tokens) == ((4,), (128,), 16)
+    args = worker_args(model="synthetic:tiny", batch_sizes=matrix.batch_sizes, input_tokens=matrix.input_tokens,
+                       output_tokens=16, warmup=0, repeats=1, out="/tmp/r", run_id="r", node="n", nodes=1,
+                       threads=1, serve=spec, slos=serve_limits(None))
+    got = ServeSpec.of_record(json.loads(args[args.index("--serve") + 1]))
+    assert got == spec
+    assert set(json.loads(args[args.index("--slos") + 1])) == {"A", "B"}
+
+
+class _R:
+    def __init__(self, rank, load, window=0, input_tokens=128):
+        self.rank, self.load, self.window, self.input_tokens = rank, load, window, input_tokens
+
+
+def test_serve_complete_needs_every_rank_at_every_load():
+    spec = ServeSpec(loads=(1.0, 2.0), input_tokens=(128,), repeats=1)
+    full = [_R(rank, load) for rank in (0, 1) for load in (1.0, 2.0)]
+    assert serve_complete(full, spec, 2)
+    assert not serve_complete(full[:-1], spec, 2)
+    sweep = ServeSpec(loads=(1.0, 2.0), input_tokens=(128,), sweep=True)
+    # a sweep may stop its grid after the first load, but a load it measured needs all ranks
+    assert serve_complete([_R(0, 1.0), _R(1, 1.0), _R(0, 1.5), _R(1, 1.5)], sweep, 2)
+    assert not serve_complete([_R(0, 1.0), _R(1, 1.0), _R(0, 1.5)], sweep, 2)

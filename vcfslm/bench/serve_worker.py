@@ -1,0 +1,166 @@
+"""The serving half of the rank worker (`worker --serve JSON`): windows at each load,
+barrier-aligned across ranks, and the sweep that bisects towards each SLO's threshold.
+
+Each window starts right after a `dist.barrier()`, as static windows do; every rank
+generates its own arrivals (its own seed) and serves them on its own slots. After each
+window the ranks all_gather their records, so every rank holds the same history and
+takes the same decision about the next load (vcfslm.serving.next_load): no rank leads,
+and the barriers stay aligned whatever the sweep decides.
+
+Records go to `ranks/serve-<rank>.jsonl` as each window ends. `--resume` keeps every
+load all ranks finished (and feeds its records to the sweep, which then reaches the
+same decisions without measuring them again); a load a rank had only partly measured
+is measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .. import results, serving
+from ..results import ServeRecord
+from ..serving import ServeSpec
+from .serve import record_fields, run_window
+
+log = logging.getLogger("vcfslm.bench.worker")
+
+
+def serve_file(out: Path, rank: int) -> Path:
+    return out / "ranks" / f"serve-{rank}.jsonl"
+
+
+def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placement: dict,
+                  rank_invalid: list[str], dist, progress, allowed_cpus: str | None = None
+                  ) -> list[ServeRecord]:
+    """Run every load of the spec (and the sweep's) for each context; this rank's records.
+
+    allowed_cpus: the rank's binding (numactl's), to catch a thread that left it."""
+    from .engine import current_rss_bytes, peak_rss_bytes, synthetic_prompt
+    from .placement import placement_problems, thread_cpus
+    from .slots import SlotEngine
+    from .worker import agreed_skips
+
+    spec = ServeSpec.of_record(json.loads(args.serve))
+    limits: dict[str, Any] = json.loads(args.slos) if args.slos else {}
+    engine.release()                      # the gate's static cache and graph are not used here
+    slots = SlotEngine(engine, spec.slots, spec.max_context)
+    _prime(slots, spec, vocab, synthetic_prompt)
+
+    my_file = serve_file(out, env.rank)
+    kept = results.read_serve_records(my_file) if args.resume and my_file.exists() else []
+    finished = results.finished_scenarios(kept, spec.repeats)
+    gathered: list[Any] = [None] * env.world_size
+    dist.all_gather_object(gathered, sorted(finished))
+    skip = agreed_skips([{tuple(s) for s in g} for g in gathered])
+    if args.resume:
+        from .worker import drop_scenarios
+
+        drop_scenarios(my_file, {r.scenario for r in kept} - skip, kind=ServeRecord)
+    elif my_file.exists():
+        my_file.unlink()
+    # Every rank's kept records of the agreed loads: the sweep's history starts from them.
+    shared: list[Any] = [None] * env.world_size
+    dist.all_gather_object(shared, [asdict(r) for r in kept if r.scenario in skip])
+    history = [ServeRecord.from_dict(d) for recs in shared for d in recs]
+    mine = [r for r in kept if r.scenario in skip]
+
+    counter = {"windows": 0}
+
+    def measure(load: float, input_tokens: int) -> None:
+        scenario = (spec.load_kind, float(load), input_tokens, spec.output_tokens)
+        if scenario in skip:
+            progress({**base, "phase": "skip", "load": load, "load_kind": spec.load_kind,
+                      "input_tokens": input_tokens, "window": 0})
+            return
+        for window in range(-spec.warmup_windows if counter["windows"] == 0 else 0, spec.repeats):
+            seed = serving.window_seed(spec.seed, env.rank, load, input_tokens, window)
+            rng = random.Random(seed)
+
+            def prompt_for(req, _seed=seed):
+                return synthetic_prompt(1, req.input_tokens, vocab, seed=_seed + req.index)[0]
+
+            dist.barrier()
+            released = time.time()
+            compiles = slots.compiles
+            outcome = run_window(slots, spec, load, input_tokens, rng, prompt_for)
+            stamps: list[Any] = [None] * env.world_size
+            dist.all_gather_object(stamps, released)
+            moved = placement_problems(process_cpus=allowed_cpus, process_mems=None, intended_cpus=None,
+                                       intended_node=None, threads=thread_cpus())
+            reasons = list(rank_invalid) + list(moved)
+            if slots.compiles != compiles:
+                reasons.append(f"{slots.compiles - compiles} compilation(s) inside the window")
+            record = ServeRecord(
+                run_id=args.run_id, node=args.node, node_rank=env.group_rank, rank=env.rank,
+                local_rank=env.local_rank, world_size=env.world_size,
+                ranks_per_node=env.local_world_size, nodes=args.nodes, load_kind=spec.load_kind,
+                load=float(load), arrival=spec.arrival_kind, slots=spec.slots,
+                input_tokens=input_tokens, output_tokens=spec.output_tokens, window=max(window, 0),
+                seed=seed, burstiness=spec.burstiness, think_s=spec.think_s,
+                start_skew_s=released - min(stamps), peak_rss_bytes=peak_rss_bytes(),
+                rss_bytes=current_rss_bytes(), recompiles=slots.compiles - compiles,
+                valid=not reasons, invalid_reasons=reasons, placement=placement,
+                **record_fields(outcome, spec, limits))
+            warm = window < 0
+            if not warm:
+                results.append_record(my_file, record)
+                mine.append(record)
+                counter["windows"] += 1
+            everyone: list[Any] = [None] * env.world_size
+            dist.all_gather_object(everyone, None if warm else asdict(record))
+            history.extend(ServeRecord.from_dict(d) for d in everyone if d is not None)
+            progress({**base, "phase": "warmup" if warm else "serve", "window": max(window, 0),
+                      "load": load, "load_kind": spec.load_kind, "input_tokens": input_tokens,
+                      "output_tokens": spec.output_tokens, "offered": record.offered,
+                      "completed": record.completed, "unfinished": record.unfinished,
+                      "ttft_s_p90": _rounded(serving.tail(record.ttft_s, record.unfinished), 4),
+                      "tpot_ms_p90": _rounded(serving.tail(record.tpot_ms, record.unfinished), 3),
+                      "mean_active": round(record.mean_active, 3), "max_queue": record.max_queue,
+                      "rank_tps": round(record.rank_tps, 3), "goodput": record.goodput,
+                      "valid": record.valid, "wall_s": round(record.wall_s, 3)})
+
+    for input_tokens in spec.input_tokens:
+        def verdicts(limit, _input=input_tokens) -> dict[float, bool | None]:
+            pooled = serving.load_results(r for r in history if r.input_tokens == _input
+                                          and r.output_tokens == spec.output_tokens
+                                          and r.load_kind == spec.load_kind)
+            return {load: serving.meets(res, limit.get("tpot_ms"), limit.get("ttft_s"))
+                    for load, res in pooled.items()}
+
+        for load in sorted(set(spec.loads)):
+            measure(load, input_tokens)
+            if spec.sweep and limits and all(verdicts(lim).get(float(load)) is False for lim in limits.values()):
+                break                     # every SLO failed here: higher loads only fail more
+        if not spec.sweep:
+            continue
+        for name, limit in limits.items():
+            steps = 0
+            while (nxt := serving.next_load(verdicts(limit), spec.load_kind, steps, spec.sweep_steps)) is not None:
+                steps += 1
+                if nxt in verdicts(limit):
+                    break
+                log.info("sweep %s, input %d: next load %g", name, input_tokens, nxt)
+                measure(nxt, input_tokens)
+        progress({**base, "phase": "done", "input_tokens": input_tokens, "window": spec.repeats})
+    slots.release()
+    return mine
+
+
+def _prime(slots, spec: ServeSpec, vocab: int, synthetic_prompt) -> None:
+    """Compile the slot step before any window: fill every slot, step once, empty them."""
+    prompt = synthetic_prompt(1, min(spec.input_tokens), vocab, seed=spec.seed + 11)[0]
+    slots.admit([(s, prompt) for s in slots.free()])
+    slots.step()
+    slots.reset()
+
+
+def _rounded(value: float, digits: int) -> float | None:
+    import math
+
+    return round(value, digits) if math.isfinite(value) else None

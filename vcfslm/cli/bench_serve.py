@@ -1,0 +1,124 @@
+"""`vcfslm bench --serve`: the serving-mode flags and how they resolve into a ServeSpec
+(flags > the resumed run's spec > the inventory's bench.serve > defaults)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..errors import Problem, UsageError
+from ..serving import ServeSpec
+from .common import int_list
+
+# Flags that only mean something with --serve, and static-only flags refused with it.
+SERVE_FLAGS = ("rates", "users", "slots", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
+               "think_s", "lengths", "sweep", "sweep_steps")
+STATIC_ONLY = ("batch_sizes", "scenarios", "warmup")
+_FLAG_FIELDS = {"duration": "duration_s"}
+
+
+def float_list(ctx, param, value: str | None) -> list[float] | None:
+    """click callback: '0.5,1,2' -> [0.5, 1.0, 2.0] (positive numbers)."""
+    if value is None:
+        return None
+    try:
+        values = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {value!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise click.BadParameter(f"expected positive numbers, got {value!r}")
+    return values
+
+
+def serve_options(f):
+    """The serving flags, in the order --help shows them."""
+    options = [
+        click.option("--serve", is_flag=True,
+                     help="Serving mode: continuous batching under arriving requests (instead of static "
+                          "batches); needs --rates or --users (or the inventory's bench.serve)."),
+        click.option("--rates", callback=float_list, default=None, metavar="LIST",
+                     help="Serve: open-loop arrival rates per rank, requests/s (e.g. 0.5,1,2)."),
+        click.option("--users", callback=int_list, default=None, metavar="LIST",
+                     help="Serve: closed-loop users per rank (e.g. 4,8,16), instead of --rates."),
+        click.option("--slots", type=click.IntRange(min=1), default=None,
+                     help="Serve: the batch cap, streams a rank decodes together (default 16)."),
+        click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Serve: seconds of arrivals per window (default 60)."),
+        click.option("--warmup-s", type=click.FloatRange(min=0), default=None,
+                     help="Serve: seconds at a window's start excluded from the metrics (default 5)."),
+        click.option("--cooldown-s", type=click.FloatRange(min=0), default=None,
+                     help="Serve: seconds at a window's end excluded from the metrics (default 5)."),
+        click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default=None,
+                     help="Serve: open-loop arrival process (default poisson)."),
+        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Serve: gamma shape; 1 is Poisson, below 1 burstier (default 1)."),
+        click.option("--think-s", type=click.FloatRange(min=0), default=None,
+                     help="Serve: closed-loop mean think time between a reply and the next request."),
+        click.option("--lengths", type=click.Choice(["fixed", "uniform"]), default=None,
+                     help="Serve: request lengths, the nominal ones or uniform in [half, nominal]."),
+        click.option("--sweep", is_flag=True, default=None,
+                     help="Serve: after the loads, bisect towards each SLO's largest passing load."),
+        click.option("--sweep-steps", type=click.IntRange(min=0), default=None,
+                     help="Serve: bisection steps per SLO and context (default 3)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def check_serve_flags(serve: bool, given: set[str], resume: bool = False) -> None:
+    """Serving flags need --serve; static-only flags are refused with it; a resumed run
+    keeps its own spec (its sweep's decisions depend on it)."""
+    if resume and given & (set(SERVE_FLAGS) | {"serve"}):
+        raise UsageError(f"--resume continues a run with its own settings; drop "
+                         f"{_flags(sorted(given & (set(SERVE_FLAGS) | {'serve'})))}")
+    if not serve:
+        stray = sorted(given & set(SERVE_FLAGS))
+        if stray:
+            raise UsageError(f"{_flags(stray)} only apply to --serve runs")
+        return
+    clash = sorted(given & set(STATIC_ONLY))
+    if clash:
+        raise UsageError(f"{_flags(clash)} do not apply to --serve (--slots is its batch cap, "
+                         "--warmup-s/--cooldown-s its warm-up)")
+    if "rates" in given and "users" in given:
+        raise UsageError("give --rates or --users, not both")
+
+
+def serve_spec(opts: dict[str, Any], *, inventory: dict[str, Any] | None, previous: ServeSpec | None,
+               input_tokens, output_tokens: int, repeats: int, seed: int = 0) -> ServeSpec:
+    """The run's ServeSpec (a resumed run's own); UsageError naming the flag when it cannot be one."""
+    if previous is not None:
+        return previous
+    fields: dict[str, Any] = {}
+    if inventory:
+        kind = "users" if inventory.get("users") else "rate"
+        loads = inventory.get("users") or inventory.get("rates")
+        fields.update({k: v for k, v in inventory.items() if k in ServeSpec.__dataclass_fields__})
+        if loads:
+            fields.update(load_kind=kind, loads=tuple(float(v) for v in loads))
+    for flag in SERVE_FLAGS:
+        value = opts.get(flag)
+        if value is None or flag in ("rates", "users"):
+            continue
+        fields[_FLAG_FIELDS.get(flag, flag)] = value
+    if opts.get("rates"):
+        fields.update(load_kind="rate", loads=tuple(opts["rates"]))
+    elif opts.get("users"):
+        fields.update(load_kind="users", loads=tuple(float(u) for u in opts["users"]))
+    if "loads" not in fields:
+        raise UsageError([Problem("", None, None, "--rates/--users",
+                                  "serving needs a load: --rates (requests/s per rank) or --users, "
+                                  "or bench.serve.rates/users in the inventory")])
+    fields.update(input_tokens=tuple(input_tokens), output_tokens=output_tokens, repeats=repeats, seed=seed)
+    fields.pop("rates", None)
+    fields.pop("users", None)
+    try:
+        return ServeSpec.of_record(fields)
+    except ValueError as exc:
+        raise UsageError([Problem("", None, None, "--serve", str(exc))]) from None
+
+
+def _flags(names: list[str]) -> str:
+    return ", ".join("--" + n.replace("_", "-") for n in names)
