@@ -7,7 +7,10 @@
 5. measured TPOT vs its bandwidth floor and TTFT vs its compute floor (one panel
    each, for whichever floor the probes measured);
 6. the performance model's TPOT and TTFT against the measured ones (fitted on every
-   cell, and fitted on the small batches only, predicting the rest).
+   cell, and fitted on the small batches only, predicting the rest);
+7. serving: p90 TTFT (queue included) and p90 TPOT vs load per VM with SLO limits;
+8. serving: goodput per SLO (and every finished request) vs load per VM;
+9. serving: streams per VM at the serving threshold beside the static crossover.
 A figure without the data it needs is skipped with a reason, never drawn empty.
 """
 
@@ -270,3 +273,165 @@ def model_figure(section, run_title: str):
     return fig, title, ("Each point is one cell (batch x input length). The shaded band is the accuracy the "
                         "model is held to (15 % for TPOT, 25 % for TTFT); hollow squares were predicted by a "
                         "fit that never saw them.")
+
+
+# ------------------------------------------------------------------ serving
+
+def render_serving(serving, slos: Sequence[Slo], out_dir: str | Path, run_title: str
+                   ) -> tuple[list[Figure], list[str]]:
+    """Serving mode's figures (serving: an analysis.serve.ServeAnalysis): latency vs load,
+    goodput vs load, the serving threshold beside the static crossover."""
+    makers = [
+        ("fig-7-serve-latency", lambda: serve_latency_figure(serving, slos, run_title)),
+        ("fig-8-serve-goodput", lambda: serve_goodput_figure(serving, slos, run_title)),
+        ("fig-9-serve-vs-static", lambda: serve_vs_static_figure(serving, run_title)),
+    ]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drawn, skipped = [], []
+    for name, make in makers:
+        result = make()
+        if isinstance(result, str):
+            skipped.append(f"{name}: {result}")
+            continue
+        fig, title, caption = result
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, format="png", dpi=100)
+        drawn.append(Figure(name, path, title, caption))
+    return drawn, skipped
+
+
+def _answer_series(serving) -> list[tuple[object, list]]:
+    """(key, points with data) of every series the answer reads, in order."""
+    from vcfslm.analysis.serve import series_of
+
+    keys = list(dict.fromkeys(t.key for t in serving.primaries))
+    by_key = series_of(serving.points)
+    out = [(k, [p for p in by_key.get(k, []) if p.has_data]) for k in keys]
+    return [(k, pts) for k, pts in out if pts]
+
+
+def _series_label(key, keys) -> str:
+    label = f"{key.input_tokens} input tokens"
+    if len({k.output_tokens for k in keys}) > 1:
+        label += f" / {key.output_tokens} output"
+    if len({k.context for k in keys}) < len(keys):
+        label += f" ({key.load_kind}, {key.slots} slots)"
+    return label
+
+
+def _load_label(keys) -> str:
+    kinds = {k.load_kind for k in keys}
+    if kinds == {"rate"}:
+        return "offered load per VM (requests/s)"
+    if kinds == {"users"}:
+        return "closed-loop users per VM"
+    return "load per VM (requests/s or users)"
+
+
+SERVE_PANELS = (("TTFT", "ttft_p90_s", "ttft_s", "s"), ("TPOT", "tpot_p90_ms", "tpot_ms", "ms"))
+
+
+def serve_latency_figure(serving, slos: Sequence[Slo], run_title: str):
+    """p90 TTFT (queue included) and p90 TPOT against load per VM, SLO limits as lines."""
+    from vcfslm.analysis.serve import PCT
+
+    series = _answer_series(serving)
+    if not series:
+        return "no serving load with valid data"
+    keys = [k for k, _ in series]
+    title = f"Serving: {PCT} TTFT and TPOT vs load per VM with SLO limits — {run_title}"
+    fig = MplFigure(figsize=(8, 8), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True, squeeze=False)[:, 0]
+    fig.suptitle(textwrap.fill(title, width=90), fontsize=10)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (name, attr, limit_attr, unit) in zip(axes, SERVE_PANELS, strict=True):
+        ax.grid(True, which="major", alpha=0.3)
+        limits = [getattr(s, limit_attr) for s in slos if getattr(s, limit_attr) is not None]
+        finite = [getattr(p, attr) for _, pts in series for p in pts if math.isfinite(getattr(p, attr))]
+        top = max(finite + limits + [0.0]) * 1.15 or 1.0
+        unfinished_drawn = False
+        for n, (key, pts) in enumerate(series):
+            color = colors[n % len(colors)]
+            xs = [p.load_per_vm for p in pts]
+            ys = [getattr(p, attr) for p in pts]
+            ax.plot(xs, [y if math.isfinite(y) else float("nan") for y in ys], marker="o", color=color,
+                    label=_series_label(key, keys))
+            inf = [x for x, y in zip(xs, ys, strict=True) if not math.isfinite(y)]
+            if inf:
+                ax.plot(inf, [top] * len(inf), linestyle="none", marker="^", color=color, markersize=9,
+                        label=None if unfinished_drawn else "tail reaches unfinished requests (∞)")
+                unfinished_drawn = True
+        for n, slo in enumerate(slos):
+            limit = getattr(slo, limit_attr)
+            if limit is not None:
+                ax.axhline(limit, color="0.3", linestyle=SLO_STYLES[n % len(SLO_STYLES)], linewidth=1.2,
+                           label=f"{slo.title}: {name} ≤ {limit:g} {unit}")
+        ax.set_ylim(0, top * 1.05)
+        ax.set_ylabel(f"{name} {PCT} ({unit})" + (", queue included" if name == "TTFT" else ""))
+        ax.set_title(f"{name} {PCT} vs load", fontsize=9)
+        ax.legend(fontsize=8)
+    axes[-1].set_xlabel(_load_label(keys))
+    return fig, title, (f"Each point pools every counted request of one load ({PCT}); points at or below an SLO "
+                        "line meet that SLO's limit. A triangle at the top: the tail reaches requests unfinished "
+                        "by the window's cutoff.")
+
+
+def serve_goodput_figure(serving, slos: Sequence[Slo], run_title: str):
+    """Goodput per SLO (and every finished request) per VM against load per VM."""
+    series = _answer_series(serving)
+    if not series or not slos:
+        return "no serving load with valid data"
+    keys = [k for k, _ in series]
+    title = f"Serving: goodput per SLO vs load per VM — {run_title}"
+    fig, ax = _new(title)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ("-",) + SLO_STYLES
+    for n, (key, pts) in enumerate(series):
+        color = colors[n % len(colors)]
+        xs = [p.load_per_vm for p in pts]
+        label = _series_label(key, keys)
+        ax.plot(xs, [p.completed_per_vm for p in pts], color=color, linewidth=3, alpha=0.3,
+                label=f"completed, {label}")
+        for m, slo in enumerate(slos):
+            ax.plot(xs, [p.goodput_per_vm.get(slo.name, 0.0) for p in pts], color=color, marker="o",
+                    linestyle=styles[m % len(styles)], label=f"goodput {slo.title}, {label}")
+    if {k.load_kind for k in keys} == {"rate"}:
+        hi = max(p.load_per_vm for _, pts in series for p in pts)
+        ax.plot([0, hi], [0, hi], color="0.6", linewidth=1, linestyle=":", label="offered (every request served)")
+    ax.set_xlabel(_load_label(keys))
+    ax.set_ylabel("requests/s per VM")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    return fig, title, ("Goodput: requests per second per VM that met the SLO (both limits, each request). "
+                        "The wide pale line counts every finished request; where goodput leaves it, requests "
+                        "start missing the SLO.")
+
+
+def serve_vs_static_figure(serving, run_title: str):
+    """Concurrent streams per VM at the serving threshold beside the static crossover."""
+    from vcfslm.analysis.serve import PCT
+
+    pairs = [c for c in serving.comparisons if c.static_streams is not None
+             and c.threshold.streams_per_vm is not None and c.threshold.status in ("threshold", "above")]
+    if not pairs:
+        return "no serving threshold with a static crossover of the same SLO and context among the inputs"
+    title = f"Serving threshold vs static-batch crossover ({PCT}, streams per VM) — {run_title}"
+    fig, ax = _new(title)
+    width = 0.38
+    xs = list(range(len(pairs)))
+    static = [c.static_streams for c in pairs]
+    served = [c.threshold.streams_per_vm for c in pairs]
+    ax.bar([x - width / 2 for x in xs], static, width, label="static batches (crossover)", color="0.6")
+    ax.bar([x + width / 2 for x in xs], served, width, label="continuous batching (serving threshold)")
+    for x, c in zip(xs, pairs, strict=True):
+        ax.annotate(f"× {c.ratio_text}", (x + width / 2, c.threshold.streams_per_vm), ha="center",
+                    va="bottom", fontsize=8)
+    ax.set_xticks(xs, [f"{c.threshold.slo.title}\n{c.threshold.key.input_tokens} in" for c in pairs])
+    ax.set_ylabel("concurrent streams per VM at the threshold")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    return fig, title, ("Static: the largest batch-per-rank × ranks per VM meeting the SLO. Serving: the "
+                        "time-averaged busy slots per VM at the largest passing load. The label is their ratio; "
+                        "“≥”/“≤” where a side is a bound.")

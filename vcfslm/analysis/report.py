@@ -25,6 +25,9 @@ from typing import Any
 from vcfslm.analysis.cells import Analysis, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv
 from vcfslm.analysis.predict import ModelSection, model_section, model_table
+from vcfslm.analysis.serve import PCT as SERVE_PCT
+from vcfslm.analysis.serve import SERVE_FIGURES, ServeAnalysis, has_serving, threshold_reason
+from vcfslm.analysis.serve import analyse as analyse_serving
 from vcfslm.analysis.slo import Crossover, Sizing, crossovers, resolve_slos, size, slos_from_meta
 from vcfslm.analysis.summary import SloReasons, reasoning_intro, slo_reasons, summary_table
 from vcfslm.analysis.tables import (
@@ -35,6 +38,10 @@ from vcfslm.analysis.tables import (
     crossover_table,
     md_cell,
     results_table,
+    serve_answer_table,
+    serve_points_table,
+    serve_sizing_table,
+    serve_thresholds_table,
 )
 from vcfslm.errors import CsvError, Problem, UsageError
 from vcfslm.progress import NullReporter, Reporter
@@ -64,6 +71,9 @@ class Report:
     reasons_intro: str
     warnings: list[str] = field(default_factory=list)
     model: ModelSection | None = None
+    serving: ServeAnalysis | None = None        # serving mode's part; None without serve records
+    serving_answer: Table | None = None
+    serving_tables: list[Table] = field(default_factory=list)
 
 
 @dataclass
@@ -121,12 +131,37 @@ def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] =
         tables.append(comparison_table(comparisons))
     xs = crossovers(cells, slos, percentile)
     sizings = [size(c, peak, headroom) for c in xs for peak in peaks]
+    serving = analyse_serving(analysis.runs, slos, cells, peaks, headroom) if has_serving(analysis.runs) else None
+    static = any(c.has_data for c in cells) or serving is None
     # Crossover and sizing are both in the summary table; no second copy among the tables.
-    return Report(title=run_title(analysis, sources), analysis=analysis, sources=list(sources),
-                  percentile=percentile, slos=slos, crossovers=xs, sizings=sizings, tables=tables,
-                  summary=summary_table(xs, sizings, percentile, headroom),
-                  reasons=slo_reasons(xs, sizings, headroom), reasons_intro=reasoning_intro(headroom),
-                  warnings=warnings + analysis.warnings, model=model_section(analysis.runs))
+    report = Report(title=run_title(analysis, sources), analysis=analysis, sources=list(sources),
+                    percentile=percentile, slos=slos, crossovers=xs, sizings=sizings, tables=tables,
+                    summary=summary_table(xs, sizings, percentile, headroom),
+                    reasons=slo_reasons(xs, sizings, headroom), reasons_intro=reasoning_intro(headroom),
+                    warnings=warnings + analysis.warnings + (serving.warnings if serving else []),
+                    model=model_section(analysis.runs) if static else None, serving=serving)
+    if serving is not None:
+        report.serving_answer = serve_answer_table(serving.comparisons, serving.sizings, headroom)
+        report.serving_tables = serving_tables(serving, slos)
+    return report
+
+
+def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
+    """The serving section's detail: every series' loads, then (when the answer does not show
+    them all) every series' thresholds, then sizing."""
+    from vcfslm.analysis.serve import series_of
+
+    out = [serve_points_table(points, slos) for points in series_of(serving.points).values()]
+    if len(serving.thresholds) > len(serving.primaries):
+        out.append(serve_thresholds_table(serving.thresholds))
+    if serving.sizings:
+        out.append(serve_sizing_table(serving.sizings))
+    return out
+
+
+def has_static(report: Report) -> bool:
+    """Does the report carry the static sections (always, unless it is serving-only)?"""
+    return report.serving is None or any(c.has_data for c in report.analysis.cells)
 
 
 def run_title(analysis: Analysis, sources: Sequence[str]) -> str:
@@ -150,8 +185,13 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     reporter.update("report", "drawing figures")
     from vcfslm.analysis import figures as fig_module  # matplotlib only when drawing
 
-    figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, percentile,
-                                             report.model)
+    figures, skipped = ([], [])
+    if has_static(report):
+        figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, percentile,
+                                                 report.model)
+    if report.serving is not None:
+        more, more_skipped = fig_module.render_serving(report.serving, report.slos, out, report.title)
+        figures, skipped = figures + more, skipped + more_skipped
     reporter.update("report", "writing")
     files = [f.path for f in figures]
     outputs = {
@@ -160,6 +200,11 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
         "tables.csv": cells_csv(analysis.cells),
         "crossover.csv": crossover_table(report.crossovers).csv(),
     }
+    if report.serving is not None:
+        # Serving points, thresholds, comparison and sizing as data (the figures redraw from the run).
+        outputs["serving.json"] = json.dumps({"title": report.title, "sources": report.sources,
+                                              "slos": [s.to_dict() for s in report.slos],
+                                              **report.serving.to_dict()}, indent=2, sort_keys=True) + "\n"
     for name, text in outputs.items():
         atomic_write_text(out / name, text)
         _readable(out / name)
@@ -235,38 +280,85 @@ def _compact(value: Any) -> str:
 
 
 def split_figures(figures: Sequence) -> tuple[list, list]:
-    """(key figures in KEY_FIGURES order, the rest in drawing order)."""
+    """(key figures in KEY_FIGURES order, the rest in drawing order; serving's are the serving section's)."""
     by_name = {f.name: f for f in figures}
     key = [by_name[n] for n in KEY_FIGURES if n in by_name]
-    return key, [f for f in figures if f.name not in KEY_FIGURES]
+    return key, [f for f in figures if f.name not in KEY_FIGURES and f.name not in SERVE_FIGURES]
+
+
+def serving_figures(figures: Sequence) -> list:
+    return [f for f in figures if f.name in SERVE_FIGURES]
 
 
 def slo_line(report: Report) -> str:
-    return f"SLOs: {'; '.join(s.describe() for s in report.slos)}. Percentile judged: {report.percentile}."
+    line = f"SLOs: {'; '.join(s.describe() for s in report.slos)}. Percentile judged: {report.percentile}"
+    if report.serving is not None:
+        line += f" (static batches{'' if has_static(report) else ': none measured'}); serving: {SERVE_PCT}"
+    return line + "."
+
+
+def answer_tables(report: Report) -> list[Table]:
+    """The answer: the static summary (unless the inputs are serving-only), then serving's."""
+    out = [report.summary] if has_static(report) else []
+    return out + ([report.serving_answer] if report.serving_answer is not None else [])
 
 
 def render_text(report: Report) -> list[str]:
     """What `vcfslm report` prints first: the answer as plain lines (never wrapped or cut)."""
-    return [*report.summary.text(), slo_line(report)]
+    return [line for table in answer_tables(report) for line in table.text()] + [slo_line(report)]
+
+
+SERVING_INTRO = (f"Continuous batching: requests arrive on their own (open loop at a rate, or closed-loop "
+                 f"users) and join a batch of a fixed number of slots between decode steps. A load meets an "
+                 f"SLO when the {SERVE_PCT} TTFT (queue included) and the {SERVE_PCT} TPOT of every counted "
+                 "request of every rank are within the limits; a request unfinished by the window's cutoff "
+                 "counts as infinitely late. The threshold is the largest load tried before the first failing "
+                 "one; streams per VM are the time-averaged busy slots there times ranks per VM (Little's "
+                 "law, measured), the number the static crossover and the sizing law speak of.")
+
+
+def serving_reasons(report: Report) -> list[str]:
+    """One paragraph per answer threshold, then how its node counts follow."""
+    if report.serving is None:
+        return []
+    out = []
+    for t in report.serving.primaries:
+        sizing = [s for s in report.serving.sizings if s.threshold is t and s.nodes_by_streams is not None]
+        nodes = "; ".join(f"{s.peak_streams} streams → {s.nodes_text()} node(s)" for s in sizing)
+        out.append(threshold_reason(t) + (f" Nodes: {nodes}." if nodes else ""))
+    for c in report.serving.comparisons:
+        if c.ratio is not None:
+            out.append(f"{c.threshold.slo.title}, {c.threshold.key.input_tokens}-token inputs: serving carries "
+                       f"{c.threshold.streams_text} concurrent streams/VM at its threshold, static batches "
+                       f"{c.static_text} at their crossover ({SERVE_PCT}): ratio {c.ratio_text}.")
+    return out
 
 
 def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
     """Same order as the HTML; figures are the PNG files next to it."""
     key, more = split_figures(figures)
+    static = has_static(report)
     out = [f"# vcfslm report — {report.title}", "", f"Inputs: {', '.join(report.sources)}. {slo_line(report)}",
-           "", "## Answer", "", report.summary.markdown()]
+           "", "## Answer", ""] + [t.markdown() for t in answer_tables(report)]
     out += ["## Validity warnings", ""]
     out += [f"- {w}" for w in report.warnings] or ["None."]
-    out += ["", "## Key figures", ""] + _md_figures(key)
-    out += ["## Reasoning per SLO", "", report.reasons_intro, ""]
-    for r in report.reasons:
-        out += [f"- **{r.headline}.** {r.rule}"] + [f"  - {line}" for line in r.contexts]
-    out += ["", "## Tables", ""] + [t.markdown() for t in report.tables]
-    out += ["## Performance model", ""] + [f"- {line}" for line in _model_lines(report)] + [""]
-    table = model_table(report.model) if report.model else None
-    out += [table.markdown()] if table else []
-    out += ["## More figures", ""] + _md_figures(more)
-    out += [f"- skipped {s}" for s in skipped]
+    if static:
+        out += ["", "## Key figures", ""] + _md_figures(key)
+        out += ["## Reasoning per SLO", "", report.reasons_intro, ""]
+        for r in report.reasons:
+            out += [f"- **{r.headline}.** {r.rule}"] + [f"  - {line}" for line in r.contexts]
+    if report.serving is not None:
+        out += ["", "## Serving", "", SERVING_INTRO, ""] + _md_figures(serving_figures(figures))
+        out += [f"- {line}" for line in serving_reasons(report)] + [""]
+        out += [t.markdown() for t in report.serving_tables]
+    if static:
+        out += ["", "## Tables", ""] + [t.markdown() for t in report.tables]
+        out += ["## Performance model", ""] + [f"- {line}" for line in _model_lines(report)] + [""]
+        table = model_table(report.model) if report.model else None
+        out += [table.markdown()] if table else []
+    if static or more or skipped:
+        out += ["## More figures", ""] + _md_figures(more)
+        out += [f"- skipped {s}" for s in skipped]
     for meta in report.analysis.metas:
         out += ["", f"## Run {meta.run_id}", "", "| field | value |", "|---|---|"]
         out += [f"| {k} | {md_cell(v)} |" for k, v in meta_rows(meta)]
@@ -378,21 +470,32 @@ def _reasons_html(reasons: Sequence[SloReasons]) -> str:
 def render_html(report: Report, figures: Sequence, skipped: Sequence[str]) -> str:
     """The answer first (summary table, warnings, key figures), then reasoning, tables, figures, metadata."""
     key, more = split_figures(figures)
+    static = has_static(report)
+    answers = answer_tables(report)
     parts = [f"<h1>vcfslm report — {_e(report.title)}</h1>",
              f'<p class="meta">Inputs: {_e(", ".join(report.sources))}. {_e(slo_line(report))}</p>',
-             '<section id="answer"><h2>Answer</h2>' + table_html(report.summary, "summary") + "</section>",
+             '<section id="answer"><h2>Answer</h2>' + table_html(answers[0], "summary")
+             + "".join(table_html(t, "serving-answer") for t in answers[1:]) + "</section>",
              _warnings_html(report.warnings)]
     if key:
         parts.append('<h2>Key figures</h2><div class="figs">' + "".join(_figure_html(f) for f in key) + "</div>")
-    parts.append(f"<h2>Reasoning per SLO</h2><p>{_e(report.reasons_intro)}</p>" + _reasons_html(report.reasons))
-    parts.append("<h2>Tables</h2>")
-    parts += [table_html(t) for t in report.tables]
-    parts.append('<h2 id="model">Performance model</h2><ul>'
-                 + "".join(f"<li>{_e(line)}</li>" for line in _model_lines(report)) + "</ul>")
-    table = model_table(report.model) if report.model else None
-    parts += [table_html(table)] if table else []
-    parts.append("<h2>More figures</h2>")
-    parts += [_figure_html(f) for f in more]
+    if static:
+        parts.append(f"<h2>Reasoning per SLO</h2><p>{_e(report.reasons_intro)}</p>" + _reasons_html(report.reasons))
+    if report.serving is not None:
+        parts.append(f'<h2 id="serving">Serving</h2><p>{_e(SERVING_INTRO)}</p>')
+        parts.append('<div class="figs">' + "".join(_figure_html(f) for f in serving_figures(figures)) + "</div>")
+        parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in serving_reasons(report)) + "</ul>")
+        parts += [table_html(t) for t in report.serving_tables]
+    if static:
+        parts.append("<h2>Tables</h2>")
+        parts += [table_html(t) for t in report.tables]
+        parts.append('<h2 id="model">Performance model</h2><ul>'
+                     + "".join(f"<li>{_e(line)}</li>" for line in _model_lines(report)) + "</ul>")
+        table = model_table(report.model) if report.model else None
+        parts += [table_html(table)] if table else []
+    if static or more or skipped:
+        parts.append("<h2>More figures</h2>")
+        parts += [_figure_html(f) for f in more]
     if skipped:
         parts.append("<ul>" + "".join(f"<li>skipped {_e(s)}</li>" for s in skipped) + "</ul>")
     for meta in report.analysis.metas:

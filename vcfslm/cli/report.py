@@ -84,8 +84,15 @@ def latest_run(runs_dir: Path) -> Path:
 
 
 @click.command()
-@click.option("--peak-streams", type=click.IntRange(min=1), required=True,
-              help="Peak concurrent user streams the service must carry.")
+@click.option("--peak-streams", type=click.IntRange(min=1), default=None,
+              help="Peak concurrent user streams the service must carry (required unless --peak-rps).")
+@click.option("--peak-rps", type=click.FloatRange(min=0, min_open=True), default=None, metavar="X",
+              help="Peak requests per second: sizes from the serving threshold of a rate load "
+                   "(nodes = ceil(peak req/s / threshold req/s per VM)). Needs --threshold serving.")
+@click.option("--threshold", "threshold_kind", type=click.Choice(["static", "serving"]), default=None,
+              help="Which threshold to size from: the static-batch crossover, or the serving threshold "
+                   "(continuous batching, p90; its concurrent streams per VM). Default: static when the "
+                   "inputs have static-batch measurements, else serving.")
 @click.option("--slo", "slos", multiple=True, metavar="SLO",
               help="SLO name (A, B, ...) or spec 'name:tpot<=150ms,ttft<=2s'. Repeatable. "
                    "Omitted: every SLO x context as a table.")
@@ -100,41 +107,69 @@ def latest_run(runs_dir: Path) -> Path:
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="Fraction of each VM's threshold kept free (0.1 = plan at 90%).")
 @click.option("--percentile", type=PERCENTILE, default="p50", show_default=True,
-              help="Which percentile must meet the SLO.")
+              help="Which percentile must meet the SLO (static threshold; serving is judged at p90).")
 @output_option
-def size(peak_streams, slos, input_tokens, output_tokens, results, runs_dir, headroom, percentile,
-         output) -> None:
-    """Nodes needed: ceil(peak streams / single-VM crossover threshold), with the reasoning.
+def size(peak_streams, peak_rps, threshold_kind, slos, input_tokens, output_tokens, results, runs_dir, headroom,
+         percentile, output) -> None:
+    """Nodes needed: ceil(peak streams / single-VM threshold), with the reasoning.
 
     \b
     Examples:
       vcfslm size --peak-streams 256 --slo B --input-tokens 128
       vcfslm size --peak-streams 256 --results runs/<id> --headroom 0.1
       vcfslm size --peak-streams 1000 --results published.csv --output json
+      vcfslm size --peak-streams 256 --threshold serving --results runs/<serving-id>
+      vcfslm size --peak-rps 40 --threshold serving --slo B --results runs/<serving-id>
     """
     from ..analysis.report import known_slos, load_inputs
-    from ..analysis.slo import crossovers, resolve_slos
-    from ..analysis.slo import size as size_for
-    from ..analysis.summary import summary_table
+    from ..analysis.serve import has_serving
+    from ..analysis.slo import resolve_slos
 
+    if peak_rps is not None and threshold_kind == "static":
+        raise click.UsageError("--peak-rps sizes from the serving threshold of a rate load, not the static "
+                               "crossover: use --threshold serving, or --peak-streams")
+    if peak_streams is None and peak_rps is None:
+        raise click.UsageError("Missing option '--peak-streams' (or '--peak-rps' with --threshold serving)")
     sources = list(results) or [latest_run(runs_dir)]
     run_dirs = [p for p in sources if p.is_dir()]
     csv_files = [p for p in sources if not p.is_dir()]
     analysis, names = load_inputs(run_dirs, csv_files)
     known, _ = known_slos(analysis.metas)
     chosen = resolve_slos(slos, known)
+    serves = has_serving(analysis.runs)
+    kind = threshold_kind or ("static" if any(c.has_data for c in analysis.cells) or not serves else "serving")
+    if peak_rps is not None and kind != "serving":
+        raise click.UsageError("--peak-rps sizes from the serving threshold of a rate load; these inputs have "
+                               "static-batch measurements, so add --threshold serving")
+    context = (input_tokens, output_tokens)
+    if kind == "serving":
+        _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output)
+        return
+    if peak_streams is None:
+        raise click.UsageError("Missing option '--peak-streams' (the static crossover sizes by streams)")
+    _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, percentile, output, serves)
+
+
+def _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, percentile, output,
+                 serves) -> None:
+    from ..analysis.slo import crossovers
+    from ..analysis.slo import size as size_for
+    from ..analysis.summary import summary_table
+
+    input_tokens, output_tokens = context
     cells = [c for c in analysis.cells
              if (input_tokens is None or c.input_tokens == input_tokens)
              and (output_tokens is None or c.output_tokens == output_tokens)]
     if not any(c.has_data for c in cells):
         tested = sorted({(c.input_tokens, c.output_tokens) for c in analysis.cells if c.has_data})
         listing = ", ".join(f"{i} in / {o} out" for i, o in tested) or "none"
+        hint = " (the inputs hold serving measurements: --threshold serving)" if serves else ""
         raise UsageError([Problem(", ".join(map(str, sources)), None, None, "",
-                                  f"no measurements for the asked context; tested contexts: {listing}")])
+                                  f"no measurements for the asked context; tested contexts: {listing}{hint}")])
     answers = [size_for(c, peak_streams, headroom) for c in crossovers(cells, chosen, percentile)]
     if output == "json":
-        print_json({"results": [str(s) for s in names], "peak_streams": peak_streams, "headroom": headroom,
-                    "percentile": percentile, "sizings": [a.to_dict() for a in answers]})
+        print_json({"results": [str(s) for s in names], "threshold": "static", "peak_streams": peak_streams,
+                    "headroom": headroom, "percentile": percentile, "sizings": [a.to_dict() for a in answers]})
         return
     click.echo(f"sizing from {', '.join(map(str, names))}")
     click.echo("SLOs: " + "; ".join(s.describe() for s in chosen))
@@ -148,6 +183,58 @@ def size(peak_streams, slos, input_tokens, output_tokens, results, runs_dir, hea
     if len(answers) == 1:
         a = answers[0]
         click.echo(f"nodes: {a.nodes if a.nodes is not None else 'not achievable in this configuration'}")
+
+
+def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output) -> None:
+    """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
+    from ..analysis.serve import PCT, UNITS, analyse, compare
+    from ..analysis.serve import size as size_serving
+    from ..analysis.tables import serve_sizing_table
+
+    where = ", ".join(map(str, sources))
+    serving = analyse(analysis.runs, chosen, analysis.cells)
+    if not serving.points:
+        raise UsageError([Problem(where, None, None, "", "no serving measurements among the inputs (a run of "
+                                  "`vcfslm bench --serve`); size from the static crossover: --threshold static")])
+    input_tokens, output_tokens = context
+    picked = [t for t in serving.primaries
+              if (input_tokens is None or t.key.input_tokens == input_tokens)
+              and (output_tokens is None or t.key.output_tokens == output_tokens)]
+    if not picked:
+        tested = sorted({p.key.context for p in serving.points})
+        listing = ", ".join(f"{i} in / {o} out" for i, o in tested)
+        raise UsageError([Problem(where, None, None, "", "no serving measurements for the asked context; "
+                                  f"tested serving contexts: {listing}")])
+    if peak_rps is not None:
+        rates = [t for t in picked if t.key.load_kind == "rate"]
+        if not rates:
+            kinds = ", ".join(sorted({UNITS[t.key.load_kind] for t in picked}))
+            raise UsageError([Problem("--peak-rps", None, None, "", "needs the serving threshold of a rate load "
+                                      f"(requests/s); these inputs' serving loads are {kinds}: use --peak-streams")])
+        picked = rates if peak_streams is None else picked
+    answers = [size_serving(t, peak_streams, peak_rps if t.key.load_kind == "rate" else None, headroom)
+               for t in picked]
+    beside = {id(c.threshold): c for c in compare(picked, analysis.cells)}
+    if output == "json":
+        print_json({"results": [str(s) for s in names], "threshold": "serving", "percentile": PCT,
+                    "peak_streams": peak_streams, "peak_rps": peak_rps, "headroom": headroom,
+                    "sizings": [{**a.to_dict(), "static": beside[id(a.threshold)].to_dict()} for a in answers],
+                    "warnings": serving.warnings})
+        return
+    click.echo(f"sizing from {', '.join(map(str, names))} (serving threshold, {PCT})")
+    click.echo("SLOs: " + "; ".join(s.describe() for s in chosen))
+    if len(answers) > 1:
+        for line in serve_sizing_table(answers).text():
+            click.echo(line)
+    for a in answers:
+        click.echo(f"- {a.reasoning}")
+        c = beside[id(a.threshold)]
+        if c.ratio is not None:
+            click.echo(f"  static crossover {PCT}: {c.static_text} streams/VM; serving / static = {c.ratio_text}")
+    if len(answers) == 1:
+        a = answers[0]
+        text = a.nodes_text("rate" if peak_rps is not None else "streams")
+        click.echo(f"nodes: {text if text not in ('–', 'below range') else 'not readable (see above)'}")
 
 
 COMMANDS = [report, size]
