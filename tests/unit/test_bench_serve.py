@@ -51,6 +51,9 @@ class FakeSlots:
     def evict(self, slot):
         self.busy.remove(slot)
 
+    def reset(self):
+        self.busy.clear()
+
 
 def _serve(spec, load, slots=4, **kw):
     clock = Clock()
@@ -114,6 +117,16 @@ def test_closed_loop_think_time_lowers_occupancy():
     _out, _engine, rec = _serve(spec, 4, slots=4)
     # busy ~0.14 s per request, thinking ~1 s: each user occupies a slot ~12 % of the time
     assert 0.2 < rec["mean_active"] < 1.0
+
+
+def test_a_window_starts_with_every_slot_free_after_an_overloaded_one():
+    spec = ServeSpec(loads=(50.0,), output_tokens=50, duration_s=4, warmup_s=1, cooldown_s=1, drain_s=0)
+    clock = Clock()
+    engine = FakeSlots(clock, 4)
+    first = run_window(engine, spec, 50.0, 64, random.Random(1), lambda r: r, clock=clock, sleep=clock.sleep)
+    assert [r for r in first.requests if r.started_s is not None and not r.done]   # cut off mid-decode
+    second = run_window(engine, spec, 50.0, 64, random.Random(2), lambda r: r, clock=clock, sleep=clock.sleep)
+    assert sum(r.done for r in second.requests) > 0
 
 
 def test_only_requests_inside_the_span_count():

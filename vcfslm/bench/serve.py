@@ -39,6 +39,7 @@ class Slots(Protocol):
     def admit(self, requests: list[tuple[int, Any]]) -> list[int]: ...
     def step(self) -> dict[int, int]: ...
     def evict(self, slot: int) -> None: ...
+    def reset(self) -> None: ...
 
 
 @dataclass
@@ -120,6 +121,9 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
         for planned in serving.open_loop_plan(spec, load, input_tokens, rng):
             plan(planned.arrival_s, None, planned)
 
+    # A window starts with every slot free: the last one may have ended at its cutoff with
+    # requests still decoding.
+    slots.reset()
     waiting: deque[Request] = deque()
     running: dict[int, Request] = {}
     occupancy = _Occupancy(spec.warmup_s, span_end)
@@ -181,7 +185,7 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
                     finish(slot, r, at)
             occupancy.change(at, len(running))
             continue
-        if not future:
+        if not future and not waiting:
             break                       # nothing waits, runs or will arrive
         sleep(max(0.0, min(future[0][0] - t, IDLE_POLL_S)))
     end = now()

@@ -43,9 +43,10 @@ class BenchTracker:
     first_window_at: float | None = None   # when windows began: load and compile-free setup end
     label: str = "starting"
     finished: bool = False
+    serving: bool = False                  # a serving run: its sweep decides the loads as it goes
 
     def windows_total(self) -> int | None:
-        if self.scenarios is None:
+        if self.scenarios is None or self.serving:
             return None
         return max(0, self.scenarios - self.skipped) * self.windows_per_scenario
 
@@ -61,7 +62,7 @@ class BenchTracker:
             # windows begin once the model is loaded (and probed): time before is not theirs
             self.first_window_at = now
         if "load" in event and phase in WINDOW_PHASES + ("skip",):
-            # serving: a sweep decides its loads as it goes, so there is no "k of n"
+            self.serving = True            # no "k of n": the loads are not known ahead
             self.label = f"serving load {event.get('load')} {event.get('load_kind')}, input {event.get('input_tokens')}"
         elif phase in WINDOW_PHASES + ("skip", "done"):
             self.label = (f"scenario {event.get('scenario')}/{event.get('scenarios', self.scenarios)} "
