@@ -1,6 +1,7 @@
 """report.html renders in headless Chromium: the answer table above the first figure, a
 visible validity warning naming a rank that failed the numerics gate, no broken image,
-and a non-blank page."""
+and a non-blank page; a serving run beside a static one adds the serving section's
+three figures, every one decoded."""
 
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ import subprocess
 import pytest
 
 from vcfslm.analysis.report import write_report
-from vcfslm.results import RunMeta, WindowRecord, write_meta, write_records
+from vcfslm.results import (
+    SERVE_RESULTS,
+    RunMeta,
+    ServeRecord,
+    WindowRecord,
+    write_meta,
+    write_records,
+)
 from vcfslm.roofline import ModelDims
+from vcfslm.serving import ServeSpec
 
 pytestmark = pytest.mark.integration
 
@@ -132,3 +141,59 @@ def test_screenshot_is_not_blank(report_html, tmp_path):
     keep = os.environ.get("VCFSLM_KEEP_SCREENSHOT")
     if keep:                       # to look at the page by eye: VCFSLM_KEEP_SCREENSHOT=/tmp/report.png
         shutil.copy(shot, keep)
+
+
+def serving_run(run_dir, run_id):
+    """One VM, four ranks, three rates at 128 and 1024 input tokens: latency and busy slots
+    grow with the rate, so each SLO has a threshold inside the range tried."""
+    spec = ServeSpec(load_kind="rate", loads=(0.5, 1.0, 2.0), input_tokens=(128, 1024), output_tokens=64,
+                     duration_s=30.0)
+    meta = RunMeta(run_id=run_id, created="2025-01-01T00:00:00", command=["vcfslm", "bench", "--serve"],
+                   mode="local", nodes=["vm1"], ranks_per_node=4, threads_per_rank=24, model="synthetic:tiny",
+                   matrix={"serve": spec.to_dict()}, complete=True,
+                   guests={"vm1": {"vnuma_nodes": 4, "numa_ok": True}})
+    records = []
+    for load in spec.loads:
+        for inp in spec.input_tokens:
+            n = int(load * 20)
+            ttft = [0.2 * load * inp / 128 + 0.01 * i for i in range(n)]
+            tpot = [110.0 + 40 * load + inp / 50 + i for i in range(n)]
+            for local in range(4):
+                records.append(ServeRecord(
+                    run_id=run_id, node="vm1", node_rank=0, rank=local, local_rank=local, world_size=4,
+                    ranks_per_node=4, nodes=1, load_kind="rate", load=load, arrival="poisson", slots=16,
+                    input_tokens=inp, output_tokens=64, window=0, seed=local, duration_s=30.0, warmup_s=5.0,
+                    cooldown_s=5.0, span_s=20.0, wall_s=32.0, offered=n, completed=n, unfinished=0,
+                    arrival_s=[5.0 + i for i in range(n)], queue_s=[0.0] * n, ttft_s=ttft, tpot_ms=tpot,
+                    e2e_s=[f + p * 63 / 1000 for f, p in zip(ttft, tpot, strict=True)],
+                    request_input_tokens=[inp] * n, request_output_tokens=[64] * n, generated_tokens=n * 64,
+                    rank_tps=n * 64 / 20.0, mean_active=2.0 * load * (1 + inp / 1024), max_queue=1))
+    write_meta(run_dir, meta)
+    write_records(run_dir / SERVE_RESULTS, records)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def serving_dom(tmp_path_factory):
+    base = tmp_path_factory.mktemp("render-serving")
+    result = write_report([synthetic_run(base / "single", "single", ["vm1"]), serving_run(base / "serve", "serve")],
+                          base / "out")
+    assert [s for s in result.skipped_figures if "serve" in s] == []
+    r = chromium(["--virtual-time-budget=10000", "--window-size=1200,3000", "--dump-dom",
+                  (base / "out" / "report.html").as_uri()], tmp_path_factory.mktemp("chromium-serving"))
+    assert "<body" in r.stdout, f"no DOM dumped; stderr tail:\n{r.stderr[-2000:]}"
+    return r.stdout, len([f for f in result.files if f.suffix == ".png"])
+
+
+@needs_chromium
+def test_the_serving_section_renders_every_figure(serving_dom):
+    serving_dom, drawn = serving_dom
+    m = re.search(r'data-images="(\d+) ok=(\d+) broken=(\d+)"', serving_dom)
+    assert m, "the page's image check did not run"
+    total, ok, broken = map(int, m.groups())
+    assert (total, ok, broken) == (drawn, drawn, 0) and drawn >= 6   # the static ones and three serving
+    section = serving_dom.split('<h2 id="serving">')[1]
+    for name in ("fig-7-serve-latency", "fig-8-serve-goodput", "fig-9-serve-vs-static"):
+        assert f'id="{name}"' in section
+    assert serving_dom.index('<table id="summary"') < serving_dom.index('<table id="serving-answer"') \
+        < serving_dom.index('id="validity"')

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run
+from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run, make_serve_run
 
 from vcfslm.cli import main
 from vcfslm.cli.report import COMMANDS, report, size
 
 # batch per rank -> (TTFT s, TPOT ms, rank t/s) at 128 input tokens: SLO-A threshold 16, SLO-B >= 64
 SHORT = {(streams // 4, 128): v for (inp, streams), v in BRIEF_SHAPED.items() if inp == 128}
+# serving: (req/s per rank, input) -> (TTFT s, TPOT ms, busy slots per rank); 4 ranks per VM:
+# SLO-A passes 4 req/s/VM (8 streams/VM), SLO-B passes 8 req/s/VM (20 streams/VM)
+RAMP = {(1.0, 128): (0.5, 100.0, 2.0), (2.0, 128): (2.0, 150.0, 5.0), (4.0, 128): (6.0, 250.0, 12.0)}
 
 
 def run(*args):
@@ -137,3 +140,80 @@ def test_size_unknown_context_and_missing_percentile(tmp_path):
     assert r.exit_code == 2 and "tested contexts: 128 in / 256 out, 512 in / 256 out" in r.output
     r = run("size", "--peak-streams", 10, "--percentile", "p90", "--results", path)
     assert r.exit_code == 2 and "p90 values are unknown" in r.output
+
+
+def test_report_of_a_serving_only_run_has_the_section_and_figures(tmp_path):
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP)
+    r = run("report", serve)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "Serving threshold per SLO and context (continuous batching, p90)"
+    assert lines[3].split() == ["SLO-A", "128", "req/s", "4", "8", "TPOT", "8.0", "–", "–", "32",
+                                "no", "static-batch", "data", "among", "the", "inputs"]
+    assert ("SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Percentile judged: "
+            "p50 (static batches: none measured); serving: p90.") in lines
+    for name in ("fig-7-serve-latency.png", "fig-8-serve-goodput.png", "serving.json", "report.md", "report.html"):
+        assert (serve / name).stat().st_size > 0, name
+    assert not (serve / "fig-1-throughput.png").exists()
+    assert "figure skipped: fig-9-serve-vs-static: no serving threshold with a static crossover of the same " \
+        "SLO and context among the inputs" in lines
+    assert "has no records" not in r.output
+    md = (serve / "report.md").read_text()
+    assert "## Serving" in md and "## Reasoning per SLO" not in md and "## Tables" not in md
+    data = json.loads((serve / "serving.json").read_text())
+    assert [t["threshold_load_per_vm"] for t in data["answer"]] == [4.0, 8.0]
+
+
+def test_size_from_the_serving_threshold(tmp_path):
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP)
+    r = run("size", "--peak-streams", 256, "--slo", "B", "--results", serve)       # serving-only: serving
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0] == f"sizing from {serve} (serving threshold, p90)"
+    assert lines[-1] == "nodes: 13"
+    assert "Nodes = ceil(256 / 20) = ceil(12.80) = 13." in r.output
+    r = run("size", "--peak-streams", 256, "--peak-rps", 40, "--slo", "B", "--results", serve, "-o", "json")
+    data = json.loads(r.output)
+    (answer,) = data["sizings"]
+    assert data["threshold"] == "serving" and data["percentile"] == "p90" and data["peak_rps"] == 40
+    assert (answer["nodes_by_streams"], answer["nodes_by_rate"], answer["nodes"]) == (13, 5, 5)
+    assert answer["threshold_streams_per_vm"] == 20.0 and answer["threshold_load_per_vm"] == 8.0
+    assert answer["static"]["static_streams_per_vm"] is None
+
+
+def test_size_defaults_to_static_when_static_cells_are_among_the_inputs(tmp_path):
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP)
+    static = make_run(tmp_path / "st", "st", ["vm1"], SHORT)
+    r = run("size", "--peak-streams", 256, "--slo", "A", "--results", serve, "--results", static, "-o", "json")
+    data = json.loads(r.output)
+    assert data["threshold"] == "static" and data["sizings"][0]["nodes"] == 16
+    r = run("size", "--peak-streams", 256, "--slo", "A", "--results", serve, "--results", static,
+            "--threshold", "serving", "-o", "json")
+    data = json.loads(r.output)
+    (answer,) = data["sizings"]
+    assert data["threshold"] == "serving" and answer["nodes"] == 32
+    assert answer["static"]["static_streams_per_vm"] == 16 and answer["static"]["ratio"] == 0.5
+    r = run("size", "--peak-streams", 256, "--slo", "A", "--results", serve, "--results", static,
+            "--threshold", "serving")
+    assert "  static crossover p90: 16 streams/VM; serving / static = 0.50" in r.output.splitlines()
+
+
+def test_size_peak_rps_usage_errors(tmp_path):
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP)
+    static = make_run(tmp_path / "st", "st", ["vm1"], SHORT)
+    users = make_serve_run(tmp_path / "u", "u", ["vm1"], RAMP, kind="users")
+    r = run("size", "--peak-rps", 40, "--threshold", "static", "--results", serve)
+    assert r.exit_code == 2 and "--peak-rps sizes from the serving threshold of a rate load" in r.output
+    r = run("size", "--peak-rps", 40, "--results", static)                      # default static
+    assert r.exit_code == 2 and "--peak-rps" in r.output and "--threshold serving" in r.output
+    r = run("size", "--peak-rps", 40, "--results", users)
+    assert r.exit_code == 2 and "--peak-rps" in r.output and "needs the serving threshold of a rate load" \
+        in r.output and "Traceback" not in r.output
+    r = run("size", "--results", serve)
+    assert r.exit_code == 2 and "Missing option '--peak-streams'" in r.output
+    r = run("size", "--peak-streams", 10, "--threshold", "serving", "--results", static)
+    assert r.exit_code == 2 and "no serving measurements among the inputs" in r.output
+    r = run("size", "--peak-streams", 10, "--threshold", "serving", "--input-tokens", 512, "--results", serve)
+    assert r.exit_code == 2 and "tested serving contexts: 128 in / 64 out" in r.output
+    r = run("size", "--peak-streams", 10, "--threshold", "static", "--results", serve)
+    assert r.exit_code == 2 and "(the inputs hold serving measurements: --threshold serving)" in r.output

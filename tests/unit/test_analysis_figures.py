@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv
+from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run, make_serve_run
 
 from vcfslm.analysis.csv_import import parse_csv
 from vcfslm.analysis.slo import DEFAULT_SLOS
@@ -129,3 +129,65 @@ def test_report_loads_figures_lazily():
             "print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+RAMP = {(1.0, 128): (0.5, 100.0, 2.0), (2.0, 128): (2.0, 150.0, 5.0), (4.0, 128): (6.0, 250.0, 12.0),
+        (1.0, 1024): (1.5, 120.0, 3.0), (2.0, 1024): (4.0, 180.0, 7.0)}
+
+
+def serving_analysis(tmp_path, with_static=True):
+    from vcfslm.analysis.cells import aggregate, load_runs
+    from vcfslm.analysis.serve import analyse
+
+    def unfinished(r):
+        if r.load == 2.0 and r.input_tokens == 1024:
+            r.unfinished = 5
+        return r
+
+    dirs = [make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP, tweak=unfinished)]
+    if with_static:
+        short = {(streams // 4, inp): v for (inp, streams), v in BRIEF_SHAPED.items() if inp in (128, 1024)}
+        dirs.append(make_run(tmp_path / "st", "st", ["vm1"], short))
+    runs = load_runs(dirs)
+    return analyse(runs, DEFAULT_SLOS, aggregate(runs).cells, (256,))
+
+
+def test_serving_figures_are_drawn_from_the_run_and_not_blank(tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    from vcfslm.analysis.figures import render_serving
+
+    figures, skipped = render_serving(serving_analysis(tmp_path), DEFAULT_SLOS, tmp_path / "out", "run-7")
+    assert skipped == []
+    assert [f.name for f in figures] == ["fig-7-serve-latency", "fig-8-serve-goodput", "fig-9-serve-vs-static"]
+    for f in figures:
+        pixels = image.imread(f.path)
+        assert pixels.shape[:2] == ((800, 800) if f.name == "fig-7-serve-latency" else (500, 800))
+        assert pixels.std() > 0.05, f"{f.name} looks blank"
+        assert "run-7" in f.title
+    figures, skipped = render_serving(serving_analysis(tmp_path / "alone", False), DEFAULT_SLOS, tmp_path, "r")
+    assert [f.name for f in figures] == ["fig-7-serve-latency", "fig-8-serve-goodput"]
+    assert skipped == ["fig-9-serve-vs-static: no serving threshold with a static crossover of the same SLO and "
+                       "context among the inputs"]
+
+
+def test_serving_latency_figure_has_slo_lines_and_marks_unfinished_tails(tmp_path):
+    from vcfslm.analysis.figures import serve_goodput_figure, serve_latency_figure
+
+    fig, _, _ = serve_latency_figure(serving_analysis(tmp_path, False), DEFAULT_SLOS, "r")
+    ttft, tpot = fig.axes
+    assert ttft.get_ylabel() == "TTFT p90 (s), queue included" and tpot.get_ylabel() == "TPOT p90 (ms)"
+    assert tpot.get_xlabel() == "offered load per VM (requests/s)"
+
+    def limits(ax):
+        return sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_label().startswith("SLO"))
+    assert limits(ttft) == [3, 5] and limits(tpot) == [130, 200]
+    labels = [line.get_label() for line in ttft.get_lines()]
+    assert labels[:2] == ["128 input tokens", "1024 input tokens"]
+    assert "tail reaches unfinished requests (∞)" in labels
+    measured = ttft.get_lines()[0]
+    assert list(measured.get_xdata()) == [4.0, 8.0, 16.0] and list(measured.get_ydata()) == [0.5, 2.0, 6.0]
+    fig, _, _ = serve_goodput_figure(serving_analysis(tmp_path / "g", False), DEFAULT_SLOS, "r")
+    (ax,) = fig.axes
+    got = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert got["goodput SLO-A, 128 input tokens"] == [4.0, 0.0, 0.0]
+    assert got["goodput SLO-B, 128 input tokens"] == [4.0, 4.0, 0.0]

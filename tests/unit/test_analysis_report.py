@@ -6,7 +6,7 @@ import os
 import stat
 
 import pytest
-from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run
+from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run, make_serve_run
 
 from vcfslm.analysis.report import build, flatten, load_inputs, topology_rows, write_report
 from vcfslm.errors import CsvError
@@ -111,3 +111,68 @@ def test_flatten_and_topology_rows(tmp_path):
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "ok": True}) == [("a.b", "1"), ("a.c", "[1, 2]"), ("ok", "pass")]
     run_dir = make_run(tmp_path / "r", "r", ["vm1", "vm2"], SHORT, guests={"vm1": {"numa_nodes": 4}, "vm2": "?"})
     assert topology_rows(read_meta(run_dir)) == [("vm1", "numa_nodes", "4"), ("vm2", "facts", "?")]
+
+
+RAMP = {(1.0, 128): (0.5, 100.0, 2.0), (2.0, 128): (2.0, 150.0, 5.0), (4.0, 128): (6.0, 250.0, 12.0)}
+
+
+def test_a_serving_run_beside_a_static_one_adds_a_serving_section_and_keeps_the_static_ones(tmp_path):
+    static = make_run(tmp_path / "st", "st", ["vm1"], SHORT)
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP)
+    write_report([static], tmp_path / "alone")
+    result = write_report([static, serve], tmp_path / "both")
+    alone = (tmp_path / "alone" / "report.md").read_text().splitlines()
+    md = (tmp_path / "both" / "report.md").read_text()
+    lines = md.splitlines()
+    # The static answer table is the same; the serving one follows it inside the answer.
+    table = alone[alone.index("## Answer"):alone.index("## Validity warnings")]
+    assert lines[lines.index("## Answer"):lines.index("## Answer") + len(table) - 1] == table[:-1]
+    assert lines.index("### Serving threshold per SLO and context (continuous batching, p90)") \
+        < lines.index("## Validity warnings") < lines.index("## Key figures") < lines.index("## Reasoning per SLO") \
+        < lines.index("## Serving") < lines.index("## Tables") < lines.index("## More figures")
+    assert "| SLO-A | 128 | req/s | 4 | 8 | TPOT | 8.0 | 16 | 0.50 | 32 |" in lines
+    assert "| SLO-B | 128 | req/s | 8 | 16 | TPOT and TTFT | 20.0 | ≥ 64 | ≤ 0.31 | 13 |" in lines
+    serving = md.split("\n## Serving\n")[1].split("\n## Tables\n")[0]
+    for name in ("fig-7-serve-latency.png", "fig-8-serve-goodput.png", "fig-9-serve-vs-static.png"):
+        assert f"({name})" in serving and f"({name})" not in md.split("## More figures")[1]
+    assert ("- SLO-A, 128-token inputs: serving carries 8.0 concurrent streams/VM at its threshold, static "
+            "batches 16 at their crossover (p90): ratio 0.50.") in lines
+    assert "### Serving, single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64" in lines
+    assert "| 2 | 8 | 40 | 0 | 2.00 | 2.00 | 150.0 | 150.0 | 20.0 | 4.00 | 0.00 | 4.00 | 4/4 |" in lines
+    assert result.report.serving is not None and result.skipped_figures == [
+        "fig-2-matched-tpot: needs single-VM and cluster data at the same batch per rank",
+        "fig-5-roofline: no roofline data (no bandwidth or compute probe in this run)",
+        "fig-6-model: no performance model (cannot calibrate on this run: it lacks the bandwidth probe "
+        "(the run was made with --no-probe?))"]
+    html = (tmp_path / "both" / "report.html").read_text()
+    order = ['<table id="summary"', '<table id="serving-answer"', 'id="validity"', "<h2>Key figures</h2>",
+             '<h2 id="serving">Serving</h2>', 'id="fig-7-serve-latency"', 'id="fig-9-serve-vs-static"',
+             "<h2>Tables</h2>"]
+    assert [html.index(m) for m in order] == sorted(html.index(m) for m in order)
+    assert html.count("data:image/png;base64,") == 6
+
+
+def test_no_serve_records_no_serving_section(tmp_path):
+    run_dir = make_run(tmp_path / "r", "r", ["vm1"], SHORT)
+    report = build(*load_inputs([run_dir]))
+    assert report.serving is None and report.serving_tables == []
+    write_report([run_dir], tmp_path / "out")
+    assert "Serving" not in (tmp_path / "out" / "report.md").read_text()
+    assert not (tmp_path / "out" / "serving.json").exists()
+
+
+def test_serving_only_html_answers_with_the_serving_table(tmp_path):
+    def bad(r):
+        if r.load == 4.0 and r.local_rank == 0:
+            r.valid, r.invalid_reasons = False, ["recompiled"]
+        return r
+
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP, tweak=bad)
+    result = write_report([serve], tmp_path / "out")
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.index("<h3>Serving threshold per SLO and context (continuous batching, p90)</h3>") \
+        < html.index('<table id="summary"') < html.index('id="validity"')
+    assert "<h2>Key figures</h2>" not in html and "Reasoning per SLO" not in html
+    assert html.count("data:image/png;base64,") == 2
+    assert result.warnings == ["serving single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64 "
+                               "at 4 req/s per rank: 1 invalid window(s) left out (recompiled)"]

@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from vcfslm.results import RunMeta, WindowRecord, load_run, write_meta, write_records
+from vcfslm.results import (
+    SERVE_RESULTS,
+    RunMeta,
+    ServeRecord,
+    WindowRecord,
+    load_run,
+    read_run,
+    write_meta,
+    write_records,
+)
+from vcfslm.serving import ServeSpec
 
 # A hand-made single-VM table shaped like the brief's prose (not its Table 3, which
 # the brief does not print): under SLO-B the thresholds are 64 / 32 / 16 streams per VM
@@ -84,3 +94,65 @@ def test_make_run_round_trips(tmp_path):
     meta, records = load_run(run)
     assert meta.nodes == ["a", "b"] and len(records) == 2 * 2 * 4
     assert {r.rank for r in records} == set(range(8))
+
+
+def serve_record(run_id: str = "serve", node: str = "vm1", node_rank: int = 0, local_rank: int = 0,
+                 nodes: int = 1, ranks: int = 4, kind: str = "rate", load: float = 1.0, inp: int = 128,
+                 out: int = 64, window: int = 0, ttft: float | list[float] = 0.5,
+                 tpot: float | list[float] = 100.0, requests: int = 10, unfinished: int = 0,
+                 mean_active: float = 2.0, span: float = 10.0, slots: int = 16, valid: bool = True,
+                 reasons: tuple[str, ...] = ()) -> ServeRecord:
+    """One serving window: `requests` finished requests (or as many as the lists given) and
+    `unfinished` more, over a measured span of `span` seconds."""
+    ttfts = ttft if isinstance(ttft, list) else [ttft] * requests
+    tpots = tpot if isinstance(tpot, list) else [tpot] * len(ttfts)
+    n = len(ttfts)
+    arrivals = [5.0 + i * span / max(n, 1) for i in range(n)]
+    return ServeRecord(
+        run_id=run_id, node=node, node_rank=node_rank, rank=node_rank * ranks + local_rank,
+        local_rank=local_rank, world_size=nodes * ranks, ranks_per_node=ranks, nodes=nodes, load_kind=kind,
+        load=load, arrival="closed" if kind == "users" else "poisson", slots=slots, input_tokens=inp,
+        output_tokens=out, window=window, seed=window, duration_s=span + 10.0, warmup_s=5.0, cooldown_s=5.0,
+        span_s=span, wall_s=span + 12.0, offered=n + unfinished, completed=n, unfinished=unfinished,
+        arrival_s=arrivals, queue_s=[0.0] * n, ttft_s=ttfts, tpot_ms=tpots,
+        e2e_s=[a + b * (out - 1) / 1000 for a, b in zip(ttfts, tpots, strict=True)],
+        request_input_tokens=[inp] * n, request_output_tokens=[out] * n, generated_tokens=n * out,
+        rank_tps=n * out / span, mean_active=mean_active, max_queue=0, valid=valid,
+        invalid_reasons=list(reasons))
+
+
+def make_serve_run(run_dir: Path, run_id: str, nodes: list[str],
+                   table: Mapping[tuple[float, int], tuple[float, float, float]], kind: str = "rate",
+                   repeats: int = 1, ranks: int = 4, out: int = 64, requests: int = 10,
+                   slos: dict | None = None, complete: bool = True, tweak=None) -> Path:
+    """A serving run whose every rank and window reports `table[(load, input)] = (ttft, tpot,
+    mean active slots)`; `tweak(record) -> record | None` may change or drop records."""
+    loads = sorted({load for load, _ in table})
+    inputs = sorted({i for _, i in table})
+    spec = ServeSpec(load_kind=kind, loads=tuple(loads), input_tokens=tuple(inputs), output_tokens=out,
+                     repeats=repeats, duration_s=20.0)
+    meta = RunMeta(run_id=run_id, created="2025-01-01T00:00:00", command=["vcfslm", "bench", "--serve"],
+                   mode="local" if len(nodes) == 1 else "cluster", nodes=nodes, ranks_per_node=ranks,
+                   threads_per_rank=24, model="synthetic:tiny", matrix={"serve": spec.to_dict()},
+                   complete=complete, slos=slos or {},
+                   guests={n: {"vnuma_nodes": 4, "numa_ok": True} for n in nodes})
+    records = []
+    for (load, inp), (ttft, tpot, active) in sorted(table.items()):
+        for window in range(repeats):
+            for node_rank, node in enumerate(nodes):
+                for local_rank in range(ranks):
+                    r = serve_record(run_id, node, node_rank, local_rank, len(nodes), ranks, kind, load, inp,
+                                     out, window, ttft, tpot, requests, mean_active=active)
+                    r = tweak(r) if tweak else r
+                    if r is not None:
+                        records.append(r)
+    write_meta(run_dir, meta)
+    write_records(Path(run_dir) / SERVE_RESULTS, records)
+    return Path(run_dir)
+
+
+def test_make_serve_run_round_trips(tmp_path):
+    run = make_serve_run(tmp_path / "s", "s", ["a"], {(1.0, 128): (0.5, 100.0, 2.0)}, repeats=2)
+    got = read_run(run)
+    assert got.records == [] and len(got.serve_records) == 2 * 4
+    assert got.meta.matrix["serve"]["loads"] == [1.0]
