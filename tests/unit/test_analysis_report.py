@@ -137,6 +137,9 @@ def test_a_serving_run_beside_a_static_one_adds_a_serving_section_and_keeps_the_
         assert f"({name})" in serving and f"({name})" not in md.split("## More figures")[1]
     assert ("- SLO-A, 128-token inputs: serving carries 8.0 concurrent streams/VM at its threshold, static "
             "batches 16 at their crossover (p90): ratio 0.50.") in lines
+    assert any(line.startswith("- SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s), serving requests/s") and line.endswith(
+        "Nodes: 256 streams → ceil(256 / 20) = 13. By rate: nodes = ceil(peak requests/s / 8) "
+        "(vcfslm size --threshold serving --peak-rps X).") for line in lines)
     assert "### Serving, single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64" in lines
     assert "| 2 | 8 | 40 | 0 | 2.00 | 2.00 | 150.0 | 150.0 | 20.0 | 4.00 | 0.00 | 4.00 | 4/4 |" in lines
     assert result.report.serving is not None and result.skipped_figures == [

@@ -6,6 +6,11 @@ nodes per peak), then the validity warnings, then the key figures (TPOT and TTFT
 against the SLO lines, single VM vs cluster), then the reasoning said once per SLO,
 then the detail tables, the remaining figures and the runs' metadata.
 
+With serving records (bench --serve) a Serving section follows the reasoning: the serving
+threshold per SLO and context beside the static crossover (opening the answer too),
+latency and goodput against load, every series' loads; serving.json holds its numbers.
+A serving-only report leaves out the static sections that would be empty.
+
 report.html is self-contained: figures are inline base64 data URIs and the
 styles are inline, so the file can be mailed. matplotlib is loaded only when
 figures are drawn (vcfslm.analysis.figures).
@@ -26,7 +31,13 @@ from vcfslm.analysis.cells import Analysis, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv
 from vcfslm.analysis.predict import ModelSection, model_section, model_table
 from vcfslm.analysis.serve import PCT as SERVE_PCT
-from vcfslm.analysis.serve import SERVE_FIGURES, ServeAnalysis, has_serving, threshold_reason
+from vcfslm.analysis.serve import (
+    SERVE_FIGURES,
+    ServeAnalysis,
+    fmt_load,
+    has_serving,
+    threshold_reason,
+)
 from vcfslm.analysis.serve import analyse as analyse_serving
 from vcfslm.analysis.slo import Crossover, Sizing, crossovers, resolve_slos, size, slos_from_meta
 from vcfslm.analysis.summary import SloReasons, reasoning_intro, slo_reasons, summary_table
@@ -40,7 +51,6 @@ from vcfslm.analysis.tables import (
     results_table,
     serve_answer_table,
     serve_points_table,
-    serve_sizing_table,
     serve_thresholds_table,
 )
 from vcfslm.errors import CsvError, Problem, UsageError
@@ -148,14 +158,12 @@ def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] =
 
 def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
     """The serving section's detail: every series' loads, then (when the answer does not show
-    them all) every series' thresholds, then sizing."""
+    them all) every series' thresholds. The nodes are in the answer table and the reasoning."""
     from vcfslm.analysis.serve import series_of
 
     out = [serve_points_table(points, slos) for points in series_of(serving.points).values()]
     if len(serving.thresholds) > len(serving.primaries):
         out.append(serve_thresholds_table(serving.thresholds))
-    if serving.sizings:
-        out.append(serve_sizing_table(serving.sizings))
     return out
 
 
@@ -324,8 +332,13 @@ def serving_reasons(report: Report) -> list[str]:
     out = []
     for t in report.serving.primaries:
         sizing = [s for s in report.serving.sizings if s.threshold is t and s.nodes_by_streams is not None]
-        nodes = "; ".join(f"{s.peak_streams} streams → {s.nodes_text()} node(s)" for s in sizing)
-        out.append(threshold_reason(t) + (f" Nodes: {nodes}." if nodes else ""))
+        text = threshold_reason(t)
+        if sizing:
+            text += " Nodes: " + "; ".join(f"{s.peak_streams} streams → {s.law_text}" for s in sizing) + "."
+        if t.rate_per_vm and sizing:
+            text += (f" By rate: nodes = ceil(peak requests/s / {fmt_load(t.rate_per_vm * (1 - sizing[0].headroom))})"
+                     " (vcfslm size --threshold serving --peak-rps X).")
+        out.append(text)
     for c in report.serving.comparisons:
         if c.ratio is not None:
             out.append(f"{c.threshold.slo.title}, {c.threshold.key.input_tokens}-token inputs: serving carries "

@@ -574,6 +574,15 @@ class ServeSizing:
     def bound(self) -> bool:
         return self.threshold.status == "above"
 
+    @property
+    def law_text(self) -> str:
+        """`ceil(256 / 20) = 13` (by streams; the headroom applied), or why there is none."""
+        streams = self.threshold.streams_per_vm
+        if self.nodes_by_streams is None or self.peak_streams is None or not streams:
+            return "no node count"
+        eff = streams * (1 - self.headroom)
+        return f"ceil({self.peak_streams} / {eff:.3g}) = {'at most ' if self.bound else ''}{self.nodes_by_streams}"
+
     def nodes_text(self, which: str = "streams") -> str:
         n = self.nodes_by_rate if which == "rate" else self.nodes_by_streams
         if n is None:

@@ -433,13 +433,20 @@ def serve_thresholds_table(thresholds: Sequence[ServeThreshold]) -> Table:
 
 
 def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
-    cols = ["SLO", "input tokens", "load", "peak streams", "peak req/s", "streams/VM at threshold",
-            "threshold (per VM)", "headroom", "nodes by streams", "nodes by rate"]
-    rows = [[s.threshold.slo.title, str(s.threshold.key.input_tokens), UNITS[s.threshold.key.load_kind],
-             "–" if s.peak_streams is None else str(s.peak_streams),
-             "–" if s.peak_rps is None else f"{s.peak_rps:g}", s.threshold.streams_text,
-             s.threshold.threshold_text, f"{s.headroom:.0%}", s.nodes_text("streams"), s.nodes_text("rate")]
-            for s in sizings]
+    """Sizing from serving thresholds; the by-rate columns only when a peak rate was given."""
+    by_rate = any(s.peak_rps is not None for s in sizings)
+    cols = ["SLO", "input tokens", "load", "peak streams"] + (["peak req/s"] if by_rate else [])
+    cols += ["streams/VM at threshold", "threshold (per VM)", "headroom", "nodes by streams"]
+    cols += ["nodes by rate"] if by_rate else []
+    rows = []
+    for s in sizings:
+        t = s.threshold
+        row = [t.slo.title, str(t.key.input_tokens), UNITS[t.key.load_kind],
+               "–" if s.peak_streams is None else str(s.peak_streams)]
+        row += ["–" if s.peak_rps is None else f"{s.peak_rps:g}"] if by_rate else []
+        row += [t.streams_text, t.threshold_text, f"{s.headroom:.0%}", s.nodes_text("streams")]
+        row += [s.nodes_text("rate")] if by_rate else []
+        rows.append(row)
     return Table("Sizing from the serving threshold", cols, rows,
                  ["Nodes by streams = ceil(peak streams / streams per VM at threshold × (1 − headroom)); "
                   "by rate = ceil(peak req/s / threshold req/s per VM × (1 − headroom)). “≤ n”: every load "
