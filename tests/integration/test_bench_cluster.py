@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from vcfslm.bench.launch import process_group_timeout_s, rendezvous_timeout_s
-from vcfslm.results import load_run
+from vcfslm.results import load_run, read_run
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +138,56 @@ def test_dead_rank_stops_everything_and_resume_completes(provisioned_lab, tmp_pa
     assert_complete(tmp_path / "t-dead", 2, inv.bench.ranks_per_node,
                     len(inv.bench.batch_sizes) * len(inv.bench.input_tokens), 2)
     assert not run_processes("t-dead")
+
+
+SERVE = ["--serve", "--rates", "4,8", "--slots", "2", "--duration", "3", "--warmup-s", "0.5",
+         "--cooldown-s", "0.5", "--repeats", "1", "--compile", "eager"]
+
+
+def test_serving_run_survives_a_dead_rank_and_resume_completes(provisioned_lab, tmp_path):
+    """2 nodes x 2 ranks serve two loads per context; rank 3 dies after the first window,
+    everything stops cleanly, the finished windows stay, --resume measures the rest."""
+    inv = provisioned_lab.load_inventory()
+    remote = Path(inv.guest.workdir) / "runs" / "t-serve"
+    env = {**os.environ, **provisioned_lab.env, "VCFSLM_STATE": str(provisioned_lab.dir / "state.json")}
+    proc = subprocess.Popen([*VCFSLM, "bench", "--nodes", "2", "--run-id", "t-serve", "--runs-dir", str(tmp_path),
+                             "--timeout", "300", *SERVE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        first = remote / "ranks" / "serve-0.jsonl"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if first.exists() and len(first.read_text().splitlines()) >= 1:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(int((remote / "pids" / "rank-3.pid").read_text()), signal.SIGKILL)
+        out, err = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "incomplete" in err and "--resume t-serve" in err
+    time.sleep(0.5)
+    assert not run_processes("t-serve")
+    run = read_run(tmp_path / "t-serve", require_records=False)
+    assert not run.meta.complete and run.meta.failure
+    kept = {(r.rank, r.scenario) for r in run.serve_records}
+    assert kept, "finished serving windows must be kept"
+
+    again = bench(provisioned_lab, "--resume", "t-serve", "--runs-dir", str(tmp_path), "--output", "json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    run = read_run(tmp_path / "t-serve")
+    assert run.meta.complete and run.meta.matrix["serve"]["loads"] == [4.0, 8.0]
+    got = {(r.rank, r.input_tokens, r.load) for r in run.serve_records}
+    assert got == {(rank, i, load) for rank in range(4) for i in inv.bench.input_tokens for load in (4.0, 8.0)}
+    assert kept <= {(r.rank, r.scenario) for r in run.serve_records}   # resumed, not re-measured
+    for r in run.serve_records:
+        assert r.slots == 2 and r.arrival == "poisson" and r.offered == r.completed + r.unfinished
+        assert len(r.ttft_s) == len(r.tpot_ms) == r.completed and all(t > 0 for t in r.ttft_s)
+        assert r.ranks_per_node == 2 and r.nodes == 2 and r.node in ("slm-01", "slm-02")
+    assert len({r.seed for r in run.serve_records}) == len(run.serve_records)  # independent arrivals per rank
+    rows = json.loads(again.stdout)["serving"]
+    assert {(row["input_tokens"], row["load_per_rank"]) for row in rows} == {
+        (i, load) for i in inv.bench.input_tokens for load in (4.0, 8.0)}
+    assert not run_processes("t-serve")

@@ -61,9 +61,10 @@ class BenchTracker:
                                              and self.first_window_at is None):
             # windows begin once the model is loaded (and probed): time before is not theirs
             self.first_window_at = now
-        if "load" in event and phase in WINDOW_PHASES + ("skip",):
+        if phase in WINDOW_PHASES + ("skip", "done") and ("load" in event or self.serving):
             self.serving = True            # no "k of n": the loads are not known ahead
-            self.label = f"serving load {event.get('load')} {event.get('load_kind')}, input {event.get('input_tokens')}"
+            self.label = f"serving input {event.get('input_tokens')}, " + (
+                f"load {event['load']:g} {event.get('load_kind')}" if "load" in event else "done")
         elif phase in WINDOW_PHASES + ("skip", "done"):
             self.label = (f"scenario {event.get('scenario')}/{event.get('scenarios', self.scenarios)} "
                           f"(batch {event.get('batch')}, input {event.get('input_tokens')})")
