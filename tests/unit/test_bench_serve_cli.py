@@ -87,3 +87,14 @@ def test_serve_complete_needs_every_rank_at_every_load():
     # a sweep may stop its grid after the first load, but a load it measured needs all ranks
     assert serve_complete([_R(0, 1.0), _R(1, 1.0), _R(0, 1.5), _R(1, 1.5)], sweep, 2)
     assert not serve_complete([_R(0, 1.0), _R(1, 1.0), _R(0, 1.5)], sweep, 2)
+
+
+def test_slo_flags_become_the_runs_slos():
+    from vcfslm.cli.bench import _parse_slos
+
+    assert _parse_slos(("B-scaled:tpot<=800ms,ttft<=20s",)) == {"B-scaled": {"tpot_ms": 800.0, "ttft_s": 20.0}}
+    assert _parse_slos(()) is None
+    result = _run("--local", "--slo", "B:tpot<=x")
+    assert result.exit_code == 2 and "error: --slo: slo 'B': cannot read condition 'tpot<=x'" in result.output
+    result = _run("--local", "--resume", "r1", "--slo", "B:tpot<=1s")
+    assert result.exit_code == 2 and "--resume continues a run with its own SLOs" in result.output

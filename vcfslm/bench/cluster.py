@@ -72,6 +72,7 @@ class ClusterOptions:
     probe_mib: int | None = None      # the workers' bandwidth probe buffer; 0 = no probe
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     serve: ServeSpec | None = None    # serving mode: the load each rank takes
+    slos: dict[str, Any] | None = None  # --slo: the run's SLOs instead of the inventory's
 
 
 def run_matrix(inv, opts: ClusterOptions) -> Matrix:
@@ -81,8 +82,9 @@ def run_matrix(inv, opts: ClusterOptions) -> Matrix:
     return Matrix.of_inventory(inv.bench, output_tokens=opts.output_tokens, repeats=opts.repeats)
 
 
-def run_slos(inv) -> dict[str, Any]:
-    return {k: v.model_dump() for k, v in inv.slos.items()}
+def run_slos(inv, opts: ClusterOptions) -> dict[str, Any]:
+    """The SLOs the run records (and a serving run's workers judge by): --slo, else the inventory's."""
+    return opts.slos or {k: v.model_dump() for k, v in inv.slos.items()}
 
 
 def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaunch]:
@@ -102,7 +104,7 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
                              threads=inv.bench.threads_per_rank,
                              compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
                              scenarios=opts.scenarios, timeout_s=pg_timeout, probe_mib=opts.probe_mib,
-                             serve=opts.serve, slos=serve_limits(run_slos(inv)) if opts.serve else None)
+                             serve=opts.serve, slos=serve_limits(run_slos(inv, opts)) if opts.serve else None)
         argv = L.torchrun_argv(torchrun=[paths.python, "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
                                node_rank=i, master_addr=master, master_port=inv.bench.port,
                                rank_script=paths.rank_script,
@@ -416,7 +418,7 @@ class ClusterBench:
             matrix=matrix_record(run_matrix(inv, self.opts), scenarios=self.opts.scenarios,
                                  compile_mode=self.opts.compile_mode or inv.bench.compile,
                                  serve=self.opts.serve),
-            complete=complete, failure=failure, previous=previous, slos=run_slos(inv),
+            complete=complete, failure=failure, previous=previous, slos=run_slos(inv, self.opts),
             inventory_sha256=inventory_sha256(inv.source), versions={"vcfslm": __version__},
             vcenter=self._vcenter, guests=self.facts,
             ranks=rank_summaries(read_rank_facts(self.local_dir / "ranks")))

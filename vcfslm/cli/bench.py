@@ -64,6 +64,9 @@ CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
 @click.option("--resume", default=None, metavar="RUN",
               help="Continue run RUN (an id under --runs-dir, or its folder); finished scenarios are kept.")
 @click.option("--label", default=None, help="Free-text label stored in meta.json.")
+@click.option("--slo", "slo_specs", multiple=True, metavar="SLO",
+              help="The run's SLOs instead of the inventory's, e.g. 'B:tpot<=200ms,ttft<=5s' (repeatable): "
+                   "recorded in meta.json; a serving run's goodput and sweep judge by them.")
 @click.option("--no-numactl", is_flag=True, help="Do not pin ranks with numactl (local).")
 @click.option("--seed", type=int, default=None, help="Weights/prompt seed (local; default 0).")
 @click.option("--compile", "compile_mode", type=click.Choice(ACCEPTED_COMPILE_MODES), default=None,
@@ -99,11 +102,14 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
              (click.core.ParameterSource.DEFAULT, None)}
     verbose = (ctx.find_root().obj or {}).get("verbose", 0)
     check_serve_flags(opts["serve"], given, resume=bool(opts["resume"]))
+    if opts["resume"] and opts["slo_specs"]:
+        raise UsageError("--resume continues a run with its own SLOs; drop --slo")
+    slos = _parse_slos(opts.pop("slo_specs"))
     if local:
         bad = sorted(given & set(CLUSTER_ONLY))
         if bad:
             raise UsageError(f"--local cannot be combined with {_flags(bad)}")
-        _bench_local(inventory, opts, verbose)
+        _bench_local(inventory, opts, verbose, slos)
         return
     bad = sorted(given & set(LOCAL_ONLY))
     if bad:
@@ -113,7 +119,7 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
     from .cluster import run_cluster
 
     run_cluster(inventory=inventory, nodes=opts["nodes"], hosts=opts["hosts"], resume=opts["resume"],
-                serve=opts if opts["serve"] else None,
+                serve=opts if opts["serve"] else None, slos=slos,
                 run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
                 repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
                 dry_run=opts["dry_run"], runs_dir=opts["runs_dir"], compile_mode=opts["compile_mode"],
@@ -125,7 +131,16 @@ def _flags(names: list[str]) -> str:
     return ", ".join("--" + n.replace("_", "-").replace("compile-mode", "compile") for n in names)
 
 
-def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) -> None:
+def _parse_slos(specs) -> dict[str, Any] | None:
+    """--slo texts as meta.json records SLOs ({name: {tpot_ms, ttft_s}}); None when none given."""
+    from ..analysis.slo import parse_slo
+
+    parsed = [parse_slo(text) for text in specs]
+    return {s.name: {"tpot_ms": s.tpot_ms, "ttft_s": s.ttft_s} for s in parsed} or None
+
+
+def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
+                 slos: dict[str, Any] | None = None) -> None:
     """Resolve the local run's settings (flags > resumed meta > inventory > defaults) and run it."""
     from ..bench.local import run_local
     from ..bench.model import ModelSourceError, parse_model_spec
@@ -143,6 +158,8 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0) 
                 "repeats", "seed", "compile_mode", "probe_mib", "scenarios", "label"):
         if opts.get(key) is not None:
             settings[key] = opts[key]
+    if slos:
+        settings["slos"] = slos
     try:
         parse_model_spec(settings["model"])
     except ModelSourceError as exc:

@@ -22,11 +22,12 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
                 output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
                 compile_mode: str | None,
                 trust_new_hosts: bool, output: str, verbose: int = 0, probe_mib: int | None = None,
-                serve: dict | None = None) -> None:
+                serve: dict | None = None, slos: dict | None = None) -> None:
     """Select nodes, then preflight, launch, watch and collect the cluster run.
 
     probe_mib: the workers' bandwidth probe buffer (None: their default; 0: no probes).
     serve: the --serve flags (serving mode), resolved against the inventory's bench.serve.
+    slos: --slo, instead of the inventory's SLOs.
     """
     from ..bench import cluster as C
 
@@ -59,7 +60,8 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
     opts = C.ClusterOptions(run_id=run_id or new_run_id(inv.name, len(selected)), runs_root=runs_root,
                             label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
                             output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
-                            probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]], serve=spec)
+                            probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]], serve=spec,
+                            slos=slos)
     if dry_run:
         launches = C.plan_launches(inv, selected, opts)
         if output == "json":
