@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..contract import model_kind as contract_model_kind
-from ..errors import PlaybookError
+from ..errors import CommandFailed, PlaybookError
 from . import batch
 from . import facts as F
 from .templates import render_template
@@ -43,11 +43,15 @@ def q(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Shell:
-    """A command to run on the guest."""
+    """A command to run on the guest.
+
+    failure: what a non-zero exit means, in words (shown above the command and its output).
+    """
 
     cmd: str
     sudo: bool = False
     timeout: float | None = None
+    failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,12 @@ def execute(op: Op, transport: Transport, default_timeout: float | None,
     progress: for an upload of a local file, called with the bytes sent so far.
     """
     if isinstance(op, Shell):
-        transport.run(op.cmd, timeout=op.timeout or default_timeout, sudo=op.sudo)
+        try:
+            transport.run(op.cmd, timeout=op.timeout or default_timeout, sudo=op.sudo)
+        except CommandFailed as exc:
+            if op.failure is None:
+                raise
+            raise PlaybookError(f"{op.failure}\n{exc}") from None
         return
     if op.sudo and transport.user != "root":
         tmp = f"/tmp/.vcfslm-upload-{uuid.uuid4().hex[:12]}"
@@ -242,7 +251,21 @@ class PackagesStep(Step):
                   f"{env} apt-get install -y -qq --no-install-recommends {names}"
         else:
             cmd = ("dnf makecache -q && " if self.update else "") + f"dnf install -y -q {names}"
-        return [Shell(cmd, sudo=sudo, timeout=1800)]
+        return [Shell(cmd, sudo=sudo, timeout=1800,
+                      failure=missing_packages_message(state.manager, missing))]
+
+
+def missing_packages_message(manager: str, missing: list[str]) -> str:
+    """Why a package install failed, and how to fix it for good: the packages are not in the
+    template and its package sources did not provide them (an offline guest reaches none)."""
+    them = "it" if len(missing) == 1 else "them"
+    names = " ".join(missing)
+    install = (f"apt-get install -y {names}" if manager == "apt" else f"dnf install -y {names}")
+    return (f"{manager} could not install {', '.join(missing)}: missing from the guest, and its "
+            f"package sources did not provide {them} (an offline guest reaches none). Bake "
+            f"{them} into the template: run `{install}` in the template VM before it is cloned "
+            f"(the lab's fresh root: add {them} to TEMPLATE_PACKAGES in vcfslm/lab/fresh.py, "
+            f"which debootstrap --include's).")
 
 
 def _ownership_ops(path: str, state: F.FileState, mode: str | None, owner: str | None,
@@ -402,8 +425,13 @@ class VenvStep(Step):
 def pip_install(py: str, requirements: list[str], *, index_url: str | None = None,
                 extra_index_urls: list[str] = (), find_links: list[str] = (), no_index: bool = False,
                 constraints: str | None = None, options: list[str] = ()) -> str:
-    """The `python -m pip install` command line."""
-    parts = [q(py), "-m pip install --disable-pip-version-check --no-input -q"]
+    """The `python -m pip install` command line.
+
+    --no-compile: pip would byte-compile every module of every wheel (torch's thousands) at
+    install, tripling the install's time on a fresh guest; Python compiles what it imports
+    on first use and keeps the .pyc files in the venv.
+    """
+    parts = [q(py), "-m pip install --disable-pip-version-check --no-input --no-compile -q"]
     if no_index:
         parts.append("--no-index")
     elif index_url:
