@@ -26,6 +26,11 @@ def lab() -> None:
     sshd per node on 127.0.0.11, .12, ... with key-only login.
 
     \b
+    With --fresh-guests (root only) each guest is instead a fresh Debian root of its
+    own (debootstrap, cached) in its own network namespace, with no way out: the
+    playbooks then install everything from the operator, as on an offline template.
+
+    \b
     Examples:
       vcfslm lab up                 start (or reuse) a 4-node lab
       . ~/.vcfslm/lab/lab.env       export the password and VCFSLM_INVENTORY
@@ -45,7 +50,11 @@ def lab() -> None:
               help="vcsim latency added to every SOAP call, in ms.")
 @click.option("--api", type=click.Choice(API_CHOICES), default=DEFAULT_API, show_default=True,
               help="vSphere API the simulator advertises (8.0.3 / 9.0: pyVmomi sends virtualNuma).")
-def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api: str) -> None:
+@click.option("--fresh-guests", is_flag=True,
+              help="Guests are fresh Debian roots in network namespaces of their own, offline "
+                   "(root only; the root is built once with debootstrap and cached).")
+def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api: str,
+       fresh_guests: bool) -> None:
     """Start the lab, or reuse what already runs (idempotent).
 
     \b
@@ -58,6 +67,7 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api:
       vcfslm lab up --nodes 2 --dir /tmp/lab
       vcfslm lab up --method-delay CloneVM_Task=1000,ReconfigVM_Task=1000
       vcfslm lab up --api 8.0.3     vSphere 8 path: vNUMA as ConfigSpec.virtualNuma
+      vcfslm lab up --nodes 2 --fresh-guests
 
     \b
     vcsim records each ReconfigVM_Task / CloneVM_Task carrying virtualNuma or a
@@ -72,7 +82,8 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api:
         raise UsageError(f"--method-delay: {exc}") from None
     folder = lab_mod.lab_dir(directory)
     options = vcsim.VcsimOptions(method_delay=delays, delay_ms=delay_ms, api=api)
-    result = lab_mod.up(folder, nodes, RichReporter(), vcsim_options=options)
+    result = lab_mod.up(folder, nodes, RichReporter(), vcsim_options=options,
+                        fresh_guests=fresh_guests)
     _print_table(lab_mod.status(folder))
     verb = "started " + ", ".join(result.started) if result.started else "everything was running"
     console.print(f"lab {folder}: {verb}")
@@ -116,7 +127,8 @@ def down(directory: str | None) -> None:
     """Stop exactly the processes `lab up` started (by pid) and remove the lab's state.
 
     \b
-    Keys, the CA and work folders are kept for the next `lab up`.
+    Keys, the CA and work folders are kept for the next `lab up`. Fresh guests go
+    entirely: their namespaces, every process in them, their mounts and root copies.
 
     \b
     Example:

@@ -32,6 +32,7 @@ SIM_HOST_NUMA_NODES = 4          # the simulated VX650 V4 host (vcsim/main.go)
 # Phi-3-mini replica (DEMO_MODEL=synthetic:phi-3-mini).
 LAB_MEMORY_GB = 16
 SYS_NODES = Path("/sys/devices/system/node")
+LAB_TORCH = "2.13.0"             # the torch the lab's guests install (constraints.txt pins the same)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
             "ssh_key": ssh_key,
             "known_hosts": known_hosts,
             "python": "python3",
-            "torch": "2.13.0",
+            "torch": LAB_TORCH,
             "torch_index_url": None,
             "wheelhouse": None,
             "model": "synthetic:tiny",
@@ -170,6 +171,24 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
             "B": {"tpot_ms": 200, "ttft_s": 5},
         },
     }
+
+
+def fresh_guest_document(document: dict[str, Any], *, wheelhouse: str, workdir: str,
+                         management_mtu: int, bench_mtu: int, bench_netmask: str) -> dict[str, Any]:
+    """The lab inventory for fresh guests (lab/fresh.py): each guest has its own root and
+    network namespace, so its work folder is its own, SSH is on port 22 as root, the bench
+    network is a jumbo-frame /24, and pip installs from the operator's wheelhouse alone."""
+    doc = {**document, "placement": {**document["placement"]}, "guest": {**document["guest"]},
+           "bench": {**document["bench"]}}
+    networks = doc["placement"]["networks"] = {k: dict(v) for k, v in
+                                               document["placement"]["networks"].items()}
+    networks["management"].update(netmask="255.255.255.255", mtu=management_mtu)
+    networks["bench"].update(netmask=bench_netmask, mtu=bench_mtu)
+    doc["guest"].update(workdir=workdir, wheelhouse=wheelhouse, torch_index_url=None)
+    # torch.compile's Inductor builds C++ on the guest; a template without a compiler runs
+    # the decode step eager (`bench --compile compile` needs g++ baked into the template).
+    doc["bench"]["compile"] = "eager"
+    return doc
 
 
 INVENTORY_HEADER = """\

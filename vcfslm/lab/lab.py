@@ -9,6 +9,13 @@ A lab lives in one folder (default ~/.vcfslm/lab, or $VCFSLM_LAB_DIR):
     ssh/               id_ed25519 (client key), authorized_keys, known_hosts
     guests/<node>/     sshd_config, host key, sshd.log, work/ (the guest's own folder)
     work/              the inventory's guest.workdir, shared by all guests
+
+With `--fresh-guests` the guests are Debian roots of their own instead, each in its own
+network namespace (lab/fresh.py describes them, lab/freshroot.py runs them):
+
+    fresh/             a tmpfs holding the guests' copies (gone with `down`)
+    fresh/lower/       the cached root tarball, unpacked (shared read-only layer)
+    fresh/<node>/      upper/ work/ root/ (the guest's overlay), host key, sshd.log
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import yaml
 from ..errors import UsageError, VcfslmError
 from ..progress import NullReporter, Reporter
 from ..results import atomic_write_json, atomic_write_text
-from . import generate, guests, vcsim
+from . import fresh, freshroot, generate, guests, vcsim, wheelhouse
 
 LAB_DIR_ENV = "VCFSLM_LAB_DIR"
 DEFAULT_DIR = "~/.vcfslm/lab"
@@ -59,6 +66,8 @@ class LabState:
     inventory: Path
     env_file: Path
     bench_port: int
+    fresh: fresh.LabPlan | None = None     # fresh guests: their plan (None: loopback guests)
+    wheelhouse: str | None = None          # fresh guests: the operator's wheelhouse for them
 
     @property
     def state_file(self) -> Path:
@@ -74,6 +83,8 @@ class LabState:
             "inventory": str(self.inventory),
             "env_file": str(self.env_file),
             "bench_port": self.bench_port,
+            "fresh": self.fresh.to_json() if self.fresh else None,
+            "wheelhouse": self.wheelhouse,
         }
 
     @classmethod
@@ -82,7 +93,9 @@ class LabState:
                    vcsim=vcsim.Vcsim.from_json(data["vcsim"]) if data.get("vcsim") else None,
                    guests=[guests.Guest.from_json(g) for g in data.get("guests", [])],
                    inventory=Path(data["inventory"]), env_file=Path(data["env_file"]),
-                   bench_port=int(data.get("bench_port", DEFAULT_BENCH_PORT)))
+                   bench_port=int(data.get("bench_port", DEFAULT_BENCH_PORT)),
+                   fresh=fresh.LabPlan.from_json(data["fresh"]) if data.get("fresh") else None,
+                   wheelhouse=data.get("wheelhouse"))
 
 
 @dataclass
@@ -104,7 +117,7 @@ class ServiceStatus:
     """One row of `lab status`."""
 
     name: str
-    kind: str          # vcsim | sshd
+    kind: str          # vcsim | sshd | fresh sshd
     pid: int
     endpoint: str
     running: bool
@@ -160,30 +173,62 @@ def vcenter_password(directory: Path) -> str:
 
 
 def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = None,
-       vcsim_options: vcsim.VcsimOptions | None = None) -> UpResult:
-    """Start what is not running (vcsim with >= `nodes` hosts, `nodes` guests); reuse the rest."""
-    if not 1 <= nodes <= guests.MAX_NODES:
-        raise UsageError(f"--nodes must be between 1 and {guests.MAX_NODES}; got {nodes}")
+       vcsim_options: vcsim.VcsimOptions | None = None, fresh_guests: bool = False) -> UpResult:
+    """Start what is not running (vcsim with >= `nodes` hosts, `nodes` guests); reuse the rest.
+
+    fresh_guests: the guests are fresh Debian roots in network namespaces of their own
+    (root only), not loopback sshds sharing this machine's OS."""
+    limit = fresh.MAX_FRESH_NODES if fresh_guests else guests.MAX_NODES
+    if not 1 <= nodes <= limit:
+        raise UsageError(f"--nodes must be between 1 and {limit}"
+                         + (" with --fresh-guests" if fresh_guests else "") + f"; got {nodes}")
     reporter = reporter or NullReporter()
     with _lab_lock(directory):
         previous = load_state(directory)
+        _check_kind(directory, previous, fresh_guests)
         # Start from what was recorded so a failure part-way never forgets a running process.
         result = UpResult(state=LabState(
             dir=directory, nodes=nodes, vcsim=previous.vcsim if previous else None,
             guests=list(previous.guests) if previous else [],
             inventory=directory / "inventory.yaml", env_file=directory / "lab.env",
-            bench_port=previous.bench_port if previous else _free_port(DEFAULT_BENCH_PORT)))
+            bench_port=previous.bench_port if previous else _free_port(DEFAULT_BENCH_PORT),
+            fresh=previous.fresh if previous else None,
+            wheelhouse=previous.wheelhouse if previous else None))
         password = vcenter_password(directory)
         try:
             result.state.vcsim = _ensure_vcsim(directory, previous, nodes, password, result,
                                                reporter, vcsim_options)
-            result.state.guests = _ensure_guests(directory, previous, nodes, result, reporter)
+            if fresh_guests:
+                result.state.guests = _ensure_fresh_guests(directory, previous, nodes, result,
+                                                           reporter)
+                result.state.wheelhouse = str(wheelhouse.ensure(
+                    vcsim.cache_root(), generate.LAB_TORCH, reporter, _constraints_file()))
+            else:
+                result.state.guests = _ensure_guests(directory, previous, nodes, result, reporter)
         finally:
             # Record whatever runs now, even after a failure, so `down` can stop it.
             save_state(result.state)
         write_lab_files(result.state, password)
         save_state(result.state)
         return result
+
+
+def _check_kind(directory: Path, previous: LabState | None, fresh_guests: bool) -> None:
+    """One kind of guest per lab folder: switching needs a `down` first (its guests run)."""
+    if previous is None or not any(guests.is_running(g) for g in previous.guests):
+        return
+    if bool(previous.fresh) != fresh_guests:
+        running = "fresh" if previous.fresh else "loopback"
+        raise UsageError(f"the lab in {directory} runs {running} guests; stop them first "
+                         f"(vcfslm lab down --dir {directory})")
+
+
+def _constraints_file() -> Path | None:
+    """The checkout's constraints.txt (dev and CI pins; None when installed from a wheel)."""
+    from ..guest.wheel import project_root
+
+    root = project_root()
+    return root / "constraints.txt" if root is not None else None
 
 
 def _ensure_vcsim(directory: Path, previous: LabState | None, nodes: int, password: str,
@@ -251,6 +296,58 @@ def _ensure_guests(directory: Path, previous: LabState | None, nodes: int, resul
     return running
 
 
+def _ensure_fresh_guests(directory: Path, previous: LabState | None, nodes: int,
+                         result: UpResult, reporter: Reporter) -> list[guests.Guest]:
+    """Fresh guests: the root (built once per machine), the bench switch, one namespace and
+    sshd per guest; running ones are kept, extra ones torn down."""
+    reason = freshroot.unavailable_reason(need_debootstrap=False)
+    if reason:
+        raise freshroot.FreshUnavailable(reason)
+    client = guests.ensure_client_keys(directory / "ssh")
+    old_plan = previous.fresh if previous else None
+    # The recorded network stays this lab's; a new lab takes one no other lab uses.
+    net = old_plan.net if old_plan else fresh.pick_net(
+        fresh.used_nets(freshroot.operator_addresses()))
+    plan = fresh.lab_plan(directory, nodes, net)
+    recorded = {g.name: g for g in (previous.guests if previous else [])}
+    old_guests = {g.name: g for g in old_plan.guests} if old_plan else {}
+    # Record a plan covering every guest that may exist, before anything starts.
+    covering = fresh.LabPlan(plan.tag, plan.net, plan.dir, plan.bench_netns, tuple(
+        {**old_guests, **{g.name: g for g in plan.guests}}.values()))
+    result.state.fresh = covering
+    save_state(result.state)
+    tarball = freshroot.ensure_root_tarball(vcsim.cache_root(), reporter)
+    freshroot.ensure_copies_mount(plan)
+    if not any(guests.is_running(g) for g in recorded.values()):
+        freshroot.unpack_lower(tarball, Path(plan.lower))
+    freshroot.ensure_bench_switch(plan)
+    running: list[guests.Guest] = []
+    try:
+        for gplan in plan.guests:
+            old = recorded.pop(gplan.name, None)
+            if old and freshroot.is_running(old, gplan) and old.key == str(client.key):
+                result.reused.append(gplan.name)
+                reporter.update(gplan.name, f"running (pid {old.pid}) on {old.address}")
+                running.append(old)
+                continue
+            running.append(freshroot.start_guest(plan, gplan, client, reporter=reporter))
+            result.started.append(gplan.name)
+        extra = [old_guests[name] for name in recorded if name in old_guests]
+        if extra:  # the lab shrank: tear down guests beyond --nodes
+            freshroot.stop_guests(covering, extra, recorded=[g.process for g in recorded.values()],
+                                  whole=False)
+            for g in extra:
+                result.stopped.append(g.name)
+                reporter.update(g.name, "stopped")
+    except BaseException:
+        running.extend(g for g in recorded.values() if guests.is_running(g))
+        result.state.guests = running
+        raise
+    result.state.fresh = plan
+    guests.write_known_hosts(client.known_hosts, running)
+    return running
+
+
 def write_lab_files(state: LabState, password: str) -> None:
     """Write the generated inventory and env file for the running lab."""
     if state.vcsim is None or not state.guests:
@@ -260,15 +357,25 @@ def write_lab_files(state: LabState, password: str) -> None:
         vcenter_host=state.vcsim.host, vcenter_port=state.vcsim.port,
         vcenter_user=state.vcsim.user, ca_bundle=state.vcsim.ca_file,
         template=state.vcsim.template or vcsim.DEFAULT_TEMPLATE,
-        nodes=generate.lab_nodes(len(state.guests), {g.name: g.port for g in state.guests}),
+        # Each guest's own addresses (loopback ones, or a fresh guest's namespace addresses).
+        nodes=[generate.LabNode(name=g.name, host=vcsim.host_name(i), management_ip=g.address,
+                                bench_ip=g.bench_address, ssh_port=g.port)
+               for i, g in enumerate(state.guests)],
         guest_user=first.user, ssh_key=first.key, known_hosts=first.known_hosts,
         workdir=str(state.dir / "work"), bench_port=state.bench_port,
         shape=generate.machine_shape())
     # The simulator's template carries the newest hardware its advertised API creates;
     # asking for that keeps the lab on the vNUMA path the API allows (virtualNuma from 8.0.0.1).
     document["vm"]["hardware_version"] = state.vcsim.hardware_version
-    (state.dir / "work").mkdir(parents=True, exist_ok=True)
-    seed_guest_venv(state.dir / "work" / "venv")
+    if state.fresh is not None:
+        # Fresh guests start from nothing: no seeded venv, wheels from the operator only.
+        document = generate.fresh_guest_document(
+            document, wheelhouse=state.wheelhouse or "", workdir=fresh.GUEST_WORKDIR,
+            management_mtu=fresh.MANAGEMENT_MTU, bench_mtu=fresh.BENCH_MTU,
+            bench_netmask=fresh.BENCH_NETMASK)
+    else:
+        (state.dir / "work").mkdir(parents=True, exist_ok=True)
+        seed_guest_venv(state.dir / "work" / "venv")
     header = generate.INVENTORY_HEADER.format(env_file=state.env_file)
     atomic_write_text(state.inventory, header + yaml.safe_dump(document, sort_keys=False))
     state.inventory.chmod(0o644)  # no secret inside; the env file stays 0600
@@ -302,8 +409,9 @@ def status(directory: Path) -> list[ServiceStatus]:
     if state.vcsim:
         rows.append(ServiceStatus("vcsim", "vcsim", state.vcsim.pid, state.vcsim.url,
                                   vcsim.is_running(state.vcsim)))
+    kind = "fresh sshd" if state.fresh else "sshd"
     for g in state.guests:
-        rows.append(ServiceStatus(g.name, "sshd", g.pid, f"{g.user}@{g.address}:{g.port}",
+        rows.append(ServiceStatus(g.name, kind, g.pid, f"{g.user}@{g.address}:{g.port}",
                                   guests.is_running(g)))
     return rows
 
@@ -320,7 +428,14 @@ def down(directory: Path, reporter: Reporter | None = None) -> list[str]:
         if state is None:
             return []
         stopped = []
-        for g in state.guests:
+        if state.fresh is not None:
+            # Namespaces, every process in them (by pid), mounts and each guest's copy.
+            was_running = [g.name for g in state.guests if guests.is_running(g)]
+            freshroot.stop_guests(state.fresh, recorded=[g.process for g in state.guests])
+            for name in was_running:
+                stopped.append(name)
+                reporter.update(name, "stopped")
+        for g in state.guests if state.fresh is None else []:
             if guests.stop_guest(g):
                 stopped.append(g.name)
                 reporter.update(g.name, "stopped")
