@@ -247,21 +247,26 @@ class LoadResult:
 
 
 def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
-    """ServeRecords (any ranks and repeats of one context) pooled per load."""
+    """ServeRecords (any ranks and repeats of one context) pooled per load.
+
+    Only valid windows are pooled (as static mode judges only valid windows): an invalid
+    one adds its reasons, and a load with none valid has no requests (no verdict)."""
     pooled: dict[float, dict[str, Any]] = {}
     for r in records:
         p = pooled.setdefault(float(r.load), {"ttft": [], "tpot": [], "unfinished": 0, "span": 0.0,
                                               "ranks": set(), "active": [], "invalid": []})
+        if not r.valid:
+            p["invalid"].extend(f"rank {r.rank} window {r.window}: {why}" for why in r.invalid_reasons)
+            continue
         p["ttft"].extend(r.ttft_s)
         p["tpot"].extend(r.tpot_ms)
         p["unfinished"] += r.unfinished
         p["span"] += r.span_s
         p["ranks"].add(r.rank)
         p["active"].append(r.mean_active)
-        if not r.valid:
-            p["invalid"].extend(f"rank {r.rank} window {r.window}: {why}" for why in r.invalid_reasons)
     return {load: LoadResult(load, tuple(p["ttft"]), tuple(p["tpot"]), p["unfinished"], p["span"],
-                             len(p["ranks"]), sum(p["active"]) / len(p["active"]), tuple(p["invalid"]))
+                             len(p["ranks"]), sum(p["active"]) / len(p["active"]) if p["active"] else 0.0,
+                             tuple(p["invalid"]))
             for load, p in sorted(pooled.items())}
 
 

@@ -120,8 +120,11 @@ def test_load_results_pool_ranks_and_repeats():
     pooled = serving.load_results([R(0, 1.0, [0.1, 0.2]), R(1, 1.0, [0.3], 1, valid=False), R(0, 2.0, [1.0])])
     assert list(pooled) == [1.0, 2.0]
     one = pooled[1.0]
-    assert (one.requests, one.unfinished, one.span_s, one.ranks) == (4, 1, 10.0, 2)
+    # the invalid window is not pooled, only named
+    assert (one.requests, one.unfinished, one.span_s, one.ranks) == (2, 0, 5.0, 1)
     assert one.invalid == ("rank 1 window 0: 1 compilation(s)",)
+    only_invalid = serving.load_results([R(1, 3.0, [0.3], valid=False)])[3.0]
+    assert only_invalid.requests == 0 and serving.meets(only_invalid, 100.0, 1.0) is None
 
 
 def test_threshold_is_the_last_pass_before_the_first_failure():
