@@ -187,7 +187,7 @@ def test_serving_run_survives_a_dead_rank_and_resume_completes(provisioned_lab, 
         assert len(r.ttft_s) == len(r.tpot_ms) == r.completed and all(t > 0 for t in r.ttft_s)
         assert r.ranks_per_node == 2 and r.nodes == 2 and r.node in ("slm-01", "slm-02")
     assert len({r.seed for r in run.serve_records}) == len(run.serve_records)  # independent arrivals per rank
-    rows = json.loads(again.stdout)["serving"]
-    assert {(row["input_tokens"], row["load_per_rank"]) for row in rows} == {
+    points = json.loads(again.stdout)["serving"]["points"]
+    assert {(p["input_tokens"], p["load_per_rank"]) for p in points if p["scope"] == "cluster"} == {
         (i, load) for i in inv.bench.input_tokens for load in (4.0, 8.0)}
     assert not run_processes("t-serve")

@@ -200,8 +200,14 @@ def test_bench_local_serving_sweep_bisects_between_a_passing_and_a_failing_rate(
     assert run.meta.complete and not run.records and run.meta.matrix["serve"]["sweep"] is True
     loads = sorted({r.load for r in run.serve_records})
     assert loads[0] == 5.0 and loads[-1] == 200.0 and any(5.0 < v < 200.0 for v in loads), loads
-    rows = {row["load_per_rank"]: row for row in json.loads(proc.stdout)["serving"]}
-    assert all(rows[5.0]["meets"].values()) and not any(rows[200.0]["meets"].values())
+    served = json.loads(proc.stdout)["serving"]
+    rows = {row["load_per_rank"]: row for row in served["points"]}
     assert rows[200.0]["unfinished"] > 0 and rows[5.0]["unfinished"] == 0
+    # every SLO: 5/s passes, 200/s fails, so each threshold lies between them
+    answers = {t["slo"]["name"]: t for t in served["answer"]}
+    assert set(answers) == {"A", "B"}, served["answer"]
+    for t in answers.values():
+        assert t["status"] == "threshold", t
+        assert 5.0 <= t["threshold_load_per_rank"] < t["first_failing_load_per_rank"] <= 200.0, t
     overloaded = next(r for r in run.serve_records if r.load == 200.0)
     assert overloaded.max_queue > 100 and overloaded.mean_active > 1.5   # both slots busy throughout

@@ -1,0 +1,134 @@
+"""Serving threshold vs static crossover on this machine, with the full Phi-3-mini shape.
+
+Two local runs of one rank:
+
+  static   batches 1, 4, 8, 16 at one context: the brief's method (every stream of a
+           window starts and stops together)
+  serving  the same context under Poisson arrivals with continuous batching (16 slots),
+           then a sweep that bisects towards the largest rate meeting the SLO
+
+and then the report of both: the static crossover, the serving threshold beside it, their
+ratio, the sizing law from each, and the figures (latency and goodput vs load).
+
+The SLO is SLO-B (TPOT <= 200 ms, TTFT <= 5 s), scaled to this machine when it cannot
+meet SLO-B at all: a 2-core VM streams the weights ~10x slower and multiplies ~50x slower
+than a 24-vCPU rank of the brief's testbed. The TPOT limit is scaled by the ratio of the
+testbed's read bandwidth per rank to this rank's (measured by the static run's probe),
+the TTFT limit by the ratio of the GEMM rates, each only when it is above 1; the scaled
+SLO is printed and recorded in both runs.
+
+    .venv/bin/python benchmarks/serve_sweep.py [--layers 32] [--input-tokens 128] [--output-tokens 16]
+    .venv/bin/python benchmarks/serve_sweep.py --reuse DIR     # re-analyse earlier runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
+
+VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
+SLO_B = {"tpot_ms": 200.0, "ttft_s": 5.0}
+# The brief's testbed rank (platforms/vx650v4-6747p.yaml): one vNUMA node of 24 vCPUs.
+TESTBED_READ_GBS = 92.4
+TESTBED_GEMM_TFLOPS = 0.72 * 24
+
+
+def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode not in (0, 3):
+        sys.exit(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    print(f"  {what}: {time.perf_counter() - started:.0f} s", flush=True)
+    return done
+
+
+def scaled_slo(static_dir: Path) -> tuple[str, dict]:
+    """SLO-B scaled by this rank's probed bandwidth and GEMM rate against the testbed's."""
+    meta = json.loads((static_dir / "meta.json").read_text())
+    rank = meta["ranks"]["0"]
+    read_gbs = rank["probe"]["read_gbs"]
+    tflops = rank["gemm"]["tflops"]
+    tpot_x = max(1.0, TESTBED_READ_GBS / read_gbs)
+    ttft_x = max(1.0, TESTBED_GEMM_TFLOPS / tflops)
+    limits = {"tpot_ms": round(SLO_B["tpot_ms"] * tpot_x), "ttft_s": round(SLO_B["ttft_s"] * ttft_x, 1)}
+    print(f"  this rank: read {read_gbs:.1f} GB/s, GEMM {tflops:.3f} TFLOP/s; testbed rank "
+          f"{TESTBED_READ_GBS} GB/s, {TESTBED_GEMM_TFLOPS:.1f} TFLOP/s")
+    print(f"  SLO-B scaled x{tpot_x:.2f} (TPOT) and x{ttft_x:.1f} (TTFT): "
+          f"TPOT <= {limits['tpot_ms']:g} ms, TTFT <= {limits['ttft_s']:g} s")
+    return f"B-scaled:tpot<={limits['tpot_ms']:g}ms,ttft<={limits['ttft_s']:g}s", limits
+
+
+def static_e2e_s(static_dir: Path) -> float:
+    """Batch-1 E2E of the static run (its median window): one stream busy all the time."""
+    rows = [json.loads(line) for line in (static_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    e2e = sorted(r["e2e_s"][0] for r in rows if r["batch_per_rank"] == 1)
+    return e2e[len(e2e) // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=32, help="Phi-3-mini layers (32: the full shape)")
+    p.add_argument("--input-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--span-requests", type=int, default=12,
+                   help="requests a window's measured span should hold at the base rate")
+    p.add_argument("--sweep-steps", type=int, default=2)
+    p.add_argument("--keep", type=Path, default=None, help="run folders go here (default: a temp dir)")
+    p.add_argument("--reuse", type=Path, default=None, help="analyse the runs in this folder again")
+    args = p.parse_args(argv)
+    print(cpu_line(), flush=True)
+    model = f"synthetic:phi-3-mini,layers={args.layers}" if args.layers != 32 else "synthetic:phi-3-mini"
+    runs = args.reuse or args.keep or Path(tempfile.mkdtemp(prefix="vcfslm-serve-"))
+    static_dir, serve_dir = runs / "static", runs / "serving"
+    common = ["--local", "--model", model, "--ranks", "1", "--input-tokens", str(args.input_tokens),
+              "--output-tokens", str(args.output_tokens), "--runs-dir", str(runs), "-o", "json"]
+    if args.threads:
+        common += ["--threads", str(args.threads)]
+    print(f"model {model}, context {args.input_tokens}+{args.output_tokens}, runs in {runs}", flush=True)
+    if not args.reuse:
+        run([*VCFSLM, "bench", *common, "--run-id", "static", "--batch-sizes", "1,4,8,16", "--warmup", "1",
+             "--repeats", "2"], "static run")
+    slo_text, limits = scaled_slo(static_dir)
+    if not args.reuse:
+        # Rates around one stream kept busy (1 / batch-1 E2E), doubling; a window long
+        # enough that the base rate puts --span-requests requests in its measured span.
+        base = 1.0 / static_e2e_s(static_dir)
+        rates = [round(base * f, 4) for f in (0.5, 1, 2, 4, 8)]
+        span = max(60.0, args.span_requests / base)
+        warm = max(10.0, 2 * static_e2e_s(static_dir))
+        print(f"  serving: rates {rates} req/s, span {span:.0f} s (+{warm:.0f} s warm-up and cool-down)",
+              flush=True)
+        run([*VCFSLM, "bench", *common, "--run-id", "serving", "--serve", "--slots", "16",
+             "--rates", ",".join(f"{r:g}" for r in rates), "--sweep", "--sweep-steps", str(args.sweep_steps),
+             "--duration", f"{span + 2 * warm:.0f}", "--warmup-s", f"{warm:.0f}", "--cooldown-s", f"{warm:.0f}",
+             "--repeats", "1", "--slo", slo_text], "serving run")
+    report_dir = runs / "report"
+    run([*VCFSLM, "report", str(static_dir), str(serve_dir), "--slo", slo_text, "--out", str(report_dir)],
+        "report")
+    sizes = {kind: json.loads(run([*VCFSLM, "size", "--results", str(static_dir), "--results", str(serve_dir),
+                                   "--threshold", kind, "--slo", slo_text, "--input-tokens",
+                                   str(args.input_tokens), "--peak-streams", "256", "-o", "json"],
+                                  f"size --threshold {kind}").stdout)
+             for kind in ("static", "serving")}
+    print(f"\nSLO {slo_text}; context {args.input_tokens}+{args.output_tokens} tokens; one rank per VM here")
+    for kind, doc in sizes.items():
+        print(f"  {kind:<8} {json.dumps(doc, sort_keys=True)[:600]}")
+    served = json.loads((report_dir / "serving.json").read_text()) if (report_dir / "serving.json").exists() else {}
+    for row in served.get("comparison", served.get("thresholds", [])):
+        print("  " + json.dumps(row, sort_keys=True)[:400])
+    print(f"figures and tables: {report_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
