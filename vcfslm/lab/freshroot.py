@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -148,8 +149,13 @@ def existing_links() -> list[str]:
 
 
 def operator_addresses() -> list[str]:
-    proc = _run(["ip", "-o", "-4", "addr", "show"], check=False)
-    return [w for line in proc.stdout.splitlines() for w in line.split() if "." in w and "/" in w]
+    """The IPv4 addresses of the operator's own interfaces (local ends, not their peers)."""
+    proc = _run(["ip", "-j", "-4", "addr", "show"], check=False)
+    try:
+        links = json.loads(proc.stdout or "[]")
+    except ValueError:
+        return []
+    return [a["local"] for link in links for a in link.get("addr_info", []) if "local" in a]
 
 
 def current_mounts() -> list[str]:
