@@ -7,8 +7,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openssh-client \
-                numactl iproute2 chromium
+                numactl iproute2 chromium debootstrap
 DEMO_MODEL ?= synthetic:tiny
+# DEMO_FRESH=1: the demo on fresh Debian guests in namespaces of their own (root only).
+DEMO_FRESH ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup apt venv test demo lint clean lab-down peers
@@ -16,7 +18,7 @@ PYTEST_ARGS ?=
 setup: apt venv
 
 # Debian packages: vcsim sources and Go, sshd for the lab guests, numactl for
-# pinning, Chromium for rendering the report in tests.
+# pinning, Chromium for rendering the report in tests, debootstrap for the fresh guests' root.
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -42,7 +44,7 @@ lint: venv
 	$(VENV)/bin/ruff check vcfslm tests benchmarks
 
 demo: setup
-	DEMO_MODEL=$(DEMO_MODEL) VCFSLM=$(VENV)/bin/vcfslm PYTHON=$(PY) bash scripts/demo.sh
+	DEMO_MODEL=$(DEMO_MODEL) DEMO_FRESH=$(DEMO_FRESH) VCFSLM=$(VENV)/bin/vcfslm PYTHON=$(PY) bash scripts/demo.sh
 
 # The peer engines benchmarks/peers.py measures beside vcfslm, in .venv-peers (not for
 # make test or CI: llama-cpp-python builds from source, ~9 minutes on 2 cores).

@@ -5,17 +5,28 @@
 # idempotent and every run gets a new id. The lab keeps running afterwards.
 set -euo pipefail
 
+# DEMO_FRESH=1: fresh guests instead (Debian roots in network namespaces of their own,
+# offline; root only): 2 of them unless DEMO_NODES says otherwise, in a lab folder of their
+# own so the fast lab keeps running beside it.
 VCFSLM="${VCFSLM:-vcfslm}"
 MODEL="${DEMO_MODEL:-synthetic:tiny}"
-NODES="${DEMO_NODES:-4}"
-export VCFSLM_LAB_DIR="${VCFSLM_LAB_DIR:-$HOME/.vcfslm/lab}"
+FRESH="${DEMO_FRESH:-}"
+if [ -n "$FRESH" ] && [ "$FRESH" != 0 ]; then
+  NODES="${DEMO_NODES:-2}"
+  export VCFSLM_LAB_DIR="${VCFSLM_LAB_DIR:-$HOME/.vcfslm/lab-fresh}"
+  LAB_FLAGS=(--fresh-guests)
+else
+  NODES="${DEMO_NODES:-4}"
+  export VCFSLM_LAB_DIR="${VCFSLM_LAB_DIR:-$HOME/.vcfslm/lab}"
+  LAB_FLAGS=()
+fi
 RUNS="${DEMO_RUNS:-runs}"
 STAMP="$(date +%Y%m%d-%H%M%S)"
 
 step() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
 
-step "vcfslm lab up --nodes $NODES"
-$VCFSLM lab up --nodes "$NODES"
+step "vcfslm lab up --nodes $NODES ${LAB_FLAGS[*]:-}"
+$VCFSLM lab up --nodes "$NODES" ${LAB_FLAGS[@]+"${LAB_FLAGS[@]}"}
 # shellcheck disable=SC1091
 . "$VCFSLM_LAB_DIR/lab.env"          # VCFSLM_VCENTER_PASSWORD, VCFSLM_INVENTORY
 
@@ -63,5 +74,5 @@ $VCFSLM size --peak-streams 64 --results "$RUNS/$SINGLE"
 
 step "done"
 echo "report: $(cd "$RUNS/$SINGLE" && pwd)/report.html (also report.md, tables.csv, fig-*.png)"
-echo "the lab keeps running for exploration:  . $VCFSLM_LAB_DIR/lab.env; vcfslm lab status"
-echo "stop it with:                            vcfslm lab down"
+echo "the lab keeps running for exploration:  . $VCFSLM_LAB_DIR/lab.env; vcfslm lab status --dir $VCFSLM_LAB_DIR"
+echo "stop it with:                            vcfslm lab down --dir $VCFSLM_LAB_DIR"
