@@ -25,6 +25,10 @@ step of one static shape, [slots, 1], and requests come and go between steps:
   (slots, max_context) and never again, whatever the occupancy. A free slot costs its
   share of the step (its row of every matrix product and a one-key attention), which
   benchmarks/serve_step.py measures.
+
+The compile counter is the DecodeEngine's, so a window can tell whether either compiled.
+Dynamo's state is the process's: DecodeEngine.cache_for at a new shape resets it, and the
+slot step then compiles again at its next call (counted); serve one shape per process.
 """
 
 from __future__ import annotations
@@ -49,12 +53,13 @@ class SlotLayer(StaticLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         if key_states.shape[-2] != 1:
-            raise ValueError("a slot cache takes one token per row and step (prefill goes elsewhere)")
-        # scatter_ along the sequence dim: one index per (row, head, channel), all of a row's
-        # at its own position; in place, so the buffers keep their static addresses.
-        index = self.positions.view(-1, 1, 1, 1).expand_as(key_states)
-        self.keys.scatter_(2, index, key_states)
-        self.values.scatter_(2, index, value_states)
+            raise ValueError("a slot cache takes one token per row and step (prefill elsewhere)")
+        # keys[row, :, positions[row]] = new K of row: an index_put_, which Inductor's
+        # reinplacing pass writes in place. (A scatter_ is functionalized into a copy of the
+        # whole cache per layer and step: the same result at several times the step's cost.)
+        rows = torch.arange(key_states.shape[0], device=key_states.device)
+        self.keys[rows, :, self.positions] = key_states[:, :, 0]
+        self.values[rows, :, self.positions] = value_states[:, :, 0]
         return self.keys, self.values
 
 
@@ -66,7 +71,8 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(max_context, self.positions)
                                  for _ in range(config.num_hidden_layers)])
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = (getattr(config, "head_dim", None)
+                    or config.hidden_size // config.num_attention_heads)
         probe = torch.empty(slots, kv_heads, 1, head_dim, dtype=dtype)
         for layer in self.layers:
             layer.lazy_initialization(probe, probe)  # allocates keys/values, marks them static
@@ -84,13 +90,14 @@ class _SlotStep(torch.nn.Module):
     def forward(self, tokens, positions, cache):
         keys = torch.arange(self.max_context, device=positions.device)
         mask = (keys.unsqueeze(0) <= positions.unsqueeze(1))[:, None, None, :]
-        logits = self.model(input_ids=tokens, position_ids=positions.unsqueeze(1), attention_mask=mask,
-                            cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        logits = self.model(input_ids=tokens, position_ids=positions.unsqueeze(1),
+                            attention_mask=mask, cache=cache, use_cache=True,
+                            logits_to_keep=1).logits[:, -1, :]
         return logits.argmax(dim=-1, keepdim=True), logits
 
 
 class SlotEngine:
-    """A fixed number of slots decoded together; each slot has its own position and its own KV rows in one static cache.
+    """Slots decoded together, each at its own position with its own KV rows of one static cache.
 
     engine: a DecodeEngine whose model (already packed), mode and compile counter are
     reused. slots: rows decoded per step. max_context: the cache length of every slot
@@ -102,7 +109,8 @@ class SlotEngine:
             raise ValueError("slots must be >= 1 and max_context >= 2")
         window = getattr(engine.model.config, "sliding_window", None)
         if window is not None and window < max_context:
-            raise ValueError(f"sliding window {window} < max_context {max_context}: not supported by slots")
+            raise ValueError(f"sliding window {window} < max_context {max_context}: "
+                             "slots support full attention only")
         self.engine = engine
         self.slots = slots
         self.max_context = max_context
@@ -118,7 +126,8 @@ class SlotEngine:
     def _make_step(self):
         if self.engine.mode == "eager":
             return self._module
-        return torch.compile(self._module, backend=self.engine.counter, fullgraph=True, dynamic=False)
+        return torch.compile(self._module, backend=self.engine.counter, fullgraph=True,
+                             dynamic=False)
 
     @property
     def compiles(self) -> int:
@@ -177,7 +186,7 @@ class SlotEngine:
             scratch = DynamicCache(config=self.engine.model.config)
             tokens = self.engine.prefill(batch, scratch).argmax(dim=-1)
             rows = torch.tensor([requests[i][0] for i in members])
-            for layer, src in zip(cache.layers, scratch.layers):
+            for layer, src in zip(cache.layers, scratch.layers, strict=True):
                 layer.keys[rows, :, :length] = src.keys
                 layer.values[rows, :, :length] = src.values
             cache.positions[rows] = length
@@ -217,7 +226,8 @@ class SlotEngine:
         cache = self._ensure_cache()
         full = [s for s in active if self._length[s] >= self.max_context]
         if full:
-            raise ValueError(f"slots {full} are at max_context {self.max_context}: evict them first")
+            raise ValueError(f"slots {full} are at max_context {self.max_context}: "
+                             "evict them first")
         for slot, token in (tokens or {}).items():
             if not self._occupied[slot]:
                 raise ValueError(f"slot {slot} is free")
@@ -243,12 +253,13 @@ class SlotEngine:
                 self._live.zero_()
 
     def release(self) -> None:
-        """Drop the cache and every compiled graph (torch._dynamo.reset, as DecodeEngine.release)."""
+        """Drop the cache and every compiled graph (torch._dynamo.reset, like DecodeEngine)."""
         self._occupied = [False] * self.slots
         self._length = [0] * self.slots
         self._cache = self._tokens = self._live = None
         self.last_logits = None
         if self.engine.mode != "eager":
+            log.debug("compile: slot engine released, compiled graphs dropped (dynamo reset)")
             torch._dynamo.reset()
             self._step = self._make_step()
         gc.collect()
