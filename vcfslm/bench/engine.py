@@ -190,6 +190,11 @@ class DecodeEngine:
         return Generation(torch.cat(out, dim=1), request_start, first_token, last_token, steps,
                           self.counter.graphs - compiles_before)
 
+    def decode_step(self, token: torch.Tensor, position: torch.Tensor, cache):
+        """One decode step as generate runs it (compiled unless the mode is eager):
+        (next greedy tokens [batch, 1], logits [batch, vocab]). For benchmarks timing a step."""
+        return self._step(token, position, cache)
+
     def prefill(self, prompt: torch.Tensor, cache) -> torch.Tensor:
         """Run the prompt through the model (eager), filling `cache`; last position's logits."""
         batch, prompt_len = prompt.shape
