@@ -67,10 +67,10 @@ def scaled_slo(static_dir: Path) -> tuple[str, dict]:
     return f"B-scaled:tpot<={limits['tpot_ms']:g}ms,ttft<={limits['ttft_s']:g}s", limits
 
 
-def static_e2e_s(static_dir: Path) -> float:
-    """Batch-1 E2E of the static run (its median window): one stream busy all the time."""
+def static_e2e_s(static_dir: Path, batch: int) -> float:
+    """E2E of the static run at `batch` (its median window)."""
     rows = [json.loads(line) for line in (static_dir / "results.jsonl").read_text().splitlines() if line.strip()]
-    e2e = sorted(r["e2e_s"][0] for r in rows if r["batch_per_rank"] == 1)
+    e2e = sorted(r["e2e_s"][0] for r in rows if r["batch_per_rank"] == batch)
     return e2e[len(e2e) // 2]
 
 
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--span-requests", type=int, default=12,
-                   help="requests a window's measured span should hold at the base rate")
+                   help="requests a window's measured span should hold at half the static capacity")
+    p.add_argument("--repeats", type=int, default=1, help="measured static windows per batch")
     p.add_argument("--sweep-steps", type=int, default=2)
     p.add_argument("--keep", type=Path, default=None, help="run folders go here (default: a temp dir)")
     p.add_argument("--reuse", type=Path, default=None, help="analyse the runs in this folder again")
@@ -97,15 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {model}, context {args.input_tokens}+{args.output_tokens}, runs in {runs}", flush=True)
     if not args.reuse:
         run([*VCFSLM, "bench", *common, "--run-id", "static", "--batch-sizes", "1,4,8,16", "--warmup", "1",
-             "--repeats", "2"], "static run")
+             "--repeats", str(args.repeats)], "static run")
     slo_text, limits = scaled_slo(static_dir)
     if not args.reuse:
-        # Rates around one stream kept busy (1 / batch-1 E2E), doubling; a window long
-        # enough that the base rate puts --span-requests requests in its measured span.
-        base = 1.0 / static_e2e_s(static_dir)
-        rates = [round(base * f, 4) for f in (0.5, 1, 2, 4, 8)]
-        span = max(60.0, args.span_requests / base)
-        warm = max(10.0, 2 * static_e2e_s(static_dir))
+        # Rates around the static capacity (16 streams, each done after the batch-16 E2E),
+        # from a quarter to twice it; a measured span in which half the capacity brings
+        # --span-requests requests; warm-up and cool-down of two single-stream requests.
+        capacity = 16.0 / static_e2e_s(static_dir, 16)
+        rates = [round(capacity * f, 4) for f in (0.25, 0.5, 1, 2)]
+        span = max(60.0, args.span_requests / (capacity / 2))
+        warm = max(10.0, 2 * static_e2e_s(static_dir, 1))
         print(f"  serving: rates {rates} req/s, span {span:.0f} s (+{warm:.0f} s warm-up and cool-down)",
               flush=True)
         run([*VCFSLM, "bench", *common, "--run-id", "serving", "--serve", "--slots", "16",
