@@ -100,6 +100,18 @@ def test_each_guest_is_a_fresh_root_in_its_own_offline_namespace(fresh_lab):
         assert lines[5].split() == ["refused", "errno101", "errno101"]
 
 
+def test_lab_up_again_reuses_the_guests_and_refuses_to_switch_kind(fresh_lab):
+    directory, env, _ = fresh_lab
+    before = _state(directory)
+    again = _cli(env, "lab", "up", "--nodes", "2", "--fresh-guests", "--dir", str(directory))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"lab {directory}: everything was running" in again.stdout
+    assert _state(directory)["guests"] == before["guests"]
+    loopback = _cli(env, "lab", "up", "--nodes", "2", "--dir", str(directory))
+    assert loopback.returncode != 0
+    assert "runs fresh guests; stop them first" in loopback.stdout + loopback.stderr
+
+
 def test_provision_verify_bench_then_a_second_provision_changes_nothing(fresh_lab):
     directory, env, work = fresh_lab
     first = _cli(env, "provision", "--allow-restart", "--yes", "-o", "json", timeout=1200)

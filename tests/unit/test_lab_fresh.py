@@ -199,3 +199,17 @@ def test_fresh_inventory_is_offline_with_its_own_workdir_and_a_jumbo_bench_netwo
     assert str(inv.placement.networks.bench.netmask) == "255.255.255.0"
     assert inv.bench.compile == "eager"
     assert [str(n.management_ip) for n in inv.nodes] == ["198.18.7.11", "198.18.7.12"]
+
+
+def test_lab_state_records_the_fresh_plan_and_the_wheelhouse(tmp_path):
+    from vcfslm.lab import lab
+
+    state = lab.LabState(dir=tmp_path, nodes=2, vcsim=None, guests=[],
+                         inventory=tmp_path / "inventory.yaml", env_file=tmp_path / "lab.env",
+                         bench_port=29500, fresh=_plan(), wheelhouse="/cache/wheelhouse/abc")
+    lab.save_state(state)
+    loaded = lab.load_state(tmp_path)
+    assert loaded.fresh == _plan() and loaded.wheelhouse == "/cache/wheelhouse/abc"
+    plain = lab.LabState(dir=tmp_path, nodes=1, vcsim=None, guests=[],
+                         inventory=tmp_path / "i", env_file=tmp_path / "e", bench_port=1)
+    assert lab.LabState.from_json(plain.to_json()).fresh is None
