@@ -192,8 +192,13 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
             guests=list(previous.guests) if previous else [],
             inventory=directory / "inventory.yaml", env_file=directory / "lab.env",
             bench_port=previous.bench_port if previous else _free_port(DEFAULT_BENCH_PORT),
-            fresh=previous.fresh if previous else None,
-            wheelhouse=previous.wheelhouse if previous else None))
+            fresh=previous.fresh if previous and fresh_guests else None,
+            wheelhouse=previous.wheelhouse if previous and fresh_guests else None))
+        if previous and previous.fresh and not fresh_guests:
+            # What a fresh lab that died left behind (_check_kind: none of it runs).
+            freshroot.stop_guests(previous.fresh, recorded=[g.process for g in previous.guests])
+            result.state.guests = []
+            previous = dataclasses.replace(previous, guests=[], fresh=None, wheelhouse=None)
         password = vcenter_password(directory)
         try:
             result.state.vcsim = _ensure_vcsim(directory, previous, nodes, password, result,
