@@ -29,6 +29,7 @@ Every function here returns data (argv lists, scripts, names); `freshroot.py` ru
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -350,8 +351,6 @@ def start_script(guest: GuestPlan, lower: str) -> str:
     a mount namespace of its own; UTS via unshare): mount, name the host, exec sshd
     chrooted. The mounts live and die with the guest's processes: the operator's
     namespace never sees them."""
-    import shlex
-
     lines = ["set -e"]
     for m in mount_plan(guest, lower):
         if m.target.startswith(f"{guest.root}/dev/") and m.fstype is None:
