@@ -55,3 +55,17 @@ def test_gate_on_the_compiled_tiny_model_passes_and_a_perturbed_step_fails():
     bad = run_gate(engine, prompt, forced, max_len=32, perturb=0.5)
     assert not bad.passed and math.isfinite(bad.max_abs_diff)
     assert engine.compiles == compiles  # the same (batch, cache length) graph was reused
+
+
+def test_a_batch_one_gate_compiles_the_graph_its_windows_use():
+    """The gate's forced tokens are sliced from one tensor made outside inference mode; at
+    batch 1 such a slice differs from a generated token in stride and dispatch keys, and
+    Dynamo would compile a second graph of the same shape for the windows."""
+    from vcfslm.bench.model import load_model
+
+    tiny = load_model("synthetic:tiny", seed=0, max_context=64)
+    engine = DecodeEngine(tiny.model, "compile")
+    gate = run_gate(engine, synthetic_prompt(1, 8, 16384, seed=1), synthetic_prompt(1, 6, 16384, seed=2),
+                    max_len=24)
+    assert gate.passed and engine.compiles == 1
+    assert engine.generate(synthetic_prompt(1, 16, 16384, seed=3), 8).compiles == 0

@@ -221,7 +221,9 @@ class DecodeEngine:
         out = []
         for i in range(steps):
             position = torch.full((batch, 1), prompt_len + i, dtype=torch.long)
-            _, logits = step(forced[:, i:i + 1].contiguous(), position, cache)
+            # clone: a fresh (inference) tensor of plain strides, so Dynamo guards match the
+            # generation loop's and the gate reuses its graph instead of compiling another
+            _, logits = step(forced[:, i:i + 1].clone(memory_format=torch.contiguous_format), position, cache)
             out.append(logits.float().clone())
         return torch.stack(out, dim=1)
 
