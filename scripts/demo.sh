@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole vcfslm pipeline on the local lab: validate -> plan -> provision (VMs on vcsim,
-# guests over SSH, NUMA verification) -> bench 1 node -> bench 4 nodes -> report -> size.
+# guests over SSH, NUMA verification) -> bench 1 node -> serve 1 node -> bench 4 nodes ->
+# report -> size (static and serving thresholds).
 # Run through `make demo`, which installs everything first. Safe to re-run: provision is
 # idempotent and every run gets a new id. The lab keeps running afterwards.
 set -euo pipefail
@@ -60,6 +61,12 @@ SINGLE="lab-1n-$STAMP"
 step "vcfslm bench --nodes 1 (single-VM baseline)"
 $VCFSLM bench --nodes 1 --run-id "$SINGLE" --runs-dir "$RUNS"
 REPORT_RUNS=("$RUNS/$SINGLE")
+SERVE="lab-1n-serve-$STAMP"
+step "vcfslm bench --nodes 1 --serve (continuous batching under Poisson arrivals, then a sweep)"
+# 4 slots per rank, so that the tiny model's one VM saturates within the rates tried.
+$VCFSLM bench --nodes 1 --serve --slots 4 --rates 8,128 --sweep --sweep-steps 1 --duration 4 \
+  --warmup-s 0.5 --cooldown-s 0.5 --repeats 1 --run-id "$SERVE" --runs-dir "$RUNS"
+REPORT_RUNS+=("$RUNS/$SERVE")
 if [ "$NODES" -gt 1 ]; then
   CLUSTER="lab-${NODES}n-$STAMP"
   step "vcfslm bench --nodes $NODES (the cluster)"
@@ -71,6 +78,8 @@ step "vcfslm report ${REPORT_RUNS[*]}"
 $VCFSLM report "${REPORT_RUNS[@]}"
 step "vcfslm size --peak-streams 64"
 $VCFSLM size --peak-streams 64 --results "$RUNS/$SINGLE"
+step "vcfslm size --peak-streams 64 --threshold serving"
+$VCFSLM size --peak-streams 64 --threshold serving --results "$RUNS/$SERVE"
 
 step "done"
 echo "report: $(cd "$RUNS/$SINGLE" && pwd)/report.html (also report.md, tables.csv, fig-*.png)"
