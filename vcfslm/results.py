@@ -113,10 +113,7 @@ class WindowRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WindowRecord:
         """A record from its JSON object; SchemaError (a ValueError) lists every field that breaks the schema."""
-        found = record_findings(data)
-        if found:
-            raise SchemaError(found)
-        return _build(cls, data)
+        return _checked(cls, data, record_findings)
 
 
 # Serving mode (bench --serve): one record per rank x load window. Requests arrive on
@@ -192,16 +189,22 @@ class ServeRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServeRecord:
-        found = serve_record_findings(data)
-        if found:
-            raise SchemaError(found)
-        return _build(cls, data)
+        """A record from its JSON object; SchemaError lists every field that breaks the schema."""
+        return _checked(cls, data, serve_record_findings)
 
 
 def _required(f) -> bool:
     from dataclasses import MISSING
 
     return f.default is MISSING and f.default_factory is MISSING
+
+
+def _checked(cls, data: dict[str, Any], findings: Callable[[Any], list]):
+    """`cls` from `data` once `findings` has nothing against it, else SchemaError."""
+    found = findings(data)
+    if found:
+        raise SchemaError(found)
+    return _build(cls, data)
 
 
 def _build(cls, data: dict[str, Any]):

@@ -51,11 +51,8 @@ def render_all(cells: Sequence[Cell], slos: Sequence[Slo], out_dir: str | Path, 
 
     model: the report's predict.ModelSection, for figure 6.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     cells = [c for c in cells if c.has_data]
-    drawn, skipped = [], []
-    makers: list[tuple[str, Callable[..., tuple[MplFigure, str, str] | str]]] = [
+    makers: list[tuple[str, Maker]] = [
         ("fig-1-throughput", lambda: throughput_figure(cells, run_title)),
         ("fig-2-matched-tpot", lambda: matched_tpot_figure(cells, run_title)),
         ("fig-3-tpot-slo", lambda: latency_figure(cells, slos, run_title, "tpot", percentile)),
@@ -63,6 +60,18 @@ def render_all(cells: Sequence[Cell], slos: Sequence[Slo], out_dir: str | Path, 
         ("fig-5-roofline", lambda: roofline_figure(cells, run_title)),
         ("fig-6-model", lambda: model_figure(model, run_title)),
     ]
+    return draw(makers, out_dir)
+
+
+# A figure maker: (figure, title, caption), or the reason it cannot be drawn.
+Maker = Callable[[], "tuple[MplFigure, str, str] | str"]
+
+
+def draw(makers: Sequence[tuple[str, Maker]], out_dir: str | Path) -> tuple[list[Figure], list[str]]:
+    """Each maker's figure saved as <name>.png in `out_dir`; (figures, reasons for skipped ones)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drawn, skipped = [], []
     for name, make in makers:
         result = make()
         if isinstance(result, str):
@@ -286,19 +295,7 @@ def render_serving(serving, slos: Sequence[Slo], out_dir: str | Path, run_title:
         ("fig-8-serve-goodput", lambda: serve_goodput_figure(serving, slos, run_title)),
         ("fig-9-serve-vs-static", lambda: serve_vs_static_figure(serving, run_title)),
     ]
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    drawn, skipped = [], []
-    for name, make in makers:
-        result = make()
-        if isinstance(result, str):
-            skipped.append(f"{name}: {result}")
-            continue
-        fig, title, caption = result
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, format="png", dpi=100)
-        drawn.append(Figure(name, path, title, caption))
-    return drawn, skipped
+    return draw(makers, out_dir)
 
 
 def _answer_series(serving) -> list[tuple[object, list]]:
