@@ -4,8 +4,9 @@ Two local runs of one rank:
 
   static   batches 1, 4, 8, 16 at one context: the brief's method (every stream of a
            window starts and stops together)
-  serving  the same context under Poisson arrivals with continuous batching (16 slots),
-           then a sweep that bisects towards the largest rate meeting the SLO
+  serving  the same context under Poisson arrivals with continuous batching, as many
+           slots as the static crossover's batch, from 1/16 to twice that batch's static
+           capacity, then a sweep that bisects towards the largest rate meeting the SLO
 
 and then the report of both: the static crossover, the serving threshold beside it, their
 ratio, the sizing law from each, and the figures (latency and goodput vs load).
@@ -67,11 +68,26 @@ def scaled_slo(static_dir: Path) -> tuple[str, dict]:
     return f"B-scaled:tpot<={limits['tpot_ms']:g}ms,ttft<={limits['ttft_s']:g}s", limits
 
 
-def static_e2e_s(static_dir: Path, batch: int) -> float:
-    """E2E of the static run at `batch` (its median window)."""
-    rows = [json.loads(line) for line in (static_dir / "results.jsonl").read_text().splitlines() if line.strip()]
-    e2e = sorted(r["e2e_s"][0] for r in rows if r["batch_per_rank"] == batch)
-    return e2e[len(e2e) // 2]
+def static_rows(static_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (static_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def static_median(static_dir: Path, batch: int, key: str) -> float:
+    """The static run's median window value of `key` (e2e_s, tpot_ms, ttft_s) at `batch`."""
+    values = sorted(r[key][0] for r in static_rows(static_dir) if r["batch_per_rank"] == batch)
+    return values[len(values) // 2]
+
+
+def static_crossover_batch(static_dir: Path, limits: dict) -> int:
+    """The largest batch per rank meeting the SLO before the first failing one (at least 1):
+    the serving run's slots, as a server's batch cap would be set from a static sweep."""
+    best = 1
+    for batch in sorted({r["batch_per_rank"] for r in static_rows(static_dir)}):
+        if (static_median(static_dir, batch, "tpot_ms") > limits["tpot_ms"]
+                or static_median(static_dir, batch, "ttft_s") > limits["ttft_s"]):
+            break
+        best = batch
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--span-requests", type=int, default=12,
                    help="requests a window's measured span should hold at half the static capacity")
     p.add_argument("--repeats", type=int, default=1, help="measured static windows per batch")
+    p.add_argument("--slots", type=int, default=None, help="serving slots (default: the static crossover batch)")
     p.add_argument("--sweep-steps", type=int, default=2)
     p.add_argument("--keep", type=Path, default=None, help="run folders go here (default: a temp dir)")
     p.add_argument("--reuse", type=Path, default=None, help="analyse the runs in this folder again")
@@ -96,21 +113,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         common += ["--threads", str(args.threads)]
     print(f"model {model}, context {args.input_tokens}+{args.output_tokens}, runs in {runs}", flush=True)
-    if not args.reuse:
+    if not (static_dir / "results.jsonl").exists():
         run([*VCFSLM, "bench", *common, "--run-id", "static", "--batch-sizes", "1,4,8,16", "--warmup", "1",
              "--repeats", str(args.repeats)], "static run")
     slo_text, limits = scaled_slo(static_dir)
     if not args.reuse:
-        # Rates around the static capacity (16 streams, each done after the batch-16 E2E),
-        # from a quarter to twice it; a measured span in which half the capacity brings
-        # --span-requests requests; warm-up and cool-down of two single-stream requests.
-        capacity = 16.0 / static_e2e_s(static_dir, 16)
-        rates = [round(capacity * f, 4) for f in (0.25, 0.5, 1, 2)]
+        # Slots: the static crossover batch (a larger batch cap makes every step cost what
+        # a batch that fails the SLO costs). Rates around that batch's static capacity (its
+        # streams, each done after its E2E), from 1/16 to twice it; a measured span in which
+        # half the capacity brings --span-requests requests; warm-up and cool-down of two
+        # single-stream requests.
+        slots = args.slots or static_crossover_batch(static_dir, limits)
+        capacity = slots / static_median(static_dir, slots, "e2e_s")
+        rates = [round(capacity * f, 4) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)]
         span = max(60.0, args.span_requests / (capacity / 2))
-        warm = max(10.0, 2 * static_e2e_s(static_dir, 1))
-        print(f"  serving: rates {rates} req/s, span {span:.0f} s (+{warm:.0f} s warm-up and cool-down)",
-              flush=True)
-        run([*VCFSLM, "bench", *common, "--run-id", "serving", "--serve", "--slots", "16",
+        warm = max(10.0, 2 * static_median(static_dir, 1, "e2e_s"))
+        print(f"  serving: {slots} slots, rates {rates} req/s, span {span:.0f} s (+{warm:.0f} s warm-up and "
+              "cool-down)", flush=True)
+        if (serve_dir / "meta.json").exists():
+            serve_dir.rename(runs / f"serving-{time.strftime('%H%M%S')}")   # an earlier attempt, kept
+        run([*VCFSLM, "bench", *common, "--run-id", "serving", "--serve", "--slots", str(slots),
              "--rates", ",".join(f"{r:g}" for r in rates), "--sweep", "--sweep-steps", str(args.sweep_steps),
              "--duration", f"{span + 2 * warm:.0f}", "--warmup-s", f"{warm:.0f}", "--cooldown-s", f"{warm:.0f}",
              "--repeats", "1", "--slo", slo_text], "serving run")
