@@ -22,6 +22,9 @@ from vcfslm.results import load_run, read_run
 pytestmark = pytest.mark.integration
 
 VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
+# The rank probes at the workers' default 1 GiB are half of a lab run, and no check here
+# reads them: 64 MiB keeps them (and the roofline columns) while the tests stay quick.
+SMALL_PROBE = ["--probe-mib", "64"]
 
 
 def bench(lab, *args, timeout=600):
@@ -90,13 +93,13 @@ def test_single_vm_and_cluster_runs_are_complete(provisioned_lab, tmp_path):
     inv = provisioned_lab.load_inventory()
     ranks = inv.bench.ranks_per_node
     one = bench(provisioned_lab, "--nodes", "1", "--run-id", "t-1n", "--runs-dir", str(tmp_path),
-                "--scenarios", "*x16", "--repeats", "1")
+                "--scenarios", "*x16", "--repeats", "1", *SMALL_PROBE)
     assert one.returncode == 0, one.stdout + one.stderr
     assert_complete(tmp_path / "t-1n", 1, ranks, len(inv.bench.batch_sizes), 1)
     # The single-VM run above compiles the decode step as the lab inventory says; the
     # cluster run checks the orchestration of 8 ranks, eager, to stay quick on 2 cores.
     four = bench(provisioned_lab, "--nodes", "4", "--run-id", "t-4n", "--runs-dir", str(tmp_path),
-                 "--scenarios", "*x16", "--repeats", "1", "--compile", "eager")
+                 "--scenarios", "*x16", "--repeats", "1", "--compile", "eager", *SMALL_PROBE)
     assert four.returncode == 0, four.stdout + four.stderr
     assert_complete(tmp_path / "t-4n", 4, ranks, len(inv.bench.batch_sizes), 1)
     assert "vcfslm report" in four.stdout
@@ -108,7 +111,7 @@ def test_dead_rank_stops_everything_and_resume_completes(provisioned_lab, tmp_pa
     remote = Path(inv.guest.workdir) / "runs" / "t-dead"
     env = {**os.environ, **provisioned_lab.env, "VCFSLM_STATE": str(provisioned_lab.dir / "state.json")}
     proc = subprocess.Popen([*VCFSLM, "bench", "--nodes", "2", "--run-id", "t-dead", "--runs-dir", str(tmp_path),
-                             "--repeats", "2", "--timeout", "300", "--compile", "eager"],
+                             "--repeats", "2", "--timeout", "300", "--compile", "eager", *SMALL_PROBE],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         first = remote / "ranks" / "rank-0.jsonl"
@@ -133,15 +136,15 @@ def test_dead_rank_stops_everything_and_resume_completes(provisioned_lab, tmp_pa
     meta, kept = load_run(tmp_path / "t-dead")
     assert not meta.complete and meta.failure
     assert kept, "finished windows must be kept"
-    again = bench(provisioned_lab, "--resume", "t-dead", "--runs-dir", str(tmp_path))
+    again = bench(provisioned_lab, "--resume", "t-dead", "--runs-dir", str(tmp_path), *SMALL_PROBE)
     assert again.returncode == 0, again.stdout + again.stderr
     assert_complete(tmp_path / "t-dead", 2, inv.bench.ranks_per_node,
                     len(inv.bench.batch_sizes) * len(inv.bench.input_tokens), 2)
     assert not run_processes("t-dead")
 
 
-SERVE = ["--serve", "--rates", "4,8", "--slots", "2", "--duration", "3", "--warmup-s", "0.5",
-         "--cooldown-s", "0.5", "--repeats", "1", "--compile", "eager"]
+SERVE = ["--serve", "--rates", "4,8", "--slots", "2", "--duration", "2", "--warmup-s", "0.25",
+         "--cooldown-s", "0.25", "--repeats", "1", "--compile", "eager", "--no-probe"]
 
 
 def test_serving_run_survives_a_dead_rank_and_resume_completes(provisioned_lab, tmp_path):
@@ -175,7 +178,8 @@ def test_serving_run_survives_a_dead_rank_and_resume_completes(provisioned_lab, 
     kept = {(r.rank, r.scenario) for r in run.serve_records}
     assert kept, "finished serving windows must be kept"
 
-    again = bench(provisioned_lab, "--resume", "t-serve", "--runs-dir", str(tmp_path), "--output", "json")
+    again = bench(provisioned_lab, "--resume", "t-serve", "--runs-dir", str(tmp_path), "--output", "json",
+                  "--no-probe")
     assert again.returncode == 0, again.stdout + again.stderr
     run = read_run(tmp_path / "t-serve")
     assert run.meta.complete and run.meta.matrix["serve"]["loads"] == [4.0, 8.0]

@@ -187,11 +187,11 @@ def test_bench_local_verbose_shows_each_rank_and_json_is_machine_checked(tmp_pat
 
 
 def test_bench_local_serving_sweep_bisects_between_a_passing_and_a_failing_rate(tmp_path):
-    """One rank serves 5 requests/s (meets every SLO) and 200/s (meets none: the queue grows
-    without bound), then the sweep measures a load between them for each SLO."""
+    """One rank serves 5 requests/s (meets every SLO) and 5000/s (meets none: the queue grows
+    past the window's cutoff), then the sweep measures a load between them for each SLO."""
     proc = subprocess.run(
         [sys.executable, "-m", "vcfslm.cli", "bench", "--local", "--model", "synthetic:tiny", "--threads", "1",
-         "--serve", "--rates", "5,200", "--sweep", "--sweep-steps", "1", "--slots", "2", "--input-tokens", "8",
+         "--serve", "--rates", "5,5000", "--sweep", "--sweep-steps", "1", "--slots", "2", "--input-tokens", "8",
          "--output-tokens", "5", "--duration", "2", "--warmup-s", "0.25", "--cooldown-s", "0.25", "--repeats", "1",
          "--compile", "eager", "--no-probe", "--runs-dir", str(tmp_path), "--run-id", "sweep", "-o", "json"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "40"})
@@ -199,15 +199,15 @@ def test_bench_local_serving_sweep_bisects_between_a_passing_and_a_failing_rate(
     run = results.read_run(tmp_path / "sweep")
     assert run.meta.complete and not run.records and run.meta.matrix["serve"]["sweep"] is True
     loads = sorted({r.load for r in run.serve_records})
-    assert loads[0] == 5.0 and loads[-1] == 200.0 and any(5.0 < v < 200.0 for v in loads), loads
+    assert loads[0] == 5.0 and loads[-1] == 5000.0 and any(5.0 < v < 5000.0 for v in loads), loads
     served = json.loads(proc.stdout)["serving"]
     rows = {row["load_per_rank"]: row for row in served["points"]}
-    assert rows[200.0]["unfinished"] > 0 and rows[5.0]["unfinished"] == 0
-    # every SLO: 5/s passes, 200/s fails, so each threshold lies between them
+    assert rows[5000.0]["unfinished"] > 0 and rows[5.0]["unfinished"] == 0
+    # every SLO: 5/s passes, 5000/s fails, so each threshold lies between them
     answers = {t["slo"]["name"]: t for t in served["answer"]}
     assert set(answers) == {"A", "B"}, served["answer"]
     for t in answers.values():
         assert t["status"] == "threshold", t
-        assert 5.0 <= t["threshold_load_per_rank"] < t["first_failing_load_per_rank"] <= 200.0, t
-    overloaded = next(r for r in run.serve_records if r.load == 200.0)
+        assert 5.0 <= t["threshold_load_per_rank"] < t["first_failing_load_per_rank"] <= 5000.0, t
+    overloaded = next(r for r in run.serve_records if r.load == 5000.0)
     assert overloaded.max_queue > 100 and overloaded.mean_active > 1.5   # both slots busy throughout
