@@ -63,8 +63,9 @@ $VCFSLM bench --nodes 1 --run-id "$SINGLE" --runs-dir "$RUNS"
 REPORT_RUNS=("$RUNS/$SINGLE")
 SERVE="lab-1n-serve-$STAMP"
 step "vcfslm bench --nodes 1 --serve (continuous batching under Poisson arrivals, then a sweep)"
-# 4 slots per rank, so that the tiny model's one VM saturates within the rates tried.
-$VCFSLM bench --nodes 1 --serve --slots 4 --rates 8,128 --sweep --sweep-steps 1 --duration 4 \
+# 4 slots per rank and 2000 requests/s at the top, so that even a quiet machine saturates
+# the tiny model within the rates tried and the sweep has a failing load to bisect towards.
+$VCFSLM bench --nodes 1 --serve --slots 4 --rates 8,2000 --sweep --sweep-steps 1 --duration 4 \
   --warmup-s 0.5 --cooldown-s 0.5 --repeats 1 --run-id "$SERVE" --runs-dir "$RUNS"
 REPORT_RUNS+=("$RUNS/$SERVE")
 if [ "$NODES" -gt 1 ]; then
