@@ -70,8 +70,8 @@ from vcfslm.errors import Problem, RunFolderError
 SCHEMA_VERSION = 1
 
 @dataclass
-class WindowRecord:
-    """One measured window of one rank for one scenario."""
+class RankWindow:
+    """Which run, node and rank a measured window (static or serving) belongs to."""
 
     run_id: str
     node: str
@@ -81,6 +81,12 @@ class WindowRecord:
     world_size: int
     ranks_per_node: int
     nodes: int
+
+
+@dataclass
+class WindowRecord(RankWindow):
+    """One measured window of one rank for one scenario."""
+
     batch_per_rank: int
     input_tokens: int
     output_tokens: int
@@ -129,17 +135,9 @@ SERVE_ARRIVALS = ("poisson", "gamma", "closed")
 
 
 @dataclass
-class ServeRecord:
+class ServeRecord(RankWindow):
     """One measured serving window of one rank at one load."""
 
-    run_id: str
-    node: str
-    node_rank: int
-    rank: int
-    local_rank: int
-    world_size: int
-    ranks_per_node: int
-    nodes: int
     load_kind: str                 # "rate" (requests/s per rank) | "users" (per rank)
     load: float
     arrival: str                   # "poisson" | "gamma" | "closed"

@@ -44,7 +44,7 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
     from .engine import current_rss_bytes, peak_rss_bytes, synthetic_prompt
     from .placement import placement_problems, thread_cpus
     from .slots import SlotEngine
-    from .worker import agreed_skips
+    from .worker import agreed_skips, rank_window
 
     spec = ServeSpec.of_record(json.loads(args.serve))
     limits: dict[str, Any] = json.loads(args.slos) if args.slos else {}
@@ -97,9 +97,7 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
             if slots.compiles != compiles:
                 reasons.append(f"{slots.compiles - compiles} compilation(s) inside the window")
             record = ServeRecord(
-                run_id=args.run_id, node=args.node, node_rank=env.group_rank, rank=env.rank,
-                local_rank=env.local_rank, world_size=env.world_size,
-                ranks_per_node=env.local_world_size, nodes=args.nodes, load_kind=spec.load_kind,
+                **rank_window(args, env), load_kind=spec.load_kind,
                 load=float(load), arrival=spec.arrival_kind, slots=spec.slots,
                 input_tokens=input_tokens, output_tokens=spec.output_tokens, window=max(window, 0),
                 seed=seed, burstiness=spec.burstiness, think_s=spec.think_s,

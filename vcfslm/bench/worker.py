@@ -171,6 +171,13 @@ def sort_key(r) -> tuple:
     return (r.node_rank, r.rank, *r.scenario, r.window)
 
 
+def rank_window(args: argparse.Namespace, env: TorchrunEnv) -> dict[str, Any]:
+    """The RankWindow fields of this rank's records (static and serving alike)."""
+    return {"run_id": args.run_id, "node": args.node, "node_rank": env.group_rank, "rank": env.rank,
+            "local_rank": env.local_rank, "world_size": env.world_size,
+            "ranks_per_node": env.local_world_size, "nodes": args.nodes}
+
+
 def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple[int, int, int],
                   window: int, gen, skew_s: float, roofline_ms: float | None, placement: dict,
                   peak_rss: int, extra_invalid: list[str] | None = None, rss: int = 0,
@@ -188,9 +195,7 @@ def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple
     if tuple(gen.tokens.shape) != (batch, output_tokens):
         reasons.append(f"generated shape {tuple(gen.tokens.shape)} != ({batch}, {output_tokens})")
     return WindowRecord(
-        run_id=args.run_id, node=args.node, node_rank=env.group_rank, rank=env.rank,
-        local_rank=env.local_rank, world_size=env.world_size, ranks_per_node=env.local_world_size,
-        nodes=args.nodes, batch_per_rank=batch, input_tokens=input_tokens,
+        **rank_window(args, env), batch_per_rank=batch, input_tokens=input_tokens,
         output_tokens=output_tokens, window=window, start_skew_s=skew_s, wall_s=wall,
         generated_tokens=generated, rank_tps=generated / wall if wall > 0 else 0.0,
         ttft_s=ttft, tpot_ms=tpot, e2e_s=e2e, peak_rss_bytes=peak_rss, rss_bytes=rss,

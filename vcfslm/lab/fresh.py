@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .guests import SSHD_POLICY
+
 # What a real template VM must carry before vcfslm runs on it, offline: an SSH server and
 # Python, plus the system packages the base playbook asks for (an offline guest cannot
 # fetch them; tests check this list covers playbooks/base.yaml). Everything else (venv,
@@ -287,20 +289,7 @@ def sshd_config(guest: GuestPlan) -> str:
         f"ListenAddress {guest.management_ip}:{SSH_PORT}",
         "HostKey /etc/ssh/ssh_host_ed25519_key",
         "PidFile none",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        # Debian's sshd is built with PAM; the minbase root has no PAM session setup to offer.
-        "UsePAM no",
-        "Subsystem sftp internal-sftp",
-        "MaxStartups 100:30:200",
-        "MaxSessions 64",
-        "X11Forwarding no",
-        "PrintMotd no",
-        "PrintLastLog no",
-        "UseDNS no",
-        "LogLevel INFO",
+        *SSHD_POLICY,
         f"SetEnv VCFSLM_LAB_NODE={guest.name}",
         "",
     ])

@@ -116,22 +116,9 @@ def sshd_config(*, name: str, address: str, port: int, user: str, host_key: Path
         f"PidFile {pid_file}",
         f"AuthorizedKeysFile {authorized_keys}",
         f"AllowUsers {user}",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "PermitRootLogin prohibit-password",
         # Lab files live in ordinary user folders; the ownership checks would refuse them.
         "StrictModes no",
-        "UsePAM no",
-        "Subsystem sftp internal-sftp",
-        # Fan-out tests open many connections at once.
-        "MaxStartups 100:30:200",
-        "MaxSessions 64",
-        "X11Forwarding no",
-        "PrintMotd no",
-        "PrintLastLog no",
-        "UseDNS no",
-        "LogLevel INFO",
+        *SSHD_POLICY,
         # SHLVL=1: bash takes the session's shell for a nested one and skips ~/.bashrc, which
         # it reads for every sshd-started shell otherwise. A VM's guest account has its own
         # dotfiles; the lab's guests share the operator's, whose rc (pyenv init, say) would
@@ -140,6 +127,26 @@ def sshd_config(*, name: str, address: str, port: int, user: str, host_key: Path
         f"SetEnv VCFSLM_LAB_NODE={name} SHLVL=1",
         "",
     ])
+
+
+# What every lab sshd (loopback or fresh) allows: root or the lab user by key only, no PAM
+# (neither the operator's folders nor a minbase root have a session setup for it), sftp for
+# pushes, and room for the fan-out tests' many connections at once.
+SSHD_POLICY = (
+    "PubkeyAuthentication yes",
+    "PasswordAuthentication no",
+    "KbdInteractiveAuthentication no",
+    "PermitRootLogin prohibit-password",
+    "UsePAM no",
+    "Subsystem sftp internal-sftp",
+    "MaxStartups 100:30:200",
+    "MaxSessions 64",
+    "X11Forwarding no",
+    "PrintMotd no",
+    "PrintLastLog no",
+    "UseDNS no",
+    "LogLevel INFO",
+)
 
 
 def known_hosts_line(address: str, port: int, public_key: str) -> str:
