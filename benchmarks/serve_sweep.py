@@ -16,7 +16,8 @@ meet SLO-B at all: a 2-core VM streams the weights ~10x slower and multiplies ~5
 than a 24-vCPU rank of the brief's testbed. The TPOT limit is scaled by the ratio of the
 testbed's read bandwidth per rank to this rank's (measured by the static run's probe),
 the TTFT limit by the ratio of the GEMM rates, each only when it is above 1; the scaled
-SLO is printed and recorded in both runs.
+SLO is printed and recorded in both runs. The scaling is vcfslm.slo_scaling's, the one
+`vcfslm lab up --slos-from` scales the lab's SLOs with.
 
     .venv/bin/python benchmarks/serve_sweep.py [--layers 32] [--input-tokens 128] [--output-tokens 16]
     .venv/bin/python benchmarks/serve_sweep.py --reuse DIR     # re-analyse earlier runs
@@ -36,11 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
 
+from vcfslm.contract import DEFAULT_SLOS  # noqa: E402
+from vcfslm.errors import InputError  # noqa: E402
+from vcfslm.slo_scaling import run_rates, scale_slos, scaling_for  # noqa: E402
+
 VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
-SLO_B = {"tpot_ms": 200.0, "ttft_s": 5.0}
-# The brief's testbed rank (platforms/vx650v4-6747p.yaml): one vNUMA node of 24 vCPUs.
-TESTBED_READ_GBS = 92.4
-TESTBED_GEMM_TFLOPS = 0.72 * 24
+SLO_B = {"B": DEFAULT_SLOS["B"]}
 
 
 def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
@@ -54,17 +56,13 @@ def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
 
 def scaled_slo(static_dir: Path) -> tuple[str, dict]:
     """SLO-B scaled by this rank's probed bandwidth and GEMM rate against the testbed's."""
-    meta = json.loads((static_dir / "meta.json").read_text())
-    rank = meta["ranks"]["0"]
-    read_gbs = rank["probe"]["read_gbs"]
-    tflops = rank["gemm"]["tflops"]
-    tpot_x = max(1.0, TESTBED_READ_GBS / read_gbs)
-    ttft_x = max(1.0, TESTBED_GEMM_TFLOPS / tflops)
-    limits = {"tpot_ms": round(SLO_B["tpot_ms"] * tpot_x), "ttft_s": round(SLO_B["ttft_s"] * ttft_x, 1)}
-    print(f"  this rank: read {read_gbs:.1f} GB/s, GEMM {tflops:.3f} TFLOP/s; testbed rank "
-          f"{TESTBED_READ_GBS} GB/s, {TESTBED_GEMM_TFLOPS:.1f} TFLOP/s")
-    print(f"  SLO-B scaled x{tpot_x:.2f} (TPOT) and x{ttft_x:.1f} (TTFT): "
-          f"TPOT <= {limits['tpot_ms']:g} ms, TTFT <= {limits['ttft_s']:g} s")
+    try:
+        scaling = scaling_for(*run_rates(static_dir))
+    except InputError as exc:
+        sys.exit(f"cannot scale SLO-B: {exc}")
+    for line in scaling.lines(SLO_B):
+        print(f"  {line}")
+    limits = scale_slos(SLO_B, scaling)["B"]
     return f"B-scaled:tpot<={limits['tpot_ms']:g}ms,ttft<={limits['ttft_s']:g}s", limits
 
 

@@ -1,0 +1,252 @@
+"""The brief's SLOs scaled to this machine (vcfslm/slo_scaling.py), and `lab up --slos-from`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from vcfslm.cli import main
+from vcfslm.contract import DEFAULT_SLOS
+from vcfslm.errors import PlatformError, RunFolderError
+from vcfslm.slo_scaling import Rates, probe_rates, run_rates, scale_slos, scaling_for
+
+
+def _node(read_gbs, tflops, node=0) -> dict:
+    """One NUMA node of `vcfslm probe -o json`, with the keys the scaling reads and a few it does not."""
+    return {"numa_node": node, "threads": 2, "read_gbs": read_gbs, "triad_gbs": read_gbs * 0.8,
+            "gemm": {"tflops": tflops, "threads": 2, "rows": 1024}}
+
+
+def _write(path: Path, data) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+# ---------------------------------------------------------------- the factors
+
+
+def test_the_testbed_rank_comes_from_the_shipped_platform():
+    scaling = scaling_for(31.9, 1.44)
+    assert scaling.reference == "vx650v4-6747p"
+    assert scaling.reference_read_gbs == pytest.approx(92.4)
+    assert scaling.reference_gemm_tflops == pytest.approx(0.72 * 24)
+
+
+def test_factors_are_the_testbed_rank_over_this_machine():
+    scaling = scaling_for(31.9, 1.44)
+    assert scaling.tpot_factor == pytest.approx(92.4 / 31.9)
+    assert scaling.ttft_factor == pytest.approx(12.0)
+    assert scaling.scales
+
+
+def test_a_machine_faster_than_the_testbed_keeps_the_brief_slos():
+    scaling = scaling_for(200.0, 40.0)
+    assert (scaling.tpot_factor, scaling.ttft_factor) == (1.0, 1.0)
+    assert not scaling.scales
+    assert scale_slos(DEFAULT_SLOS, scaling) == DEFAULT_SLOS
+
+
+def test_each_factor_is_clamped_on_its_own():
+    faster_memory = scaling_for(150.0, 1.44)
+    assert faster_memory.tpot_factor == 1.0 and faster_memory.ttft_factor == pytest.approx(12.0)
+    faster_gemm = scaling_for(31.9, 30.0)
+    assert faster_gemm.tpot_factor > 1.0 and faster_gemm.ttft_factor == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, None, True, "8"])
+@pytest.mark.parametrize("which", ["read_gbs", "gemm_tflops"])
+def test_non_positive_figures_are_refused_by_name(which, bad):
+    figures = {"read_gbs": 31.9, "gemm_tflops": 1.44, which: bad}
+    with pytest.raises(ValueError, match=which):
+        scaling_for(**figures)
+
+
+def test_another_reference_platform_by_name():
+    scaling = scaling_for(31.9, 1.44, reference="vx650v4-6737p")
+    assert scaling.reference == "vx650v4-6737p"
+    assert scaling.reference_read_gbs > 31.9
+
+
+# ---------------------------------------------------------------- scaled SLOs
+
+
+def test_scaled_slos_round_tpot_to_ms_and_ttft_to_a_tenth():
+    scaled = scale_slos(DEFAULT_SLOS, scaling_for(31.9, 1.44))
+    # 130 x 2.8966 = 376.6, 200 x 2.8966 = 579.3; 3 x 12 = 36, 5 x 12 = 60
+    assert scaled == {"A": {"tpot_ms": 377, "ttft_s": 36.0}, "B": {"tpot_ms": 579, "ttft_s": 60.0}}
+    assert all(isinstance(limits["tpot_ms"], int) for limits in scaled.values())
+    odd = scale_slos({"C": {"tpot_ms": 100.0, "ttft_s": 1.0}}, scaling_for(92.4 / 1.234, 17.28 / 7.3689))
+    assert odd == {"C": {"tpot_ms": 123, "ttft_s": 7.4}}
+
+
+def test_a_missing_limit_stays_missing_and_names_are_kept():
+    scaled = scale_slos({"strict": {"tpot_ms": None, "ttft_s": 2.0}, "loose": {"tpot_ms": 500.0, "ttft_s": None}},
+                        scaling_for(46.2, 8.64))
+    assert scaled == {"strict": {"tpot_ms": None, "ttft_s": 4.0}, "loose": {"tpot_ms": 1000, "ttft_s": None}}
+
+
+def test_the_brief_slos_are_not_changed_in_place():
+    before = json.dumps(DEFAULT_SLOS, sort_keys=True)
+    scale_slos(DEFAULT_SLOS, scaling_for(8.7, 0.64))
+    assert json.dumps(DEFAULT_SLOS, sort_keys=True) == before
+
+
+def test_lines_show_both_ratios_and_each_scaled_slo():
+    assert scaling_for(31.9, 1.44).lines(DEFAULT_SLOS) == [
+        "SLOs scaled to this machine: read 31.9 GB/s vs the testbed rank's 92.4 (TPOT x2.90), "
+        "bf16 GEMM 1.44 vs 17.28 TFLOP/s (TTFT x12.0); testbed vx650v4-6747p",
+        "SLO-A: TPOT <= 377 ms, TTFT <= 36 s (the brief's 130 ms, 3 s)",
+        "SLO-B: TPOT <= 579 ms, TTFT <= 60 s (the brief's 200 ms, 5 s)",
+    ]
+
+
+def test_lines_say_so_when_nothing_is_scaled():
+    lines = scaling_for(200.0, 40.0).lines()
+    assert len(lines) == 1 and lines[0].startswith("SLOs as the brief's (this machine is no slower")
+    assert "(TPOT x1.00)" in lines[0] and "(TTFT x1.0)" in lines[0]
+
+
+# ---------------------------------------------------------------- this machine's figures
+
+
+def test_probe_rates_take_the_slowest_node_of_each_figure(tmp_path):
+    path = _write(tmp_path / "probe.json", [_node(40.0, 1.2, 0), _node(35.0, 1.5, 1)])
+    assert probe_rates(path) == Rates(35.0, 1.2)
+    assert probe_rates(str(path)) == Rates(35.0, 1.2)
+
+
+def test_probe_rates_read_a_real_probe_shape(tmp_path):
+    doc = [{"buffer_bytes": 67108864, "cpu_affinity": "0-1", "numa_node": 0, "read_gbs": 8.714,
+            "read_kernels": {"sum": 8.71}, "threads": 2, "triad_gbs": 6.65,
+            "gemm": {"k": 3072, "n": 8192, "rows": 1024, "tflops": 0.6445, "threads": 2,
+                     "rates": {"engine onednn-packed M=1024": 0.6445}},
+            "decode_linears": {"rows": [1, 2], "gbs": [6.2, 6.4], "threads": 2}}]
+    assert probe_rates(_write(tmp_path / "p.json", doc)) == Rates(8.714, 0.6445)
+
+
+@pytest.mark.parametrize("doc, key", [
+    ([_node(40.0, 1.2), {"read_gbs": 30.0, "gemm": None}], "[1].gemm.tflops"),
+    ([{"gemm": {"tflops": 1.0}}], "[0].read_gbs"),
+    ([_node(0, 1.2)], "[0].read_gbs"),
+    ([_node(40.0, "fast")], "[0].gemm.tflops"),
+])
+def test_a_probe_file_without_a_figure_names_the_file_and_key(tmp_path, doc, key):
+    path = _write(tmp_path / "bad.json", doc)
+    with pytest.raises(PlatformError) as err:
+        probe_rates(path)
+    assert str(path) in str(err.value) and key in str(err.value)
+    assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("text", ["{}", "[]", '{"read_gbs": 8}', "[1, 2]", "not json", ""])
+def test_a_file_that_is_no_probe_output_names_the_file(tmp_path, text):
+    path = tmp_path / "probe.json"
+    path.write_text(text)
+    with pytest.raises(PlatformError, match=str(path)):
+        probe_rates(path)
+
+
+def test_a_missing_probe_file_is_named(tmp_path):
+    with pytest.raises(PlatformError, match=f"{tmp_path / 'nope.json'}: file not found"):
+        probe_rates(tmp_path / "nope.json")
+
+
+def _meta(ranks: dict) -> dict:
+    return {"run_id": "r", "ranks": ranks}
+
+
+def test_run_rates_read_meta_json_from_the_folder_or_the_file(tmp_path):
+    meta = _write(tmp_path / "meta.json", _meta({"0": {"probe": {"read_gbs": 31.9}, "gemm": {"tflops": 1.44}}}))
+    assert run_rates(tmp_path) == Rates(31.9, 1.44)
+    assert run_rates(meta) == Rates(31.9, 1.44)
+
+
+def test_run_rates_take_the_slowest_rank(tmp_path):
+    _write(tmp_path / "meta.json", _meta({
+        "0": {"probe": {"read_gbs": 30.0}, "gemm": {"tflops": 2.0}},
+        "1": {"probe": {"read_gbs": 40.0}, "gemm": {"tflops": 1.0}},
+    }))
+    assert run_rates(tmp_path) == Rates(30.0, 1.0)
+
+
+@pytest.mark.parametrize("meta, key", [
+    (_meta({"0": {"probe": None, "gemm": {"tflops": 1.0}}}), "ranks.0.probe.read_gbs"),
+    (_meta({"0": {"probe": {"read_gbs": 30.0}, "gemm": {"tflops": 1.0}},
+            "1": {"probe": {"read_gbs": 30.0}}}), "ranks.1.gemm.tflops"),
+    (_meta({}), "ranks"),
+    ({"run_id": "r"}, "ranks"),
+    ([], "ranks"),
+])
+def test_a_meta_json_without_a_figure_names_the_file_and_key(tmp_path, meta, key):
+    path = _write(tmp_path / "meta.json", meta)
+    with pytest.raises(RunFolderError) as err:
+        run_rates(tmp_path)
+    assert f"{path}: {key}:" in str(err.value)
+
+
+def test_a_folder_without_meta_json_is_named(tmp_path):
+    with pytest.raises(RunFolderError, match=f"{tmp_path / 'meta.json'}: file not found"):
+        run_rates(tmp_path)
+
+
+# ---------------------------------------------------------------- vcfslm lab up --slos-from
+
+
+@pytest.fixture
+def fake_up(monkeypatch):
+    """`lab up` without starting anything: what the CLI would pass to lab.up, recorded."""
+    from vcfslm.lab import lab as lab_mod
+
+    calls = []
+
+    def up(folder, nodes, reporter, **kwargs):
+        calls.append(kwargs)
+        return SimpleNamespace(started=["vcsim"], state=SimpleNamespace(vcsim=None, env_file=folder / "lab.env"))
+
+    monkeypatch.setattr(lab_mod, "up", up)
+    monkeypatch.setattr(lab_mod, "status", lambda folder: [])
+    return calls
+
+
+def test_lab_up_with_a_bad_probe_file_is_a_usage_error_naming_it(tmp_path, fake_up):
+    bad = _write(tmp_path / "bad.json", [{"read_gbs": 8.7}])
+    lab_dir = tmp_path / "lab"
+    result = CliRunner().invoke(main, ["lab", "up", "--slos-from", str(bad), "--dir", str(lab_dir)])
+    assert result.exit_code == 2, result.output
+    assert f"error: --slos-from: {bad}: [0].gemm.tflops: missing or not a positive number" in \
+        result.stderr.splitlines()
+    assert fake_up == [] and not lab_dir.exists()
+
+
+def test_lab_up_with_a_missing_probe_file_starts_nothing(tmp_path, fake_up):
+    missing = tmp_path / "missing.json"
+    result = CliRunner().invoke(main, ["lab", "up", "--slos-from", str(missing), "--dir", str(tmp_path / "lab")])
+    assert result.exit_code == 2 and str(missing) in result.stderr
+    assert fake_up == []
+
+
+def test_lab_up_scales_the_slos_and_prints_how(tmp_path, fake_up):
+    probe = _write(tmp_path / "probe.json", [_node(31.9, 1.44)])
+    result = CliRunner().invoke(main, ["lab", "up", "--slos-from", str(probe), "--dir", str(tmp_path / "lab")],
+                                env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    expected = scaling_for(31.9, 1.44).lines(DEFAULT_SLOS)
+    lines = result.stdout.splitlines()
+    assert all(line in lines for line in expected), lines
+    (kwargs,) = fake_up
+    assert kwargs["slos"] == {"A": {"tpot_ms": 377, "ttft_s": 36.0}, "B": {"tpot_ms": 579, "ttft_s": 60.0}}
+    assert kwargs["slo_notes"] == [f"slos: the brief's A and B scaled by {probe}", *expected]
+
+
+def test_lab_up_without_slos_from_keeps_the_brief_slos(tmp_path, fake_up):
+    result = CliRunner().invoke(main, ["lab", "up", "--dir", str(tmp_path / "lab")])
+    assert result.exit_code == 0, result.output
+    assert "SLO" not in result.stdout
+    (kwargs,) = fake_up
+    assert kwargs["slos"] is None and list(kwargs["slo_notes"]) == []
+
