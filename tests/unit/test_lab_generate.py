@@ -126,3 +126,38 @@ def test_guests_inventory_takes_a_port_and_ranks_per_node():
     default = generate.guests_inventory(started, "/lab/work")
     assert default["bench"]["port"] == 29500
     assert default["bench"]["ranks_per_node"] == generate.bench_section(generate.machine_shape(), 1)["ranks_per_node"]
+
+
+def test_without_scaled_slos_the_lab_keeps_the_brief_ones():
+    from vcfslm.contract import DEFAULT_SLOS
+
+    doc = _document(SHAPES[0])
+    assert doc["slos"] == DEFAULT_SLOS
+    assert doc["slos"]["A"] is not DEFAULT_SLOS["A"]   # a copy: dumping or editing it leaves the brief's alone
+    inventory = parse_inventory(yaml.safe_dump(doc), "lab.yaml")
+    assert {n: (s.tpot_ms, s.ttft_s) for n, s in inventory.slos.items()} == {"A": (130, 3), "B": (200, 5)}
+
+
+def test_scaled_slos_go_into_the_lab_inventory():
+    from vcfslm.contract import DEFAULT_SLOS
+    from vcfslm.slo_scaling import scale_slos, scaling_for
+
+    scaled = scale_slos(DEFAULT_SLOS, scaling_for(31.9, 1.44))
+    ports = {"slm-01": 40000}
+    doc = generate.lab_inventory(
+        vcenter_host="127.0.0.1", vcenter_port=8989, vcenter_user="u", ca_bundle="/ca.pem",
+        template="t", nodes=generate.lab_nodes(1, ports), guest_user="root", ssh_key="/k",
+        known_hosts="/kh", workdir="/w", bench_port=29500, shape=SHAPES[0], slos=scaled)
+    inventory = parse_inventory(yaml.safe_dump(doc), "lab.yaml")
+    assert {n: (s.tpot_ms, s.ttft_s) for n, s in inventory.slos.items()} == {"A": (377, 36.0), "B": (579, 60.0)}
+    fresh = generate.fresh_guest_document(doc, wheelhouse="/wh", workdir="/root/work", management_mtu=1500,
+                                          bench_mtu=9000, bench_netmask="255.255.255.0")
+    assert fresh["slos"] == scaled
+
+
+def test_inventory_header_carries_notes_as_comments():
+    header = generate.inventory_header("/lab/lab.env", ["slos: scaled by probe.json", "SLO-A: TPOT <= 377 ms"])
+    assert header.startswith(generate.INVENTORY_HEADER.format(env_file="/lab/lab.env"))
+    assert header.endswith("# slos: scaled by probe.json\n# SLO-A: TPOT <= 377 ms\n")
+    assert generate.inventory_header("/lab/lab.env") == generate.INVENTORY_HEADER.format(env_file="/lab/lab.env")
+    assert yaml.safe_load(header + "name: lab\n") == {"name": "lab"}

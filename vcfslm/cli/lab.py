@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from ..lab.vcsim import API_CHOICES, DEFAULT_API
 from .common import RichReporter, console, print_json
 
@@ -53,8 +53,12 @@ def lab() -> None:
 @click.option("--fresh-guests", is_flag=True,
               help="Guests are fresh Debian roots in network namespaces of their own, offline "
                    "(root only; the root is built once with debootstrap and cached).")
+@click.option("--slos-from", "slos_from", default=None, metavar="PROBE.json",
+              help="Scale the brief's SLOs A and B to this machine by a `vcfslm probe -o json` file "
+                   "(TPOT by read bandwidth, TTFT by GEMM rate, against the brief's testbed rank); "
+                   "default: the brief's SLOs as they are.")
 def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api: str,
-       fresh_guests: bool) -> None:
+       fresh_guests: bool, slos_from: str | None) -> None:
     """Start the lab, or reuse what already runs (idempotent).
 
     \b
@@ -68,6 +72,7 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api:
       vcfslm lab up --method-delay CloneVM_Task=1000,ReconfigVM_Task=1000
       vcfslm lab up --api 8.0.3     vSphere 8 path: vNUMA as ConfigSpec.virtualNuma
       vcfslm lab up --nodes 2 --fresh-guests
+      vcfslm probe --mib 64 -o json > probe.json; vcfslm lab up --slos-from probe.json
 
     \b
     vcsim records each ReconfigVM_Task / CloneVM_Task carrying virtualNuma or a
@@ -80,13 +85,17 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api:
         delays = vcsim.parse_method_delay(method_delay)
     except ValueError as exc:
         raise UsageError(f"--method-delay: {exc}") from None
+    slos, slo_lines = _scaled_slos(slos_from)
     folder = lab_mod.lab_dir(directory)
     options = vcsim.VcsimOptions(method_delay=delays, delay_ms=delay_ms, api=api)
+    notes = [f"slos: the brief's A and B scaled by {slos_from}", *slo_lines] if slos_from else []
     result = lab_mod.up(folder, nodes, RichReporter(), vcsim_options=options,
-                        fresh_guests=fresh_guests)
+                        fresh_guests=fresh_guests, slos=slos, slo_notes=notes)
     _print_table(lab_mod.status(folder))
     verb = "started " + ", ".join(result.started) if result.started else "everything was running"
     console.print(f"lab {folder}: {verb}")
+    for line in slo_lines:
+        console.print(line, markup=False)
     sim = result.state.vcsim
     if sim is not None:
         console.print(f"vcsim: vSphere API {sim.api_version}, hardware {sim.hardware_version}; "
@@ -140,6 +149,20 @@ def down(directory: str | None) -> None:
     stopped = lab_mod.down(folder, RichReporter())
     console.print(f"lab {folder}: " + (f"stopped {', '.join(stopped)}" if stopped
                                        else "nothing was running"))
+
+
+def _scaled_slos(probe_file: str | None) -> tuple[dict | None, list[str]]:
+    """The brief's SLOs scaled by a probe file, and the lines showing how; (None, []) without one."""
+    if probe_file is None:
+        return None, []
+    from ..contract import DEFAULT_SLOS
+    from ..slo_scaling import probe_rates, scale_slos, scaling_for
+
+    try:
+        scaling = scaling_for(*probe_rates(probe_file))
+    except InputError as exc:
+        raise UsageError(f"--slos-from: {exc}") from None
+    return scale_slos(DEFAULT_SLOS, scaling), scaling.lines(DEFAULT_SLOS)
 
 
 def _print_table(rows) -> None:

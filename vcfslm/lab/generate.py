@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..contract import DEFAULT_SLOS
 from . import vcsim as sim
 
 LAB_NAME = "lab"
@@ -113,9 +114,9 @@ def bench_section(shape: MachineShape, port: int) -> dict[str, Any]:
 
 def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca_bundle: str,
                   template: str, nodes: Sequence[LabNode], guest_user: str, ssh_key: str,
-                  known_hosts: str, workdir: str, bench_port: int,
-                  shape: MachineShape) -> dict[str, Any]:
-    """The lab inventory as a plain document (dump it as YAML)."""
+                  known_hosts: str, workdir: str, bench_port: int, shape: MachineShape,
+                  slos: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+    """The lab inventory as a plain document (dump it as YAML); `slos`: None = the brief's."""
     return {
         "name": LAB_NAME,
         "vcenter": {
@@ -166,10 +167,7 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
             "workdir": workdir,
         },
         "bench": bench_section(shape, bench_port),
-        "slos": {
-            "A": {"tpot_ms": 130, "ttft_s": 3},
-            "B": {"tpot_ms": 200, "ttft_s": 5},
-        },
+        "slos": {name: dict(limits) for name, limits in (slos or DEFAULT_SLOS).items()},
     }
 
 
@@ -197,6 +195,11 @@ INVENTORY_HEADER = """\
 # guests on this machine. The password is in the lab's env file, never here:
 #   . {env_file}
 """
+
+
+def inventory_header(env_file: str | Path, notes: Sequence[str] = ()) -> str:
+    """The inventory's comment header, with `notes` (how its SLOs were scaled, say) as comment lines."""
+    return INVENTORY_HEADER.format(env_file=env_file) + "".join(f"# {line}\n" for line in notes)
 
 
 def env_file_text(password: str, inventory: str) -> str:

@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,11 +173,13 @@ def vcenter_password(directory: Path) -> str:
 
 
 def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = None,
-       vcsim_options: vcsim.VcsimOptions | None = None, fresh_guests: bool = False) -> UpResult:
+       vcsim_options: vcsim.VcsimOptions | None = None, fresh_guests: bool = False,
+       slos: Mapping[str, Mapping[str, float]] | None = None, slo_notes: Sequence[str] = ()) -> UpResult:
     """Start what is not running (vcsim with >= `nodes` hosts, `nodes` guests); reuse the rest.
 
     fresh_guests: the guests are fresh Debian roots in network namespaces of their own
-    (root only), not loopback sshds sharing this machine's OS."""
+    (root only), not loopback sshds sharing this machine's OS. slos: the inventory's SLOs
+    (None: the brief's); slo_notes: comment lines saying where they come from."""
     limit = fresh.MAX_FRESH_NODES if fresh_guests else guests.MAX_NODES
     if not 1 <= nodes <= limit:
         raise UsageError(f"--nodes must be between 1 and {limit}"
@@ -213,7 +215,7 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
         finally:
             # Record whatever runs now, even after a failure, so `down` can stop it.
             save_state(result.state)
-        write_lab_files(result.state, password)
+        write_lab_files(result.state, password, slos=slos, slo_notes=slo_notes)
         save_state(result.state)
         return result
 
@@ -353,8 +355,9 @@ def _ensure_fresh_guests(directory: Path, previous: LabState | None, nodes: int,
     return running
 
 
-def write_lab_files(state: LabState, password: str) -> None:
-    """Write the generated inventory and env file for the running lab."""
+def write_lab_files(state: LabState, password: str, *, slos: Mapping[str, Mapping[str, float]] | None = None,
+                    slo_notes: Sequence[str] = ()) -> None:
+    """Write the generated inventory (with `slos`, None: the brief's) and env file for the running lab."""
     if state.vcsim is None or not state.guests:
         raise LabError("the lab has no vcsim or no guests to describe")
     first = state.guests[0]
@@ -368,7 +371,7 @@ def write_lab_files(state: LabState, password: str) -> None:
                for i, g in enumerate(state.guests)],
         guest_user=first.user, ssh_key=first.key, known_hosts=first.known_hosts,
         workdir=str(state.dir / "work"), bench_port=state.bench_port,
-        shape=generate.machine_shape())
+        shape=generate.machine_shape(), slos=slos)
     # The simulator's template carries the newest hardware its advertised API creates;
     # asking for that keeps the lab on the vNUMA path the API allows (virtualNuma from 8.0.0.1).
     document["vm"]["hardware_version"] = state.vcsim.hardware_version
@@ -381,7 +384,7 @@ def write_lab_files(state: LabState, password: str) -> None:
     else:
         (state.dir / "work").mkdir(parents=True, exist_ok=True)
         seed_guest_venv(state.dir / "work" / "venv")
-    header = generate.INVENTORY_HEADER.format(env_file=state.env_file)
+    header = generate.inventory_header(state.env_file, slo_notes)
     atomic_write_text(state.inventory, header + yaml.safe_dump(document, sort_keys=False))
     state.inventory.chmod(0o644)  # no secret inside; the env file stays 0600
     env_text = generate.env_file_text(password, str(state.inventory))
