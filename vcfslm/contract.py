@@ -4,7 +4,7 @@ stated once.
 Every stage that needs one of these imports it from here and never re-derives it:
 
 - compile modes of the decode step, and their legacy names;
-- the default SLOs;
+- the default SLOs and the named presets;
 - the guest layout (where the guest stage puts the venv, scripts, models and runs) and the
   model reference the worker on a guest is given;
 - node selection (`--nodes N` / `--hosts A,B`);
@@ -56,6 +56,25 @@ def normalize_compile_mode(mode: str) -> str:
 # The inventory's default `slos` and the report's default when a run names none.
 DEFAULT_SLOS: dict[str, dict[str, float]] = {"A": {"tpot_ms": 130.0, "ttft_s": 3.0},
                                              "B": {"tpot_ms": 200.0, "ttft_s": 5.0}}
+
+# Named SLOs a user may ask for by name (`--slo mlperf-server`) beside the inventory's.
+# Each carries the percentile its source judges at: static cells are judged there, and a
+# serving load by that share of its requests. `source` is what `--help` cites.
+SLO_PRESETS: dict[str, dict[str, object]] = {
+    "A": {**DEFAULT_SLOS["A"], "source": "the brief's SLO-A: low-latency conversational workloads"},
+    "B": {**DEFAULT_SLOS["B"], "source": "the brief's SLO-B: streaming assistants (5 tokens/s per user)"},
+    "mlperf-server": {"tpot_ms": 100.0, "ttft_s": 2.0, "percentile": "p99",
+                      "source": "MLPerf Inference (datacenter) Llama-3.1-8B Server scenario: "
+                                "TTFT 2 s, TPOT 100 ms at p99"},
+    "mlperf-interactive": {"tpot_ms": 30.0, "ttft_s": 0.5, "percentile": "p99",
+                           "source": "MLPerf Inference (datacenter) Llama-3.1-8B Interactive scenario: "
+                                     "TTFT 0.5 s, TPOT 30 ms at p99"},
+}
+
+
+def presets_help() -> str:
+    """One line per preset for `--help`: its name, limits and source."""
+    return "; ".join(f"{name} ({p['source']})" for name, p in SLO_PRESETS.items())
 
 
 # ------------------------------------------------------------------ guest layout
@@ -229,12 +248,16 @@ class Matrix:
 
 
 def matrix_record(matrix: Matrix, *, compile_mode: str, scenarios: str | None,
-                  seed: int | None = None, serve=None) -> dict[str, Any]:
+                  seed: int | None = None, serve=None, percentile: str | None = None) -> dict[str, Any]:
     """meta.json's `matrix`: what the run measures and how (a resume repeats exactly this).
-    A serving run adds `serve`: its ServeSpec (vcfslm.serving)."""
+    A serving run adds `serve`: its ServeSpec (vcfslm.serving), whose `attainment` is the
+    serving rule; `judging.percentile` is the static rule the run asked for (vcfslm.judging),
+    the report's default when it is given none."""
     out = {**matrix.to_dict(), "compile": compile_mode, "scenarios": scenarios}
     if seed is not None:
         out["seed"] = seed
+    if percentile is not None:
+        out["judging"] = {"percentile": percentile}
     if serve is not None:
         out["serve"] = serve.to_dict()
     return out
@@ -254,7 +277,8 @@ def serve_limits(slos: dict[str, Any] | None) -> dict[str, dict[str, float | Non
     """SLO name -> {tpot_ms, ttft_s} for the serving worker (goodput, the sweep): the run's
     SLOs, else the defaults."""
     chosen = slos or DEFAULT_SLOS
-    return {name: {"tpot_ms": spec.get("tpot_ms"), "ttft_s": spec.get("ttft_s")}
+    return {name: {"tpot_ms": spec.get("tpot_ms"), "ttft_s": spec.get("ttft_s"),
+                   **({"percentile": spec["percentile"]} if spec.get("percentile") else {})}
             for name, spec in chosen.items() if isinstance(spec, dict)}
 
 

@@ -250,6 +250,16 @@ class SLO(_Model):
 DEFAULT_SLOS = {name: SLO(**limits) for name, limits in contract.DEFAULT_SLOS.items()}
 
 
+class Judging(_Model):
+    """How every SLO is judged (`vcfslm.judging`): static cells by a percentile of their
+    streams, serving loads by the share of requests meeting every limit at once."""
+
+    percentile: Literal["p50", "p90", "p99"] = Field(
+        "p90", description="Static cells: the percentile of streams that must meet each limit (p50: the brief's).")
+    attainment: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.9, description="Serving: the share of requests that must meet every limit at once.")
+
+
 class Inventory(_Model):
     """The whole cluster: vCenter, placement, VM shape, nodes, guests, bench, SLOs."""
 
@@ -261,6 +271,7 @@ class Inventory(_Model):
     guest: Guest = Field(default_factory=Guest)
     bench: Bench = Field(default_factory=Bench)
     slos: dict[str, SLO] = Field(default_factory=lambda: dict(DEFAULT_SLOS))
+    slo: Judging = Field(default_factory=Judging, description="How the SLOs are judged (percentile, attainment).")
 
     _source: str = PrivateAttr(default="<memory>")
 

@@ -18,8 +18,12 @@ server):
   batch, the last see it draining. The window runs until every counted request is done
   or the cutoff (duration_s + drain_s) passes; a counted request unfinished by then has
   missed every SLO (its latency is taken as infinite).
-- A load meets an SLO when the p90 TTFT (queue included) and the p90 TPOT of every
-  counted request of every rank are within the limits (<=, as in static mode).
+- A load meets an SLO when at least the stated share (`attainment`, default 90 %) of the
+  counted requests of every rank met every limit at once: TTFT (queue included) and TPOT
+  (`vcfslm.judging`, which also says how sure that is).
+- A sweep bisects between the largest passing and the first failing load, then adds
+  windows at those two loads until the threshold's bootstrap interval is narrower than
+  `sweep_precision` (relative to the threshold) or `sweep_budget_s` is spent.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vcfslm import judging
+
 LOAD_KINDS = ("rate", "users")
 ARRIVALS = ("poisson", "gamma")          # open loop; users always mean a closed loop
 LENGTH_DISTS = ("fixed", "uniform")
-SERVE_PERCENTILE = 90.0
+SERVE_PERCENTILE = 90.0                 # the tails the progress lines and tables show
 DEFAULT_SLOTS = 16
 # A sweep stops narrowing when the passing and failing loads are this close (relative).
 SWEEP_TOLERANCE = 0.05
@@ -65,6 +71,9 @@ class ServeSpec:
     sweep: bool = False
     sweep_steps: int = 3                    # bisection steps per SLO and context
     seed: int = 0
+    attainment: float = judging.DEFAULT_ATTAINMENT   # share of requests that must meet every limit
+    sweep_precision: float = 0.25           # stop adding windows once the interval is this narrow (relative)
+    sweep_budget_s: float = 600.0           # ... or once the extra windows took this long (0: none)
 
     def __post_init__(self):
         problems = spec_problems(self)
@@ -141,6 +150,10 @@ def spec_problems(spec: ServeSpec) -> list[str]:
         out.append(f"drain must not be negative, got {spec.drain_s}")
     if spec.repeats < 1 or spec.warmup_windows < 0 or spec.sweep_steps < 0:
         out.append("repeats must be at least 1, warm-up windows and sweep steps not negative")
+    if not 0 < spec.attainment < 1:
+        out.append(f"attainment must be a share in (0, 1), e.g. 0.9, got {spec.attainment}")
+    if not spec.sweep_precision > 0 or spec.sweep_budget_s < 0:
+        out.append("sweep precision must be positive and the sweep budget not negative")
     return out
 
 
@@ -234,6 +247,8 @@ class LoadResult:
     ranks: int = 1
     mean_active: float = 0.0            # per rank, averaged over windows
     invalid: tuple[str, ...] = field(default_factory=tuple)
+    # The valid windows pooled here, for the bootstrap (resampled within ranks).
+    windows: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def requests(self) -> int:
@@ -245,6 +260,10 @@ class LoadResult:
     def tpot_tail(self, q: float = SERVE_PERCENTILE) -> float:
         return tail(self.tpot_ms, self.unfinished, q)
 
+    def attainment(self, tpot_ms: float | None, ttft_s: float | None) -> judging.Attainment:
+        """How its counted requests fared against these limits, every limit at once."""
+        return judging.attainment(self.ttft_s, self.tpot_ms, self.unfinished, tpot_ms, ttft_s)
+
 
 def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
     """ServeRecords (any ranks and repeats of one context) pooled per load.
@@ -254,7 +273,7 @@ def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
     pooled: dict[float, dict[str, Any]] = {}
     for r in records:
         p = pooled.setdefault(float(r.load), {"ttft": [], "tpot": [], "unfinished": 0, "span": 0.0,
-                                              "ranks": set(), "active": [], "invalid": []})
+                                              "ranks": set(), "active": [], "invalid": [], "windows": []})
         if not r.valid:
             p["invalid"].extend(f"rank {r.rank} window {r.window}: {why}" for why in r.invalid_reasons)
             continue
@@ -264,23 +283,40 @@ def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
         p["span"] += r.span_s
         p["ranks"].add(r.rank)
         p["active"].append(r.mean_active)
+        p["windows"].append(r)
     return {load: LoadResult(load, tuple(p["ttft"]), tuple(p["tpot"]), p["unfinished"], p["span"],
                              len(p["ranks"]), sum(p["active"]) / len(p["active"]) if p["active"] else 0.0,
-                             tuple(p["invalid"]))
+                             tuple(p["invalid"]), tuple(p["windows"]))
             for load, p in sorted(pooled.items())}
 
 
+def share_for(limit: Mapping[str, Any], attainment: float = judging.DEFAULT_ATTAINMENT) -> float:
+    """The share of requests an SLO's limits must be met by: its own percentile's, else `attainment`."""
+    return judging.Rule(attainment=attainment).attainment_for(limit.get("percentile"))
+
+
 def meets(result: LoadResult, tpot_ms: float | None, ttft_s: float | None,
-          q: float = SERVE_PERCENTILE) -> bool | None:
-    """Does the load meet the limits at the q-th percentile? None: no request to judge."""
-    if result.requests == 0:
-        return None
-    ok = True
-    if tpot_ms is not None:
-        ok = ok and result.tpot_tail(q) <= tpot_ms
-    if ttft_s is not None:
-        ok = ok and result.ttft_tail(q) <= ttft_s
-    return ok
+          share: float = judging.DEFAULT_ATTAINMENT) -> bool | None:
+    """Does the load meet the limits: did at least `share` of its requests meet every one at
+    once? None: no request to judge."""
+    return judging.attains(result.attainment(tpot_ms, ttft_s), share)
+
+
+def bootstrap_windows(results: Mapping[float, LoadResult], limits: Mapping[str, Mapping[str, Any]]
+                      ) -> dict[float, list[list[judging.ServeWindow]]]:
+    """Per load, its valid windows grouped by rank (run, rank), each as the serving bootstrap
+    needs it: counted requests, how many met each SLO (name -> limits), busy slots."""
+    out: dict[float, list[list[judging.ServeWindow]]] = {}
+    for load, res in results.items():
+        by_rank: dict[tuple, list[judging.ServeWindow]] = {}
+        for r in res.windows:
+            good = {name: judging.attainment(r.ttft_s, r.tpot_ms, r.unfinished, lim.get("tpot_ms"),
+                                             lim.get("ttft_s")).good for name, lim in limits.items()}
+            by_rank.setdefault((getattr(r, "run_id", ""), r.rank), []).append(
+                judging.ServeWindow(len(r.ttft_s) + r.unfinished, good, r.mean_active))
+        if by_rank:
+            out[load] = [by_rank[k] for k in sorted(by_rank)]
+    return out
 
 
 def goodput(ttft_s: Sequence[float], tpot_ms: Sequence[float], span_s: float,
@@ -304,25 +340,6 @@ def _limit(limit: Any, key: str) -> float | None:
 # ------------------------------------------------------------------ the sweep
 
 
-def threshold(verdicts: Mapping[float, bool | None]) -> tuple[float | None, float | None]:
-    """(largest passing load below the first failing one, that first failing load).
-
-    The conservative reading of static mode's crossover: loads are taken in ascending
-    order and the first failure ends the search, even if a higher load passes again.
-    Loads without a verdict are ignored.
-    """
-    passing = failing = None
-    for load in sorted(verdicts):
-        verdict = verdicts[load]
-        if verdict is None:
-            continue
-        if not verdict:
-            failing = load
-            break
-        passing = load
-    return passing, failing
-
-
 def next_load(verdicts: Mapping[float, bool | None], load_kind: str, steps_taken: int, steps: int,
               tolerance: float = SWEEP_TOLERANCE) -> float | None:
     """The next load to measure for one SLO (None: the sweep for it is done).
@@ -333,7 +350,7 @@ def next_load(verdicts: Mapping[float, bool | None], load_kind: str, steps_taken
     """
     if steps_taken >= steps:
         return None
-    passing, failing = threshold(verdicts)
+    passing, failing = judging.threshold(verdicts)
     if passing is None or failing is None:
         return None
     if load_kind == "users":
@@ -351,3 +368,53 @@ def _round_rate(rate: float) -> float:
         return rate
     digits = 2 - math.floor(math.log10(rate))
     return round(rate, digits)
+
+
+# ------------------------------------------------------------------ sweep precision
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """What the sweep does next for one SLO once bisection is done: measure `loads` once
+    more (empty: stop), and why."""
+
+    loads: tuple[float, ...]
+    interval: judging.Interval | None
+    reason: str
+
+
+def threshold_interval(results: Mapping[float, LoadResult], limit: Mapping[str, Any], share: float,
+                       replicates: int = judging.REPLICATES, seed: int = 0) -> judging.Interval | None:
+    """The bootstrap interval of one SLO's threshold load (per rank) over these loads."""
+    windows = bootstrap_windows(results, {"slo": limit})
+    if not windows:
+        return None
+    reps = judging.serving_replicates(windows, {"slo": share}, replicates, seed)["slo"]
+    return judging.interval([r for r, _ in reps])
+
+
+def refine(results: Mapping[float, LoadResult], limit: Mapping[str, Any], share: float, precision: float,
+           spent_s: float, budget_s: float, replicates: int = judging.REPLICATES, seed: int = 0) -> Refinement:
+    """Which loads need another window so the threshold's interval narrows below `precision`
+    (its width relative to the threshold), within `budget_s` of extra windows.
+
+    The loads measured again are the ones the interval spans up to the first failing load:
+    there the replicates disagree about the verdict."""
+    verdicts = {load: meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share) for load, res in results.items()}
+    passing, failing = judging.threshold(verdicts)
+    if passing is None or failing is None:
+        return Refinement((), None, "no bracket: " + ("even the smallest load fails" if failing is not None
+                                                     else "every load passes"))
+    iv = threshold_interval(results, limit, share, replicates, seed)
+    if iv is None:
+        return Refinement((), None, "nothing to resample")
+    low = 0.0 if iv.low is None else iv.low
+    high = failing if iv.high is None or iv.high_bound else iv.high
+    width = (high - low) / passing
+    if width <= precision:
+        return Refinement((), iv, f"interval {iv.text()} is within {precision:.0%} of the threshold")
+    if budget_s <= 0 or spent_s >= budget_s:
+        return Refinement((), iv, f"budget of {budget_s:g} s spent ({spent_s:.0f} s of extra windows); "
+                                  f"interval {iv.text()} is {width:.0%} of the threshold")
+    loads = tuple(load for load in sorted(verdicts) if verdicts[load] is not None and low <= load <= failing)
+    return Refinement(loads, iv, f"interval {iv.text()} is {width:.0%} of the threshold")

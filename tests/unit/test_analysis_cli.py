@@ -37,14 +37,21 @@ def test_report_writes_every_file_and_prints_the_answer(tmp_path):
     assert not (out / "fig-5-roofline.png").exists()
     lines = r.output.splitlines()
     # The answer opens stdout, as whole aligned lines (nothing wrapped or cut off a terminal).
-    assert lines[:5] == [
-        "Single-VM threshold and nodes per SLO and input length (p50)",
-        "SLO    input tokens  threshold (streams/VM)  first failing (streams/VM)  binding  nodes for 256 streams",
-        "-----  ------------  ----------------------  --------------------------  -------  ---------------------",
-        "SLO-A  128           16                      32                          TPOT     16",
-        "SLO-B  128           ≥ 64                    > 64                        –        ≤ 4"]
-    assert "SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Percentile judged: p50." \
-        in lines
+    # Every stream of these runs has its cell's values, so every replicate agrees: [16–16]. Two
+    # windows of a few streams are fewer than a p90 needs, and the table says so.
+    thin = "few samples: p90 judged on fewer than 50 streams at 4 (8), 16 (32) streams/VM"
+    assert [line.rstrip() for line in lines[:5]] == [
+        "Single-VM threshold and nodes per SLO and input length (p90 of streams)",
+        "SLO    input tokens  threshold (streams/VM)  first failing (streams/VM)  binding  nodes for 256 streams  "
+        "note",
+        "-----  ------------  ----------------------  --------------------------  -------  ---------------------  "
+        + "-" * len(thin),
+        f"SLO-A  128           16 [16–16]              32                          TPOT     16 [16–16]             {thin}",
+        f"SLO-B  128           ≥ 64                    > 64                        –        ≤ 4                    {thin}"]
+    assert ("SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Judged by: static "
+            "batches at p90 of streams; 95% intervals by bootstrap. Note: run single records no static rule "
+            "(written before runs did): its cells are judged at p90 of streams. Note: run cluster records no "
+            "static rule (written before runs did): its cells are judged at p90 of streams.") in lines
     assert lines.index(f"report written to {out}") > 4
     md = (out / "report.md").read_text()
     assert "### Matched per-rank load: single VM vs cluster" in md and "Distribution shows no per-rank cost" in md
@@ -58,15 +65,15 @@ def test_report_default_out_is_the_run_and_slo_flags(tmp_path):
     r = run("report", run_dir)
     assert r.exit_code == 0, r.output
     assert (run_dir / "report.html").exists()
-    assert "SLO-gold  128           4                       16                          TPOT     64" \
-        in r.output.splitlines()
+    assert any(line.startswith("SLO-gold  128           4 [4–4]                 16                          "
+                               "TPOT     64 [64–64]") for line in r.output.splitlines())
     r = run("report", run_dir, "--slo", "tight:tpot<=110ms", "--percentile", "p99", "--peak-streams", 256,
             "--peak-streams", 1000)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0] == "Single-VM threshold and nodes per SLO and input length (p99)"
-    assert lines[3] == ("SLO-tight  128           none                    4                           TPOT     "
-                        "not achievable         not achievable")
+    assert lines[0] == "Single-VM threshold and nodes per SLO and input length (p99 of streams)"
+    assert lines[3].startswith("SLO-tight  128           none                    4                           TPOT     "
+                               "not achievable         not achievable")
 
 
 def test_report_warns_about_validity(tmp_path):
@@ -89,6 +96,8 @@ def test_report_from_csv_only(tmp_path):
     path = tmp_path / "hand.csv"
     path.write_text(brief_shaped_csv())
     r = run("report", "--csv", path)
+    assert r.exit_code == 2 and "p90 values are unknown" in r.output and "try --percentile p50" in r.output
+    r = run("report", "--csv", path, "--percentile", "p50")       # the brief's medians, by name
     assert r.exit_code == 0, r.output
     assert (tmp_path / "hand-report" / "report.html").exists()
 
@@ -96,11 +105,13 @@ def test_report_from_csv_only(tmp_path):
 def test_size_reproduces_the_briefs_worked_example(tmp_path):
     path = tmp_path / "hand.csv"
     path.write_text(brief_shaped_csv())
-    r = run("size", "--peak-streams", 256, "--slo", "B", "--input-tokens", 128, "--results", path)
+    r = run("size", "--peak-streams", 256, "--slo", "B", "--input-tokens", 128, "--results", path,
+            "--percentile", "p50")
     assert r.exit_code == 0, r.output
     assert "nodes: 4" in r.output and "ceil(256 / 64)" in r.output
+    assert "answer: SLO-B, 128-token inputs, p50 of streams: ≥ 64 streams/VM → ≤ 4 nodes" in r.output.splitlines()
     r = run("size", "--peak-streams", 256, "--slo", "A", "--input-tokens", 128, "--results", path,
-            "--output", "json")
+            "--output", "json", "--percentile", "p50")
     data = json.loads(r.output)
     (answer,) = data["sizings"]
     assert answer["nodes"] == 16 and answer["threshold_streams_per_vm"] == 16 and answer["binding"] == "TPOT"
@@ -109,15 +120,16 @@ def test_size_reproduces_the_briefs_worked_example(tmp_path):
 def test_size_without_slo_gives_every_slo_and_context(tmp_path):
     path = tmp_path / "hand.csv"
     path.write_text(brief_shaped_csv())
-    r = run("size", "--peak-streams", 256, "--results", path, "--output", "json", "--headroom", "0.1")
+    r = run("size", "--peak-streams", 256, "--results", path, "--output", "json", "--headroom", "0.1",
+            "--percentile", "p50")
     data = json.loads(r.output)
     got = {(s["slo"]["name"], s["input_tokens"]): s["nodes"] for s in data["sizings"]}
     assert got == {("A", 128): 18, ("A", 512): 72, ("A", 1024): 72,
                    ("B", 128): 5, ("B", 512): 9, ("B", 1024): 18}
-    r = run("size", "--peak-streams", 256, "--results", path, "--headroom", "0.1")
+    r = run("size", "--peak-streams", 256, "--results", path, "--headroom", "0.1", "--percentile", "p50")
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert "Single-VM threshold and nodes per SLO and input length (p50, headroom 10%)" in lines
+    assert "Single-VM threshold and nodes per SLO and input length (p50 of streams, headroom 10%)" in lines
     assert "SLO-B  128           ≥ 64                    > 64                        –              ≤ 5" in lines
 
 
@@ -138,7 +150,7 @@ def test_size_unknown_context_and_missing_percentile(tmp_path):
     path.write_text(brief_shaped_csv())
     r = run("size", "--peak-streams", 10, "--input-tokens", 4096, "--results", path)
     assert r.exit_code == 2 and "tested contexts: 128 in / 256 out, 512 in / 256 out" in r.output
-    r = run("size", "--peak-streams", 10, "--percentile", "p90", "--results", path)
+    r = run("size", "--peak-streams", 10, "--results", path)          # p90 by default
     assert r.exit_code == 2 and "p90 values are unknown" in r.output
 
 
@@ -147,16 +159,18 @@ def test_report_of_a_serving_only_run_has_the_section_and_figures(tmp_path):
     r = run("report", serve)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0] == "Serving threshold per SLO and context (continuous batching, p90)"
-    assert lines[3].split() == ["SLO-A", "128", "req/s", "4", "8", "TPOT", "8.0", "–", "–", "32",
-                                "no", "static-batch", "data", "among", "the", "inputs"]
-    assert ("SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Percentile judged: "
-            "p50 (static batches: none measured); serving: p90.") in lines
+    assert lines[0] == "Serving threshold per SLO and context (continuous batching, 90 % attainment)"
+    assert lines[3].split()[:12] == ["SLO-A", "128", "req/s", "4", "[4–4]", "8", "TPOT", "8.0", "[8.0–8.0]", "–",
+                                     "–", "32"]
+    assert lines[3].endswith("few samples: 90 % attainment judged on fewer than 50 requests at 4 (40), 8 (40), "
+                             "16 (40) req/s/VM; no static-batch data among the inputs")
+    assert ("SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Judged by: serving by "
+            "attainment, 90 % of requests meet every limit; 95% intervals by bootstrap.") in lines
     for name in ("fig-7-serve-latency.png", "fig-8-serve-goodput.png", "serving.json", "report.md", "report.html"):
         assert (serve / name).stat().st_size > 0, name
     assert not (serve / "fig-1-throughput.png").exists()
     assert "figure skipped: fig-9-serve-vs-static: no serving threshold with a static crossover of the same " \
-        "SLO and context among the inputs" in lines
+        "SLO and context, judged at the same share, among the inputs" in lines
     assert "has no records" not in r.output
     md = (serve / "report.md").read_text()
     assert "## Serving" in md and "## Reasoning per SLO" not in md and "## Tables" not in md
@@ -169,13 +183,15 @@ def test_size_from_the_serving_threshold(tmp_path):
     r = run("size", "--peak-streams", 256, "--slo", "B", "--results", serve)       # serving-only: serving
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
-    assert lines[0] == f"sizing from {serve} (serving threshold, p90)"
+    assert lines[0] == f"sizing from {serve} (serving threshold, 90 % of requests meet every limit)"
     assert lines[-1] == "nodes: 13"
+    assert lines[-2] == ("answer: SLO-B, 128-token inputs, 90 % attainment: 8 [8–8] req/s/VM, 20.0 [20.0–20.0] "
+                         "streams/VM → 13 [13–13] nodes, binding TPOT and TTFT")
     assert "Nodes = ceil(256 / 20) = ceil(12.80) = 13." in r.output
     r = run("size", "--peak-streams", 256, "--peak-rps", 40, "--slo", "B", "--results", serve, "-o", "json")
     data = json.loads(r.output)
     (answer,) = data["sizings"]
-    assert data["threshold"] == "serving" and data["percentile"] == "p90" and data["peak_rps"] == 40
+    assert data["threshold"] == "serving" and data["attainment"] == 0.9 and data["peak_rps"] == 40
     assert (answer["nodes_by_streams"], answer["nodes_by_rate"], answer["nodes"]) == (13, 5, 5)
     assert answer["threshold_streams_per_vm"] == 20.0 and answer["threshold_load_per_vm"] == 8.0
     assert answer["static"]["static_streams_per_vm"] is None
@@ -195,7 +211,14 @@ def test_size_defaults_to_static_when_static_cells_are_among_the_inputs(tmp_path
     assert answer["static"]["static_streams_per_vm"] == 16 and answer["static"]["ratio"] == 0.5
     r = run("size", "--peak-streams", 256, "--slo", "A", "--results", serve, "--results", static,
             "--threshold", "serving")
-    assert "  static crossover p90: 16 streams/VM; serving / static = 0.50" in r.output.splitlines()
+    assert ("  static crossover (static p90 of streams, serving 90 % attainment): 16 streams/VM; serving / static = "
+            "0.50") in r.output.splitlines()
+    # Judged at shares that differ, the two do not compare: no ratio, and the note says why.
+    r = run("size", "--peak-streams", 256, "--slo", "A", "--results", serve, "--results", static,
+            "--threshold", "serving", "--percentile", "p50", "-o", "json")
+    (answer,) = json.loads(r.output)["sizings"]
+    assert answer["static"]["ratio"] is None and answer["static"]["comparable"] is False
+    assert answer["static"]["note"] == "no ratio: static p50 of streams, serving 90 % attainment do not compare"
 
 
 def test_size_peak_rps_usage_errors(tmp_path):

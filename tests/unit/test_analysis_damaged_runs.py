@@ -230,4 +230,4 @@ def test_size_picks_the_latest_readable_run(good, tmp_path):
     (broken / "meta.json").write_text('{"created": "2099"')
     r = CliRunner().invoke(main, ["size", "--peak-streams", "64", "--runs-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert f"sizing from {good}" in r.output.splitlines()
+    assert f"sizing from {good} (static crossover, p90 of streams)" in r.output.splitlines()

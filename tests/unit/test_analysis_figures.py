@@ -167,7 +167,7 @@ def test_serving_figures_are_drawn_from_the_run_and_not_blank(tmp_path):
     figures, skipped = render_serving(serving_analysis(tmp_path / "alone", False), DEFAULT_SLOS, tmp_path, "r")
     assert [f.name for f in figures] == ["fig-7-serve-latency", "fig-8-serve-goodput"]
     assert skipped == ["fig-9-serve-vs-static: no serving threshold with a static crossover of the same SLO and "
-                       "context among the inputs"]
+                       "context, judged at the same share, among the inputs"]
 
 
 def test_serving_latency_figure_has_slo_lines_and_marks_unfinished_tails(tmp_path):

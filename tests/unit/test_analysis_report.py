@@ -32,8 +32,8 @@ def test_html_is_self_contained_escaped_and_answer_first(tmp_path):
              'id="fig-1-throughput"', 'id="fig-5-roofline"', "<h2>Run r</h2>"]
     assert [html.index(m) for m in order] == sorted(html.index(m) for m in order)
     assert html.count("data:image/png;base64,") == 4 and 'id="fig-2' not in html
-    assert html.count("<details>") == 2 and "<summary>SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s): 16 streams/VM at 128" \
-        " input tokens</summary>" in html
+    assert html.count("<details>") == 2 and "<summary>SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s): 16 [16–16] streams/VM " \
+        "at 128 input tokens</summary>" in html
     assert "http://" not in html and "https://" not in html
     assert result.skipped_figures == [
         "fig-2-matched-tpot: needs single-VM and cluster data at the same batch per rank",
@@ -53,18 +53,21 @@ def test_markdown_holds_crossover_sizing_and_validity(tmp_path):
     write_report([run_dir], tmp_path / "out", peaks=(256, 1000))
     md = (tmp_path / "out" / "report.md").read_text()
     lines = md.splitlines()
-    assert lines[4:9] == ["## Answer", "", "### Single-VM threshold and nodes per SLO and input length (p50)", "",
+    assert lines[4:9] == ["## Answer", "",
+                          "### Single-VM threshold and nodes per SLO and input length (p90 of streams)", "",
                           "| SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding "
-                          "| nodes for 256 streams | nodes for 1000 streams |"]
-    assert "| SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 |" in lines
-    assert "| SLO-A | 128 | 16 | 32 | TPOT | 16 | 63 |" in lines
+                          "| nodes for 256 streams | nodes for 1000 streams | note |"]
+    thin = "few samples: p90 judged on fewer than 50 streams at 4 (4), 16 (16), 32 (32) streams/VM"
+    assert f"| SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 | {thin} |" in lines
+    assert f"| SLO-A | 128 | 16 [16–16] | 32 | TPOT | 16 [16–16] | 63 [63–63] | {thin} |" in lines
     assert lines.index("## Answer") < lines.index("## Validity warnings") < lines.index("## Key figures") \
         < lines.index("## Reasoning per SLO") < lines.index("## Tables") < lines.index("## More figures")
     # The reasoning: one entry per SLO, one line per context under it.
     assert sum(line.startswith("- **SLO-") for line in lines) == 2
     assert ("  - 128 input tokens: every tested load meets it (at 64 streams/VM: TPOT 178.6 ms ≤ 200, TTFT 2.00 s "
             "≤ 5), so the threshold is ≥ 64 and the node counts are upper bounds. Nodes: 256 streams → "
-            "ceil(256 / 64) = 4 at most; 1000 streams → ceil(1000 / 64) = 16 at most.") in lines
+            "ceil(256 / 64) = 4 at most; 1000 streams → ceil(1000 / 64) = 16 at most. Few samples: p90 judged on "
+            "fewer than 50 streams at 4 (4), 16 (16), 32 (32) streams/VM.") in lines
     assert md.count("Per-rank latency does not change with scale-out") == 1
     assert "start skew up to 2.000 s in 1 window(s)" in md
     key = md.split("## Key figures")[1].split("## Reasoning")[0]
@@ -93,8 +96,8 @@ def test_numerics_gate_failures_lead_the_validity_warnings(tmp_path):
 
 def test_tails_shown_only_with_repeats_or_a_stricter_percentile(tmp_path):
     one = load_inputs([make_run(tmp_path / "a", "a", ["vm1"], SHORT)])
-    assert "TPOT p90 (ms)" not in build(*one).tables[0].columns
-    assert "TPOT p90 (ms)" in build(*one, percentile="p90").tables[0].columns
+    assert "TPOT p90 (ms)" not in build(*one, percentile="p50").tables[0].columns
+    assert "TPOT p90 (ms)" in build(*one).tables[0].columns          # p90 is what the answer judges
     two = load_inputs([make_run(tmp_path / "b", "b", ["vm1"], SHORT, repeats=2)])
     assert "TPOT p99 (ms)" in build(*two).tables[0].columns
 
@@ -127,21 +130,24 @@ def test_a_serving_run_beside_a_static_one_adds_a_serving_section_and_keeps_the_
     # The static answer table is the same; the serving one follows it inside the answer.
     table = alone[alone.index("## Answer"):alone.index("## Validity warnings")]
     assert lines[lines.index("## Answer"):lines.index("## Answer") + len(table) - 1] == table[:-1]
-    assert lines.index("### Serving threshold per SLO and context (continuous batching, p90)") \
+    assert lines.index("### Serving threshold per SLO and context (continuous batching, 90 % attainment)") \
         < lines.index("## Validity warnings") < lines.index("## Key figures") < lines.index("## Reasoning per SLO") \
         < lines.index("## Serving") < lines.index("## Tables") < lines.index("## More figures")
-    assert "| SLO-A | 128 | req/s | 4 | 8 | TPOT | 8.0 | 16 | 0.50 | 32 |" in lines
-    assert "| SLO-B | 128 | req/s | 8 | 16 | TPOT and TTFT | 20.0 | ≥ 64 | ≤ 0.31 | 13 |" in lines
+    thin = "few samples: 90 % attainment judged on fewer than 50 requests at 4 (40), 8 (40), 16 (40) req/s/VM"
+    assert f"| SLO-A | 128 | req/s | 4 [4–4] | 8 | TPOT | 8.0 [8.0–8.0] | 16 | 0.50 | 32 [32–32] | {thin} |" in lines
+    assert (f"| SLO-B | 128 | req/s | 8 [8–8] | 16 | TPOT and TTFT | 20.0 [20.0–20.0] | ≥ 64 | ≤ 0.31 | 13 [13–13] "
+            f"| {thin} |") in lines
     serving = md.split("\n## Serving\n")[1].split("\n## Tables\n")[0]
     for name in ("fig-7-serve-latency.png", "fig-8-serve-goodput.png", "fig-9-serve-vs-static.png"):
         assert f"({name})" in serving and f"({name})" not in md.split("## More figures")[1]
     assert ("- SLO-A, 128-token inputs: serving carries 8.0 concurrent streams/VM at its threshold, static "
-            "batches 16 at their crossover (p90): ratio 0.50.") in lines
+            "batches 16 at their crossover (static p90 of streams, serving 90 % attainment): ratio 0.50.") in lines
     assert any(line.startswith("- SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s), serving requests/s") and line.endswith(
-        "Nodes: 256 streams → ceil(256 / 20) = 13. By rate: nodes = ceil(peak requests/s / 8) "
+        "Nodes: 256 streams → ceil(256 / 20) = 13 [13–13]. By rate: nodes = ceil(peak requests/s / 8) "
         "(vcfslm size --threshold serving --peak-rps X).") for line in lines)
     assert "### Serving, single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64" in lines
-    assert "| 2 | 8 | 40 | 0 | 2.00 | 2.00 | 150.0 | 150.0 | 20.0 | 4.00 | 0.00 | 4.00 | 4/4 |" in lines
+    assert "| 2 | 8 | 40 | 0 | 2.00 | 2.00 | 150.0 | 150.0 | 20.0 | 4.00 | 0.00 | 4.00 | 0.0 % | 100.0 % | 4/4 |" \
+        in lines
     assert result.report.serving is not None and result.skipped_figures == [
         "fig-2-matched-tpot: needs single-VM and cluster data at the same batch per rank",
         "fig-5-roofline: no roofline data (no bandwidth or compute probe in this run)",
@@ -173,7 +179,7 @@ def test_serving_only_html_answers_with_the_serving_table(tmp_path):
     serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP, tweak=bad)
     result = write_report([serve], tmp_path / "out")
     html = (tmp_path / "out" / "report.html").read_text()
-    assert html.index("<h3>Serving threshold per SLO and context (continuous batching, p90)</h3>") \
+    assert html.index("<h3>Serving threshold per SLO and context (continuous batching, 90 % attainment)</h3>") \
         < html.index('<table id="summary"') < html.index('id="validity"')
     assert "<h2>Key figures</h2>" not in html and "Reasoning per SLO" not in html
     assert html.count("data:image/png;base64,") == 2

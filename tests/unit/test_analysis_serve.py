@@ -8,7 +8,7 @@ import math
 import pytest
 from test_analysis_support import BRIEF_SHAPED, make_run, make_serve_run
 
-from vcfslm import serving
+from vcfslm import judging, serving
 from vcfslm.analysis.cells import aggregate, load_runs
 from vcfslm.analysis.serve import analyse, serve_points, size
 from vcfslm.analysis.slo import DEFAULT_SLOS
@@ -40,8 +40,11 @@ def test_threshold_from_known_latencies_per_slo(tmp_path):
     assert (a.load_per_vm, a.failing_per_vm, a.streams_per_vm) == (4.0, 8.0, 8.0)
     assert (b.threshold_text, b.first_failing_text, b.streams_text) == ("8", "16", "20.0")
     assert b.verdicts == {1.0: True, 2.0: True, 4.0: False}
-    assert "meets it up to 4 req/s/VM (8.0 concurrent streams/VM measured; p90 TPOT 100.0 ms ≤ 130" \
-        in a.summary()
+    assert ("meets it up to 4 req/s/VM (8.0 concurrent streams/VM measured; attainment 100 % ≥ 90 % "
+            "(40 requests; p90 TPOT 100.0 ms, p90 TTFT 0.50 s)); 8 req/s/VM fails on TPOT (attainment 0 % < 90 %"
+            in a.summary())
+    # 40 requests per load are fewer than a 90 % attainment needs to be trusted: said, not hidden.
+    assert a.few_samples == ("90 % attainment judged on fewer than 50 requests at 4 (40), 8 (40), 16 (40) req/s/VM",)
     p = got.points[0]
     assert (p.ttft_p50_s, p.ttft_p90_s, p.tpot_p50_ms, p.tpot_p90_ms) == (0.5, 0.5, 100.0, 100.0)
     assert (p.requests, p.unfinished, p.windows, p.valid) == (40, 0, 4, True)
@@ -52,7 +55,7 @@ def test_the_threshold_is_the_one_serving_judges(tmp_path):
     records = load_runs([run])[0].serve_records
     pooled = serving.load_results(records)
     for slo in DEFAULT_SLOS:
-        want = serving.threshold({load: serving.meets(r, slo.tpot_ms, slo.ttft_s) for load, r in pooled.items()})
+        want = judging.threshold({load: serving.meets(r, slo.tpot_ms, slo.ttft_s) for load, r in pooled.items()})
         t = answer(analysed(tmp_path, run), slo)
         assert (t.passing, t.failing) == want
 
@@ -87,7 +90,7 @@ def test_unfinished_requests_fail_the_load(tmp_path):
     p = t.point(2.0)
     assert math.isinf(p.ttft_p90_s) and math.isinf(p.tpot_p90_ms) and p.ttft_p50_s == 0.3
     assert (p.requests, p.unfinished) == (48, 8)
-    assert "p90 TTFT ∞ (unfinished requests) > 5" in t.summary()
+    assert "attainment 83.33 % < 90 % (48 requests; p90 TPOT ∞ (unfinished requests), p90 TTFT ∞" in t.summary()
     assert p.to_dict()["ttft_p90_s"] is None and p.to_dict()["tails_infinite"] == ["ttft", "tpot"]
 
     def one_in_twenty(r):           # 1 in 20 unfinished: the p90 stays among the finished ones
@@ -221,6 +224,7 @@ def test_to_dict_is_json_ready(tmp_path):
 
     got = analysed(tmp_path, make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP))
     data = json.loads(json.dumps(got.to_dict(), allow_nan=False))
-    assert data["percentile"] == "p90" and len(data["points"]) == 3
+    assert data["attainment"] == 0.9 and len(data["points"]) == 3
+    assert data["answer"][1]["rule"] == "90 % attainment" and data["answer"][1]["threshold_interval_per_vm"]
     assert data["answer"][1]["threshold_streams_per_vm"] == 20.0
     assert [v["meets"] for v in data["answer"][1]["verdicts"]] == [True, True, False]

@@ -171,7 +171,8 @@ def test_sizing_rejects_bad_inputs(peak, headroom):
 def test_briefs_worked_example_from_a_hand_built_table():
     """SLO-B, 256 short-context sessions, threshold 64 streams/VM -> 4 nodes; SLO-A threshold 16 -> 16."""
     cells = parse_csv(brief_shaped_csv(), "hand-built.csv").cells
-    answers = {(c.slo.name, c.input_tokens): c for c in crossovers(cells, DEFAULT_SLOS)}
+    # The brief reads its tables at the median: its p50, by name (the CSV has no tails).
+    answers = {(c.slo.name, c.input_tokens): c for c in crossovers(cells, DEFAULT_SLOS, "p50")}
     b_short, a_short = answers[("B", 128)], answers[("A", 128)]
     assert b_short.threshold == 64 and a_short.threshold == 16
     sized_b, sized_a = size(b_short, 256), size(a_short, 256)
@@ -214,7 +215,7 @@ def test_a_load_without_valid_data_is_named_not_judged():
     def cell(batch, tpot):
         return Cell(CellKey(SINGLE, 1, 4, batch, 128, 256), Quantiles(0.5), Quantiles(tpot), 10.0)
 
-    (c,) = crossovers([cell(1, 100), cell(4, 120), cell(8, float("nan")), cell(16, 150)], [A])
+    (c,) = crossovers([cell(1, 100), cell(4, 120), cell(8, float("nan")), cell(16, 150)], [A], "p50")
     assert [v.point.streams_per_vm for v in c.verdicts] == [4, 16, 64]
     assert (c.threshold, c.first_failing) == (16, 64)
     assert "No valid data at 32 streams/VM: those loads are not judged." in c.summary()

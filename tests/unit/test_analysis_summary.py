@@ -48,9 +48,9 @@ def test_rows_note_non_monotonic_data_and_a_cluster_reading():
 
 def test_brief_shaped_answer_table():
     cells = parse_csv(brief_shaped_csv(), "b.csv").cells
-    xs = crossovers(cells, DEFAULT_SLOS)
+    xs = crossovers(cells, DEFAULT_SLOS, "p50")
     t = summary_table(xs, sized(xs, (256,)))
-    assert t.title == "Single-VM threshold and nodes per SLO and input length (p50)"
+    assert t.title == "Single-VM threshold and nodes per SLO and input length (p50 of streams)"
     assert t.columns == ["SLO", "input tokens", "threshold (streams/VM)", "first failing (streams/VM)", "binding",
                          "nodes for 256 streams"]
     got = {(r[0], r[1]): (r[2], r[5]) for r in t.rows}
@@ -63,7 +63,7 @@ def test_headroom_and_several_output_lengths_show_in_the_table():
     xs = [crossover([LoadPoint(4, 116, 0.3, 1), LoadPoint(16, 140, 0.6, 4)], A, 128, 64),
           crossover([LoadPoint(4, 116, 0.3, 1), LoadPoint(16, 140, 0.6, 4)], A, 128, 256)]
     t = summary_table(xs, sized(xs, (100,), 0.1), headroom=0.1)
-    assert t.title.endswith("(p50, headroom 10%)") and "output tokens" in t.columns
+    assert t.title.endswith("(p90 of streams, headroom 10%)") and "output tokens" in t.columns
     assert [r[-1] for r in t.rows] == ["28", "28"]          # ceil(100 / (4 x 0.9))
     assert "× (1 − headroom)" in t.notes[0]
 
@@ -81,7 +81,7 @@ def test_text_lines_are_aligned_whole_and_unwrapped():
 
 def test_reasoning_is_said_once_per_slo_with_a_line_per_context():
     cells = parse_csv(brief_shaped_csv(), "b.csv").cells
-    xs = crossovers(cells, DEFAULT_SLOS)
+    xs = crossovers(cells, DEFAULT_SLOS, "p50")
     reasons = slo_reasons(xs, sized(xs, (256,)))
     assert [r.slo for r in reasons] == [A, B] and [len(r.contexts) for r in reasons] == [3, 3]
     a = reasons[0]

@@ -99,12 +99,13 @@ def test_crossover_and_sizing_tables_say_edge_cases():
     assert "not achievable in this configuration" in t.rows[1][col["note"]]
     assert "non-monotonic: passes again at 32" in t.rows[2][col["note"]]
     s = sizing_table([size(x, 256) for x in xs])
-    assert [r[-1] for r in s.rows] == ["≤ 4", "not achievable", "64"]
+    assert [r[s.columns.index("nodes")] for r in s.rows] == ["≤ 4", "not achievable", "64"]
+    assert [r[-1] for r in s.rows] == ["–", "–", "–"]       # no windows behind these points: no interval
 
 
 def test_brief_shaped_crossover_table():
     cells = parse_csv(brief_shaped_csv(), "b.csv").cells
-    t = crossover_table(crossovers(cells, DEFAULT_SLOS))
+    t = crossover_table(crossovers(cells, DEFAULT_SLOS, "p50"))
     rows = {(r[0][:5], r[1]): r[3] for r in t.rows}
     assert rows[("SLO-B", "128")] == "≥ 64" and rows[("SLO-A", "128")] == "16"
     assert (rows[("SLO-B", "512")], rows[("SLO-B", "1024")]) == ("32", "16")

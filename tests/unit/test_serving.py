@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from vcfslm import serving
+from vcfslm import judging, serving
 from vcfslm.serving import LoadResult, ServeSpec
 
 
@@ -94,6 +94,30 @@ def _result(load, ttft, tpot, unfinished=0):
     return LoadResult(load, tuple(ttft), tuple(tpot), unfinished, span_s=10.0)
 
 
+def test_a_load_where_each_tail_passes_but_only_80_percent_meet_both_fails_at_90_percent_attainment():
+    # 100 requests: 10 miss TTFT (but meet TPOT), another 10 miss TPOT (but meet TTFT).
+    ttft = [0.5] * 80 + [4.0] * 10 + [0.5] * 10
+    tpot = [100.0] * 80 + [100.0] * 10 + [300.0] * 10
+    r = _result(1.0, ttft, tpot)
+    limit_tpot, limit_ttft = 200.0, 3.0
+    # The old rule: the p90 of each indicator on its own is within its limit.
+    old_rule = serving.tail(ttft, 0, 90) <= limit_ttft and serving.tail(tpot, 0, 90) <= limit_tpot
+    assert old_rule is True
+    a = r.attainment(limit_tpot, limit_ttft)
+    assert (a.requests, a.good, a.tpot_good, a.ttft_good) == (100, 80, 90, 90)
+    assert a.binding(0.9) == "TPOT and TTFT together"
+    assert serving.meets(r, limit_tpot, limit_ttft, 0.9) is False
+    assert serving.meets(r, limit_tpot, limit_ttft, 0.8) is True          # exactly 80 %: met
+    # A request still unfinished at the cutoff met no limit.
+    assert serving.meets(_result(1.0, [0.5] * 9, [100.0] * 9, unfinished=1), 200.0, 3.0, 0.9) is True
+    assert serving.meets(_result(1.0, [0.5] * 9, [100.0] * 9, unfinished=2), 200.0, 3.0, 0.9) is False
+
+
+def test_share_for_an_slo_with_its_own_percentile():
+    assert serving.share_for({"tpot_ms": 100.0}, 0.9) == 0.9
+    assert serving.share_for({"tpot_ms": 100.0, "percentile": "p99"}, 0.9) == pytest.approx(0.99)
+
+
 def test_meets_judges_both_tails_inclusively():
     r = _result(1.0, [1.0] * 10, [100.0] * 10)
     assert serving.meets(r, tpot_ms=100.0, ttft_s=1.0) is True
@@ -128,9 +152,9 @@ def test_load_results_pool_ranks_and_repeats():
 
 
 def test_threshold_is_the_last_pass_before_the_first_failure():
-    assert serving.threshold({1.0: True, 2.0: True, 4.0: False, 8.0: True}) == (2.0, 4.0)
-    assert serving.threshold({1.0: False}) == (None, 1.0)
-    assert serving.threshold({1.0: True, 2.0: None}) == (1.0, None)
+    assert judging.threshold({1.0: True, 2.0: True, 4.0: False, 8.0: True}) == (2.0, 4.0)
+    assert judging.threshold({1.0: False}) == (None, 1.0)
+    assert judging.threshold({1.0: True, 2.0: None}) == (1.0, None)
 
 
 def test_next_load_bisects_rates_and_users():
@@ -151,5 +175,5 @@ def test_sweep_converges_on_a_known_threshold():
         if nxt is None:
             break
         verdicts[nxt] = nxt <= truth
-    passing, failing = serving.threshold(verdicts)
+    passing, failing = judging.threshold(verdicts)
     assert passing <= truth < failing and (failing - passing) / failing <= serving.SWEEP_TOLERANCE

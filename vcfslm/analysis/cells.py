@@ -97,6 +97,10 @@ class Cell:
     max_start_skew_s: float | None = None
     recompiles: int = 0
     flags: tuple[str, ...] = ()
+    # What the bootstrap resamples: per rank (run, node, rank), its valid windows, each
+    # (per-stream TTFT s, per-stream TPOT ms). Empty for imported or predicted cells.
+    strata: tuple[tuple[tuple[tuple[float, ...], tuple[float, ...]], ...], ...] = field(
+        default=(), compare=False, repr=False)
 
     # Shorthands so callers read like the tables.
     scope = property(lambda self: self.key.scope)
@@ -117,6 +121,11 @@ class Cell:
     @property
     def repeats(self) -> int:
         return len(self.tpot_repeats)
+
+    @property
+    def samples(self) -> int | None:
+        """Per-stream values a percentile of this cell is taken of (None: unknown, e.g. a CSV)."""
+        return sum(len(w[1]) for windows in self.strata for w in windows) if self.strata else None
 
     @property
     def has_data(self) -> bool:
@@ -254,6 +263,11 @@ def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: i
     rooflines = [r.roofline_tpot_ms for r in valid if r.roofline_tpot_ms is not None]
     ttft_floors = [r.roofline_ttft_s for r in valid if r.roofline_ttft_s is not None]   # None in old runs
     skews = [r.start_skew_s for r in records]
+    by_rank: dict[tuple[str, str, int], list[WindowRecord]] = defaultdict(list)
+    for r in valid:
+        by_rank[(r.run_id, r.node, r.rank)].append(r)
+    strata = tuple(tuple((tuple(r.ttft_s), tuple(r.tpot_ms)) for r in sorted(rs, key=lambda r: r.window))
+                   for _, rs in sorted(by_rank.items()))
     cell = Cell(
         key=key,
         ttft_s=Quantiles(*(percentile(ttft, q) for q in (50, 90, 99))),
@@ -271,6 +285,7 @@ def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: i
         ranks_measured=len({(r.run_id, r.rank) for r in valid}),
         max_start_skew_s=max(skews) if skews else None,
         recompiles=sum(r.recompiles for r in records),
+        strata=strata,
     )
     return replace(cell, flags=tuple(cell_flags(cell, records)))
 

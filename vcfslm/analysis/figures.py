@@ -407,21 +407,23 @@ def serve_goodput_figure(serving, slos: Sequence[Slo], run_title: str):
 
 
 def serve_vs_static_figure(serving, run_title: str):
-    """Concurrent streams per VM at the serving threshold beside the static crossover."""
-    from vcfslm.analysis.serve import PCT
-
-    pairs = [c for c in serving.comparisons if c.static_streams is not None
+    """Concurrent streams per VM at the serving threshold beside the static crossover, each
+    with its 95 % interval; only pairs judged at the same share of users."""
+    pairs = [c for c in serving.comparisons if c.static_streams is not None and c.comparable
              and c.threshold.streams_per_vm is not None and c.threshold.status in ("threshold", "above")]
     if not pairs:
-        return "no serving threshold with a static crossover of the same SLO and context among the inputs"
-    title = f"Serving threshold vs static-batch crossover ({PCT}, streams per VM) — {run_title}"
+        return ("no serving threshold with a static crossover of the same SLO and context, judged at the same "
+                "share, among the inputs")
+    title = f"Serving threshold vs static-batch crossover ({pairs[0].pairing}, streams per VM) — {run_title}"
     fig, ax = _new(title)
     width = 0.38
     xs = list(range(len(pairs)))
     static = [c.static_streams for c in pairs]
     served = [c.threshold.streams_per_vm for c in pairs]
-    ax.bar([x - width / 2 for x in xs], static, width, label="static batches (crossover)", color="0.6")
-    ax.bar([x + width / 2 for x in xs], served, width, label="continuous batching (serving threshold)")
+    ax.bar([x - width / 2 for x in xs], static, width, label="static batches (crossover)", color="0.6",
+           yerr=_bars(static, [c.static.interval for c in pairs]), capsize=3)
+    ax.bar([x + width / 2 for x in xs], served, width, label="continuous batching (serving threshold)",
+           yerr=_bars(served, [c.threshold.streams_interval for c in pairs]), capsize=3)
     for x, c in zip(xs, pairs, strict=True):
         ax.annotate(f"× {c.ratio_text}", (x + width / 2, c.threshold.streams_per_vm), ha="center",
                     va="bottom", fontsize=8)
@@ -431,4 +433,15 @@ def serve_vs_static_figure(serving, run_title: str):
     ax.legend(fontsize=8)
     return fig, title, ("Static: the largest batch-per-rank × ranks per VM meeting the SLO. Serving: the "
                         "time-averaged busy slots per VM at the largest passing load. The label is their ratio; "
-                        "“≥”/“≤” where a side is a bound.")
+                        "“≥”/“≤” where a side is a bound. Whiskers: 95 % bootstrap intervals.")
+
+
+def _bars(values, intervals):
+    """matplotlib yerr (below, above) from each value's interval; 0 where none is known."""
+    below, above = [], []
+    for v, iv in zip(values, intervals, strict=True):
+        lo = v if iv is None or iv.low is None else iv.low
+        hi = v if iv is None or iv.high is None else iv.high
+        below.append(max(0.0, v - lo))
+        above.append(max(0.0, hi - v))
+    return [below, above]

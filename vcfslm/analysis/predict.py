@@ -80,14 +80,20 @@ def scenarios_of(observations: Iterable[Observation], batches: Sequence[int] | N
     return [Scenario(b, i, o) for o in outputs for i in inputs for b in batches]
 
 
+PREDICTED_PERCENTILE = "p50"
+
+
 def predict_target(model: PerfModel, dims, target: Target, scenarios: Sequence[Scenario], slos: Sequence,
                    peaks: Sequence[int] = (), headroom: float = 0.0) -> PredictionResult:
     preds = [predict(model, dims, target.rates, s) for s in scenarios]
-    mid = crossovers(predicted_cells(preds, target.ranks_per_node), slos)
+    # The model predicts each cell's median (p50): its crossover is judged there, and its
+    # spread is the prediction interval, not a bootstrap of windows.
+    mid = crossovers(predicted_cells(preds, target.ranks_per_node), slos, PREDICTED_PERCENTILE)
     ends = {}
     for end in ("optimistic", "pessimistic"):
         cells = predicted_cells(preds, target.ranks_per_node, end)
-        ends[end] = {(c.slo.name, c.input_tokens, c.output_tokens): c for c in crossovers(cells, slos)} if cells else {}
+        ends[end] = ({(c.slo.name, c.input_tokens, c.output_tokens): c
+                      for c in crossovers(cells, slos, PREDICTED_PERCENTILE)} if cells else {})
     thresholds = [Threshold(c, ends["optimistic"].get(_key(c)), ends["pessimistic"].get(_key(c))) for c in mid]
     nodes = [NodesAnswer(size(t.crossover, peak, headroom), _nodes(t.optimistic, peak, headroom),
                          _nodes(t.pessimistic, peak, headroom))

@@ -30,7 +30,6 @@ from typing import Any
 from vcfslm.analysis.cells import Analysis, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv
 from vcfslm.analysis.predict import ModelSection, model_section, model_table
-from vcfslm.analysis.serve import PCT as SERVE_PCT
 from vcfslm.analysis.serve import (
     SERVE_FIGURES,
     ServeAnalysis,
@@ -54,6 +53,7 @@ from vcfslm.analysis.tables import (
     serve_thresholds_table,
 )
 from vcfslm.errors import CsvError, Problem, UsageError
+from vcfslm.judging import LEGACY_SERVING_RULE, Rule, percentile_value
 from vcfslm.progress import NullReporter, Reporter
 from vcfslm.results import RunMeta, atomic_write_text
 
@@ -84,6 +84,8 @@ class Report:
     serving: ServeAnalysis | None = None        # serving mode's part; None without serve records
     serving_answer: Table | None = None
     serving_tables: list[Table] = field(default_factory=list)
+    rule: Rule = field(default_factory=Rule)
+    rule_notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -127,11 +129,42 @@ def known_slos(metas: Sequence[RunMeta]) -> tuple[list, list[str]]:
     return slos_from_meta(defined[0].slos if defined else None), warnings
 
 
-def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] = (), percentile: str = "p50",
-          peaks: Sequence[int] = DEFAULT_PEAKS, headroom: float = 0.0) -> Report:
-    """The report's content (pure: no files)."""
+def judging_rule(metas: Sequence[RunMeta], percentile: str | None = None, attainment: float | None = None
+                 ) -> tuple[Rule, list[str]]:
+    """The rule the inputs are judged by: the flags, else what the first run recorded, else
+    the defaults; plus a line for each run that recorded another rule, or none."""
+    recorded_pct = [((m.matrix or {}).get("judging") or {}).get("percentile") for m in metas]
+    serves = [(m, (m.matrix or {}).get("serve")) for m in metas if isinstance((m.matrix or {}).get("serve"), dict)]
+    recorded_share = [s.get("attainment") for _, s in serves]
+    pct = percentile or next((p for p in recorded_pct if p), None) or Rule().percentile
+    share = attainment if attainment is not None else next((a for a in recorded_share if a), None)
+    rule = Rule(percentile=pct, attainment=share if share is not None else Rule().attainment)
+    notes = []
+    for m, p in zip(metas, recorded_pct, strict=True):
+        if isinstance((m.matrix or {}).get("serve"), dict):
+            continue                      # a serving run's rule is its attainment (below)
+        if p is None:
+            notes.append(f"run {m.run_id} records no static rule (written before runs did): its cells are "
+                         f"judged at {rule.percentile} of streams")
+        elif p != rule.percentile:
+            notes.append(f"run {m.run_id} asked for {p}; judged here at {rule.percentile} of streams")
+    for m, spec in serves:
+        if "attainment" not in spec:
+            notes.append(f"run {m.run_id} was swept by {LEGACY_SERVING_RULE}, before attainment; its loads "
+                         f"are judged here by {rule.serving_text()}")
+        elif spec["attainment"] != rule.attainment:
+            notes.append(f"run {m.run_id} was swept at {spec['attainment']:g} attainment; judged here by "
+                         f"{rule.serving_text()}")
+    return rule, notes
+
+
+def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] = (), percentile: str | None = None,
+          peaks: Sequence[int] = DEFAULT_PEAKS, headroom: float = 0.0, attainment: float | None = None) -> Report:
+    """The report's content (pure: no files); percentile/attainment: None for the runs' own rule."""
     known, warnings = known_slos(analysis.metas)
     slos = resolve_slos(slo_specs, known)
+    rule, rule_notes = judging_rule(analysis.metas, percentile, attainment)
+    percentile = rule.percentile
     cells = analysis.cells
     from_csv = any(c.origin == "csv" and c.tpot_ms.p90 is not None for c in cells)
     tails = percentile != "p50" or any(c.repeats >= 2 for c in cells) or from_csv
@@ -139,13 +172,15 @@ def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] =
     comparisons = compare(cells)
     if comparisons:
         tables.append(comparison_table(comparisons))
-    xs = crossovers(cells, slos, percentile)
+    xs = crossovers(cells, slos, percentile, rule)
     sizings = [size(c, peak, headroom) for c in xs for peak in peaks]
-    serving = analyse_serving(analysis.runs, slos, cells, peaks, headroom) if has_serving(analysis.runs) else None
+    serving = (analyse_serving(analysis.runs, slos, cells, peaks, headroom, rule)
+               if has_serving(analysis.runs) else None)
     static = any(c.has_data for c in cells) or serving is None
     # Crossover and sizing are both in the summary table; no second copy among the tables.
     report = Report(title=run_title(analysis, sources), analysis=analysis, sources=list(sources),
-                    percentile=percentile, slos=slos, crossovers=xs, sizings=sizings, tables=tables,
+                    percentile=percentile, slos=slos, rule=rule, rule_notes=rule_notes,
+                    crossovers=xs, sizings=sizings, tables=tables,
                     summary=summary_table(xs, sizings, percentile, headroom),
                     reasons=slo_reasons(xs, sizings, headroom), reasons_intro=reasoning_intro(headroom),
                     warnings=warnings + analysis.warnings + (serving.warnings if serving else []),
@@ -179,14 +214,15 @@ def run_title(analysis: Analysis, sources: Sequence[str]) -> str:
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None,
-                 slo_specs: Sequence[str] = (), percentile: str = "p50",
+                 slo_specs: Sequence[str] = (), percentile: str | None = None,
                  csv_files: Sequence[str | os.PathLike[str]] = (), peaks: Sequence[int] = DEFAULT_PEAKS,
-                 headroom: float = 0.0, reporter: Reporter | None = None) -> ReportFiles:
+                 headroom: float = 0.0, reporter: Reporter | None = None,
+                 attainment: float | None = None) -> ReportFiles:
     """Load, analyse, draw and write; `out_dir` defaults to the first run dir (or `<csv>-report/`)."""
     reporter = reporter or NullReporter()
     reporter.update("report", "loading")
     analysis, sources = load_inputs(run_dirs, csv_files)
-    report = build(analysis, sources, slo_specs, percentile, peaks, headroom)
+    report = build(analysis, sources, slo_specs, percentile, peaks, headroom, attainment)
     out = Path(out_dir) if out_dir else (Path(run_dirs[0]) if run_dirs else
                                          Path(csv_files[0]).with_name(Path(csv_files[0]).stem + "-report"))
     out.mkdir(parents=True, exist_ok=True)
@@ -195,7 +231,7 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
 
     figures, skipped = ([], [])
     if has_static(report):
-        figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, percentile,
+        figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, report.percentile,
                                                  report.model)
     if report.serving is not None:
         more, more_skipped = fig_module.render_serving(report.serving, report.slos, out, report.title)
@@ -299,10 +335,19 @@ def serving_figures(figures: Sequence) -> list:
 
 
 def slo_line(report: Report) -> str:
-    line = f"SLOs: {'; '.join(s.describe() for s in report.slos)}. Percentile judged: {report.percentile}"
+    """The SLOs and the rule each table was judged by, in one line."""
+    line = f"SLOs: {'; '.join(s.describe() for s in report.slos)}. Judged by: "
+    parts = []
+    if has_static(report):
+        parts.append(f"static batches at {report.rule.static_text()}")
     if report.serving is not None:
-        line += f" (static batches{'' if has_static(report) else ': none measured'}); serving: {SERVE_PCT}"
-    return line + "."
+        parts.append(f"serving by attainment, {report.rule.serving_text()}")
+    own = [s.title for s in report.slos if s.percentile]
+    if own:
+        parts.append(f"{', '.join(own)} at {'their' if len(own) > 1 else 'its'} own percentile "
+                     "(that share of requests when serving)")
+    line += "; ".join(parts) + f"; {report.rule.confidence:.0%} intervals by bootstrap."
+    return " ".join([line] + [f"Note: {n}." for n in report.rule_notes])
 
 
 def answer_tables(report: Report) -> list[Table]:
@@ -316,13 +361,18 @@ def render_text(report: Report) -> list[str]:
     return [line for table in answer_tables(report) for line in table.text()] + [slo_line(report)]
 
 
-SERVING_INTRO = (f"Continuous batching: requests arrive on their own (open loop at a rate, or closed-loop "
-                 f"users) and join a batch of a fixed number of slots between decode steps. A load meets an "
-                 f"SLO when the {SERVE_PCT} TTFT (queue included) and the {SERVE_PCT} TPOT of every counted "
-                 "request of every rank are within the limits; a request unfinished by the window's cutoff "
-                 "counts as infinitely late. The threshold is the largest load tried before the first failing "
-                 "one; streams per VM are the time-averaged busy slots there times ranks per VM (Little's "
-                 "law, measured), the number the static crossover and the sizing law speak of.")
+def serving_intro(rule: Rule) -> str:
+    return ("Continuous batching: requests arrive on their own (open loop at a rate, or closed-loop "
+            "users) and join a batch of a fixed number of slots between decode steps. A load meets an "
+            f"SLO when {rule.serving_text()} at once: TTFT (queue included) and TPOT, counted over every "
+            "request of every rank; a request unfinished by the window's cutoff met none. The threshold is "
+            "the largest load tried before the first failing one, with its "
+            f"{rule.confidence:.0%} interval from a bootstrap of windows within ranks and requests within "
+            "windows; streams per VM are the time-averaged busy slots there times ranks per VM (Little's "
+            "law, measured), the number the static crossover and the sizing law speak of. The "
+            "serving / static ratio is given only where the static percentile and the attainment are the "
+            f"same share ({rule.percentile} of streams beside {rule.serving_text()} would pair when they "
+            "match).")
 
 
 def serving_reasons(report: Report) -> list[str]:
@@ -334,16 +384,23 @@ def serving_reasons(report: Report) -> list[str]:
         sizing = [s for s in report.serving.sizings if s.threshold is t and s.nodes_by_streams is not None]
         text = threshold_reason(t)
         if sizing:
-            text += " Nodes: " + "; ".join(f"{s.peak_streams} streams → {s.law_text}" for s in sizing) + "."
+            text += " Nodes: " + "; ".join(f"{s.peak_streams} streams → {s.law_text}"
+                                           + (f" {s.interval_text()}" if s.interval_text() else "")
+                                           for s in sizing) + "."
         if t.rate_per_vm and sizing:
             text += (f" By rate: nodes = ceil(peak requests/s / {fmt_load(t.rate_per_vm * (1 - sizing[0].headroom))})"
                      " (vcfslm size --threshold serving --peak-rps X).")
         out.append(text)
     for c in report.serving.comparisons:
+        head = f"{c.threshold.slo.title}, {c.threshold.key.input_tokens}-token inputs: "
         if c.ratio is not None:
-            out.append(f"{c.threshold.slo.title}, {c.threshold.key.input_tokens}-token inputs: serving carries "
-                       f"{c.threshold.streams_text} concurrent streams/VM at its threshold, static batches "
-                       f"{c.static_text} at their crossover ({SERVE_PCT}): ratio {c.ratio_text}.")
+            out.append(head + f"serving carries {c.threshold.streams_text} concurrent streams/VM at its "
+                       f"threshold, static batches {c.static_text} at their crossover ({c.pairing}): "
+                       f"ratio {c.ratio_text}.")
+        elif c.static is not None and not c.comparable:
+            out.append(head + f"no serving / static ratio: {c.pairing} judge different shares of users "
+                       f"(pass --percentile p{c.threshold.share * 100:g} or --attainment "
+                       f"{percentile_value(c.static.percentile) / 100:g} to pair them).")
     return out
 
 
@@ -361,7 +418,7 @@ def render_markdown(report: Report, figures: Sequence, skipped: Sequence[str]) -
         for r in report.reasons:
             out += [f"- **{r.headline}.** {r.rule}"] + [f"  - {line}" for line in r.contexts]
     if report.serving is not None:
-        out += ["", "## Serving", "", SERVING_INTRO, ""] + _md_figures(serving_figures(figures))
+        out += ["", "## Serving", "", serving_intro(report.rule), ""] + _md_figures(serving_figures(figures))
         out += [f"- {line}" for line in serving_reasons(report)] + [""]
         out += [t.markdown() for t in report.serving_tables]
     if static:
@@ -495,7 +552,7 @@ def render_html(report: Report, figures: Sequence, skipped: Sequence[str]) -> st
     if static:
         parts.append(f"<h2>Reasoning per SLO</h2><p>{_e(report.reasons_intro)}</p>" + _reasons_html(report.reasons))
     if report.serving is not None:
-        parts.append(f'<h2 id="serving">Serving</h2><p>{_e(SERVING_INTRO)}</p>')
+        parts.append(f'<h2 id="serving">Serving</h2><p>{_e(serving_intro(report.rule))}</p>')
         parts.append('<div class="figs">' + "".join(_figure_html(f) for f in serving_figures(figures)) + "</div>")
         parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in serving_reasons(report)) + "</ul>")
         parts += [table_html(t) for t in report.serving_tables]

@@ -8,15 +8,20 @@ threshold here is the one the in-run sweep bisects towards):
   of one (scope, VMs, ranks per VM, load kind, arrival, slots, context) at that load,
   pooled by `serving.load_results`. Invalid windows are left out of every number and
   counted, as in static mode; a load without a valid window is not judged.
-- Tails are p`SERVE_PERCENTILE` (and p50) of every counted request, the queue included in
-  TTFT; a request unfinished by the window's cutoff counts as infinitely late.
+- A load meets an SLO when at least the rule's share (`vcfslm.judging`: the attainment,
+  default 90 %, or the SLO's own percentile as a share) of its counted requests met every
+  limit at once, the queue included in TTFT; a request unfinished by the window's cutoff
+  met none. Tails (p50, p`SERVE_PERCENTILE`) are shown beside it, not judged.
 - Goodput per SLO is `serving.goodput` over the pooled span (rank-seconds), times ranks
   per VM: requests per second per VM that met the SLO.
 - Concurrent streams per VM = the time-averaged busy slots of a rank x ranks per VM: the
   load Little's law measures, comparable with static mode's streams per VM.
-- The threshold per series and SLO is `serving.threshold` over `serving.meets` verdicts:
+- The threshold per series and SLO is `judging.threshold` over `serving.meets` verdicts:
   the largest passing load before the first failing one (ascending). "below": even the
-  smallest load tried fails; "above": every load tried passes (a lower bound).
+  smallest load tried fails; "above": every load tried passes (a lower bound). Its 95 %
+  interval, and the streams and node counts it implies, come from a two-stage bootstrap
+  (windows within ranks, then requests within windows); a load judged on fewer requests
+  than its share needs is flagged.
 - The answer per SLO x context reads single-VM series when there are any (cluster ones
   otherwise); of several series the one with the fewest concurrent streams per VM at its
   threshold (the conservative reading).
@@ -29,14 +34,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from fractions import Fraction
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vcfslm import serving
+from vcfslm import judging, serving
 from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, scope_of
-from vcfslm.analysis.slo import TPOT, TTFT, Crossover, Slo, crossovers
+from vcfslm.analysis.slo import Crossover, Slo, crossovers
 from vcfslm.errors import UsageError
+from vcfslm.judging import Interval, Replicate, Rule
 from vcfslm.results import ServeRecord
 
 PCT = f"p{serving.SERVE_PERCENTILE:g}"
@@ -280,6 +285,12 @@ class ServeThreshold:
     binding: str | None                          # at the first failing load
     non_monotonic: tuple[float, ...] = ()        # loads per rank passing again after a failure
     notes: tuple[str, ...] = ()
+    share: float = judging.DEFAULT_ATTAINMENT    # the attainment it was judged at
+    interval: Interval | None = None             # of the threshold load per rank
+    streams_interval: Interval | None = None     # of the concurrent streams per VM at it
+    # Per bootstrap replicate: its reading and its busy slots per load (what node counts resample).
+    replicates: tuple[tuple[Replicate | None, Mapping[float, float]], ...] = ()
+    few_samples: tuple[str, ...] = ()            # loads judged on too few requests
 
     def point(self, load: float | None) -> ServePoint | None:
         return next((p for p in self.points if p.load == load), None)
@@ -287,6 +298,13 @@ class ServeThreshold:
     @property
     def judged(self) -> list[ServePoint]:
         return [p for p in self.points if self.verdicts.get(p.load) is not None]
+
+    @property
+    def rule(self) -> str:
+        return f"{judging.attainment_text(self.share)} attainment"
+
+    def attainment_at(self, p: ServePoint) -> judging.Attainment | None:
+        return p.result.attainment(self.slo.tpot_ms, self.slo.ttft_s) if p.has_data else None
 
     @property
     def load_per_vm(self) -> float | None:
@@ -319,6 +337,13 @@ class ServeThreshold:
         return fmt_load(self.load_per_vm)
 
     @property
+    def interval_text(self) -> str:
+        """The threshold load's interval per VM, `[0.5–1]`, or ""."""
+        if self.interval is None:
+            return ""
+        return self.interval.text(lambda v: fmt_load(v * self.key.ranks_per_vm))
+
+    @property
     def streams_text(self) -> str:
         s = self.streams_per_vm
         if s is None or self.status in ("below", "unjudged"):
@@ -332,40 +357,63 @@ class ServeThreshold:
             return f"> {fmt_load(judged[-1].load_per_vm)}" if judged else "–"
         return fmt_load(self.failing_per_vm)
 
+    def per_vm_replicates(self, which: str) -> list[Replicate | None]:
+        """The replicates read per VM: `load` (requests/s or users) or `streams` (busy slots)."""
+        k = self.key.ranks_per_vm
+        out: list[Replicate | None] = []
+        for rep, active in self.replicates:
+            if rep is None or rep.threshold is None:
+                out.append(rep)
+                continue
+            value = rep.threshold * k if which == "load" else active.get(rep.threshold, 0.0) * k
+            out.append(Replicate(value, rep.all_pass))
+        return out
+
     def summary(self) -> str:
         return threshold_reason(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**key_dict(self.key), "slo": self.slo.to_dict(), "percentile": PCT, "status": self.status,
+        def per_vm(iv):
+            if iv is None:
+                return None
+            k = self.key.ranks_per_vm
+            return {**iv.to_dict(), "low": None if iv.low is None else iv.low * k,
+                    "high": None if iv.high is None else iv.high * k}
+        return {**key_dict(self.key), "slo": self.slo.to_dict(), "rule": self.rule, "attainment": self.share,
+                "status": self.status,
                 "load_unit": f"{self.key.unit} per VM", "threshold_load_per_rank": self.passing,
                 "threshold_load_per_vm": self.load_per_vm, "first_failing_load_per_rank": self.failing,
                 "first_failing_load_per_vm": self.failing_per_vm,
+                "threshold_interval_per_vm": per_vm(self.interval),
                 "threshold_streams_per_vm": self.streams_per_vm, "threshold_is_lower_bound": self.status == "above",
+                "streams_interval": None if self.streams_interval is None else self.streams_interval.to_dict(),
                 "binding": self.binding, "non_monotonic_loads_per_rank": list(self.non_monotonic),
                 "verdicts": [{"load_per_rank": p.load, "load_per_vm": p.load_per_vm,
-                              "meets": self.verdicts.get(p.load)} for p in self.points],
+                              "meets": self.verdicts.get(p.load),
+                              "attainment": _finite(a.share) if (a := self.attainment_at(p)) else None,
+                              "requests": p.requests} for p in self.points],
+                "few_samples": list(self.few_samples),
                 "threshold": self.threshold_text, "notes": list(self.notes), "reasoning": self.summary()}
 
 
-def _binding(result: serving.LoadResult, slo: Slo) -> str:
-    over = []
-    if slo.tpot_ms is not None and not result.tpot_tail() <= slo.tpot_ms:
-        over.append(TPOT)
-    if slo.ttft_s is not None and not result.ttft_tail() <= slo.ttft_s:
-        over.append(TTFT)
-    text = " and ".join(over)
-    return text + (" (unfinished requests)" if result.unfinished and
-                   any(math.isinf(v) for v in (result.tpot_tail(), result.ttft_tail())) else "")
+def _binding(result: serving.LoadResult, slo: Slo, share: float) -> str:
+    a = result.attainment(slo.tpot_ms, slo.ttft_s)
+    text = a.binding(share)
+    # Unfinished requests met no limit: say so when they alone sink the load.
+    return text + (" (unfinished requests)" if result.unfinished and result.unfinished > (1 - share) * a.requests
+                   else "")
 
 
-def serve_threshold(points: Sequence[ServePoint], slo: Slo) -> ServeThreshold:
-    """The threshold of one series (its points, any order) under `slo`."""
+def serve_threshold(points: Sequence[ServePoint], slo: Slo, rule: Rule | None = None) -> ServeThreshold:
+    """The threshold of one series (its points, any order) under `slo`, judged by `rule`."""
     if not points:
         raise ValueError("a serving threshold needs at least one load")
+    rule = rule or Rule()
+    share = rule.attainment_for(slo.percentile)
     ordered = tuple(sorted(points, key=lambda p: p.load))
-    verdicts = {p.load: (serving.meets(p.result, slo.tpot_ms, slo.ttft_s) if p.has_data else None)
+    verdicts = {p.load: (serving.meets(p.result, slo.tpot_ms, slo.ttft_s, share) if p.has_data else None)
                 for p in ordered}
-    passing, failing = serving.threshold(verdicts)
+    passing, failing = judging.threshold(verdicts)
     if passing is not None and failing is not None:
         status = "threshold"
     elif failing is not None:
@@ -375,32 +423,51 @@ def serve_threshold(points: Sequence[ServePoint], slo: Slo) -> ServeThreshold:
     else:
         status = "unjudged"
     fail_point = next((p for p in ordered if p.load == failing), None)
-    binding = _binding(fail_point.result, slo) if fail_point is not None else None
+    binding = _binding(fail_point.result, slo, share) if fail_point is not None else None
     later = tuple(p.load for p in ordered if failing is not None and p.load > failing and verdicts[p.load])
     notes = []
     empty = [p for p in ordered if verdicts[p.load] is None]
     if empty:
         notes.append(f"No valid data at {', '.join(fmt_load(p.load_per_vm) for p in empty)} "
                      f"{ordered[0].key.unit}/VM: those loads are not judged.")
-    return ServeThreshold(ordered[0].key, slo, ordered, verdicts, status, passing, failing, binding, later,
-                          tuple(notes))
+    thin = judging.few_samples({fmt_load(p.load_per_vm): p.requests for p in ordered if p.has_data}, share,
+                               "requests")
+    thin = (f"{judging.attainment_text(share)} attainment {thin} {ordered[0].key.unit}/VM",) if thin else ()
+    reps: list = []
+    windows = serving.bootstrap_windows({p.load: p.result for p in ordered if p.has_data}, {slo.name: slo.limits()})
+    if windows and rule.replicates:
+        reps = judging.serving_replicates(windows, {slo.name: share}, rule.replicates, rule.seed)[slo.name]
+    t = ServeThreshold(ordered[0].key, slo, ordered, verdicts, status, passing, failing, binding, later,
+                       tuple(notes), share, judging.interval([r for r, _ in reps], rule.confidence),
+                       None, tuple(reps), thin)
+    if reps:
+        t = replace(t, streams_interval=judging.interval(t.per_vm_replicates("streams"), rule.confidence))
+    return t
 
 
-def thresholds(points: Sequence[ServePoint], slos: Sequence[Slo]) -> list[ServeThreshold]:
+def thresholds(points: Sequence[ServePoint], slos: Sequence[Slo], rule: Rule | None = None) -> list[ServeThreshold]:
     """Every series x SLO (SLO first, then series order)."""
     by_series = series_of(points)
-    return [serve_threshold(pts, slo) for slo in slos for pts in by_series.values()]
+    return [serve_threshold(pts, slo, rule) for slo in slos for pts in by_series.values()]
 
 
-def _tails(p: ServePoint, slo: Slo) -> str:
+def _judged(t: ServeThreshold, p: ServePoint) -> str:
+    """`attainment 85 % < 90 % (412 requests; p90 TPOT 450.2 ms, p90 TTFT 1.20 s)`."""
+    a = t.attainment_at(p)
+    if a is None:
+        return "no requests"
+    mark = "≥" if judging.attains(a, t.share) else "<"
+    return (f"attainment {judging.attainment_text(a.share)} {mark} {judging.attainment_text(t.share)} "
+            f"({a.requests} requests; {_tails(p)})")
+
+
+def _tails(p: ServePoint) -> str:
     parts = []
-    for name, value, limit, unit, digits in (("TPOT", p.tpot_p90_ms, slo.tpot_ms, "ms", 1),
-                                             ("TTFT", p.ttft_p90_s, slo.ttft_s, "s", 2)):
+    for name, value, unit, digits in (("TPOT", p.tpot_p90_ms, "ms", 1), ("TTFT", p.ttft_p90_s, "s", 2)):
         if value is None:
             continue
         text = "∞ (unfinished requests)" if math.isinf(value) else f"{value:.{digits}f} {unit}"
-        mark = "" if limit is None else f" {'≤' if value <= limit else '>'} {limit:g}"
-        parts.append(f"{PCT} {name} {text}{mark}")
+        parts.append(f"{PCT} {name} {text}")
     return ", ".join(parts)
 
 
@@ -408,24 +475,30 @@ def threshold_reason(t: ServeThreshold) -> str:
     """One paragraph: where the threshold lies and why, bounds said plainly."""
     k, unit = t.key, t.key.unit
     head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]} ({k.arrival}, {k.slots} slots per rank), "
-            f"{k.input_tokens}-token inputs / {k.output_tokens} output, {PCT}")
+            f"{k.input_tokens}-token inputs / {k.output_tokens} output, {t.rule}")
     judged = t.judged
     if t.status == "unjudged":
         text = f"{head}: no load has valid data to judge."
     elif t.status == "below":
         first = judged[0]
         text = (f"{head}: below the smallest load tried. Even {fmt_load(first.load_per_vm)} {unit}/VM has "
-                f"{_tails(first, t.slo)}; {t.binding} binds. Measure lower loads to find the threshold.")
+                f"{_judged(t, first)}; {t.binding} binds. Measure lower loads to find the threshold.")
     elif t.status == "above":
         last = judged[-1]
         text = (f"{head}: every load tried meets it, so the threshold is ≥ {fmt_load(last.load_per_vm)} "
                 f"{unit}/VM (the largest tried; {last.streams_per_vm:.1f} concurrent streams/VM measured there: "
-                f"{_tails(last, t.slo)}).")
+                f"{_judged(t, last)}).")
     else:
         ok, fail = t.point(t.passing), t.point(t.failing)
         text = (f"{head}: meets it up to {fmt_load(t.load_per_vm)} {unit}/VM ({ok.streams_per_vm:.1f} "
-                f"concurrent streams/VM measured; {_tails(ok, t.slo)}); {fmt_load(t.failing_per_vm)} {unit}/VM "
-                f"fails on {t.binding} ({_tails(fail, t.slo)}).")
+                f"concurrent streams/VM measured; {_judged(t, ok)}); {fmt_load(t.failing_per_vm)} {unit}/VM "
+                f"fails on {t.binding} ({_judged(t, fail)}).")
+    if t.interval is not None:
+        text += (f" {t.interval.confidence:.0%} interval {t.interval_text} {unit}/VM"
+                 + (f", {t.streams_interval.text(lambda v: f'{v:.1f}')} streams/VM" if t.streams_interval else "")
+                 + f" ({t.interval.replicates} bootstrap replicates: windows within ranks, requests within windows).")
+    if t.few_samples:
+        text += f" Few samples: {'; '.join(t.few_samples)}."
     if t.non_monotonic:
         loads = ", ".join(fmt_load(v * k.ranks_per_vm) for v in t.non_monotonic)
         text += (f" Not monotonic: {loads} {unit}/VM meet(s) it again after {fmt_load(t.failing_per_vm)} failed; "
@@ -458,9 +531,7 @@ def primary(all_thresholds: Sequence[ServeThreshold]) -> list[ServeThreshold]:
             notes.append(f"{len(mine)} serving configurations of this context; the one with the fewest "
                          "concurrent streams per VM at its threshold is used.")
         if tuple(notes) != chosen.notes:
-            chosen = ServeThreshold(chosen.key, chosen.slo, chosen.points, chosen.verdicts, chosen.status,
-                                    chosen.passing, chosen.failing, chosen.binding, chosen.non_monotonic,
-                                    tuple(notes))
+            chosen = replace(chosen, notes=tuple(notes))
         out.append(chosen)
     return out
 
@@ -477,14 +548,21 @@ class ServeComparison:
     note: str = ""
 
     @property
+    def comparable(self) -> bool:
+        """Both judged at the same share: the static percentile p and the serving attainment p %."""
+        c = self.static
+        return c is not None and math.isclose(judging.percentile_value(c.percentile) / 100.0, self.threshold.share)
+
+    @property
     def static_streams(self) -> int | None:
         return None if self.static is None or self.static.status == "none" else self.static.threshold
 
     @property
     def ratio(self) -> float | None:
-        """Serving streams per VM / static streams per VM (None when either is unknown)."""
+        """Serving streams per VM / static streams per VM (None when either is unknown, or
+        when the two were judged by rules that do not compare)."""
         s, st = self.threshold.streams_per_vm, self.static_streams
-        if s is None or not st or self.threshold.status in ("below", "unjudged"):
+        if s is None or not st or self.threshold.status in ("below", "unjudged") or not self.comparable:
             return None
         if self.threshold.status == "above" and self.static.status == "all":
             return None
@@ -506,30 +584,43 @@ class ServeComparison:
         return {"none": "none", "all": f"≥ {self.static.max_tested}"}.get(self.static.status,
                                                                          str(self.static.threshold))
 
+    @property
+    def pairing(self) -> str:
+        """How the two were judged, side by side."""
+        c = self.static
+        static = "–" if c is None else c.rule
+        return f"static {static}, serving {self.threshold.rule}"
+
     def to_dict(self) -> dict[str, Any]:
         c = self.static
         return {"slo": self.threshold.slo.name, "input_tokens": self.threshold.key.input_tokens,
                 "output_tokens": self.threshold.key.output_tokens, "load_kind": self.threshold.key.load_kind,
                 "serving_streams_per_vm": self.threshold.streams_per_vm, "serving_status": self.threshold.status,
+                "serving_rule": self.threshold.rule,
                 "static_streams_per_vm": None if c is None else c.threshold,
-                "static_status": None if c is None else c.status, "static_percentile": PCT,
+                "static_status": None if c is None else c.status,
+                "static_percentile": None if c is None else c.percentile, "comparable": self.comparable,
                 "static_scope": None if c is None else c.scope, "ratio": self.ratio, "ratio_text": self.ratio_text,
                 "note": self.note}
 
 
-def static_crossovers(cells: Sequence[Cell], slos: Sequence[Slo]) -> tuple[list[Crossover], str]:
-    """The static crossovers at the serving percentile (a note when they cannot be had)."""
+def static_crossovers(cells: Sequence[Cell], slos: Sequence[Slo], rule: Rule | None = None
+                      ) -> tuple[list[Crossover], str]:
+    """The static crossovers at the rule's percentile (a note when they cannot be had)."""
+    rule = rule or Rule()
     if not any(c.has_data for c in cells):
         return [], "no static-batch data among the inputs"
     try:
-        return crossovers(cells, slos, PCT), ""
+        return crossovers(cells, slos, rule.percentile, rule), ""
     except UsageError:
-        return [], f"static {PCT} values unknown (a CSV without {PCT} columns?)"
+        return [], f"static {rule.percentile} values unknown (a CSV without {rule.percentile} columns?)"
 
 
-def compare(primaries: Sequence[ServeThreshold], cells: Sequence[Cell]) -> list[ServeComparison]:
-    """Each answer threshold beside the static crossover of the same SLO and context (at p90)."""
-    statics, why = static_crossovers(cells, list(dict.fromkeys(t.slo for t in primaries)))
+def compare(primaries: Sequence[ServeThreshold], cells: Sequence[Cell], rule: Rule | None = None
+            ) -> list[ServeComparison]:
+    """Each answer threshold beside the static crossover of the same SLO and context; the
+    ratio only where the static percentile and the serving attainment are the same share."""
+    statics, why = static_crossovers(cells, list(dict.fromkeys(t.slo for t in primaries)), rule)
     index = {(c.slo, c.input_tokens, c.output_tokens): c for c in statics}
     out = []
     for t in primaries:
@@ -541,16 +632,14 @@ def compare(primaries: Sequence[ServeThreshold], cells: Sequence[Cell]) -> list[
             if ranks and ranks != {t.key.ranks_per_vm}:
                 note = (f"static cells have {', '.join(map(str, sorted(ranks)))} ranks per VM, the serving "
                         f"series {t.key.ranks_per_vm}")
-        out.append(ServeComparison(t, c, note))
+        comparison = ServeComparison(t, c, note)
+        if c is not None and not comparison.comparable:
+            comparison = ServeComparison(t, c, f"no ratio: {comparison.pairing} do not compare")
+        out.append(comparison)
     return out
 
 
 # ---------------------------------------------------------------- sizing
-
-
-def _nodes(peak: float, per_vm: float, headroom: float) -> int:
-    effective = Fraction(str(per_vm)) * (1 - Fraction(str(headroom)))
-    return math.ceil(Fraction(str(peak)) / effective)
 
 
 @dataclass(frozen=True, eq=False)
@@ -564,6 +653,8 @@ class ServeSizing:
     nodes_by_streams: int | None
     nodes_by_rate: int | None
     reasoning: str
+    streams_nodes_interval: Interval | None = None
+    rate_nodes_interval: Interval | None = None
 
     @property
     def nodes(self) -> int | None:
@@ -589,15 +680,36 @@ class ServeSizing:
             return "–" if self.threshold.status in ("threshold", "above") else "below range"
         return f"≤ {n}" if self.bound else str(n)
 
+    def interval_text(self, which: str = "streams") -> str:
+        iv = self.rate_nodes_interval if which == "rate" else self.streams_nodes_interval
+        return "" if iv is None else iv.text(lambda v: f"{v:g}", mark="≤ ")
+
+    def answer_text(self, which: str = "streams") -> str:
+        """`2000 [1000–2000] req/s/VM, 3.2 [3.0–3.9] streams/VM → 20 [17–22] nodes`."""
+        t = self.threshold
+        parts = [" ".join(x for x in (t.threshold_text, t.interval_text) if x) + f" {t.key.unit}/VM"]
+        if t.streams_per_vm is not None and t.status in ("threshold", "above"):
+            iv = "" if t.streams_interval is None else " " + t.streams_interval.text(lambda v: f"{v:.1f}")
+            parts.append(f"{t.streams_text}{iv} streams/VM")
+        nodes = " ".join(x for x in (self.nodes_text(which), self.interval_text(which)) if x)
+        return ", ".join(parts) + f" → {nodes} nodes"
+
     def to_dict(self) -> dict[str, Any]:
         t = self.threshold
-        return {"threshold_kind": "serving", **key_dict(t.key), "slo": t.slo.to_dict(), "percentile": PCT,
+        return {"threshold_kind": "serving", **key_dict(t.key), "slo": t.slo.to_dict(), "rule": t.rule,
+                "attainment": t.share,
                 "status": t.status, "threshold_load_per_vm": t.load_per_vm, "load_unit": f"{t.key.unit} per VM",
+                "threshold_interval_per_vm": t.to_dict()["threshold_interval_per_vm"],
                 "threshold_streams_per_vm": t.streams_per_vm, "threshold_is_lower_bound": t.status == "above",
                 "first_failing_load_per_vm": t.failing_per_vm, "binding": t.binding,
                 "peak_streams": self.peak_streams, "peak_rps": self.peak_rps, "headroom": self.headroom,
                 "nodes_by_streams": self.nodes_by_streams, "nodes_by_rate": self.nodes_by_rate,
-                "nodes": self.nodes, "reasoning": self.reasoning, "threshold": t.summary()}
+                "nodes_by_streams_interval": None if self.streams_nodes_interval is None
+                else self.streams_nodes_interval.to_dict(),
+                "nodes_by_rate_interval": None if self.rate_nodes_interval is None
+                else self.rate_nodes_interval.to_dict(),
+                "nodes": self.nodes, "answer": self.answer_text("rate" if self.peak_rps is not None else "streams"),
+                "reasoning": self.reasoning, "threshold": t.summary()}
 
 
 def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | None = None,
@@ -616,7 +728,7 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
                          f"{t.key.load_kind}")
     k = t.key
     head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
-            f"{k.output_tokens} output, {PCT}")
+            f"{k.output_tokens} output, {t.rule}")
     if t.status in ("below", "unjudged"):
         why = ("even the smallest load tried fails; measure lower loads" if t.status == "below"
                else "no load has valid data")
@@ -630,22 +742,36 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
                 "upper bounds)" if t.status == "above" else
                 f"; {fmt_load(t.failing_per_vm)} {k.unit}/VM fails on {t.binding}") + "."]
     by_streams = by_rate = None
+    streams_span = rate_span = None
+    conf = t.interval.confidence if t.interval else judging.DEFAULT_CONFIDENCE
     if peak_streams is not None:
         if streams and streams > 0:
-            by_streams = _nodes(peak_streams, streams, headroom)
+            by_streams = judging.nodes_required(peak_streams, streams, headroom)
             eff = streams * derate
             lines.append(f"Nodes = ceil({peak_streams} / {eff:.3g}) = ceil({peak_streams / eff:.2f}) = {by_streams}"
                          + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
+            streams_span = judging.nodes_interval(t.per_vm_replicates("streams"), lambda r: r.threshold,
+                                                  peak_streams, headroom, conf)
         else:
             lines.append("No concurrent streams were measured at the threshold: nodes by streams cannot be read.")
     if peak_rps is not None and rate:
-        by_rate = _nodes(peak_rps, rate, headroom)
+        by_rate = judging.nodes_required(peak_rps, rate, headroom)
         eff = rate * derate
         lines.append(f"By rate: nodes = ceil({peak_rps:g} / {eff:.3g}) = ceil({peak_rps / eff:.2f}) = {by_rate}"
                      + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
+        rate_span = judging.nodes_interval(t.per_vm_replicates("load"), lambda r: r.threshold, peak_rps,
+                                           headroom, conf)
+    spans = [f"{label} {iv.text(mark='≤ ')}" for label, iv in (("by streams", streams_span), ("by rate", rate_span))
+             if iv is not None]
+    if spans and t.interval is not None:
+        lines.append(f"{conf:.0%} interval: threshold {t.interval_text} {k.unit}/VM, nodes {', '.join(spans)} "
+                     f"({t.interval.replicates} bootstrap replicates).")
+    if t.few_samples:
+        lines.append(f"Few samples: {'; '.join(t.few_samples)}.")
     if k.scope == CLUSTER:
         lines.append(f"(Threshold read from {SCOPE_TITLES[CLUSTER]} serving data: no single-VM series.)")
-    return ServeSizing(t, peak_streams, peak_rps, headroom, by_streams, by_rate, " ".join(lines))
+    return ServeSizing(t, peak_streams, peak_rps, headroom, by_streams, by_rate, " ".join(lines),
+                       streams_span, rate_span)
 
 
 # ---------------------------------------------------------------- everything
@@ -661,10 +787,11 @@ class ServeAnalysis:
     comparisons: list[ServeComparison]
     sizings: list[ServeSizing]
     warnings: list[str] = field(default_factory=list)
-    percentile: str = PCT
+    rule: Rule = field(default_factory=Rule)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"percentile": self.percentile, "points": [p.to_dict() for p in self.points],
+        return {"rule": self.rule.serving_text(), "attainment": self.rule.attainment,
+                "points": [p.to_dict() for p in self.points],
                 "thresholds": [t.to_dict() for t in self.thresholds],
                 "answer": [t.to_dict() for t in self.primaries],
                 "comparisons": [c.to_dict() for c in self.comparisons],
@@ -676,11 +803,13 @@ def has_serving(runs: Sequence[Any]) -> bool:
 
 
 def analyse(runs: Sequence[Any], slos: Sequence[Slo], cells: Sequence[Cell] = (),
-            peaks: Sequence[int] = (), headroom: float = 0.0) -> ServeAnalysis:
+            peaks: Sequence[int] = (), headroom: float = 0.0, rule: Rule | None = None) -> ServeAnalysis:
     """Serving points, thresholds, the static comparison and sizing of `runs` (RunFiles);
     `cells`: the static cells of every input (the crossover beside each threshold)."""
+    rule = rule or Rule()
     points, warnings = serve_points(runs, slos)
-    every = thresholds(points, slos)
+    every = thresholds(points, slos, rule)
     answer = primary(every)
     sizings = [size(t, peak, None, headroom) for t in answer for peak in peaks]
-    return ServeAnalysis(points, every, answer, compare(answer, cells), sizings, warnings)
+    return ServeAnalysis(points, every, answer, compare(answer, cells, rule), sizings, warnings, rule)
+

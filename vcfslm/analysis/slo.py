@@ -1,30 +1,31 @@
-"""SLOs, the Concurrency Crossover Point and the sizing law (pure functions).
+"""SLOs, the static Concurrency Crossover Point and the sizing law (pure functions).
 
 Crossover for (SLO, context): the largest tested streams-per-VM that meets the SLO
-before the first failing load. A value exactly at the limit meets it (<=). When a
-load passes again after a failure the data are non-monotonic; the threshold stays
-below the first failure (the conservative reading) and the report says so.
+before the first failing load, each load judged by `vcfslm.judging` (the chosen
+percentile of its streams, default p90; an SLO may carry its own). A value exactly at
+the limit meets it (<=). When a load passes again after a failure the data are
+non-monotonic; the threshold stays below the first failure (the conservative reading)
+and the report says so. Each crossover carries its 95 % bootstrap interval (windows
+resampled within ranks) and flags loads judged on too few streams.
 
 Sizing: nodes = ceil(peak streams / threshold), with headroom h the threshold is
-derated to threshold x (1 - h) first.
+derated to threshold x (1 - h) first; the node count carries the interval the
+threshold's replicates imply.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from vcfslm import contract
+from vcfslm import contract, judging
 from vcfslm.analysis.cells import CLUSTER, PERCENTILES, SCOPE_TITLES, SINGLE, Cell
 from vcfslm.errors import Problem, SloSpecError, UsageError
-
-TPOT, TTFT = "TPOT", "TTFT"
-
+from vcfslm.judging import Interval, Replicate, Rule
 
 # ---------------------------------------------------------------- SLOs
 
@@ -36,6 +37,7 @@ class Slo:
     name: str
     tpot_ms: float | None = None
     ttft_s: float | None = None
+    percentile: str | None = None     # its own percentile (e.g. MLPerf's p99); None: the rule's
 
     @property
     def title(self) -> str:
@@ -47,13 +49,24 @@ class Slo:
             parts.append(f"TPOT ≤ {_num(self.tpot_ms)} ms")
         if self.ttft_s is not None:
             parts.append(f"TTFT ≤ {_num(self.ttft_s)} s")
+        if self.percentile:
+            parts.append(f"at {self.percentile}")
         return f"{self.title} ({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "tpot_ms": self.tpot_ms, "ttft_s": self.ttft_s}
+        out: dict[str, Any] = {"name": self.name, "tpot_ms": self.tpot_ms, "ttft_s": self.ttft_s}
+        if self.percentile:
+            out["percentile"] = self.percentile
+        return out
+
+    def limits(self) -> dict[str, Any]:
+        """What the serving worker and meta.json keep of it: {tpot_ms, ttft_s[, percentile]}."""
+        return {k: v for k, v in self.to_dict().items() if k != "name"}
 
 
 DEFAULT_SLOS: tuple[Slo, ...] = tuple(Slo(name, **limits) for name, limits in contract.DEFAULT_SLOS.items())
+PRESETS: dict[str, Slo] = {name: Slo(name, float(p["tpot_ms"]), float(p["ttft_s"]), p.get("percentile"))
+                           for name, p in contract.SLO_PRESETS.items()}
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TERM = re.compile(r"^\s*(?P<ind>[A-Za-z]+)\s*(?P<op><=|≤|<|>=|=)?\s*(?P<num>[0-9]*\.?[0-9]+)?\s*(?P<unit>[A-Za-z]*)\s*$")
@@ -65,7 +78,8 @@ def _num(x: float) -> str:
 
 
 def parse_slo(text: str, source: str = "--slo") -> Slo:
-    """Parse `name:tpot<=150ms,ttft<=2s` (units ms or s; tpot defaults to ms, ttft to s).
+    """Parse `name:tpot<=150ms,ttft<=2s[,p99]` (units ms or s; tpot defaults to ms, ttft to s;
+    a percentile term makes the SLO judged at it instead of the rule's).
 
     Every problem is reported at once as an SloSpecError naming `source`.
     """
@@ -77,7 +91,7 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
                                       "expected NAME:tpot<=VALUE[ms|s],ttft<=VALUE[s|ms]")])
     if not _NAME.match(name):
         problems.append(f"SLO name {name!r} must be letters, digits, '-', '_' or '.'")
-    limits: dict[str, float] = {}
+    limits: dict[str, Any] = {}
     offset = len(text) - len(body)
     for term in body.split(","):
         where = f"at character {offset + 1}"
@@ -85,6 +99,11 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
         m = _TERM.match(term)
         if not term.strip():
             problems.append(f"empty condition {where}")
+            continue
+        if term.strip().lower() in PERCENTILES:
+            if "percentile" in limits:
+                problems.append(f"percentile given twice {where}")
+            limits["percentile"] = term.strip().lower()
             continue
         if not m or not m.group("num"):
             problems.append(f"cannot read condition {term.strip()!r} {where}; expected e.g. tpot<=150ms")
@@ -108,11 +127,12 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
             problems.append(f"{ind} limit must be positive {where}")
             continue
         limits[ind] = seconds * 1000.0 if ind == "tpot" else seconds
-    if not limits and not problems:
+    if not (limits.keys() & {"tpot", "ttft"}) and not problems:
         problems.append("no condition given; expected tpot<=... and/or ttft<=...")
     if problems:
         raise SloSpecError([Problem(source, None, None, f"slo {name or text!r}", p) for p in problems])
-    return Slo(name, tpot_ms=_round(limits.get("tpot")), ttft_s=_round(limits.get("ttft")))
+    return Slo(name, tpot_ms=_round(limits.get("tpot")), ttft_s=_round(limits.get("ttft")),
+               percentile=limits.get("percentile"))
 
 
 def _round(x: float | None) -> float | None:
@@ -152,7 +172,12 @@ def slos_from_meta(data: Any, source: str = "meta.json slos") -> list[Slo]:
         if tpot is None and ttft is None:
             problems.append(Problem(source, None, None, f"slos.{name}", "neither tpot_ms nor ttft_s given"))
             continue
-        out.append(Slo(str(name), tpot_ms=tpot, ttft_s=ttft))
+        pct = spec.get("percentile")
+        if pct is not None and pct not in PERCENTILES:
+            problems.append(Problem(source, None, None, f"slos.{name}.percentile",
+                                    f"must be one of {', '.join(PERCENTILES)}, not {pct!r}"))
+            continue
+        out.append(Slo(str(name), tpot_ms=tpot, ttft_s=ttft, percentile=pct))
     if problems:
         raise SloSpecError(problems)
     return out
@@ -166,11 +191,12 @@ def _first(spec: Mapping[str, Any], keys: Sequence[str]) -> float | None:
 
 
 def resolve_slos(specs: Sequence[str], known: Sequence[Slo]) -> list[Slo]:
-    """`--slo` values: a full spec (`name:tpot<=..`) or the name of a known SLO (`B`, `SLO-B`)."""
+    """`--slo` values: a full spec (`name:tpot<=..`), the name of a known SLO (`B`, `SLO-B`)
+    or of a preset (`mlperf-server`; the run's own SLO of that name wins)."""
     if not specs:
         return list(known)
     out, problems = [], []
-    index = {_canon(s.name): s for s in known}
+    index = {_canon(s.name): s for s in PRESETS.values()} | {_canon(s.name): s for s in known}
     for spec in specs:
         if ":" in spec:
             try:
@@ -180,7 +206,7 @@ def resolve_slos(specs: Sequence[str], known: Sequence[Slo]) -> list[Slo]:
         elif _canon(spec) in index:
             out.append(index[_canon(spec)])
         else:
-            names = ", ".join(s.name for s in known) or "none"
+            names = ", ".join(dict.fromkeys([s.name for s in known] + list(PRESETS))) or "none"
             problems.append(Problem("--slo", None, None, spec,
                                     f"unknown SLO (known: {names}); or give NAME:tpot<=..ms,ttft<=..s"))
     if problems:
@@ -204,6 +230,7 @@ class LoadPoint:
     tpot_ms: float | None
     ttft_s: float | None
     batch_per_rank: int | None = None
+    samples: int | None = None        # per-stream values the percentile was taken of (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -218,18 +245,7 @@ class Verdict:
 
 def judge(point: LoadPoint, slo: Slo) -> Verdict:
     """Which indicators of `point` are over the SLO's limits (a tie meets the limit)."""
-    failing = []
-    if slo.tpot_ms is not None and not _within(point.tpot_ms, slo.tpot_ms):
-        failing.append(TPOT)
-    if slo.ttft_s is not None and not _within(point.ttft_s, slo.ttft_s):
-        failing.append(TTFT)
-    return Verdict(point, tuple(failing))
-
-
-def _within(value: float | None, limit: float) -> bool:
-    if value is None or not math.isfinite(value):
-        raise ValueError("a load point lacks a value the SLO constrains")
-    return value <= limit
+    return Verdict(point, judging.static_failing(point.tpot_ms, point.ttft_s, slo.tpot_ms, slo.ttft_s))
 
 
 @dataclass(frozen=True)
@@ -248,6 +264,9 @@ class Crossover:
     non_monotonic: tuple[int, ...] = ()   # loads that meet the SLO after a failing one
     scope: str = SINGLE
     notes: tuple[str, ...] = ()
+    interval: Interval | None = None       # the threshold's bootstrap interval (None: no samples)
+    replicates: tuple[Replicate | None, ...] = field(default=(), compare=False, repr=False)
+    few_samples: tuple[str, ...] = ()      # the loads judged on too few streams, said plainly
 
     @property
     def max_tested(self) -> int:
@@ -259,6 +278,11 @@ class Crossover:
         return self.verdicts[0]
 
     @property
+    def rule(self) -> str:
+        """What judged it, for every table and line that shows it."""
+        return f"{self.percentile} of streams"
+
+    @property
     def threshold_text(self) -> str:
         if self.status == "none":
             return "not achievable"
@@ -266,34 +290,46 @@ class Crossover:
             return f"≥ {self.max_tested}"
         return str(self.threshold)
 
+    @property
+    def interval_text(self) -> str:
+        """`[4–8]`, or "" without an interval."""
+        return "" if self.interval is None else self.interval.text(lambda v: f"{v:g}")
+
     def summary(self) -> str:
         return crossover_text(self)
 
 
 def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_tokens: int | None = None,
-              percentile: str = "p50", scope: str = SINGLE, notes: Sequence[str] = ()) -> Crossover:
-    """The crossover of one SLO over the tested loads of one context."""
+              percentile: str = judging.DEFAULT_PERCENTILE, scope: str = SINGLE, notes: Sequence[str] = (),
+              replicates: Sequence[Replicate | None] = (), confidence: float = judging.DEFAULT_CONFIDENCE
+              ) -> Crossover:
+    """The crossover of one SLO over the tested loads of one context (replicates: its bootstrap)."""
     if not points:
         raise ValueError("crossover needs at least one tested load")
     ordered = sorted(points, key=lambda p: p.streams_per_vm)
     verdicts = tuple(judge(p, slo) for p in ordered)
-    first_fail = next((i for i, v in enumerate(verdicts) if not v.meets), None)
-    if first_fail is None:
-        status, threshold, failing, binding = "all", ordered[-1].streams_per_vm, None, None
+    passing, failing = judging.threshold({float(v.point.streams_per_vm): v.meets for v in verdicts})
+    if failing is None:
+        status, threshold, binding = "all", ordered[-1].streams_per_vm, None
     else:
-        failing = ordered[first_fail].streams_per_vm
-        binding = " and ".join(verdicts[first_fail].failing)
-        threshold = ordered[first_fail - 1].streams_per_vm if first_fail > 0 else None
-        status = "crossover" if first_fail > 0 else "none"
-    after_fail = verdicts[first_fail + 1:] if first_fail is not None else ()
-    later_passes = tuple(v.point.streams_per_vm for v in after_fail if v.meets)
-    return Crossover(slo, input_tokens, output_tokens, percentile, verdicts, status, threshold, failing,
-                     binding, later_passes, scope, tuple(notes))
+        fail = next(v for v in verdicts if v.point.streams_per_vm == failing)
+        binding = " and ".join(fail.failing)
+        threshold = None if passing is None else int(passing)
+        status = "none" if passing is None else "crossover"
+    later_passes = tuple(v.point.streams_per_vm for v in verdicts
+                         if failing is not None and v.point.streams_per_vm > failing and v.meets)
+    share = judging.percentile_value(percentile) / 100.0
+    thin = judging.few_samples({str(p.streams_per_vm): p.samples for p in ordered if p.samples is not None},
+                               share, "streams")
+    thin = (f"{percentile} {thin} streams/VM",) if thin else ()
+    return Crossover(slo, input_tokens, output_tokens, percentile, verdicts, status, threshold,
+                     None if failing is None else int(failing), binding, later_passes, scope, tuple(notes),
+                     judging.interval(replicates, confidence), tuple(replicates), thin)
 
 
 def crossover_text(c: Crossover) -> str:
     """One paragraph that says the crossover plainly, edge cases included."""
-    head = f"{c.slo.describe()}, {c.input_tokens}-token inputs, {c.percentile}"
+    head = f"{c.slo.describe()}, {c.input_tokens}-token inputs, {c.rule}"
     floor = c.floor
     floor_name = ("the single-stream floor" if floor.point.batch_per_rank == 1
                   else "the lowest tested load (no batch-1 data)")
@@ -309,6 +345,8 @@ def crossover_text(c: Crossover) -> str:
         fail = next(v for v in c.verdicts if not v.meets)
         text = (f"{head}: meets the SLO up to {c.threshold} streams/VM; the first failing load is "
                 f"{c.first_failing} streams/VM ({_values(fail, c.slo)}); {c.binding} binds.")
+    if c.interval is not None:
+        text += f" {interval_sentence(c.interval, 'streams/VM')}"
     if c.non_monotonic:
         loads = ", ".join(str(x) for x in c.non_monotonic)
         text += (f" The results are not monotonic: {loads} streams/VM meet(s) the SLO again after "
@@ -317,9 +355,17 @@ def crossover_text(c: Crossover) -> str:
     if c.status != "none":
         text += (f" {floor_name[0].upper()}{floor_name[1:]}, {floor.point.streams_per_vm} streams/VM: "
                  f"{_values(floor, c.slo)}.")
+    if c.few_samples:
+        text += f" Few samples: {'; '.join(c.few_samples)}."
     for note in c.notes:
         text += f" {note}"
     return text
+
+
+def interval_sentence(iv: Interval, unit: str) -> str:
+    """`95 % interval [4–8] streams/VM (400 bootstrap replicates, windows resampled within ranks).`"""
+    return (f"{iv.confidence:.0%} interval {iv.text()} {unit} ({iv.replicates} bootstrap replicates, "
+            "windows resampled within ranks).")
 
 
 def _values(v: Verdict, slo: Slo) -> str:
@@ -347,15 +393,8 @@ def contexts(cells: Iterable[Cell]) -> list[tuple[int, int]]:
     return sorted({(c.input_tokens, c.output_tokens) for c in cells if c.has_data})
 
 
-def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pct: str = "p50"
-                ) -> tuple[list[LoadPoint], str, list[str]]:
-    """Load points of one context from single-VM cells (cluster cells when there are none).
-
-    Returns (points, scope used, notes). Two cells at the same streams/VM (e.g. runs
-    with different ranks per VM) keep the worse values.
-    """
-    if pct not in PERCENTILES:
-        raise UsageError(f"percentile must be one of {', '.join(PERCENTILES)}, not {pct!r}")
+def _context_cells(cells: Iterable[Cell], input_tokens: int, output_tokens: int) -> tuple[list[Cell], str, list[str]]:
+    """The cells one context's crossover reads (single-VM ones, else cluster ones), their scope, notes."""
     everything = [c for c in cells if c.input_tokens == input_tokens and c.output_tokens == output_tokens]
     ctx = [c for c in everything if c.has_data]
     scope = SINGLE if any(c.scope == SINGLE for c in ctx) else CLUSTER
@@ -366,10 +405,22 @@ def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pc
         notes.append(f"No valid data at {', '.join(map(str, empty))} streams/VM: those loads are not judged.")
     if scope == CLUSTER and ctx:
         notes.append("No single-VM data: read from cluster cells (streams per VM of one cluster VM).")
+    return [c for c in ctx if c.scope == scope], scope, notes
+
+
+def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pct: str = judging.DEFAULT_PERCENTILE
+                ) -> tuple[list[LoadPoint], str, list[str]]:
+    """Load points of one context from single-VM cells (cluster cells when there are none).
+
+    Returns (points, scope used, notes). Two cells at the same streams/VM (e.g. runs
+    with different ranks per VM) keep the worse values.
+    """
+    if pct not in PERCENTILES:
+        raise UsageError(f"percentile must be one of {', '.join(PERCENTILES)}, not {pct!r}")
+    mine, scope, notes = _context_cells(cells, input_tokens, output_tokens)
     by_load: dict[int, list[Cell]] = defaultdict(list)
-    for c in ctx:
-        if c.scope == scope:
-            by_load[c.streams_per_vm].append(c)
+    for c in mine:
+        by_load[c.streams_per_vm].append(c)
     points = []
     for load in sorted(by_load):
         group = by_load[load]
@@ -380,18 +431,41 @@ def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pc
                              f"(a CSV without {pct} columns, or no TTFT/TPOT measured); try --percentile p50")
         if len(group) > 1:
             notes.append(f"{len(group)} configurations at {load} streams/VM; the worse values are used.")
-        points.append(LoadPoint(load, max(tpots), max(ttfts), min(c.batch_per_rank for c in group)))
+        samples = [c.samples for c in group]
+        points.append(LoadPoint(load, max(tpots), max(ttfts), min(c.batch_per_rank for c in group),
+                                None if None in samples else min(samples)))
     return points, scope, notes
 
 
-def crossovers(cells: Sequence[Cell], slos: Sequence[Slo], pct: str = "p50") -> list[Crossover]:
-    """Crossover for every SLO x context with data."""
+def _strata(cells: Iterable[Cell], input_tokens: int, output_tokens: int) -> dict[float, list]:
+    """Per load, the ranks' windows the bootstrap resamples (loads without any are left out)."""
+    mine, _, _ = _context_cells(cells, input_tokens, output_tokens)
+    by_load: dict[int, list[Cell]] = defaultdict(list)
+    for c in mine:
+        by_load[c.streams_per_vm].append(c)
+    # A load measured in several configurations is judged on its worse one; resampling
+    # their windows together would mix them, so such a context gets no interval.
+    if any(len(group) > 1 or not group[0].strata for group in by_load.values()):
+        return {}
+    return {float(load): list(group[0].strata) for load, group in by_load.items()}
+
+
+def crossovers(cells: Sequence[Cell], slos: Sequence[Slo], pct: str = judging.DEFAULT_PERCENTILE,
+               rule: Rule | None = None) -> list[Crossover]:
+    """Crossover for every SLO x context with data, each at its SLO's percentile (else `pct`),
+    with its bootstrap interval when the cells hold their windows."""
+    rule = rule or Rule(percentile=pct)
     out = []
     for slo in slos:
+        q = slo.percentile or pct
         for inp, outp in contexts(cells):
-            points, scope, notes = load_points(cells, inp, outp, pct)
-            if points:
-                out.append(crossover(points, slo, inp, outp, pct, scope, notes))
+            points, scope, notes = load_points(cells, inp, outp, q)
+            if not points:
+                continue
+            strata = _strata(cells, inp, outp) if rule.replicates else {}
+            reps = judging.static_replicates(strata, [(slo.tpot_ms, slo.ttft_s)], q, rule.replicates,
+                                             rule.seed)[0] if strata else []
+            out.append(crossover(points, slo, inp, outp, q, scope, notes, reps, rule.confidence))
     return out
 
 
@@ -408,27 +482,46 @@ class Sizing:
     effective_threshold: float | None
     nodes: int | None
     reasoning: str
+    nodes_interval: Interval | None = None
+
+    @property
+    def nodes_text(self) -> str:
+        """`32`, `≤ 4` (every tested load passed), or "not achievable"."""
+        if self.nodes is None:
+            return "not achievable"
+        return f"≤ {self.nodes}" if self.crossover.status == "all" else str(self.nodes)
+
+    @property
+    def interval_text(self) -> str:
+        return "" if self.nodes_interval is None else self.nodes_interval.text(lambda v: f"{v:g}", mark="≤ ")
+
+    def answer_text(self) -> str:
+        """`8 [4–8] streams/VM → 32 [32–64] nodes`: the threshold and the node count with their intervals."""
+        c = self.crossover
+        thr = " ".join(x for x in (c.threshold_text, c.interval_text) if x)
+        nodes = " ".join(x for x in (self.nodes_text, self.interval_text) if x)
+        return f"{thr} streams/VM → {nodes} nodes"
 
     def to_dict(self) -> dict[str, Any]:
         c = self.crossover
         return {
             "slo": c.slo.to_dict(), "input_tokens": c.input_tokens, "output_tokens": c.output_tokens,
-            "percentile": c.percentile, "scope": c.scope, "status": c.status,
+            "percentile": c.percentile, "rule": c.rule, "scope": c.scope, "status": c.status,
             "threshold_streams_per_vm": c.threshold, "threshold_is_lower_bound": c.status == "all",
+            "threshold_interval": None if c.interval is None else c.interval.to_dict(),
             "first_failing_streams_per_vm": c.first_failing, "binding": c.binding,
-            "non_monotonic_loads": list(c.non_monotonic), "peak_streams": self.peak_streams,
+            "non_monotonic_loads": list(c.non_monotonic), "few_samples": list(c.few_samples),
+            "peak_streams": self.peak_streams,
             "headroom": self.headroom, "effective_threshold": self.effective_threshold,
-            "nodes": self.nodes, "reasoning": self.reasoning, "crossover": c.summary(),
+            "nodes": self.nodes, "nodes_interval": None if self.nodes_interval is None else self.nodes_interval.to_dict(),
+            "answer": self.answer_text(), "reasoning": self.reasoning, "crossover": c.summary(),
         }
 
 
 def nodes_required(peak_streams: int, threshold: int, headroom: float = 0.0) -> int:
     """The sizing law: ceil(peak / (threshold x (1 - headroom))), computed exactly."""
     _check_sizing_inputs(peak_streams, headroom)
-    if threshold <= 0:
-        raise ValueError("threshold must be positive")
-    effective = Fraction(threshold) * (1 - Fraction(str(headroom)))
-    return math.ceil(Fraction(peak_streams) / effective)
+    return judging.nodes_required(peak_streams, threshold, headroom)
 
 
 def _check_sizing_inputs(peak_streams: int, headroom: float) -> None:
@@ -441,13 +534,15 @@ def _check_sizing_inputs(peak_streams: int, headroom: float) -> None:
 def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
     """Nodes for `peak_streams` under crossover `c`, with the reasoning as text."""
     _check_sizing_inputs(peak_streams, headroom)
-    head = f"{c.slo.describe()}, {c.input_tokens}-token inputs, {c.percentile}"
+    head = f"{c.slo.describe()}, {c.input_tokens}-token inputs, {c.rule}"
+    span = judging.nodes_interval(c.replicates, lambda r: r.threshold, peak_streams, headroom,
+                                  c.interval.confidence if c.interval else judging.DEFAULT_CONFIDENCE)
     if c.status == "none":
         floor = c.floor
         reasoning = (f"{head}: no node count suffices. The SLO is not achievable in this configuration: "
                      f"the lowest tested load ({floor.point.streams_per_vm} streams/VM) already has "
                      f"{_values(floor, c.slo)}. Adding nodes adds capacity, not per-user speed.")
-        return Sizing(c, peak_streams, headroom, None, None, reasoning)
+        return Sizing(c, peak_streams, headroom, None, None, reasoning, span)
     threshold = c.threshold
     assert threshold is not None
     nodes = nodes_required(peak_streams, threshold, headroom)
@@ -462,7 +557,12 @@ def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
     if headroom:
         lines.append(f"Headroom {headroom:.0%}: plan {threshold} × (1 − {headroom:g}) = {effective:g} streams per VM.")
     lines.append(f"Nodes = ceil({peak_streams} / {effective:g}) = ceil({peak_streams / effective:.2f}) = {nodes}.")
+    if c.interval is not None and span is not None:
+        lines.append(f"{span.confidence:.0%} interval: threshold {c.interval.text()} streams/VM, nodes "
+                     f"{span.text(mark='≤ ')} ({span.replicates} bootstrap replicates).")
+    if c.few_samples:
+        lines.append(f"Few samples: {'; '.join(c.few_samples)}.")
     lines.append("Per-rank latency does not change with scale-out, so each added node adds the same capacity.")
     if c.scope == CLUSTER:
         lines.append(f"(Threshold read from {SCOPE_TITLES[CLUSTER]} cells: no single-VM data.)")
-    return Sizing(c, peak_streams, headroom, effective, nodes, " ".join(lines))
+    return Sizing(c, peak_streams, headroom, effective, nodes, " ".join(lines), span)

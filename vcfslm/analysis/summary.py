@@ -1,9 +1,10 @@
 """The report's opening answer and its reasoning, as data (pure: no rendering, no files).
 
 - `summary_rows`: one row per SLO x context — single-VM threshold, first failing
-  load, binding indicator and nodes for each peak. A bound is marked: "≥ 64" when
-  every tested load met the SLO (the crossover lies above the tested range, so the
-  node counts are "≤"), "none" when even the lowest tested load fails.
+  load, binding indicator and nodes for each peak, each with its 95 % bootstrap interval
+  (`8 [4–8]`, `32 [32–64]`). A bound is marked: "≥ 64" when every tested load met the
+  SLO (the crossover lies above the tested range, so the node counts are "≤"), "none"
+  when even the lowest tested load fails.
 - `slo_reasons`: per SLO, what the rule is (said once) and one line per context
   saying why its row reads as it does.
 """
@@ -33,7 +34,9 @@ class SummaryRow:
 
 
 def threshold_text(c: Crossover) -> str:
-    return {"none": "none", "all": f"≥ {c.max_tested}"}.get(c.status, str(c.threshold))
+    """`8 [4–8]`: the threshold ("none", "≥ 64" for the bounds) and its interval when known."""
+    text = {"none": "none", "all": f"≥ {c.max_tested}"}.get(c.status, str(c.threshold))
+    return f"{text} {c.interval_text}" if c.interval_text else text
 
 
 def first_failing_text(c: Crossover) -> str:
@@ -41,16 +44,19 @@ def first_failing_text(c: Crossover) -> str:
 
 
 def nodes_text(s: Sizing) -> str:
+    """`32 [32–64]`; "≤ 4" when every tested load passed (fewer nodes may do); "not achievable"."""
     if s.nodes is None:
         return "not achievable"
-    # Every tested load passed: the true threshold may be higher, so fewer nodes may do.
-    return f"≤ {s.nodes}" if s.crossover.status == "all" else str(s.nodes)
+    text = s.nodes_text
+    return f"{text} {s.interval_text}" if s.interval_text else text
 
 
 def row_note(c: Crossover) -> str:
     notes = []      # "none" needs no note: the threshold and nodes columns say it
     if c.non_monotonic:
         notes.append(f"not monotonic: passes again at {', '.join(map(str, c.non_monotonic))}")
+    if c.few_samples:
+        notes.append("few samples: " + "; ".join(c.few_samples))
     if c.scope == CLUSTER:
         notes.append("read from cluster cells (no single-VM data)")
     return "; ".join(notes)
@@ -92,13 +98,16 @@ def summary_table(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], pe
         line = [r.slo, str(r.input_tokens)] + ([str(r.output_tokens)] if several_outputs else [])
         line += [r.threshold, r.first_failing, r.binding, *r.nodes] + ([r.note] if with_notes else [])
         grid.append(line)
-    title = f"Single-VM threshold and nodes per SLO and input length ({percentile}"
+    rules = ", ".join(dict.fromkeys(c.rule for c in crossovers)) or f"{percentile} of streams"
+    title = f"Single-VM threshold and nodes per SLO and input length ({rules}"
     title += f", headroom {headroom:.0%})" if headroom else ")"
     notes = ["Threshold: the largest tested streams/VM that meets the SLO before the first failing load. "
              "Nodes = ceil(peak streams / threshold"
              + (" × (1 − headroom)" if headroom else "") + ").",
              "“≥ n”: every tested load met the SLO, so the threshold is at least n and the node count "
-             "“≤” an upper bound; “none”: even the lowest tested load fails, and no node count helps."]
+             "“≤” an upper bound; “none”: even the lowest tested load fails, and no node count helps.",
+             "[a–b]: the 95 % bootstrap interval (windows resampled within ranks, each replicate judged "
+             "by the same rule)."]
     return Table(title, cols, grid, notes)
 
 
@@ -169,8 +178,10 @@ def context_reason(c: Crossover, sizings: Sequence[Sizing], with_output: bool = 
 def _nodes(c: Crossover, sizings: Sequence[Sizing]) -> str:
     bound = " at most" if c.status == "all" else ""
     parts = [f"{s.peak_streams} streams → ceil({s.peak_streams} / {s.effective_threshold:g}) = {s.nodes}{bound}"
+             + (f" {s.interval_text}" if s.interval_text else "")
              for s in sizings if s.nodes is not None]
-    return (" Nodes: " + "; ".join(parts) + ".") if parts else ""
+    span = f" The threshold's 95 % interval is {c.interval_text} streams/VM." if c.interval_text else ""
+    return ((" Nodes: " + "; ".join(parts) + ".") if parts else "") + span
 
 
 def _extra(c: Crossover) -> str:
@@ -179,6 +190,8 @@ def _extra(c: Crossover) -> str:
         text += (f" Not monotonic: {', '.join(map(str, c.non_monotonic))} streams/VM meet(s) it again after "
                  f"{c.first_failing} failed (noise or an untrustworthy window?); the threshold stays below "
                  "the first failure.")
+    if c.few_samples:
+        text += f" Few samples: {'; '.join(c.few_samples)}."
     for note in c.notes:
         text += f" {note}"
     return text

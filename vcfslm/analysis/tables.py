@@ -258,8 +258,8 @@ def comparison_summary(comparisons: Sequence[Comparison]) -> str:
 
 
 def crossover_table(crossovers: Sequence[Crossover]) -> Table:
-    cols = ["SLO", "input tokens", "percentile", "threshold (streams/VM)", "first failing (streams/VM)",
-            "binding", "note"]
+    cols = ["SLO", "input tokens", "percentile", "threshold (streams/VM)", "95% interval",
+            "first failing (streams/VM)", "binding", "note"]
     rows = []
     for c in crossovers:
         note = {"none": "not achievable in this configuration",
@@ -268,8 +268,10 @@ def crossover_table(crossovers: Sequence[Crossover]) -> Table:
         if c.non_monotonic:
             note = (note + "; " if note else "") + \
                 f"non-monotonic: passes again at {', '.join(map(str, c.non_monotonic))}"
+        if c.few_samples:
+            note = (note + "; " if note else "") + "few samples: " + "; ".join(c.few_samples)
         rows.append([c.slo.describe(), str(c.input_tokens), c.percentile, c.threshold_text,
-                     "–" if c.first_failing is None else str(c.first_failing),
+                     c.interval_text or "–", "–" if c.first_failing is None else str(c.first_failing),
                      c.binding or "–", note])
     return Table("Concurrency crossover point per SLO and context", cols, rows,
                  ["Threshold: the largest tested streams per VM that meets the SLO before the first "
@@ -278,13 +280,12 @@ def crossover_table(crossovers: Sequence[Crossover]) -> Table:
 
 def sizing_table(sizings: Sequence[Sizing]) -> Table:
     cols = ["SLO", "input tokens", "percentile", "peak streams", "threshold (streams/VM)", "headroom",
-            "nodes"]
+            "nodes", "95% interval"]
     rows = []
     for s in sizings:
         c = s.crossover
-        nodes = "not achievable" if s.nodes is None else (f"≤ {s.nodes}" if c.status == "all" else str(s.nodes))
         rows.append([c.slo.describe(), str(c.input_tokens), c.percentile, str(s.peak_streams), c.threshold_text,
-                     f"{s.headroom:.0%}", nodes])
+                     f"{s.headroom:.0%}", s.nodes_text, s.interval_text or "–"])
     return Table("Sizing: nodes = ceil(peak streams / threshold × (1 − headroom))", cols, rows,
                  ["“≤ n”: every tested load met the SLO, so fewer nodes may do."])
 
@@ -364,25 +365,31 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     with_notes = any(notes_of.values())
     cols = ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
     cols += ["load", "threshold (per VM)", "first failing (per VM)", "binding", "streams/VM at threshold",
-             f"static crossover {PCT} (streams/VM)", "serving / static"]
+             "static crossover (streams/VM)", "serving / static"]
     cols += [f"nodes for {p} streams" for p in peaks] + (["note"] if with_notes else [])
     rows = []
     for c in comparisons:
         t = c.threshold
         mine = {s.peak_streams: s for s in sizings if s.threshold is t}
         row = [t.slo.title, str(t.key.input_tokens)] + ([str(t.key.output_tokens)] if several_outputs else [])
-        row += [UNITS[t.key.load_kind], t.threshold_text, t.first_failing_text, t.binding or "–", t.streams_text,
-                c.static_text, c.ratio_text]
-        row += [mine[p].nodes_text() if p in mine else "–" for p in peaks]
+        streams = t.streams_text + (f" {t.streams_interval.text(lambda v: f'{v:.1f}')}"
+                                    if t.streams_interval and t.status in ("threshold", "above") else "")
+        row += [UNITS[t.key.load_kind], " ".join(x for x in (t.threshold_text, t.interval_text) if x),
+                t.first_failing_text, t.binding or "–", streams, c.static_text, c.ratio_text]
+        row += [" ".join(x for x in (mine[p].nodes_text(), mine[p].interval_text()) if x) if p in mine else "–"
+                for p in peaks]
         row += [notes_of[id(c)]] if with_notes else []
         rows.append(row)
-    title = f"Serving threshold per SLO and context (continuous batching, {PCT}"
+    rules = ", ".join(dict.fromkeys(c.threshold.rule for c in comparisons)) or "attainment"
+    title = f"Serving threshold per SLO and context (continuous batching, {rules}"
     title += f", headroom {headroom:.0%})" if headroom else ")"
-    notes = [f"Threshold: the largest load tried whose {PCT} TTFT (queue included) and {PCT} TPOT meet the SLO, "
-             "before the first failing load; unfinished requests count as infinitely late. "
-             "“< n”: even the smallest load tried fails; “≥ n”: every load tried meets it.",
+    notes = ["Threshold: the largest load tried at which the stated share of requests met every limit at once "
+             "(TTFT with the queue, and TPOT), before the first failing load; an unfinished request met none. "
+             "“< n”: even the smallest load tried fails; “≥ n”: every load tried meets it. [a–b]: the 95 % "
+             "bootstrap interval (windows within ranks, requests within windows).",
              "Streams/VM at threshold: time-averaged busy slots × ranks per VM (Little's law, measured). "
-             f"Serving / static: those streams over the static-batch crossover at {PCT}. "
+             "Serving / static: those streams over the static-batch crossover, given only where the static "
+             "percentile is the same share as the attainment (p90 beside 90 %). "
              "Nodes = ceil(peak streams / streams per VM at threshold"
              + (" × (1 − headroom)" if headroom else "") + ")."]
     return Table(title, cols, rows, notes)
@@ -396,6 +403,8 @@ def _serve_note(c: ServeComparison) -> str:
             fmt_load(v * t.key.ranks_per_vm) for v in t.non_monotonic))
     if t.key.scope == CLUSTER:
         notes.append("read from cluster series")
+    if t.few_samples:
+        notes.append("few samples: " + "; ".join(t.few_samples))
     if c.note:
         notes.append(c.note)
     return "; ".join(notes)
@@ -408,6 +417,7 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence) -> Table:
     cols = [f"load/rank ({unit})", f"load/VM ({unit})", "requests", "unfinished", "TTFT p50 (s)",
             f"TTFT {PCT} (s)", "TPOT p50 (ms)", f"TPOT {PCT} (ms)", "streams/VM", "completed (req/s/VM)"]
     cols += [f"goodput {s.title} (req/s/VM)" for s in slos]
+    cols += [f"attainment {s.title}" for s in slos]
     flagged = any(p.flags for p in points)
     cols += ["windows"] + (["flags"] if flagged else [])
     rows = []
@@ -416,19 +426,28 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence) -> Table:
                _serve_fmt(p.ttft_p50_s, 2), _serve_fmt(p.ttft_p90_s, 2), _serve_fmt(p.tpot_p50_ms, 1),
                _serve_fmt(p.tpot_p90_ms, 1), fmt(p.streams_per_vm, 1), fmt(p.completed_per_vm, 2)]
         row += [fmt(p.goodput_per_vm.get(s.name), 2) for s in slos]
+        row += [_attainment_text(p, s) for s in slos]
         row += [f"{p.windows - p.invalid_windows}/{p.windows}"] + (["; ".join(p.flags)] if flagged else [])
         rows.append(row)
     title = f"Serving, {describe_key(key)}"
     notes = ["Tails pool every counted request of every rank and valid window; ∞: the tail reaches an "
-             "unfinished request. Goodput: requests per second per VM that met the SLO."]
+             "unfinished request. Goodput: requests per second per VM that met every limit of the SLO; "
+             "attainment: the share of counted requests that did (unfinished ones met none)."]
     return Table(title, cols, rows, notes)
+
+
+def _attainment_text(p: ServePoint, slo) -> str:
+    if not p.has_data:
+        return "–"
+    return f"{p.result.attainment(slo.tpot_ms, slo.ttft_s).share * 100:.1f} %"
 
 
 def serve_thresholds_table(thresholds: Sequence[ServeThreshold]) -> Table:
     """Every series x SLO (the answer reads one per SLO and context)."""
-    cols = ["SLO", "series", "threshold (per VM)", "first failing (per VM)", "binding", "streams/VM at threshold"]
-    rows = [[t.slo.title, describe_key(t.key), f"{t.threshold_text} {t.key.unit}", t.first_failing_text,
-             t.binding or "–", t.streams_text] for t in thresholds]
+    cols = ["SLO", "series", "rule", "threshold (per VM)", "95% interval", "first failing (per VM)", "binding",
+            "streams/VM at threshold"]
+    rows = [[t.slo.title, describe_key(t.key), t.rule, f"{t.threshold_text} {t.key.unit}", t.interval_text or "–",
+             t.first_failing_text, t.binding or "–", t.streams_text] for t in thresholds]
     return Table("Serving threshold of every series", cols, rows)
 
 
@@ -436,7 +455,7 @@ def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
     """Sizing from serving thresholds; the by-rate columns only when a peak rate was given."""
     by_rate = any(s.peak_rps is not None for s in sizings)
     cols = ["SLO", "input tokens", "load", "peak streams"] + (["peak req/s"] if by_rate else [])
-    cols += ["streams/VM at threshold", "threshold (per VM)", "headroom", "nodes by streams"]
+    cols += ["rule", "streams/VM at threshold", "threshold (per VM)", "headroom", "nodes by streams"]
     cols += ["nodes by rate"] if by_rate else []
     rows = []
     for s in sizings:
@@ -444,10 +463,11 @@ def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
         row = [t.slo.title, str(t.key.input_tokens), UNITS[t.key.load_kind],
                "–" if s.peak_streams is None else str(s.peak_streams)]
         row += ["–" if s.peak_rps is None else f"{s.peak_rps:g}"] if by_rate else []
-        row += [t.streams_text, t.threshold_text, f"{s.headroom:.0%}", s.nodes_text("streams")]
-        row += [s.nodes_text("rate")] if by_rate else []
+        row += [t.rule, t.streams_text, " ".join(x for x in (t.threshold_text, t.interval_text) if x),
+                f"{s.headroom:.0%}", " ".join(x for x in (s.nodes_text("streams"), s.interval_text("streams")) if x)]
+        row += [" ".join(x for x in (s.nodes_text("rate"), s.interval_text("rate")) if x)] if by_rate else []
         rows.append(row)
     return Table("Sizing from the serving threshold", cols, rows,
                  ["Nodes by streams = ceil(peak streams / streams per VM at threshold × (1 − headroom)); "
                   "by rate = ceil(peak req/s / threshold req/s per VM × (1 − headroom)). “≤ n”: every load "
-                  "tried met the SLO, so fewer nodes may do."])
+                  "tried met the SLO, so fewer nodes may do. [a–b]: the 95 % bootstrap interval."])

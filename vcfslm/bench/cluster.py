@@ -73,6 +73,7 @@ class ClusterOptions:
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     serve: ServeSpec | None = None    # serving mode: the load each rank takes
     slos: dict[str, Any] | None = None  # --slo: the run's SLOs instead of the inventory's
+    percentile: str | None = None     # --percentile: the static rule recorded, else the inventory's
 
 
 def run_matrix(inv, opts: ClusterOptions) -> Matrix:
@@ -417,7 +418,7 @@ class ClusterBench:
             model=inv.guest.model, command=self.opts.command, label=self.opts.label,
             matrix=matrix_record(run_matrix(inv, self.opts), scenarios=self.opts.scenarios,
                                  compile_mode=self.opts.compile_mode or inv.bench.compile,
-                                 serve=self.opts.serve),
+                                 serve=self.opts.serve, percentile=self.opts.percentile or inv.slo.percentile),
             complete=complete, failure=failure, previous=previous, slos=run_slos(inv, self.opts),
             inventory_sha256=inventory_sha256(inv.source), versions={"vcfslm": __version__},
             vcenter=self._vcenter, guests=self.facts,
@@ -481,7 +482,7 @@ def resume_options(run_dir: Path) -> dict:
             "output_tokens": meta.matrix.get("output_tokens"), "scenarios": meta.matrix.get("scenarios"),
             "compile": meta.matrix.get("compile"),
             "serve": ServeSpec.of_record(meta.matrix["serve"]) if meta.matrix.get("serve") else None,
-            "label": meta.label}
+            "label": meta.label, "percentile": (meta.matrix.get("judging") or {}).get("percentile")}
 
 
 __all__ = ["ClusterBench", "ClusterOptions", "NotRun", "fan_out", "plan_launches", "resume_options",

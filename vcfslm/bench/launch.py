@@ -251,6 +251,8 @@ def progress_status(event: dict) -> str:
             if not event.get("valid", True):
                 head += "  (invalid)"
         return head
+    if phase == "swept":
+        return f"sweep {event.get('slo')} in={event.get('input_tokens')}: stopped: {event.get('reason')}"
     if phase == "probed":
         return f"bandwidth read {event.get('read_gbs')} GB/s, triad {event.get('triad_gbs')} GB/s"
     if phase == "loaded":

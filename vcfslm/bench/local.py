@@ -156,12 +156,13 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
               slos: dict[str, Any] | None = None, inductor_cache_dir: str | None = None,
               python: str | None = None, timeout: float | None = None,
               reporter: Reporter | None = None, serve: ServeSpec | None = None,
-              render_wrapper: Callable[[dict[str, Any]], str]) -> LocalRun:
+              render_wrapper: Callable[[dict[str, Any]], str], percentile: str | None = None) -> LocalRun:
     """Run the matrix with `ranks` workers on this machine; returns the run (records gathered).
 
     resume: continue the run `run_id` in place (its finished scenarios are skipped).
     serve: serving mode (continuous batching under `serve`'s load); `matrix` then only
     sizes the numerics gate (contract.serve_matrix).
+    percentile: the static rule the run records (vcfslm.judging; the report's default).
     render_wrapper: the rank wrapper (rank.sh) from its template context; the guests' own
     template, handed in by the caller so that the bench stage never imports the guest stage.
     Raises BenchError when torchrun or a rank fails (meta.json records the failure).
@@ -192,7 +193,7 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     wrapper.chmod(0o755)
 
     meta = _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
-                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve)
+                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve, percentile)
     results.write_meta(run_dir, meta)
 
     args = worker_arguments(model=model, matrix=matrix, run_dir=run_dir.resolve(), run_id=run_id,
@@ -224,7 +225,8 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
 
 
 def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
-                  compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve=None) -> results.RunMeta:
+                  compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve=None,
+                  percentile=None) -> results.RunMeta:
     # A resume keeps the run's creation time and facts; its matrix may extend the run's.
     previous = results.read_meta(run_dir) if resume else None
     guests = None if previous else {
@@ -233,7 +235,7 @@ def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matri
     return build_run_meta(
         run_id=run_id, mode="local", nodes=[NODE_NAME], ranks_per_node=ranks, threads_per_rank=threads,
         model=model, matrix=matrix_record(matrix, compile_mode=compile_mode, scenarios=scenarios, seed=seed,
-                                          serve=serve),
+                                          serve=serve, percentile=percentile),
         command=command or sys.argv, label=label, slos=slos, previous=previous, guests=guests)
 
 

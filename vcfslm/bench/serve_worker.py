@@ -4,8 +4,11 @@ barrier-aligned across ranks, and the sweep that bisects towards each SLO's thre
 Each window starts right after a `dist.barrier()`, as static windows do; every rank
 generates its own arrivals (its own seed) and serves them on its own slots. After each
 window the ranks all_gather their records, so every rank holds the same history and
-takes the same decision about the next load (vcfslm.serving.next_load): no rank leads,
-and the barriers stay aligned whatever the sweep decides.
+takes the same decision about the next load (vcfslm.serving.next_load), and about the
+windows added once bisection is done (vcfslm.serving.refine: a seeded bootstrap over
+that shared history, its time budget counted from the recorded windows' wall times,
+not from any rank's clock): no rank leads, and the barriers stay aligned whatever the
+sweep decides.
 
 Records go to `ranks/serve-<rank>.jsonl` as each window ends. `--resume` keeps every
 load all ranks finished (and feeds its records to the sweep, which then reaches the
@@ -29,6 +32,9 @@ from ..serving import ServeSpec
 from .serve import record_fields, run_window
 
 log = logging.getLogger("vcfslm.bench.worker")
+# A bound on the sweep's extra windows whatever the budget: windows that come out invalid
+# add no requests but still cost time.
+MAX_REFINE_ROUNDS = 20
 
 
 def serve_file(out: Path, rank: int) -> Path:
@@ -72,13 +78,16 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
 
     counter = {"windows": 0}
 
-    def measure(load: float, input_tokens: int) -> None:
+    def measure(load: float, input_tokens: int, extra: int | None = None) -> None:
+        """The load's repeats (skipped when resumed), or with `extra` that one more window."""
         scenario = (spec.load_kind, float(load), input_tokens, spec.output_tokens)
-        if scenario in skip:
+        if extra is None and scenario in skip:
             progress({**base, "phase": "skip", "load": load, "load_kind": spec.load_kind,
                       "input_tokens": input_tokens, "window": 0})
             return
-        for window in range(-spec.warmup_windows if counter["windows"] == 0 else 0, spec.repeats):
+        windows = (range(extra, extra + 1) if extra is not None else
+                   range(-spec.warmup_windows if counter["windows"] == 0 else 0, spec.repeats))
+        for window in windows:
             seed = serving.window_seed(spec.seed, env.rank, load, input_tokens, window)
             rng = random.Random(seed)
 
@@ -124,12 +133,14 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
                       "valid": record.valid, "wall_s": round(record.wall_s, 3)})
 
     for input_tokens in spec.input_tokens:
-        def verdicts(limit, _input=input_tokens) -> dict[float, bool | None]:
-            pooled = serving.load_results(r for r in history if r.input_tokens == _input
-                                          and r.output_tokens == spec.output_tokens
-                                          and r.load_kind == spec.load_kind)
-            return {load: serving.meets(res, limit.get("tpot_ms"), limit.get("ttft_s"))
-                    for load, res in pooled.items()}
+        def mine_of(_input=input_tokens) -> list[ServeRecord]:
+            return [r for r in history if r.input_tokens == _input and r.output_tokens == spec.output_tokens
+                    and r.load_kind == spec.load_kind]
+
+        def verdicts(limit) -> dict[float, bool | None]:
+            share = serving.share_for(limit, spec.attainment)
+            return {load: serving.meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share)
+                    for load, res in serving.load_results(mine_of()).items()}
 
         for load in sorted(set(spec.loads)):
             measure(load, input_tokens)
@@ -145,9 +156,44 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
                     break
                 log.info("sweep %s, input %d: next load %g", name, input_tokens, nxt)
                 measure(nxt, input_tokens)
+            why = _refine(spec, name, limit, mine_of,
+                          lambda load, w, _i=input_tokens: measure(load, _i, extra=w))
+            log.info("sweep %s, input %d: stopped: %s", name, input_tokens, why)
+            progress({**base, "phase": "swept", "slo": name, "input_tokens": input_tokens, "reason": why})
         progress({**base, "phase": "done", "input_tokens": input_tokens, "window": spec.repeats})
     slots.release()
     return mine
+
+
+def _refine(spec: ServeSpec, name: str, limit: dict, records_of, measure_extra) -> str:
+    """Add windows at the bracketing loads until the threshold's interval is narrow enough
+    or the budget is spent; why it stopped."""
+    share = serving.share_for(limit, spec.attainment)
+    for _ in range(MAX_REFINE_ROUNDS):
+        records = records_of()
+        step = serving.refine(serving.load_results(records), limit, share, spec.sweep_precision,
+                              extra_seconds(records, spec.repeats), spec.sweep_budget_s, seed=spec.seed)
+        if not step.loads:
+            return step.reason
+        log.info("sweep %s: %s; one more window at %s", name, step.reason, ", ".join(f"{v:g}" for v in step.loads))
+        for load in step.loads:
+            measure_extra(load, next_window(records, load))
+    return f"{MAX_REFINE_ROUNDS} rounds of extra windows, the most a sweep adds"
+
+
+def extra_seconds(records, repeats: int) -> float:
+    """Wall time the sweep's extra windows took (each window as long as its slowest rank)."""
+    walls: dict[tuple[float, int], float] = {}
+    for r in records:
+        if r.window >= repeats:
+            key = (float(r.load), r.window)
+            walls[key] = max(walls.get(key, 0.0), r.wall_s)
+    return sum(walls.values())
+
+
+def next_window(records, load: float) -> int:
+    """The next window index at `load` (after every one any rank recorded)."""
+    return 1 + max((r.window for r in records if float(r.load) == float(load)), default=-1)
 
 
 def _prime(slots, spec: ServeSpec, vocab: int, synthetic_prompt) -> None:

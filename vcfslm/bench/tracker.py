@@ -68,7 +68,11 @@ class BenchTracker:
         elif phase in WINDOW_PHASES + ("skip", "done"):
             self.label = (f"scenario {event.get('scenario')}/{event.get('scenarios', self.scenarios)} "
                           f"(batch {event.get('batch')}, input {event.get('input_tokens')})")
-        if phase == "skip":
+        if phase == "swept":
+            # Which of precision and budget stopped the sweep: said on the run's own line.
+            self.label = (f"serving input {event.get('input_tokens')}, sweep {event.get('slo')} stopped: "
+                          f"{event.get('reason')}")
+        elif phase == "skip":
             self.skipped += 1
             self.label += " skipped (resumed)"
         elif phase in WINDOW_PHASES:

@@ -29,8 +29,8 @@ Progress: one machine-readable line per event on stdout,
     VCFSLM-PROGRESS {"rank": 0, "phase": "measure", "scenario": 2, "scenarios": 6,
                      "window": 1, "batch": 4, "input_tokens": 128, "output_tokens": 128, ...}
 
-phase is one of start | loaded | probed | gated | skip | warmup | measure | done |
-finished | failed. `scenario` counts from 1 (k of `scenarios`); `window` counts from 0 within its
+phase is one of start | loaded | probed | gated | skip | warmup | measure | serve |
+swept | done | finished | failed (swept: a serving sweep stopped for one SLO, and why). `scenario` counts from 1 (k of `scenarios`); `window` counts from 0 within its
 phase. warmup/measure lines come as each window ends and carry tpot_ms_p50, ttft_s_p50,
 rank_tps, wall_s, valid; done closes a scenario; finished closes the run (rank 0 adds
 results_path).

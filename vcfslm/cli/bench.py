@@ -67,6 +67,12 @@ CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
 @click.option("--slo", "slo_specs", multiple=True, metavar="SLO",
               help="The run's SLOs instead of the inventory's, e.g. 'B:tpot<=200ms,ttft<=5s' (repeatable): "
                    "recorded in meta.json; a serving run's goodput and sweep judge by them.")
+@click.option("--percentile", type=click.Choice(["p50", "p90", "p99"]), default=None,
+              help="The static rule the run records, the report's default: the percentile of streams "
+                   "that must meet each limit (default: the inventory's slo.percentile, else p90).")
+@click.option("--attainment", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              metavar="SHARE", help="Serve: the share of requests that must meet every limit at once; the "
+                                    "sweep bisects on it (default: the inventory's slo.attainment, else 0.9).")
 @click.option("--no-numactl", is_flag=True, help="Do not pin ranks with numactl (local).")
 @click.option("--seed", type=int, default=None, help="Weights/prompt seed (local; default 0).")
 @click.option("--compile", "compile_mode", type=click.Choice(ACCEPTED_COMPILE_MODES), default=None,
@@ -102,8 +108,11 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
              (click.core.ParameterSource.DEFAULT, None)}
     verbose = (ctx.find_root().obj or {}).get("verbose", 0)
     check_serve_flags(opts["serve"], given, resume=bool(opts["resume"]))
-    if opts["resume"] and opts["slo_specs"]:
-        raise UsageError("--resume continues a run with its own SLOs; drop --slo")
+    if opts["resume"] and (opts["slo_specs"] or "percentile" in given or "attainment" in given):
+        raise UsageError("--resume continues a run with its own SLOs and rule; drop --slo, --percentile "
+                         "and --attainment")
+    if not opts["serve"] and "attainment" in given:
+        raise UsageError("--attainment only applies to --serve runs (static cells are judged by --percentile)")
     slos = _parse_slos(opts.pop("slo_specs"))
     if local:
         bad = sorted(given & set(CLUSTER_ONLY))
@@ -119,7 +128,7 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
     from .cluster import run_cluster
 
     run_cluster(inventory=inventory, nodes=opts["nodes"], hosts=opts["hosts"], resume=opts["resume"],
-                serve=opts if opts["serve"] else None, slos=slos,
+                serve=opts if opts["serve"] else None, slos=slos, percentile=opts["percentile"],
                 run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
                 repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
                 dry_run=opts["dry_run"], runs_dir=opts["runs_dir"], compile_mode=opts["compile_mode"],
@@ -133,10 +142,11 @@ def _flags(names: list[str]) -> str:
 
 def _parse_slos(specs) -> dict[str, Any] | None:
     """--slo texts as meta.json records SLOs ({name: {tpot_ms, ttft_s}}); None when none given."""
-    from ..analysis.slo import parse_slo
 
-    parsed = [parse_slo(text) for text in specs]
-    return {s.name: {"tpot_ms": s.tpot_ms, "ttft_s": s.ttft_s} for s in parsed} or None
+    from ..analysis.slo import PRESETS, resolve_slos
+
+    parsed = resolve_slos(specs, list(PRESETS.values())) if specs else []
+    return {s.name: s.limits() for s in parsed} or None
 
 
 def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
@@ -155,7 +165,7 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
         settings.update(_from_meta(run_dir))
         resume_id, opts["runs_dir"] = run_dir.name, str(run_dir.parent)
     for key in ("model", "ranks", "threads", "batch_sizes", "input_tokens", "output_tokens", "warmup",
-                "repeats", "seed", "compile_mode", "probe_mib", "scenarios", "label"):
+                "repeats", "seed", "compile_mode", "probe_mib", "scenarios", "label", "percentile"):
         if opts.get(key) is not None:
             settings[key] = opts[key]
     if slos:
@@ -170,7 +180,8 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
     if opts["serve"] or settings.get("previous_serve"):
         serve = serve_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_serve"),
                            input_tokens=settings["input_tokens"], output_tokens=settings["output_tokens"],
-                           repeats=settings["repeats"], seed=settings["seed"])
+                           repeats=settings["repeats"], seed=settings["seed"],
+                           attainment=settings.get("attainment"))
         matrix = serve_matrix(serve)
     quiet = opts["output"] == "json"
     with RichReporter(err_console, quiet=quiet, verbose=verbose > 0) as reporter:
@@ -182,7 +193,8 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
                         probe_mib=settings["probe_mib"], scenarios=settings.get("scenarios"),
                         label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
                         slos=settings.get("slos"), timeout=opts["timeout"], reporter=reporter,
-                        serve=serve, render_wrapper=partial(render_template, "rank.sh.j2"))
+                        serve=serve, render_wrapper=partial(render_template, "rank.sh.j2"),
+                        percentile=settings["percentile"])
     print_run_summary(run.meta, run.records, run.run_dir, opts["output"],
                       f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
                       f"{run.meta.threads_per_rank} thread(s), {run.meta.model}")
@@ -191,7 +203,8 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
 def _local_defaults() -> dict[str, Any]:
     return {"model": "synthetic:tiny", "ranks": 1, "threads": None, "batch_sizes": [1, 4, 8, 16],
             "input_tokens": [128, 512, 1024], "output_tokens": 128, "warmup": 1, "repeats": 3,
-            "seed": 0, "compile_mode": "compile", "probe_mib": 1024, "scenarios": None, "label": None}
+            "seed": 0, "compile_mode": "compile", "probe_mib": 1024, "scenarios": None, "label": None,
+            "percentile": "p90"}
 
 
 def _from_inventory(path: str) -> dict[str, Any]:
@@ -202,7 +215,8 @@ def _from_inventory(path: str) -> dict[str, Any]:
     return {"model": inv.guest.model, "ranks": b.ranks_per_node, "batch_sizes": list(b.batch_sizes),
             "input_tokens": list(b.input_tokens), "output_tokens": b.output_tokens, "warmup": b.warmup,
             "repeats": b.repeats, "compile_mode": b.compile, "serve": b.serve.model_dump(),
-            "slos": {k: v.model_dump() for k, v in inv.slos.items()}}
+            "slos": {k: v.model_dump() for k, v in inv.slos.items()},
+            "percentile": inv.slo.percentile, "attainment": inv.slo.attainment}
 
 
 def _from_meta(run_dir: Path) -> dict[str, Any]:
@@ -219,6 +233,7 @@ def _from_meta(run_dir: Path) -> dict[str, Any]:
             "output_tokens": m["output_tokens"], "warmup": m.get("warmup", 1), "repeats": m["repeats"],
             "seed": m.get("seed", 0), "compile_mode": m.get("compile", "compile"),
             "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos,
+            "percentile": (m.get("judging") or {}).get("percentile") or "p90",
             "previous_serve": ServeSpec.of_record(m["serve"]) if m.get("serve") else None}
 
 

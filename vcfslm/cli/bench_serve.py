@@ -13,9 +13,9 @@ from .common import int_list
 
 # Flags that only mean something with --serve, and static-only flags refused with it.
 SERVE_FLAGS = ("rates", "users", "slots", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
-               "think_s", "lengths", "sweep", "sweep_steps")
+               "think_s", "lengths", "sweep", "sweep_steps", "sweep_precision", "sweep_budget")
 STATIC_ONLY = ("batch_sizes", "scenarios", "warmup")
-_FLAG_FIELDS = {"duration": "duration_s"}
+_FLAG_FIELDS = {"duration": "duration_s", "sweep_budget": "sweep_budget_s"}
 
 
 def float_list(ctx, param, value: str | None) -> list[float] | None:
@@ -61,6 +61,13 @@ def serve_options(f):
                      help="Serve: after the loads, bisect towards each SLO's largest passing load."),
         click.option("--sweep-steps", type=click.IntRange(min=0), default=None,
                      help="Serve: bisection steps per SLO and context (default 3)."),
+        click.option("--sweep-precision", type=click.FloatRange(min=0, min_open=True), default=None,
+                     metavar="X", help="Serve: after bisecting, add windows at the bracketing loads until the "
+                                       "threshold's 95%% interval is narrower than X times the threshold "
+                                       "(default 0.25) ..."),
+        click.option("--sweep-budget", type=click.FloatRange(min=0), default=None, metavar="S",
+                     help="Serve: ... or until those extra windows took S seconds (default 600; 0: none). "
+                          "The run says which of the two stopped it."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -87,11 +94,16 @@ def check_serve_flags(serve: bool, given: set[str], resume: bool = False) -> Non
 
 
 def serve_spec(opts: dict[str, Any], *, inventory: dict[str, Any] | None, previous: ServeSpec | None,
-               input_tokens, output_tokens: int, repeats: int, seed: int = 0) -> ServeSpec:
-    """The run's ServeSpec (a resumed run's own); UsageError naming the flag when it cannot be one."""
+               input_tokens, output_tokens: int, repeats: int, seed: int = 0,
+               attainment: float | None = None) -> ServeSpec:
+    """The run's ServeSpec (a resumed run's own); UsageError naming the flag when it cannot be one.
+
+    attainment: the inventory's slo.attainment (--attainment wins)."""
     if previous is not None:
         return previous
     fields: dict[str, Any] = {}
+    if opts.get("attainment") is not None or attainment is not None:
+        fields["attainment"] = opts.get("attainment") if opts.get("attainment") is not None else attainment
     if inventory:
         kind = "users" if inventory.get("users") else "rate"
         loads = inventory.get("users") or inventory.get("rates")

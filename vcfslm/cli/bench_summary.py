@@ -45,13 +45,15 @@ def rich_table(table, title: str | None = None) -> Table:
 
 def print_serve_summary(meta, run_dir: Path, output: str, title: str) -> None:
     """A serving run's loads (the report's serving tables, judged as its sweep judged them)."""
+    from ..analysis.report import judging_rule
     from ..analysis.serve import analyse, series_of
     from ..analysis.slo import slos_from_meta
     from ..analysis.tables import serve_answer_table, serve_points_table
     from ..results import read_run
 
     slos = slos_from_meta(meta.slos or None)
-    served = analyse([read_run(run_dir, require_records=False)], slos)
+    rule, _ = judging_rule([meta])
+    served = analyse([read_run(run_dir, require_records=False)], slos, rule=rule)
     if output == "json":
         print_json({"run_id": meta.run_id, "run_dir": str(run_dir), "complete": meta.complete,
                     "serving": served.to_dict()})

@@ -22,12 +22,13 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
                 output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
                 compile_mode: str | None,
                 trust_new_hosts: bool, output: str, verbose: int = 0, probe_mib: int | None = None,
-                serve: dict | None = None, slos: dict | None = None) -> None:
+                serve: dict | None = None, slos: dict | None = None, percentile: str | None = None) -> None:
     """Select nodes, then preflight, launch, watch and collect the cluster run.
 
     probe_mib: the workers' bandwidth probe buffer (None: their default; 0: no probes).
     serve: the --serve flags (serving mode), resolved against the inventory's bench.serve.
     slos: --slo, instead of the inventory's SLOs.
+    percentile: --percentile, the static rule recorded (else the inventory's slo.percentile).
     """
     from ..bench import cluster as C
 
@@ -48,6 +49,7 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         label = label or previous["label"]
         compile_mode = compile_mode or previous["compile"]
         previous_serve = previous["serve"]
+        percentile = previous["percentile"]
     spec = None
     if serve is not None or previous_serve is not None:
         from .bench_serve import serve_spec
@@ -55,13 +57,13 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         spec = serve_spec(serve or {}, inventory=inv.bench.serve.model_dump(), previous=previous_serve,
                           input_tokens=inv.bench.input_tokens,
                           output_tokens=output_tokens or inv.bench.output_tokens,
-                          repeats=repeats or inv.bench.repeats)
+                          repeats=repeats or inv.bench.repeats, attainment=inv.slo.attainment)
     selected = select_nodes(inv, nodes, names)
     opts = C.ClusterOptions(run_id=run_id or new_run_id(inv.name, len(selected)), runs_root=runs_root,
                             label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
                             output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
                             probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]], serve=spec,
-                            slos=slos)
+                            slos=slos, percentile=percentile)
     if dry_run:
         launches = C.plan_launches(inv, selected, opts)
         if output == "json":

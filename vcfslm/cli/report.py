@@ -6,10 +6,19 @@ from pathlib import Path
 
 import click
 
+from ..contract import presets_help
 from ..errors import Problem, RunFolderError, UsageError
 from .common import RichReporter, output_option, print_json
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])
+PERCENTILE_HELP = ("Static cells: the percentile of streams that must meet each limit (p50 is the brief's). "
+                   "Default: the one the runs recorded, else p90.")
+ATTAINMENT_HELP = ("Serving: the share of requests that must meet every limit at once (0.9 = 90 %). "
+                   "Default: the one the runs recorded, else 0.9.")
+SLO_HELP = ("An SLO name (A, B, one from the inventory, or a preset) or a spec "
+            "'name:tpot<=150ms,ttft<=2s[,p99]'. Repeatable. Default: every SLO of the run. Presets: "
+            + presets_help() + ".")
+ATTAINMENT = click.FloatRange(0, 1, min_open=True, max_open=True)
 
 
 def _verbose() -> int:
@@ -22,11 +31,9 @@ def _verbose() -> int:
 @click.argument("runs", nargs=-1, type=click.Path(file_okay=False, path_type=Path), metavar="[RUN]...")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write the report (default: the first RUN, or <csv>-report/).")
-@click.option("--slo", "slos", multiple=True, metavar="SLO",
-              help="An SLO name (A, B, or one from the inventory) or a spec 'name:tpot<=150ms,ttft<=2s'. "
-                   "Repeatable. Default: every SLO of the run.")
-@click.option("--percentile", type=PERCENTILE, default="p50", show_default=True,
-              help="Which percentile must meet the SLO (p90/p99 for stricter commitments).")
+@click.option("--slo", "slos", multiple=True, metavar="SLO", help=SLO_HELP)
+@click.option("--percentile", type=PERCENTILE, default=None, help=PERCENTILE_HELP)
+@click.option("--attainment", type=ATTAINMENT, default=None, metavar="SHARE", help=ATTAINMENT_HELP)
 @click.option("--csv", "csv_files", multiple=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="A CSV of external measurements to analyse too. Columns: scope (single|cluster), vms, "
                    "ranks_per_vm, batch_per_rank, input_tokens, output_tokens, ttft_s, tpot_ms, rank_tps; "
@@ -36,19 +43,21 @@ def _verbose() -> int:
               show_default=True, help="Peak concurrent streams for the sizing section. Repeatable.")
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="Derate each VM's threshold by this fraction when sizing.")
-def report(runs, out_dir, slos, percentile, csv_files, peaks, headroom) -> None:
+def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headroom) -> None:
     """Tables, figures, SLO crossover and sizing of one or more runs, as report.html/.md and CSV.
 
     \b
     Examples:
       vcfslm report runs/20250101-single runs/20250101-cluster
-      vcfslm report runs/<id> --slo 'strict:tpot<=110ms,ttft<=1s' --percentile p90
-      vcfslm report --csv published.csv --out /tmp/published
+      vcfslm report runs/<id> --slo 'strict:tpot<=110ms,ttft<=1s' --percentile p99
+      vcfslm report runs/<id> --slo B --slo mlperf-server --attainment 0.95
+      vcfslm report --csv published.csv --percentile p50 --out /tmp/published
     """
     from ..analysis.report import render_text, write_report
 
     reporter = RichReporter(quiet=_verbose() == 0)
-    result = write_report(list(runs), out_dir, slos, percentile, list(csv_files), peaks, headroom, reporter)
+    result = write_report(list(runs), out_dir, slos, percentile, list(csv_files), peaks, headroom, reporter,
+                          attainment)
     # The answer first, as pre-formatted lines: off a terminal nothing may wrap or be cut.
     for line in render_text(result.report):
         click.echo(line)
@@ -91,11 +100,9 @@ def latest_run(runs_dir: Path) -> Path:
                    "(nodes = ceil(peak req/s / threshold req/s per VM)). Needs --threshold serving.")
 @click.option("--threshold", "threshold_kind", type=click.Choice(["static", "serving"]), default=None,
               help="Which threshold to size from: the static-batch crossover, or the serving threshold "
-                   "(continuous batching, p90; its concurrent streams per VM). Default: static when the "
-                   "inputs have static-batch measurements, else serving.")
-@click.option("--slo", "slos", multiple=True, metavar="SLO",
-              help="SLO name (A, B, ...) or spec 'name:tpot<=150ms,ttft<=2s'. Repeatable. "
-                   "Omitted: every SLO x context as a table.")
+                   "(continuous batching, judged by attainment; its concurrent streams per VM). Default: "
+                   "static when the inputs have static-batch measurements, else serving.")
+@click.option("--slo", "slos", multiple=True, metavar="SLO", help=SLO_HELP + " Omitted: every SLO x context.")
 @click.option("--input-tokens", type=click.IntRange(min=1), default=None,
               help="Context length to size for (default: every tested one).")
 @click.option("--output-tokens", type=click.IntRange(min=1), default=None,
@@ -106,12 +113,12 @@ def latest_run(runs_dir: Path) -> Path:
               show_default=True, help="Where to look for the latest run.")
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="Fraction of each VM's threshold kept free (0.1 = plan at 90%).")
-@click.option("--percentile", type=PERCENTILE, default="p50", show_default=True,
-              help="Which percentile must meet the SLO (static threshold; serving is judged at p90).")
+@click.option("--percentile", type=PERCENTILE, default=None, help=PERCENTILE_HELP)
+@click.option("--attainment", type=ATTAINMENT, default=None, metavar="SHARE", help=ATTAINMENT_HELP)
 @output_option
 def size(peak_streams, peak_rps, threshold_kind, slos, input_tokens, output_tokens, results, runs_dir, headroom,
-         percentile, output) -> None:
-    """Nodes needed: ceil(peak streams / single-VM threshold), with the reasoning.
+         percentile, attainment, output) -> None:
+    """Nodes needed: ceil(peak streams / single-VM threshold), with the reasoning and 95 % intervals.
 
     \b
     Examples:
@@ -121,7 +128,7 @@ def size(peak_streams, peak_rps, threshold_kind, slos, input_tokens, output_toke
       vcfslm size --peak-streams 256 --threshold serving --results runs/<serving-id>
       vcfslm size --peak-rps 40 --threshold serving --slo B --results runs/<serving-id>
     """
-    from ..analysis.report import known_slos, load_inputs
+    from ..analysis.report import judging_rule, known_slos, load_inputs
     from ..analysis.serve import has_serving
     from ..analysis.slo import resolve_slos
 
@@ -136,6 +143,7 @@ def size(peak_streams, peak_rps, threshold_kind, slos, input_tokens, output_toke
     analysis, names = load_inputs(run_dirs, csv_files)
     known, _ = known_slos(analysis.metas)
     chosen = resolve_slos(slos, known)
+    rule, rule_notes = judging_rule(analysis.metas, percentile, attainment)
     serves = has_serving(analysis.runs)
     kind = threshold_kind or ("static" if any(c.has_data for c in analysis.cells) or not serves else "serving")
     if peak_rps is not None and kind != "serving":
@@ -143,14 +151,16 @@ def size(peak_streams, peak_rps, threshold_kind, slos, input_tokens, output_toke
                                "static-batch measurements, so add --threshold serving")
     context = (input_tokens, output_tokens)
     if kind == "serving":
-        _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output)
+        _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output,
+                      rule, rule_notes)
         return
     if peak_streams is None:
         raise click.UsageError("Missing option '--peak-streams' (the static crossover sizes by streams)")
-    _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, percentile, output, serves)
+    _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, rule, rule_notes, output,
+                 serves)
 
 
-def _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, percentile, output,
+def _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, rule, rule_notes, output,
                  serves) -> None:
     from ..analysis.slo import crossovers
     from ..analysis.slo import size as size_for
@@ -166,33 +176,41 @@ def _size_static(analysis, names, sources, chosen, context, peak_streams, headro
         hint = " (the inputs hold serving measurements: --threshold serving)" if serves else ""
         raise UsageError([Problem(", ".join(map(str, sources)), None, None, "",
                                   f"no measurements for the asked context; tested contexts: {listing}{hint}")])
-    answers = [size_for(c, peak_streams, headroom) for c in crossovers(cells, chosen, percentile)]
+    answers = [size_for(c, peak_streams, headroom) for c in crossovers(cells, chosen, rule.percentile, rule)]
     if output == "json":
         print_json({"results": [str(s) for s in names], "threshold": "static", "peak_streams": peak_streams,
-                    "headroom": headroom, "percentile": percentile, "sizings": [a.to_dict() for a in answers]})
+                    "headroom": headroom, "percentile": rule.percentile, "rule": rule.static_text(),
+                    "rule_notes": rule_notes, "sizings": [a.to_dict() for a in answers]})
         return
-    click.echo(f"sizing from {', '.join(map(str, names))}")
+    click.echo(f"sizing from {', '.join(map(str, names))} (static crossover, {rule.static_text()})")
     click.echo("SLOs: " + "; ".join(s.describe() for s in chosen))
+    for note in rule_notes:
+        click.echo(f"note: {note}")
     if len(answers) > 1:
         # Plain aligned lines, not a rich table: piped output must keep every value whole.
         xs = list(dict.fromkeys(a.crossover for a in answers))
-        for line in summary_table(xs, answers, percentile, headroom).text():
+        for line in summary_table(xs, answers, rule.percentile, headroom).text():
             click.echo(line)
     for a in answers:
         click.echo(f"- {a.reasoning}")
+    for a in answers:
+        c = a.crossover
+        click.echo(f"answer: {c.slo.title}, {c.input_tokens}-token inputs, {c.rule}: {a.answer_text()}"
+                   + (f", binding {c.binding}" if c.binding else ""))
     if len(answers) == 1:
         a = answers[0]
         click.echo(f"nodes: {a.nodes if a.nodes is not None else 'not achievable in this configuration'}")
 
 
-def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output) -> None:
+def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output,
+                  rule, rule_notes) -> None:
     """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
-    from ..analysis.serve import PCT, UNITS, analyse, compare
+    from ..analysis.serve import UNITS, analyse, compare
     from ..analysis.serve import size as size_serving
     from ..analysis.tables import serve_sizing_table
 
     where = ", ".join(map(str, sources))
-    serving = analyse(analysis.runs, chosen, analysis.cells)
+    serving = analyse(analysis.runs, chosen, analysis.cells, rule=rule)
     if not serving.points:
         raise UsageError([Problem(where, None, None, "", "no serving measurements among the inputs (a run of "
                                   "`vcfslm bench --serve`); size from the static crossover: --threshold static")])
@@ -214,15 +232,18 @@ def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_
         picked = rates if peak_streams is None else picked
     answers = [size_serving(t, peak_streams, peak_rps if t.key.load_kind == "rate" else None, headroom)
                for t in picked]
-    beside = {id(c.threshold): c for c in compare(picked, analysis.cells)}
+    beside = {id(c.threshold): c for c in compare(picked, analysis.cells, rule)}
     if output == "json":
-        print_json({"results": [str(s) for s in names], "threshold": "serving", "percentile": PCT,
+        print_json({"results": [str(s) for s in names], "threshold": "serving", "attainment": rule.attainment,
+                    "rule": rule.serving_text(), "rule_notes": rule_notes,
                     "peak_streams": peak_streams, "peak_rps": peak_rps, "headroom": headroom,
                     "sizings": [{**a.to_dict(), "static": beside[id(a.threshold)].to_dict()} for a in answers],
                     "warnings": serving.warnings})
         return
-    click.echo(f"sizing from {', '.join(map(str, names))} (serving threshold, {PCT})")
+    click.echo(f"sizing from {', '.join(map(str, names))} (serving threshold, {rule.serving_text()})")
     click.echo("SLOs: " + "; ".join(s.describe() for s in chosen))
+    for note in rule_notes:
+        click.echo(f"note: {note}")
     if len(answers) > 1:
         for line in serve_sizing_table(answers).text():
             click.echo(line)
@@ -230,7 +251,13 @@ def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_
         click.echo(f"- {a.reasoning}")
         c = beside[id(a.threshold)]
         if c.ratio is not None:
-            click.echo(f"  static crossover {PCT}: {c.static_text} streams/VM; serving / static = {c.ratio_text}")
+            click.echo(f"  static crossover ({c.pairing}): {c.static_text} streams/VM; serving / static = "
+                       f"{c.ratio_text}")
+    which = "rate" if peak_rps is not None else "streams"
+    for a in answers:
+        t = a.threshold
+        click.echo(f"answer: {t.slo.title}, {t.key.input_tokens}-token inputs, {t.rule}: {a.answer_text(which)}"
+                   + (f", binding {t.binding}" if t.binding else ""))
     if len(answers) == 1:
         a = answers[0]
         text = a.nodes_text("rate" if peak_rps is not None else "streams")
