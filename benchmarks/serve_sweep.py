@@ -76,16 +76,14 @@ def static_median(static_dir: Path, batch: int, key: str) -> float:
     return values[len(values) // 2]
 
 
-def static_crossover_batch(static_dir: Path, limits: dict) -> int:
-    """The largest batch per rank meeting the SLO before the first failing one (at least 1):
-    the serving run's slots, as a server's batch cap would be set from a static sweep."""
-    best = 1
-    for batch in sorted({r["batch_per_rank"] for r in static_rows(static_dir)}):
-        if (static_median(static_dir, batch, "tpot_ms") > limits["tpot_ms"]
-                or static_median(static_dir, batch, "ttft_s") > limits["ttft_s"]):
-            break
-        best = batch
-    return best
+def static_crossover_batch(static_dir: Path, slo_text: str, input_tokens: int) -> int:
+    """The static crossover's batch per rank, judged by vcfslm's own rule (at least 1): the
+    serving run's slots, as a server's batch cap would be set from a static sweep."""
+    doc = json.loads(run([*VCFSLM, "size", "--results", str(static_dir), "--threshold", "static", "--slo",
+                          slo_text, "--input-tokens", str(input_tokens), "--peak-streams", "1", "-o", "json"],
+                         "static crossover").stdout)
+    (answer,) = doc["sizings"]
+    return max(1, answer["threshold_streams_per_vm"] or 1)      # one rank per VM here
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="measured static windows per batch")
     p.add_argument("--slots", type=int, default=None, help="serving slots (default: the static crossover batch)")
     p.add_argument("--sweep-steps", type=int, default=2)
+    p.add_argument("--sweep-precision", type=float, default=0.25,
+                   help="add windows at the bracketing rates until the threshold's 95%% interval is this narrow")
+    p.add_argument("--sweep-budget", type=float, default=900.0, help="... or until they took this many seconds")
     p.add_argument("--keep", type=Path, default=None, help="run folders go here (default: a temp dir)")
     p.add_argument("--reuse", type=Path, default=None, help="analyse the runs in this folder again")
     args = p.parse_args(argv)
@@ -114,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     if not (static_dir / "results.jsonl").exists():
         run([*VCFSLM, "bench", *common, "--run-id", "static", "--batch-sizes", "1,4,8,16", "--warmup", "1",
              "--repeats", str(args.repeats)], "static run")
-    slo_text, limits = scaled_slo(static_dir)
+    slo_text, _ = scaled_slo(static_dir)
     if not args.reuse:
         # Slots: the static crossover batch (a larger batch cap makes every step cost what
         # a batch that fails the SLO costs). Rates around that batch's static capacity (its
         # streams, each done after its E2E), from 1/16 to twice it; a measured span in which
         # half the capacity brings --span-requests requests; warm-up and cool-down of two
         # single-stream requests.
-        slots = args.slots or static_crossover_batch(static_dir, limits)
+        slots = args.slots or static_crossover_batch(static_dir, slo_text, args.input_tokens)
         capacity = slots / static_median(static_dir, slots, "e2e_s")
         rates = [round(capacity * f, 4) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)]
         span = max(60.0, args.span_requests / (capacity / 2))
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             serve_dir.rename(runs / f"serving-{time.strftime('%H%M%S')}")   # an earlier attempt, kept
         run([*VCFSLM, "bench", *common, "--run-id", "serving", "--serve", "--slots", str(slots),
              "--rates", ",".join(f"{r:g}" for r in rates), "--sweep", "--sweep-steps", str(args.sweep_steps),
+             "--sweep-precision", f"{args.sweep_precision:g}", "--sweep-budget", f"{args.sweep_budget:g}",
              "--duration", f"{span + 2 * warm:.0f}", "--warmup-s", f"{warm:.0f}", "--cooldown-s", f"{warm:.0f}",
              "--repeats", "1", "--slo", slo_text], "serving run")
     report_dir = runs / "report"
@@ -144,10 +146,15 @@ def main(argv: list[str] | None = None) -> int:
              for kind in ("static", "serving")}
     print(f"\nSLO {slo_text}; context {args.input_tokens}+{args.output_tokens} tokens; one rank per VM here")
     for kind, doc in sizes.items():
-        print(f"  {kind:<8} {json.dumps(doc, sort_keys=True)[:600]}")
+        for answer in doc["sizings"]:
+            print(f"  {kind:<8} {doc['rule']}: {answer['answer']}, binding {answer['binding'] or '-'}")
+            if kind == "serving" and answer["static"].get("ratio") is not None:
+                print(f"  {'':<8} serving / static streams at the threshold: {answer['static']['ratio_text']}")
     served = json.loads((report_dir / "serving.json").read_text()) if (report_dir / "serving.json").exists() else {}
-    for row in served.get("comparison", served.get("thresholds", [])):
-        print("  " + json.dumps(row, sort_keys=True)[:400])
+    for point in served.get("points", []):
+        print(f"  rate {point['load_per_vm']:g}/s/VM: {point['requests']} requests, {point['windows']} window(s), "
+              f"p90 TTFT {point['ttft_p90_s']} s, p90 TPOT {point['tpot_p90_ms']} ms, "
+              f"streams/VM {point['streams_per_vm']:.2f}")
     print(f"figures and tables: {report_dir}")
     return 0
 

@@ -74,8 +74,11 @@ step "vcfslm bench --nodes 1 --serve (continuous batching under Poisson arrivals
 # the tiny model within the rates tried and the sweep has a failing load to bisect towards:
 # the scaled TTFT limits outlast the window, but most requests at 2000/s are still queued
 # at its cutoff (the tiny model serves ~80/s per rank on 2 cores), and those miss every SLO.
-$VCFSLM bench --nodes 1 --serve --slots 4 --rates 8,2000 --sweep --sweep-steps 1 --duration 4 \
-  --warmup-s 0.5 --cooldown-s 0.5 --repeats 1 --run-id "$SERVE" --runs-dir "$RUNS"
+# Three bisection steps, then extra windows at the bracketing rates for 20 s at most (the
+# sweep says whether the interval's precision or that budget stopped it).
+$VCFSLM bench --nodes 1 --serve --slots 4 --rates 8,2000 --sweep --sweep-steps 3 --duration 4 \
+  --warmup-s 0.5 --cooldown-s 0.5 --repeats 1 --sweep-precision 0.25 --sweep-budget 20 \
+  --run-id "$SERVE" --runs-dir "$RUNS"
 REPORT_RUNS+=("$RUNS/$SERVE")
 if [ "$NODES" -gt 1 ]; then
   CLUSTER="lab-${NODES}n-$STAMP"

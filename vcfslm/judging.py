@@ -100,16 +100,6 @@ class Rule:
     def serving_text(self, slo_percentile: str | None = None) -> str:
         return f"{attainment_text(self.attainment_for(slo_percentile))} of requests meet every limit"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"percentile": self.percentile, "attainment": self.attainment, "confidence": self.confidence}
-
-    @classmethod
-    def of_record(cls, data: Mapping[str, Any] | None) -> Rule:
-        data = data or {}
-        return cls(percentile=str(data.get("percentile") or DEFAULT_PERCENTILE),
-                   attainment=float(data.get("attainment") or DEFAULT_ATTAINMENT),
-                   confidence=float(data.get("confidence") or DEFAULT_CONFIDENCE))
-
 
 def attainment_text(share: float) -> str:
     return f"{share * 100:.4g} %"

@@ -374,7 +374,26 @@ def meta_findings(data: Any) -> Findings:
                 found.append((f"matrix.{name}", f"expected an integer or a list of integers, got {_got(value)}"))
                 continue
         found.extend((f"matrix.{name}{key}", message) for key, message in check(value))
+    found.extend(_rule_findings(matrix))
     return found
+
+
+def _rule_findings(matrix: dict[str, Any]) -> Findings:
+    """The judging rule a run recorded: matrix.judging.percentile and matrix.serve.attainment."""
+    out: Findings = []
+    judging = matrix.get("judging")
+    if judging is not None:
+        pct = judging.get("percentile") if isinstance(judging, dict) else None
+        if not isinstance(judging, dict):
+            out.append(("matrix.judging", f"expected an object, got {_got(judging)}"))
+        elif pct is not None and pct not in ("p50", "p90", "p99"):
+            out.append(("matrix.judging.percentile", f"expected one of p50, p90, p99, got {pct!r}"))
+    serve = matrix.get("serve")
+    share = serve.get("attainment") if isinstance(serve, dict) else None
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                              or not 0 < share < 1):
+        out.append(("matrix.serve.attainment", f"expected a share between 0 and 1, got {share!r}"))
+    return out
 
 
 def stream_metrics(request_start: float, first_token: Iterable[float], last_token: Iterable[float],

@@ -240,3 +240,46 @@ def test_size_peak_rps_usage_errors(tmp_path):
     assert r.exit_code == 2 and "tested serving contexts: 128 in / 64 out" in r.output
     r = run("size", "--peak-streams", 10, "--threshold", "static", "--results", serve)
     assert r.exit_code == 2 and "(the inputs hold serving measurements: --threshold serving)" in r.output
+
+
+def test_a_serving_run_swept_before_attainment_is_judged_by_it_and_says_so(tmp_path):
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP)
+    meta = json.loads((serve / "meta.json").read_text())
+    del meta["matrix"]["serve"]["attainment"]
+    (serve / "meta.json").write_text(json.dumps(meta))
+    r = run("size", "--peak-streams", 256, "--slo", "B", "--results", serve)
+    assert r.exit_code == 0, r.output
+    assert ("note: run s was swept by p90 TTFT and p90 TPOT, each on its own, before attainment; its loads are "
+            "judged here by 90 % of requests meet every limit") in r.output.splitlines()
+
+
+def test_attainment_flag_rejudges_a_serving_run(tmp_path):
+    def one_in_ten_late(r):            # at 2 req/s per rank, one request in ten misses TTFT
+        if r.load == 2.0:
+            r.ttft_s = [9.0 if i % 10 == 0 else v for i, v in enumerate(r.ttft_s)]
+        return r
+
+    serve = make_serve_run(tmp_path / "s", "s", ["vm1"], RAMP, tweak=one_in_ten_late)
+    at = {}
+    for share in ("0.9", "0.95"):
+        r = run("size", "--peak-streams", 256, "--slo", "B", "--results", serve, "--attainment", share, "-o", "json")
+        (answer,) = json.loads(r.output)["sizings"]
+        at[share] = (answer["attainment"], answer["threshold_load_per_vm"], answer["binding"])
+    assert at == {"0.9": (0.9, 8.0, "TPOT and TTFT"), "0.95": (0.95, 4.0, "TTFT")}
+
+
+def test_presets_are_named_with_their_source_in_help_and_judged_at_their_percentile(tmp_path):
+    r = run("size", "--help")
+    text = " ".join(r.output.split()).replace("- ", "-")          # help wraps at hyphens too
+    assert "mlperf-server (MLPerf Inference (datacenter) Llama-3.1-8B Server scenario: TTFT 2 s, TPOT 100 ms " \
+           "at p99)" in text
+    assert "mlperf-interactive (MLPerf Inference (datacenter) Llama-3.1-8B Interactive scenario" in text
+    static = make_run(tmp_path / "st", "st", ["vm1"], SHORT, repeats=2)
+    r = run("size", "--peak-streams", 256, "--slo", "mlperf-server", "--results", static, "-o", "json")
+    assert r.exit_code == 0, r.output
+    (answer,) = json.loads(r.output)["sizings"]
+    assert answer["percentile"] == "p99" and answer["slo"] == {"name": "mlperf-server", "tpot_ms": 100.0,
+                                                               "ttft_s": 2.0, "percentile": "p99"}
+    assert answer["status"] == "none"                   # the brief's 116 ms floor is above 100 ms
+    r = run("size", "--peak-streams", 256, "--slo", "nope", "--results", static)
+    assert r.exit_code == 2 and "known: A, B, mlperf-server, mlperf-interactive" in r.output

@@ -231,3 +231,29 @@ def test_size_picks_the_latest_readable_run(good, tmp_path):
     r = CliRunner().invoke(main, ["size", "--peak-streams", "64", "--runs-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert f"sizing from {good} (static crossover, p90 of streams)" in r.output.splitlines()
+
+
+def test_a_recorded_rule_that_no_rule_can_be(good):
+    path = good / "meta.json"
+    meta = json.loads(path.read_text())
+    meta["matrix"]["judging"] = {"percentile": "p95"}
+    meta["matrix"]["serve"] = {"loads": [1.0], "attainment": 1.5}
+    path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith('  "matrix"'))
+    assert refused(good) == [
+        f"{good}/meta.json:{line}: matrix.judging.percentile: expected one of p50, p90, p99, got 'p95'",
+        f"{good}/meta.json:{line}: matrix.serve.attainment: expected a share between 0 and 1, got 1.5"]
+
+
+def test_a_run_written_before_runs_recorded_their_rule_reads_and_is_labelled(good):
+    meta = json.loads((good / "meta.json").read_text())
+    assert "judging" not in meta["matrix"]
+    code, _, output = report(good, "--percentile", "p50")
+    assert code == 0, output
+    assert ("Note: run good records no static rule (written before runs did): its cells are judged at p50 of "
+            "streams.") in output
+    # A run that recorded its rule is judged by it, and says nothing more.
+    meta["matrix"]["judging"] = {"percentile": "p50"}
+    (good / "meta.json").write_text(json.dumps(meta))
+    code, _, output = report(good)
+    assert code == 0 and "Judged by: static batches at p50 of streams" in output and "Note:" not in output

@@ -27,6 +27,10 @@ def _run(*args):
     (["--local", "--serve"], "error: --rates/--users: serving needs a load"),
     (["--local", "--serve", "--rates", "1", "--duration", "8"], "leave nothing of the 8 s window"),
     (["--local", "--resume", "x", "--sweep"], "error: --resume continues a run with its own settings; drop --sweep"),
+    (["--local", "--attainment", "0.9"], "error: --attainment only applies to --serve runs"),
+    (["--local", "--sweep-precision", "0.1"], "error: --sweep-precision only apply to --serve runs"),
+    (["--local", "--serve", "--rates", "1", "--attainment", "1.5"], "Invalid value for '--attainment'"),
+    (["--local", "--resume", "x", "--percentile", "p50"], "error: --resume continues a run with its own SLOs and rule"),
 ])
 def test_bad_serve_flags_exit_2_naming_the_flag(args, message):
     result = _run(*args)
@@ -42,6 +46,16 @@ def test_flags_win_over_the_inventory_and_defaults_fill_the_rest():
     assert spec.loads == (2.0, 4.0) and spec.load_kind == "rate"
     assert (spec.slots, spec.duration_s, spec.arrival, spec.burstiness, spec.sweep) == (8, 30.0, "gamma", 0.5, True)
     assert (spec.input_tokens, spec.output_tokens, spec.repeats) == ((128, 512), 64, 2)
+
+
+def test_the_attainment_and_the_sweep_precision_reach_the_spec():
+    spec = serve_spec({"rates": [1.0], "attainment": None, "sweep_precision": 0.1, "sweep_budget": 30.0},
+                      inventory={}, previous=None, input_tokens=[128], output_tokens=16, repeats=1, attainment=0.95)
+    assert (spec.attainment, spec.sweep_precision, spec.sweep_budget_s) == (0.95, 0.1, 30.0)
+    flag = serve_spec({"rates": [1.0], "attainment": 0.8}, inventory={}, previous=None, input_tokens=[128],
+                      output_tokens=16, repeats=1, attainment=0.95)
+    assert flag.attainment == 0.8                          # the flag wins over the inventory's slo.attainment
+    assert ServeSpec.of_record({"loads": [1.0]}).attainment == 0.9      # a run recorded before attainment
 
 
 def test_users_from_the_inventory_mean_a_closed_loop():
@@ -94,6 +108,9 @@ def test_slo_flags_become_the_runs_slos():
 
     assert _parse_slos(("B-scaled:tpot<=800ms,ttft<=20s",)) == {"B-scaled": {"tpot_ms": 800.0, "ttft_s": 20.0}}
     assert _parse_slos(()) is None
+    # A preset by name, with the percentile its source judges at.
+    assert _parse_slos(("mlperf-server",)) == {"mlperf-server": {"tpot_ms": 100.0, "ttft_s": 2.0,
+                                                                 "percentile": "p99"}}
     result = _run("--local", "--slo", "B:tpot<=x")
     assert result.exit_code == 2 and "error: --slo: slo 'B': cannot read condition 'tpot<=x'" in result.output
     result = _run("--local", "--resume", "r1", "--slo", "B:tpot<=1s")

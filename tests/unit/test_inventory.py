@@ -167,3 +167,16 @@ def test_a_validators_own_words_without_pydantics_prefix():
     with pytest.raises(InventoryError) as err:
         parse_inventory(yaml.safe_dump(data), "x.yaml")
     assert str(err.value).splitlines() == ["x.yaml:2:3: bench.batch_sizes: values must be unique"]
+
+
+def test_the_judging_rule_defaults_and_its_bad_values_name_the_key():
+    inv = load_inventory(BRIEF)
+    assert (inv.slo.percentile, inv.slo.attainment) == ("p90", 0.9)
+    data = brief_data()
+    data["slo"] = {"percentile": "p95", "attainment": 1.5}
+    msgs = problems_of(data)
+    assert any(re.match(r"cluster\.yaml:\d+:\d+: slo\.percentile: ", m) for m in msgs), msgs
+    assert any(re.match(r"cluster\.yaml:\d+:\d+: slo\.attainment: ", m) for m in msgs), msgs
+    data["slo"] = {"percentile": "p50", "attainment": 0.95}
+    ok = parse_inventory(yaml.safe_dump(data), "cluster.yaml")
+    assert (ok.slo.percentile, ok.slo.attainment) == ("p50", 0.95)

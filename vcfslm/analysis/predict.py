@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .cells import SINGLE, Cell, CellKey, Quantiles
 from .perfmodel import (
@@ -86,8 +86,10 @@ PREDICTED_PERCENTILE = "p50"
 def predict_target(model: PerfModel, dims, target: Target, scenarios: Sequence[Scenario], slos: Sequence,
                    peaks: Sequence[int] = (), headroom: float = 0.0) -> PredictionResult:
     preds = [predict(model, dims, target.rates, s) for s in scenarios]
-    # The model predicts each cell's median (p50): its crossover is judged there, and its
-    # spread is the prediction interval, not a bootstrap of windows.
+    # The model predicts each cell's median (p50): its crossover is judged there, even for an
+    # SLO with a percentile of its own, and its spread is the prediction interval, not a
+    # bootstrap of windows.
+    slos = [replace(s, percentile=None) for s in slos]
     mid = crossovers(predicted_cells(preds, target.ranks_per_node), slos, PREDICTED_PERCENTILE)
     ends = {}
     for end in ("optimistic", "pessimistic"):

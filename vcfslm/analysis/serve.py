@@ -762,8 +762,8 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
         rate_span = judging.nodes_interval(t.per_vm_replicates("load"), lambda r: r.threshold, peak_rps,
                                            headroom, conf)
     spans = [f"{label} {iv.text(mark='≤ ')}" for label, iv in (("by streams", streams_span), ("by rate", rate_span))
-             if iv is not None]
-    if spans and t.interval is not None:
+             if iv is not None and iv.text(mark="≤ ")]
+    if spans and t.interval_text:
         lines.append(f"{conf:.0%} interval: threshold {t.interval_text} {k.unit}/VM, nodes {', '.join(spans)} "
                      f"({t.interval.replicates} bootstrap replicates).")
     if t.few_samples:

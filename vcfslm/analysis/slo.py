@@ -557,9 +557,10 @@ def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
     if headroom:
         lines.append(f"Headroom {headroom:.0%}: plan {threshold} × (1 − {headroom:g}) = {effective:g} streams per VM.")
     lines.append(f"Nodes = ceil({peak_streams} / {effective:g}) = ceil({peak_streams / effective:.2f}) = {nodes}.")
-    if c.interval is not None and span is not None:
-        lines.append(f"{span.confidence:.0%} interval: threshold {c.interval.text()} streams/VM, nodes "
-                     f"{span.text(mark='≤ ')} ({span.replicates} bootstrap replicates).")
+    sizing = Sizing(c, peak_streams, headroom, effective, nodes, "", span)
+    if c.interval_text and sizing.interval_text:
+        lines.append(f"{span.confidence:.0%} interval: threshold {c.interval_text} streams/VM, nodes "
+                     f"{sizing.interval_text} ({span.replicates} bootstrap replicates).")
     if c.few_samples:
         lines.append(f"Few samples: {'; '.join(c.few_samples)}.")
     lines.append("Per-rank latency does not change with scale-out, so each added node adds the same capacity.")
