@@ -608,10 +608,11 @@ class RunMeta:
 # What meta.json keeps of each rank's facts file (ranks/rank-<n>.json, written by the
 # worker): the engine and its kernel plan, the packing check, the numerics gate, the
 # probes (bandwidth, GEMM rate, decode-batch linear rates) and the model's shape: what the
-# performance model refits from a run without its ranks/ folder. Placement has its own
+# performance model refits from a run without its ranks/ folder. A serving sweep adds what
+# stopped it per SLO and context (`sweep`). Placement has its own
 # place (guests).
 RANK_FACT_KEYS = ("node", "local_rank", "engine", "pack", "numerics", "probe", "gemm", "decode_linears",
-                  "model")
+                  "model", "sweep")
 
 
 def rank_summaries(facts: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:

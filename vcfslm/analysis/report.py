@@ -391,6 +391,10 @@ def serving_reasons(report: Report) -> list[str]:
             text += (f" By rate: nodes = ceil(peak requests/s / {fmt_load(t.rate_per_vm * (1 - sizing[0].headroom))})"
                      " (vcfslm size --threshold serving --peak-rps X).")
         out.append(text)
+    for meta in report.analysis.metas:
+        for stop in ((meta.ranks or {}).get("0") or {}).get("sweep") or ():
+            out.append(f"Run {meta.run_id}: the sweep for {stop.get('slo')}, {stop.get('input_tokens')}-token "
+                       f"inputs stopped: {stop.get('reason')}.")
     for c in report.serving.comparisons:
         head = f"{c.threshold.slo.title}, {c.threshold.key.input_tokens}-token inputs: "
         if c.ratio is not None:

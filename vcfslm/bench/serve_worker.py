@@ -42,11 +42,12 @@ def serve_file(out: Path, rank: int) -> Path:
 
 
 def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placement: dict,
-                  rank_invalid: list[str], dist, progress, allowed_cpus: str | None = None
-                  ) -> list[ServeRecord]:
+                  rank_invalid: list[str], dist, progress, allowed_cpus: str | None = None,
+                  stops: list | None = None) -> list[ServeRecord]:
     """Run every load of the spec (and the sweep's) for each context; this rank's records.
 
-    allowed_cpus: the rank's binding (numactl's), to catch a thread that left it."""
+    allowed_cpus: the rank's binding (numactl's), to catch a thread that left it.
+    stops: gets one {slo, input_tokens, reason} per SLO and context the sweep finished."""
     from .engine import current_rss_bytes, peak_rss_bytes, synthetic_prompt
     from .placement import placement_problems, thread_cpus
     from .slots import SlotEngine
@@ -159,6 +160,8 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
             why = _refine(spec, name, limit, mine_of,
                           lambda load, w, _i=input_tokens: measure(load, _i, extra=w))
             log.info("sweep %s, input %d: stopped: %s", name, input_tokens, why)
+            if stops is not None:
+                stops.append({"slo": name, "input_tokens": input_tokens, "reason": why})
             progress({**base, "phase": "swept", "slo": name, "input_tokens": input_tokens, "reason": why})
         progress({**base, "phase": "done", "input_tokens": input_tokens, "window": spec.repeats})
     slots.release()

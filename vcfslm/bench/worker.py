@@ -360,9 +360,12 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     if args.serve:
         from .serve_worker import serve_windows
 
+        facts["sweep"] = []
         mine = serve_windows(args, env, out, base, engine, loaded.config.vocab_size, placement,
-                             rank_invalid, dist, progress, binding.get("cpus"))
+                             rank_invalid, dist, progress, binding.get("cpus"), stops=facts["sweep"])
         engine.release()
+        # What stopped each SLO's sweep travels with the rank's facts into meta.json.
+        results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
         return _finish(args, env, out, base, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))
 
     my_file = rank_file(out, env.rank)
