@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import InventoryError, Problem
 from .results import RunMeta
+from .servers import VLLM
 
 # The decode step's compile modes, as runs record them (meta.json matrix.compile, each
 # record's placement.compile_mode). Earlier versions offered Inductor freezing and GEMM
@@ -97,11 +98,17 @@ class GuestPaths:
     wheels_dir: str
     wheelhouse_dir: str
     inductor_cache_dir: str
+    # vLLM's CPU server (bench.serve.server: vllm): a venv of its own, never vcfslm's; its
+    # entry file and one launch script per vNUMA node (vllm-node<N>.sh) are in launch_dir.
+    vllm_venv: str
+    vllm_python: str
+    vllm_entry: str
 
 
 def guest_paths(inventory) -> GuestPaths:
     work = inventory.guest.workdir.rstrip("/")
     venv = inventory.guest.venv_path.rstrip("/")
+    vllm_venv = inventory.bench.serve.vllm.venv_path(work).rstrip("/")
     launch = f"{work}/launch"
     return GuestPaths(workdir=work, venv=venv, python=f"{venv}/bin/python",
                       torchrun=f"{venv}/bin/torchrun", launch_dir=launch,
@@ -109,7 +116,9 @@ def guest_paths(inventory) -> GuestPaths:
                       hosts_file=f"{launch}/hosts", runs_dir=f"{work}/runs",
                       models_dir=f"{work}/models", wheels_dir=f"{work}/wheels",
                       wheelhouse_dir=f"{work}/wheelhouse",
-                      inductor_cache_dir=f"{work}/cache/inductor")
+                      inductor_cache_dir=f"{work}/cache/inductor",
+                      vllm_venv=vllm_venv, vllm_python=f"{vllm_venv}/bin/python",
+                      vllm_entry=f"{launch}/{VLLM.entry}")
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -248,7 +257,8 @@ class Matrix:
 
 
 def matrix_record(matrix: Matrix, *, compile_mode: str, scenarios: str | None,
-                  seed: int | None = None, serve=None, percentile: str | None = None) -> dict[str, Any]:
+                  seed: int | None = None, serve=None, percentile: str | None = None,
+                  server=None) -> dict[str, Any]:
     """meta.json's `matrix`: what the run measures and how (a resume repeats exactly this).
     A serving run adds `serve`: its ServeSpec (vcfslm.serving), whose `attainment` is the
     serving rule; `judging.percentile` is the static rule the run asked for (vcfslm.judging),
@@ -260,6 +270,8 @@ def matrix_record(matrix: Matrix, *, compile_mode: str, scenarios: str | None,
         out["judging"] = {"percentile": percentile}
     if serve is not None:
         out["serve"] = serve.to_dict()
+        if server is not None and not server.in_process:
+            out["server"] = server.to_dict()    # an HTTP server served (vcfslm.servers.ServerSpec)
     return out
 
 

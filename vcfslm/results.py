@@ -175,6 +175,15 @@ class ServeRecord(RankWindow):
     valid: bool = True
     invalid_reasons: list[str] = field(default_factory=list)
     placement: dict[str, Any] = field(default_factory=dict)
+    # An HTTP server's window (vcfslm.servers): which server, what its client saw, and
+    # the server's own /metrics over the window. The in-process engine leaves them empty.
+    server: str = "vcfslm"
+    sent_s: list[float] = field(default_factory=list)          # per finished request: when it went out
+    token_s: list[list[float]] = field(default_factory=list)   # per finished request: each token's time
+    max_send_lag_s: float = 0.0    # the latest a counted request went out after its planned arrival
+    failed: int = 0                # counted requests the server refused, dropped or never answered
+    errors: list[str] = field(default_factory=list)            # the distinct failures (a few)
+    server_metrics: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     @property
@@ -286,7 +295,7 @@ def _check_for(hint: Any, name: str) -> Check:
     if hint is float:
         return _number_check
     if origin is list:
-        return _list_check(_check_for(args[0], name), _PLURALS[args[0]])
+        return _list_check(_check_for(args[0], name), _PLURALS.get(args[0], "lists"))
     kind = dict if origin is dict else hint
     if kind in _KINDS:
         return _kind_check(kind)

@@ -92,12 +92,13 @@ def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequenc
                 node: str, nodes: int, threads: int, compile_mode: str = "compile",
                 resume: bool = False, scenarios: str | None = None,
                 timeout_s: float | None = None, probe_mib: int | None = None,
-                serve=None, slos: dict[str, Any] | None = None) -> list[str]:
+                serve=None, slos: dict[str, Any] | None = None, server=None) -> list[str]:
     """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper).
 
     timeout_s: the process-group timeout (None: the worker's default); probe_mib: the
     bandwidth probe's buffer (None: the worker's default, 0: no probe). serve: a
-    ServeSpec (serving mode) and slos its limits, both passed as JSON.
+    ServeSpec (serving mode) and slos its limits, both passed as JSON; server: a
+    ServerSpec (vcfslm.servers) when an HTTP server serves instead of the engine.
     """
     args = ["--model", model, "--batch-sizes", ",".join(map(str, batch_sizes)),
             "--input-tokens", ",".join(map(str, input_tokens)), "--output-tokens", str(output_tokens),
@@ -116,6 +117,8 @@ def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequenc
     if serve is not None:
         args += ["--serve", json.dumps(serve.to_dict(), sort_keys=True),
                  "--slos", json.dumps(slos or {}, sort_keys=True)]
+        if server is not None and not server.in_process:
+            args += ["--server", json.dumps(server.to_dict(), sort_keys=True)]
     return args
 
 

@@ -42,6 +42,7 @@ from ..contract import (
 )
 from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
+from ..servers import ServerSpec
 from ..serving import ServeSpec
 from .launch import report_event, worker_args
 from .tracker import BenchTracker
@@ -102,14 +103,14 @@ def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, 
                      nodes: int = 1, threads: int, resume: bool = False, scenarios: str | None = None,
                      probe: bool = True, probe_mib: int = 1024, seed: int = 0,
                      compile_mode: str = "compile", serve: ServeSpec | None = None,
-                     slos: dict[str, Any] | None = None) -> list[str]:
+                     slos: dict[str, Any] | None = None, server: ServerSpec | None = None) -> list[str]:
     """The worker's command-line arguments (after torchrun's "--"): the cluster's, plus the
     local-only seed and probe settings."""
     args = worker_args(model=model, batch_sizes=matrix.batch_sizes, input_tokens=matrix.input_tokens,
                        output_tokens=matrix.output_tokens, warmup=matrix.warmup, repeats=matrix.repeats,
                        out=str(run_dir), run_id=run_id, node=node, nodes=nodes, threads=threads,
                        compile_mode=compile_mode, resume=resume, scenarios=scenarios, serve=serve,
-                       slos=slos)
+                       slos=slos, server=server)
     args += ["--seed", str(seed), "--probe-mib", str(probe_mib)]
     if not probe:
         args.append("--no-probe")
@@ -156,7 +157,9 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
               slos: dict[str, Any] | None = None, inductor_cache_dir: str | None = None,
               python: str | None = None, timeout: float | None = None,
               reporter: Reporter | None = None, serve: ServeSpec | None = None,
-              render_wrapper: Callable[[dict[str, Any]], str], percentile: str | None = None) -> LocalRun:
+              render_wrapper: Callable[[dict[str, Any]], str], percentile: str | None = None,
+              server: ServerSpec | None = None, server_python: str | None = None,
+              render_template: Callable[[str, dict[str, Any]], str] | None = None) -> LocalRun:
     """Run the matrix with `ranks` workers on this machine; returns the run (records gathered).
 
     resume: continue the run `run_id` in place (its finished scenarios are skipped).
@@ -165,6 +168,9 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     percentile: the static rule the run records (vcfslm.judging; the report's default).
     render_wrapper: the rank wrapper (rank.sh) from its template context; the guests' own
     template, handed in by the caller so that the bench stage never imports the guest stage.
+    server: an HTTP server serves instead of the engine (vcfslm.servers); its launch
+    scripts, one per NUMA node the ranks use, are rendered into the run folder with
+    `render_template(name, context)`, for the server's own interpreter `server_python`.
     Raises BenchError when torchrun or a rank fails (meta.json records the failure).
     """
     reporter = reporter or NullReporter()
@@ -192,14 +198,18 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     results.atomic_write_text(wrapper, render_wrapper(context))
     wrapper.chmod(0o755)
 
+    if serve is not None and server is not None and not server.in_process:
+        server = render_server_scripts(run_dir / "launch", server, slots, serve, model, use_numactl,
+                                       server_python, render_template)
     meta = _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
-                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve, percentile)
+                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve, percentile,
+                         server)
     results.write_meta(run_dir, meta)
 
     args = worker_arguments(model=model, matrix=matrix, run_dir=run_dir.resolve(), run_id=run_id,
                             threads=threads, resume=resume, scenarios=scenarios, probe=probe,
                             probe_mib=probe_mib, seed=seed, compile_mode=compile_mode, serve=serve,
-                            slos=serve_limits(meta.slos) if serve else None)
+                            slos=serve_limits(meta.slos) if serve else None, server=server)
     cmd = torchrun_command(python, ranks, wrapper.resolve(), args)
     reporter.log(f"run {run_id}: {ranks} rank(s) x {threads} thread(s), "
                  f"{'numactl' if use_numactl else 'no numactl'}; folder {run_dir}")
@@ -226,7 +236,7 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
 
 def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
                   compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve=None,
-                  percentile=None) -> results.RunMeta:
+                  percentile=None, server=None) -> results.RunMeta:
     # A resume keeps the run's creation time and facts; its matrix may extend the run's.
     previous = results.read_meta(run_dir) if resume else None
     guests = None if previous else {
@@ -235,8 +245,52 @@ def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matri
     return build_run_meta(
         run_id=run_id, mode="local", nodes=[NODE_NAME], ranks_per_node=ranks, threads_per_rank=threads,
         model=model, matrix=matrix_record(matrix, compile_mode=compile_mode, scenarios=scenarios, seed=seed,
-                                          serve=serve, percentile=percentile),
+                                          serve=serve, percentile=percentile, server=server),
         command=command or sys.argv, label=label, slos=slos, previous=previous, guests=guests)
+
+
+def render_server_scripts(launch_dir: Path, server: ServerSpec, slots: list[dict[str, Any]], serve: ServeSpec,
+                          model: str, use_numactl: bool, server_python: str | None,
+                          render_template: Callable[[str, dict[str, Any]], str] | None) -> ServerSpec:
+    """One launch script per NUMA node the ranks use (the guests' template), and the server's
+    entry file beside them; the spec, pointed at that folder."""
+    backend = server.backend
+    if backend is None or render_template is None:
+        raise UsageError(f"--server {server.name}: no launch template to render")
+    if not (Path(model) / "config.json").exists():
+        raise UsageError([Problem("", None, None, "--model",
+                                  f"--server {server.name} serves a model folder (with config.json); "
+                                  f"got {model!r} (write one with `vcfslm model write`)")])
+    if not server_python or not Path(server_python).exists():
+        raise UsageError([Problem("", None, None, "--server-python",
+                                  f"no interpreter with {server.name} at {server_python or '(none)'}: "
+                                  f"`make {server.name}` installs it in .venv-{server.name}, or pass "
+                                  f"--server-python")])
+    from ..servers import kv_bytes_per_token, kv_cache_gib, split_cpus
+
+    nodes = [slot["numa_node"] for slot in slots]
+    if len(set(nodes)) != len(nodes):
+        raise UsageError([Problem("", None, None, "--ranks",
+                                  f"--server {server.name} runs one server per NUMA node; {len(nodes)} ranks on "
+                                  f"{len(set(nodes))} node(s) would share one (use --ranks {len(set(nodes))})")])
+    config = json.loads((Path(model) / "config.json").read_text())
+    kv = server.kv_cache_gib or kv_cache_gib(kv_bytes_per_token(config), serve.slots, serve.max_context)
+    if backend.entry:
+        results.atomic_write_text(launch_dir / backend.entry, render_template(backend.entry, {}))
+    for slot in slots:
+        node = slot["numa_node"]
+        cpus = topology.parse_cpu_list(slot["cpus"])
+        try:
+            server_cpus, _ = split_cpus(cpus, server.reserved_cores)
+        except ValueError as exc:
+            raise UsageError([Problem("", None, None, "bench.serve.vllm.reserved_cores", str(exc))]) from None
+        path = launch_dir / backend.script_name(node)
+        results.atomic_write_text(path, render_template(backend.template, {
+            "python": str(Path(server_python).absolute()), "entry": str((launch_dir / (backend.entry or "")).resolve()),
+            "numa_node": node, "server_cpus": topology.format_cpu_list(server_cpus), "kv_cache_gib": kv,
+            "use_numactl": use_numactl, "env_file": ""}))
+        path.chmod(0o755)
+    return server.with_launch_dir(str(launch_dir.resolve()))
 
 
 def _finish_meta(meta: results.RunMeta, run_dir: Path, records, matrix: Matrix, ranks: int,

@@ -56,6 +56,8 @@ class Request:
     first_s: float | None = None       # its first token existed
     last_s: float | None = None        # its last token existed
     produced: int = 0
+    token_s: list[float] | None = None  # each token's time (an HTTP client sees them all)
+    error: str | None = None           # why an HTTP request failed (it then counts as unfinished)
 
     @property
     def done(self) -> bool:

@@ -41,23 +41,55 @@ def serve_file(out: Path, rank: int) -> Path:
     return out / "ranks" / f"serve-{rank}.jsonl"
 
 
-def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placement: dict,
+class SlotDriver:
+    """The in-process backend: vcfslm's own slot engine under bench/serve.py's scheduler."""
+
+    def __init__(self, engine, spec: ServeSpec, vocab: int):
+        from .engine import synthetic_prompt
+        from .slots import SlotEngine
+
+        engine.release()                  # the gate's static cache and graph are not used here
+        self.slots = SlotEngine(engine, spec.slots, spec.max_context)
+        self.vocab, self._prompt = vocab, synthetic_prompt
+        _prime(self.slots, spec, vocab, synthetic_prompt)
+
+    @property
+    def compiles(self) -> int:
+        return self.slots.compiles
+
+    def window(self, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random, seed: int,
+               limits: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        def prompt_for(req, _seed=seed):
+            return self._prompt(1, req.input_tokens, self.vocab, seed=_seed + req.index)[0]
+
+        outcome = run_window(self.slots, spec, load, input_tokens, rng, prompt_for)
+        return record_fields(outcome, spec, limits), []
+
+    def rss(self) -> tuple[int, int]:
+        """(peak, current) resident bytes of the replica: this process."""
+        from .engine import current_rss_bytes, peak_rss_bytes
+
+        return peak_rss_bytes(), current_rss_bytes()
+
+    def stop(self) -> None:
+        self.slots.release()
+
+
+def serve_windows(args, env, out: Path, base: dict, driver, placement: dict,
                   rank_invalid: list[str], dist, progress, allowed_cpus: str | None = None,
                   stops: list | None = None) -> list[ServeRecord]:
     """Run every load of the spec (and the sweep's) for each context; this rank's records.
 
+    driver: the backend (SlotDriver, or bench.http_backend.HttpDriver): its window()
+    measures one window and returns the record's fields and why it is invalid.
     allowed_cpus: the rank's binding (numactl's), to catch a thread that left it.
     stops: gets one {slo, input_tokens, reason} per SLO and context the sweep finished."""
-    from .engine import current_rss_bytes, peak_rss_bytes, synthetic_prompt
     from .placement import placement_problems, thread_cpus
-    from .slots import SlotEngine
     from .worker import agreed_skips, rank_window
 
     spec = ServeSpec.of_record(json.loads(args.serve))
     limits: dict[str, Any] = json.loads(args.slos) if args.slos else {}
-    engine.release()                      # the gate's static cache and graph are not used here
-    slots = SlotEngine(engine, spec.slots, spec.max_context)
-    _prime(slots, spec, vocab, synthetic_prompt)
+    server_checks = getattr(driver, "thread_problems", None)
 
     my_file = serve_file(out, env.rank)
     kept = results.read_serve_records(my_file) if args.resume and my_file.exists() else []
@@ -92,29 +124,28 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
             seed = serving.window_seed(spec.seed, env.rank, load, input_tokens, window)
             rng = random.Random(seed)
 
-            def prompt_for(req, _seed=seed):
-                return synthetic_prompt(1, req.input_tokens, vocab, seed=_seed + req.index)[0]
-
             dist.barrier()
             released = time.time()
-            compiles = slots.compiles
-            outcome = run_window(slots, spec, load, input_tokens, rng, prompt_for)
+            compiles = driver.compiles
+            measured, driver_reasons = driver.window(spec, load, input_tokens, rng, seed, limits)
             stamps: list[Any] = [None] * env.world_size
             dist.all_gather_object(stamps, released)
             moved = placement_problems(process_cpus=allowed_cpus, process_mems=None, intended_cpus=None,
                                        intended_node=None, threads=thread_cpus())
-            reasons = list(rank_invalid) + list(moved)
-            if slots.compiles != compiles:
-                reasons.append(f"{slots.compiles - compiles} compilation(s) inside the window")
+            reasons = list(rank_invalid) + list(moved) + list(driver_reasons)
+            if server_checks is not None:
+                reasons += server_checks()
+            if driver.compiles != compiles:
+                reasons.append(f"{driver.compiles - compiles} compilation(s) inside the window")
+            peak, rss = driver.rss()
             record = ServeRecord(
                 **rank_window(args, env), load_kind=spec.load_kind,
                 load=float(load), arrival=spec.arrival_kind, slots=spec.slots,
                 input_tokens=input_tokens, output_tokens=spec.output_tokens, window=max(window, 0),
                 seed=seed, burstiness=spec.burstiness, think_s=spec.think_s,
-                start_skew_s=released - min(stamps), peak_rss_bytes=peak_rss_bytes(),
-                rss_bytes=current_rss_bytes(), recompiles=slots.compiles - compiles,
-                valid=not reasons, invalid_reasons=reasons, placement=placement,
-                **record_fields(outcome, spec, limits))
+                start_skew_s=released - min(stamps), peak_rss_bytes=peak,
+                rss_bytes=rss, recompiles=driver.compiles - compiles,
+                valid=not reasons, invalid_reasons=reasons, placement=placement, **measured)
             warm = window < 0
             if not warm:
                 results.append_record(my_file, record)
@@ -164,7 +195,6 @@ def serve_windows(args, env, out: Path, base: dict, engine, vocab: int, placemen
                 stops.append({"slo": name, "input_tokens": input_tokens, "reason": why})
             progress({**base, "phase": "swept", "slo": name, "input_tokens": input_tokens, "reason": why})
         progress({**base, "phase": "done", "input_tokens": input_tokens, "window": spec.repeats})
-    slots.release()
     return mine
 
 

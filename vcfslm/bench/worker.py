@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import os
 import sys
@@ -56,6 +57,8 @@ from typing import Any
 from .. import results
 from ..contract import ACCEPTED_COMPILE_MODES, Matrix, format_progress
 from ..results import WindowRecord
+from ..servers import ServerSpec
+from ..serving import ServeSpec
 
 log = logging.getLogger("vcfslm.bench.worker")
 
@@ -108,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "options then only size the numerics gate")
     p.add_argument("--slos", default=None, metavar="JSON",
                    help="serving mode: SLO name -> {tpot_ms, ttft_s}, for goodput and the sweep")
+    p.add_argument("--server", default=None, metavar="JSON",
+                   help="serving mode: the ServerSpec as JSON (vcfslm.servers); an HTTP server is "
+                        "started per rank from its vNUMA node's launch script instead of the engine")
     return p
 
 
@@ -277,6 +283,11 @@ def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, A
     dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
+        server = ServerSpec.of_record(json.loads(args.server)) if args.server else ServerSpec()
+        if args.serve and not server.in_process:
+            from .http_worker import run_http_serving
+
+            return run_http_serving(args, env, out, base, dist, binding or {}, server, _finish)
         return _run_scenarios(args, env, out, base, torch, dist, binding or {})
     finally:
         dist.destroy_process_group()
@@ -358,11 +369,15 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
     results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
     if args.serve:
-        from .serve_worker import serve_windows
+        from .serve_worker import SlotDriver, serve_windows
 
         facts["sweep"] = []
-        mine = serve_windows(args, env, out, base, engine, loaded.config.vocab_size, placement,
-                             rank_invalid, dist, progress, binding.get("cpus"), stops=facts["sweep"])
+        driver = SlotDriver(engine, ServeSpec.of_record(json.loads(args.serve)), loaded.config.vocab_size)
+        try:
+            mine = serve_windows(args, env, out, base, driver, placement, rank_invalid, dist, progress,
+                                 binding.get("cpus"), stops=facts["sweep"])
+        finally:
+            driver.stop()
         engine.release()
         # What stopped each SLO's sweep travels with the rank's facts into meta.json.
         results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)

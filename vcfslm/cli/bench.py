@@ -21,7 +21,7 @@ from rich.table import Table
 from ..contract import ACCEPTED_COMPILE_MODES, Matrix, serve_matrix
 from ..errors import BenchError, Problem, UsageError
 from ..serving import ServeSpec
-from .bench_serve import check_serve_flags, serve_options, serve_spec
+from .bench_serve import check_serve_flags, serve_options, serve_spec, server_spec
 from .bench_summary import print_run_summary
 from .common import (
     RichReporter,
@@ -176,13 +176,14 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
         raise UsageError([Problem("", None, None, "--model", str(exc))]) from None
     matrix = Matrix(tuple(settings["batch_sizes"]), tuple(settings["input_tokens"]),
                     settings["output_tokens"], settings["warmup"], settings["repeats"])
-    serve = None
+    serve = server = None
     if opts["serve"] or settings.get("previous_serve"):
         serve = serve_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_serve"),
                            input_tokens=settings["input_tokens"], output_tokens=settings["output_tokens"],
                            repeats=settings["repeats"], seed=settings["seed"],
                            attainment=settings.get("attainment"))
         matrix = serve_matrix(serve)
+        server = server_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_server"))
     quiet = opts["output"] == "json"
     with RichReporter(err_console, quiet=quiet, verbose=verbose > 0) as reporter:
         run = run_local(model=settings["model"], matrix=matrix, ranks=settings["ranks"],
@@ -194,7 +195,9 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
                         label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
                         slos=settings.get("slos"), timeout=opts["timeout"], reporter=reporter,
                         serve=serve, render_wrapper=partial(render_template, "rank.sh.j2"),
-                        percentile=settings["percentile"])
+                        percentile=settings["percentile"], server=server,
+                        server_python=_server_python(opts.get("server_python"), server),
+                        render_template=render_template)
     print_run_summary(run.meta, run.records, run.run_dir, opts["output"],
                       f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
                       f"{run.meta.threads_per_rank} thread(s), {run.meta.model}")
@@ -234,7 +237,28 @@ def _from_meta(run_dir: Path) -> dict[str, Any]:
             "seed": m.get("seed", 0), "compile_mode": m.get("compile", "compile"),
             "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos,
             "percentile": (m.get("judging") or {}).get("percentile") or "p90",
-            "previous_serve": ServeSpec.of_record(m["serve"]) if m.get("serve") else None}
+            "previous_serve": ServeSpec.of_record(m["serve"]) if m.get("serve") else None,
+            "previous_server": m.get("server") if m.get("serve") else None}
+
+
+def _server_python(given: str | None, server) -> str | None:
+    """The local server's interpreter: --server-python, $VCFSLM_<NAME>_PYTHON, else
+    .venv-<name>/bin/python here or beside the project (what `make <name>` installs)."""
+    import os
+
+    if server is None or server.in_process:
+        return None
+    if given:
+        return given
+    named = os.environ.get(f"VCFSLM_{server.name.upper()}_PYTHON")
+    if named:
+        return named
+    project = Path(__file__).resolve().parents[2]
+    for root in (Path.cwd(), project):
+        candidate = root / f".venv-{server.name}" / "bin" / "python"
+        if candidate.exists():
+            return str(candidate)
+    return None
 
 
 @click.command("probe")

@@ -8,12 +8,14 @@ from typing import Any
 import click
 
 from ..errors import Problem, UsageError
+from ..servers import SERVERS, ServerSpec
 from ..serving import ServeSpec
 from .common import int_list
 
 # Flags that only mean something with --serve, and static-only flags refused with it.
 SERVE_FLAGS = ("rates", "users", "slots", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
-               "think_s", "lengths", "sweep", "sweep_steps", "sweep_precision", "sweep_budget")
+               "think_s", "lengths", "sweep", "sweep_steps", "sweep_precision", "sweep_budget", "server",
+               "server_python")
 STATIC_ONLY = ("batch_sizes", "scenarios", "warmup")
 _FLAG_FIELDS = {"duration": "duration_s", "sweep_budget": "sweep_budget_s"}
 
@@ -68,6 +70,13 @@ def serve_options(f):
         click.option("--sweep-budget", type=click.FloatRange(min=0), default=None, metavar="S",
                      help="Serve: ... or until those extra windows took S seconds (default 600; 0: none). "
                           "The run says which of the two stopped it."),
+        click.option("--server", type=click.Choice(SERVERS), default=None,
+                     help="Serve: who serves, vcfslm's own rank engine or vLLM's CPU server, one per "
+                          "vNUMA node, driven over its OpenAI streaming API (default: the inventory's "
+                          "bench.serve.server, else vcfslm)."),
+        click.option("--server-python", default=None, metavar="PATH",
+                     help="Serve --local: the interpreter of the server's own venv (default "
+                          "$VCFSLM_VLLM_PYTHON, else .venv-vllm/bin/python, as `make vllm` installs)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -130,6 +139,23 @@ def serve_spec(opts: dict[str, Any], *, inventory: dict[str, Any] | None, previo
         return ServeSpec.of_record(fields)
     except ValueError as exc:
         raise UsageError([Problem("", None, None, "--serve", str(exc))]) from None
+
+
+def server_spec(opts: dict[str, Any], *, inventory: dict[str, Any] | None,
+                previous: dict[str, Any] | None) -> ServerSpec:
+    """The run's ServerSpec: a resumed run's own, else --server over the inventory's
+    bench.serve.server and its settings (bench.serve.vllm)."""
+    if previous is not None:
+        return ServerSpec.of_record(previous)
+    name = opts.get("server") or (inventory or {}).get("server") or "vcfslm"
+    if name == "vcfslm":
+        return ServerSpec()
+    settings = dict((inventory or {}).get(name) or {})
+    fields = {k: v for k, v in settings.items() if k in ServerSpec.__dataclass_fields__ and v is not None}
+    try:
+        return ServerSpec(name=name, **fields)
+    except ValueError as exc:
+        raise UsageError([Problem("", None, None, "--server", str(exc))]) from None
 
 
 def _flags(names: list[str]) -> str:

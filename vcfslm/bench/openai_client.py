@@ -1,0 +1,128 @@
+"""A streaming client of the OpenAI completions API, standard library only: one request's
+life as its user sees it (when it went out, when each token arrived, how it failed).
+
+http.client on a connection of its own per request: no pooling that would let one slow
+stream hold up another, no third-party HTTP stack between the clock and the socket.
+Server-sent events are read line by line; a token is timed when its chunk is parsed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One server: where it listens, its key, the model name it serves."""
+
+    host: str
+    port: int
+    key: str
+    model: str
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+
+
+@dataclass
+class Stream:
+    """What one streamed completion did (times on the caller's clock)."""
+
+    sent_s: float | None = None
+    token_s: list[float] = field(default_factory=list)
+    tokens: int = 0                    # the server's own count at the end, else the tokens seen
+    status: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def get(endpoint: Endpoint, path: str, timeout_s: float = 5.0) -> tuple[int, str]:
+    """(status, body) of a GET; OSError when nothing answers."""
+    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+    try:
+        conn.request("GET", path, headers=endpoint.headers())
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+
+
+def stream_completion(endpoint: Endpoint, path: str, body: dict[str, Any], *, deadline_s: float,
+                      clock: Callable[[], float] = time.perf_counter) -> Stream:
+    """POST `body` (stream=True) and read its events until [DONE], an error, or `deadline_s`
+    on `clock` (a server that stalls past it leaves the request unfinished)."""
+    out = Stream()
+    remaining = deadline_s - clock()
+    if remaining <= 0:
+        out.error = "not sent: the window's cutoff had passed"
+        return out
+    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=remaining)
+    try:
+        payload = json.dumps(body).encode()
+        out.sent_s = clock()
+        conn.request("POST", path, body=payload, headers=endpoint.headers())
+        resp = conn.getresponse()
+        out.status = resp.status
+        if resp.status != 200:
+            text = resp.read(2000).decode("utf-8", "replace").strip()
+            out.error = f"HTTP {resp.status}: {text[:300]}"
+            return out
+        usage_tokens = None
+        done = False
+        while not done:
+            _set_timeout(conn, deadline_s - clock())
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            at = clock()
+            try:
+                event = json.loads(data)
+            except ValueError:
+                out.error = f"a malformed event: {data[:120]!r}"
+                return out
+            if "error" in event:
+                out.error = f"the server reported: {json.dumps(event['error'])[:300]}"
+                return out
+            if event.get("usage"):
+                usage_tokens = event["usage"].get("completion_tokens")
+            for choice in event.get("choices") or []:
+                n = _tokens_in(choice)
+                out.token_s.extend([at] * n)
+        out.tokens = int(usage_tokens) if usage_tokens is not None else len(out.token_s)
+        if not done:
+            out.error = "the stream ended before [DONE] (the connection was dropped)"
+    except TimeoutError:
+        out.error = "stalled: no event before the window's cutoff"
+    except (OSError, http.client.HTTPException) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return out
+
+
+def _tokens_in(choice: dict[str, Any]) -> int:
+    """Tokens one streamed choice delta carries (its token ids when the server sends them)."""
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    return 1 if choice.get("text") else 0
+
+
+def _set_timeout(conn: http.client.HTTPConnection, seconds: float) -> None:
+    if conn.sock is not None:
+        conn.sock.settimeout(max(seconds, 0.001))
