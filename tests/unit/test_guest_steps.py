@@ -51,6 +51,10 @@ def fact_value(key: str, value, rendered_sha: str | None):
         return F.Versions(**value)
     if kind == "interfaces":
         return F.parse_ip_addr_json(value)
+    if kind == "dists":
+        return frozenset(value)
+    if kind == "output":
+        return F.CommandOutput(**value)
     return value  # content (str | None), exists / ok (bool), ls (dict)
 
 

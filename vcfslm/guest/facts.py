@@ -11,7 +11,7 @@ import ipaddress
 import json
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -473,10 +473,14 @@ except ImportError:  # pip always vendors packaging
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import canonicalize_name
 missing, seen = [], set()
+WITHOUT = "--without="
+skipped = {canonicalize_name(a[len(WITHOUT):]) for a in sys.argv[1:] if a.startswith(WITHOUT)}
 
 def check(text, extras=("",)):
     req = Requirement(text)
     if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras):
+        return
+    if canonicalize_name(req.name) in skipped:
         return
     try:
         dist = metadata.distribution(req.name)
@@ -494,7 +498,8 @@ def check(text, extras=("",)):
         check(dep, ("",) + tuple(sorted(req.extras)))
 
 for text in sys.argv[1:]:
-    check(text)
+    if not text.startswith(WITHOUT):
+        check(text)
 print(json.dumps(missing))
 """
 
@@ -560,16 +565,19 @@ def pip_record(venv: str, requirements: list[str]) -> str:
     return f"{venv.rstrip('/')}/.vcfslm-pip-{key}"
 
 
-def pip_state(venv: str, requirements: list[str]) -> Fact[PipState]:
+def pip_state(venv: str, requirements: list[str], without: Sequence[str] = ()) -> Fact[PipState]:
     """Check requirements (and their dependencies, extras included) against a guest venv.
 
-    The interpreter only starts when the venv's fingerprint (see _PIP_FINGERPRINT_SH) differs
-    from the one recorded when these requirements were last found satisfied: a converged
-    check reads a few folder timestamps instead of importing packaging in the guest. The
-    record is a cache of this check's own answer, written only by a full check that passed.
+    without: distributions the check never asks for, even as a dependency (ones a later
+    step removes on purpose). The interpreter only starts when the venv's fingerprint (see
+    _PIP_FINGERPRINT_SH) differs from the one recorded when these requirements were last
+    found satisfied: a converged check reads a few folder timestamps instead of importing
+    packaging in the guest. The record is a cache of this check's own answer, written only
+    by a full check that passed.
     """
-    cmd = _PIP_FINGERPRINT_SH.format(venv=q(venv.rstrip("/")), record=q(pip_record(venv, requirements)),
-                                     requirements=" ".join(q(r) for r in requirements))
+    args = list(requirements) + [f"--without={name}" for name in without]
+    cmd = _PIP_FINGERPRINT_SH.format(venv=q(venv.rstrip("/")), record=q(pip_record(venv, args)),
+                                     requirements=" ".join(q(r) for r in args))
 
     def parse(r: Result) -> PipState:
         text = r.stdout.strip()
@@ -582,8 +590,46 @@ def pip_state(venv: str, requirements: list[str]) -> Fact[PipState]:
         except (ValueError, IndexError):
             return PipState(True, ("cannot check (unreadable output)",))
 
-    return Fact(f"pip:{venv}:{' '.join(requirements)}", cmd, parse,
-                PipState(False, tuple(requirements)), input=_PIP_CHECK_PY)
+    key = f"pip:{venv}:{' '.join(requirements)}" + (f" without {' '.join(without)}" if without else "")
+    return Fact(key, cmd, parse, PipState(False, tuple(requirements)), input=_PIP_CHECK_PY)
+
+
+def dists_present(venv: str, names: Sequence[str]) -> Fact[frozenset[str]]:
+    """Which of the named distributions a venv has, from their `<name>-<version>.dist-info`
+    folders (as installed_version reads them: no interpreter starts). Names as given."""
+    norm = {re.sub(r"[-_.]+", "_", n).lower(): n for n in names}
+    site = f"{q(venv.rstrip('/'))}/lib*/python*/site-packages"
+    globs = " ".join(f"{site}/{q(re.sub(r'[-_.]+', '_', n))}-*.dist-info" for n in names)
+    cmd = f'for d in {globs}; do [ -f "$d/METADATA" ] && echo "${{d##*/}}"; done; true'
+
+    def parse(r: Result) -> frozenset[str]:
+        found = set()
+        for line in r.stdout.split():
+            dist = line.split("-", 1)[0].lower()
+            if line.endswith(".dist-info") and dist in norm:
+                found.add(norm[dist])
+        return frozenset(found)
+
+    return Fact(f"dists:{venv}:{' '.join(names)}", cmd, parse, frozenset())
+
+
+@dataclass(frozen=True)
+class CommandOutput:
+    """A command's exit status and its output (stdout, then stderr)."""
+
+    exit: int
+    output: str
+
+
+def command_output(argv: Sequence[str], sudo: bool = False, timeout: float = 600.0) -> Fact[CommandOutput]:
+    """Run a read-only command (its arguments quoted) and keep its exit status and output."""
+    cmd = " ".join(q(a) for a in argv)
+
+    def parse(r: Result) -> CommandOutput:
+        return CommandOutput(r.exit, r.stdout + (r.stderr or ""))
+
+    return Fact(f"output:{cmd}", cmd, parse, CommandOutput(127, "fresh guest (not run)"), sudo=sudo,
+                timeout=timeout)
 
 
 @dataclass(frozen=True)

@@ -377,6 +377,45 @@ class TemplateStep(Step):
                            ctx, sudo)
 
 
+class TemplateFile(BaseModel):
+    """One file of a `templates` step: where it goes and its own template variables."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dest: str = Field(description="Remote path.")
+    vars: dict[str, Any] = Field(default_factory=dict, description="This file's template variables.")
+
+    @model_validator(mode="after")
+    def _absolute(self) -> TemplateFile:
+        if not self.dest.startswith("/"):
+            raise ValueError("dest must be absolute")
+        return self
+
+
+class TemplatesStep(Step):
+    """One jinja2 template rendered to several remote files, each with variables of its own
+    (say one launch script per vNUMA node); each file is changed only if its content differs."""
+
+    kind: ClassVar[str] = "templates"
+    src: str = Field(description="Template name in the templates/ folder.")
+    files: list[TemplateFile] = Field(min_length=1, description="The files: [{dest, vars}].")
+    mode: Mode | None = None
+    owner: str | None = None
+    group: str | None = None
+    vars: dict[str, Any] = Field(default_factory=dict, description="Template variables of every file.")
+
+    def render(self, ctx: HostContext, file: TemplateFile) -> str:
+        return render_template(self.src, ctx.template_context({**self.vars, **file.vars}),
+                               ctx.templates_dir)
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        interfaces = [] if ctx.inventory.bench.interface else [F.INTERFACES]
+        return interfaces + [F.file_state(f.dest, sudo=sudo) for f in self.files]
+
+    def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
+        return [op for f in self.files for op in content_ops(
+            f.dest, self.render(ctx, f).encode(), self.mode, self.owner, self.group, ctx, sudo)]
+
+
 class CommandStep(Step):
     """A shell command, guarded: skipped when `creates` exists or `unless` succeeds."""
 
@@ -458,12 +497,15 @@ class PipStep(Step):
                                                      "from with --no-index.")
     remote_wheelhouse: str | None = Field(None, description="Where the wheelhouse goes on the guest.")
     constraints: list[str] = Field(default_factory=list, description="Lines of a pip -c file.")
+    without: list[str] = Field(default_factory=list, description=(
+        "Dependencies the satisfied-check leaves out: ones a later step removes on purpose "
+        "(pip_uninstall), which would otherwise bring the install back on every run."))
 
     def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
-        return [F.pip_state(self.venv, self.packages)]
+        return [F.pip_state(self.venv, self.packages, self.without)]
 
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
-        state = ctx.fact(F.pip_state(self.venv, self.packages))
+        state = ctx.fact(F.pip_state(self.venv, self.packages, self.without))
         if state.satisfied:
             return []
         venv = self.venv.rstrip("/")
@@ -497,6 +539,57 @@ def push_folder(ctx: HostContext, local: Path, remote: str, sudo: bool) -> list[
     if ops:
         ops.insert(0, Shell(f"mkdir -p {q(remote)}", sudo=sudo))
     return ops
+
+
+class PipUninstallStep(Step):
+    """Distributions removed from a venv; pip runs only when one of them is installed."""
+
+    kind: ClassVar[str] = "pip_uninstall"
+    venv: str
+    packages: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]] = Field(
+        min_length=1, description="Distribution names.")
+
+    def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
+        return [F.dists_present(self.venv, self.packages)]
+
+    def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
+        present = ctx.fact(F.dists_present(self.venv, self.packages))
+        names = [p for p in self.packages if p in present]
+        if not names:
+            return []
+        venv = self.venv.rstrip("/")
+        return [Shell(locked(venv, f"{q(venv + '/bin/python')} -m pip uninstall --disable-pip-version-check "
+                                   f"--no-input -y -q " + " ".join(q(n) for n in names)),
+                      sudo=sudo, timeout=600)]
+
+
+class CheckStep(Step):
+    """A read-only check: `argv` must exit 0 and print `expect`. Changes nothing; when the
+    check does not pass it is run again as the step's command, which fails the host with
+    `failure`, the command and its output (a dry run lists it instead).
+
+    Its answer is read at the step itself, never gathered ahead with the facts of the steps
+    before it: a check that starts a program would run again after each of them that changes
+    the host."""
+
+    kind: ClassVar[str] = "check"
+    argv: list[str] = Field(min_length=1, description="The command and its arguments (each quoted).")
+    expect: str = Field(min_length=1, description="Text the command's output must contain.")
+    failure: str | None = Field(None, description="What a failed check means, and what to do.")
+
+    def _fact(self, sudo: bool) -> F.Fact:
+        return F.command_output(self.argv, sudo=sudo)
+
+    def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
+        seen = ctx.fact(self._fact(sudo))
+        if seen.exit == 0 and self.expect in seen.output:
+            return []
+        cmd = " ".join(q(a) for a in self.argv)
+        rerun = (f"out=$({cmd} 2>&1); rc=$?; printf '%s\\n' \"$out\"; "
+                 f"[ $rc -eq 0 ] && printf '%s' \"$out\" | grep -qF -- {q(self.expect)}")
+        why = self.failure or "the check failed"
+        return [Shell(rerun, sudo=sudo, timeout=600,
+                      failure=f"{why} (expected {self.expect!r} in the output of: {cmd})")]
 
 
 class WheelStep(Step):
@@ -644,5 +737,5 @@ class VerifyStep(Step):
 
 
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
-    PackagesStep, FileStep, TemplateStep, CommandStep, VenvStep, PipStep, WheelStep, ModelStep,
-    VerifyStep)}
+    PackagesStep, FileStep, TemplateStep, TemplatesStep, CommandStep, VenvStep, PipStep,
+    PipUninstallStep, WheelStep, ModelStep, CheckStep, VerifyStep)}
