@@ -304,9 +304,12 @@ def semantic_problems(inv: Inventory) -> list[tuple[Key, str]]:
     else:
         for msg in topology.cores_per_socket_problems(vm.vcpus, vm.cores_per_socket, vm.vnuma_nodes):
             out.append((("vm", "cores_per_socket"), msg))
-        for msg in topology.placement_problems(vm.vcpus, vm.vnuma_nodes, bench.ranks_per_node,
-                                               bench.threads_per_rank):
+        placement = topology.placement_problems(vm.vcpus, vm.vnuma_nodes, bench.ranks_per_node,
+                                                bench.threads_per_rank)
+        for msg in placement:
             out.append((("bench", "threads_per_rank"), msg))
+        if bench.serve.server == "vllm" and not placement:
+            out.extend(_vllm_problems(inv))
     if vm.host_numa_nodes and len(set(vm.host_numa_nodes)) != len(vm.host_numa_nodes):
         out.append((("vm", "host_numa_nodes"), "host NUMA nodes must be unique"))
     if vm.host_numa_nodes and len(vm.host_numa_nodes) < vm.vnuma_nodes:
@@ -335,6 +338,24 @@ def semantic_problems(inv: Inventory) -> list[tuple[Key, str]]:
                         f"{node.management_ip} is outside the management network {mgmt_net} "
                         f"(gateway {mgmt.gateway})"))
     out.extend(_memory_problems(inv))
+    return out
+
+
+def _vllm_problems(inv: Inventory) -> list[tuple[Key, str]]:
+    """vLLM runs one server per vNUMA node on its rank's CPUs, less the reserved ones."""
+    bench = inv.bench
+    out: list[tuple[Key, str]] = []
+    per_node = topology.ranks_per_vnuma_node(bench.ranks_per_node, inv.vm.vnuma_nodes)
+    if per_node > 1:
+        out.append((("bench", "ranks_per_node"),
+                    f"bench.serve.server vllm runs one server per vNUMA node: {bench.ranks_per_node} ranks "
+                    f"on {inv.vm.vnuma_nodes} vNUMA node(s) would share one (at most "
+                    f"{inv.vm.vnuma_nodes}, one per vNUMA node)"))
+    reserved = bench.serve.vllm.reserved_cores
+    if reserved >= bench.threads_per_rank:
+        out.append((("bench", "serve", "vllm", "reserved_cores"),
+                    f"{reserved} reserved core(s) leave none of a rank's {bench.threads_per_rank} CPUs "
+                    f"(bench.threads_per_rank) to its vLLM server"))
     return out
 
 

@@ -58,6 +58,12 @@ def test_guest_layout(inv):
     assert (p.venv, p.python, p.rank_script, p.env_file, p.runs_dir, p.models_dir) == (
         "/opt/vcfslm/venv", "/opt/vcfslm/venv/bin/python", "/opt/vcfslm/launch/rank.sh",
         "/opt/vcfslm/launch/env.sh", "/opt/vcfslm/runs", "/opt/vcfslm/models")
+    # vLLM's server: a venv of its own; its entry file beside the launch scripts
+    assert (p.vllm_venv, p.vllm_python, p.vllm_entry) == (
+        "/opt/vcfslm/vllm-venv", "/opt/vcfslm/vllm-venv/bin/python", "/opt/vcfslm/launch/vllm-entry.py")
+    moved = inv.model_copy(update={"bench": inv.bench.model_copy(update={"serve": inv.bench.serve.model_copy(
+        update={"vllm": inv.bench.serve.vllm.model_copy(update={"venv": "/srv/vllm/"})})})})
+    assert (K.guest_paths(moved).vllm_venv, K.guest_paths(moved).vllm_python) == ("/srv/vllm", "/srv/vllm/bin/python")
 
 
 @pytest.mark.parametrize(("model", "kind", "ref"), [

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from ..topology import parse_cpu_list
+from . import vllm
 from .transport import Result
 
 T = TypeVar("T")
@@ -672,6 +673,8 @@ class GuestFacts:
     interfaces: tuple[Interface, ...] | None = None
     reach: dict[str, Reach] | None = None  # "ip:port" of peers -> answer
     peers: dict[str, str] = field(default_factory=dict)  # "ip:port" -> peer node name
+    # bench.serve.server: vllm: vNUMA node -> its rendered launch script (None: missing)
+    server_scripts: dict[int, str | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for run metadata (meta.json)."""
@@ -697,13 +700,24 @@ def peer_targets(inventory, node_name: str) -> dict[str, str]:
     return {f"{n.bench_ip}:{n.ssh_port}": n.name for n in inventory.nodes if n.name != node_name}
 
 
+def server_script_paths(inventory) -> dict[int, str]:
+    """vNUMA node -> the launch script of its HTTP server ({} when vcfslm serves in-process)."""
+    if inventory.bench.serve.server != vllm.VLLM.name:
+        return {}
+    return {node: vllm.script_path(inventory, node) for node in vllm.node_cpus(inventory)}
+
+
 def gather_guest_facts(get: Callable[[Fact], Any], inventory, node_name: str, *, numa: bool = True,
-                       network: bool = True, reachability: bool = True) -> GuestFacts:
-    """Collect what verification needs through `get` (e.g. a host context's cached fact getter)."""
+                       network: bool = True, reachability: bool = True,
+                       server: bool = True) -> GuestFacts:
+    """Collect what verification needs through `get` (e.g. a host context's cached fact getter).
+    server: also the HTTP server's launch scripts, when the inventory serves with one."""
     peers = peer_targets(inventory, node_name) if reachability else {}
+    scripts = server_script_paths(inventory) if server else {}
     return GuestFacts(
         numa=get(NUMA_HARDWARE) if numa else None,
         cpu=get(LSCPU) if numa else None,
         interfaces=get(INTERFACES) if network else None,
         reach=(get(reach_probe(list(peers))) if peers else {}) if reachability else None,
-        peers=peers)
+        peers=peers,
+        server_scripts={node: get(file_content(path)) for node, path in scripts.items()} or None)

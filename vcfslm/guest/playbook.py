@@ -40,7 +40,9 @@ from ..errors import (
     VcfslmError,
 )
 from ..resources import resource_dir
+from ..servers import HTTP_BACKENDS
 from . import facts as F
+from . import vllm
 from .steps import STEP_TYPES, HostContext, Op, Shell, Upload, describe, execute, slug
 
 COMMON_KEYS = {"name", "sudo", "timeout"}
@@ -48,6 +50,16 @@ TOP_KEYS = {"name", "description", "steps"}
 REF = re.compile(r"\{\{\s*([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\}\}")
 WHOLE_REF = re.compile(r"^\s*\{\{\s*([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\s*\}\}\s*$")
 DEFAULT_PLAYBOOKS = ("base", "pytorch", "model", "launch", "verify")
+
+
+def default_playbooks(inventory) -> tuple[str, ...]:
+    """The playbooks a guest stage runs for this inventory: DEFAULT_PLAYBOOKS, and before
+    verify the one installing bench.serve.server's HTTP server (vllm) when it names one."""
+    backend = HTTP_BACKENDS.get(inventory.bench.serve.server)
+    if backend is None:
+        return DEFAULT_PLAYBOOKS
+    at = DEFAULT_PLAYBOOKS.index("verify")
+    return (*DEFAULT_PLAYBOOKS[:at], Path(backend.playbook).stem, *DEFAULT_PLAYBOOKS[at:])
 
 
 # --------------------------------------------------------------------------- variables
@@ -80,6 +92,13 @@ def host_variables(inventory, node) -> dict[str, Any]:
         "threads_per_rank": inventory.bench.threads_per_rank,
         "use_numactl": True,
         "bench_ip": str(node.bench_ip), "bench_mtu": inventory.placement.networks.bench.mtu,
+        # vLLM's CPU server (playbooks/vllm.yaml)
+        "vllm": inventory.bench.serve.vllm,
+        "vllm_requirements": vllm.requirements(inventory.bench.serve.vllm.version),
+        "vllm_extra_index_urls": [g.torch_index_url] if g.torch_index_url else [],
+        "vllm_unused": list(vllm.UNUSED),
+        "vllm_kv_cache_gib": vllm.default_kv_cache_gib(inventory),
+        "vllm_scripts": vllm.launch_scripts(inventory),
         "sh": shlex.quote,
     }
 
@@ -99,13 +118,14 @@ def _variable_models() -> dict[str, Any]:
     from .. import inventory as inv
 
     return {"inventory": inv.Inventory, "node": inv.Node, "guest": inv.Guest, "vm": inv.VMSpec,
-            "bench": inv.Bench}
+            "bench": inv.Bench, "vllm": inv.Vllm}
 
 
 VARIABLES = ("inventory", "node", "nodes", "guest", "vm", "bench", *GuestPaths.__dataclass_fields__,
              "guest_python", "model", "model_ref", "model_slug", "torch_requirement", "offline", "wheelhouse",
              "find_links", "rank_slots", "ranks_per_node", "threads_per_rank", "use_numactl",
-             "bench_ip", "bench_mtu")
+             "bench_ip", "bench_mtu", "vllm", "vllm_requirements", "vllm_extra_index_urls", "vllm_unused",
+             "vllm_kv_cache_gib", "vllm_scripts")
 
 
 def lookup(variables: dict[str, Any], dotted: str) -> Any:

@@ -17,13 +17,13 @@ from ..contract import GUEST_PARALLEL_CAP, parallelism, select_nodes
 from ..progress import NullReporter, Reporter
 from . import batch
 from .facts import GuestFacts, gather_guest_facts
-from .playbook import DEFAULT_PLAYBOOKS, load_playbooks
+from .playbook import DEFAULT_PLAYBOOKS, default_playbooks, load_playbooks
 from .runner import HostSummary, RunSummary, run_hosts
 from .transport import Transport
 from .verify import verify_guest
 from .wheel import ProjectWheel
 
-__all__ = ["DEFAULT_PLAYBOOKS", "Connector", "HostSummary", "RunSummary", "guest_facts",
+__all__ = ["DEFAULT_PLAYBOOKS", "Connector", "default_playbooks", "HostSummary", "RunSummary", "guest_facts",
            "preflight_problems", "provision_guests", "verify_guests"]
 
 
@@ -42,7 +42,8 @@ def provision_guests(inventory, connect: Connector, reporter: Reporter | None = 
                      run_dir: str | Path | None = None, hosts: Sequence[str] | None = None,
                      max_workers: int | None = None, connect_wait_s: float = 60.0,
                      wheel: ProjectWheel | None = None) -> RunSummary:
-    """Run playbooks (default: base, pytorch, model, launch, verify) on the inventory's guests.
+    """Run playbooks (default: base, pytorch, model, launch, verify; with vllm before verify
+    when bench.serve.server is vllm: `default_playbooks`) on the inventory's guests.
 
     connect: opens a node's Transport (the CLI's SSH connector; a fake in tests), called as
     connect(node, log_dir=..., wait_s=...); playbooks: shipped names or YAML paths; hosts:
@@ -55,7 +56,7 @@ def provision_guests(inventory, connect: Connector, reporter: Reporter | None = 
     """
     reporter = reporter or NullReporter()
     nodes = select_nodes(inventory, names=hosts)
-    books = load_playbooks(list(playbooks or DEFAULT_PLAYBOOKS), inventory)
+    books = load_playbooks(list(playbooks or default_playbooks(inventory)), inventory)
     log_dir = Path(run_dir).expanduser() if run_dir else default_run_dir()
     # A dry run does not wait for booting VMs: unreachable hosts are planned as fresh.
     wait_s = 0 if dry_run else connect_wait_s

@@ -715,11 +715,13 @@ class VerifyStep(Step):
     numa: bool = Field(True, description="vNUMA nodes, CPUs per node, contiguity, memory balance.")
     network: bool = Field(True, description="Bench IP on an interface with the expected MTU.")
     reachability: bool = Field(True, description="Other nodes' bench IPs answer.")
+    server: bool = Field(True, description="bench.serve.server: vllm: each vNUMA node's launch "
+                                           "script binds that node's CPUs and memory.")
 
     def facts(self, ctx: HostContext, sudo: bool) -> list[F.Fact]:
         wanted: list[F.Fact] = []
         F.gather_guest_facts(lambda f: wanted.append(f), ctx.inventory, ctx.node.name, numa=self.numa,
-                             network=self.network, reachability=self.reachability)
+                             network=self.network, reachability=self.reachability, server=self.server)
         return wanted
 
     def plan(self, ctx: HostContext, sudo: bool) -> list[Op]:
@@ -728,7 +730,8 @@ class VerifyStep(Step):
         if ctx.offline:
             return []
         facts = F.gather_guest_facts(ctx.fact, ctx.inventory, ctx.node.name, numa=self.numa,
-                       network=self.network, reachability=self.reachability)
+                                     network=self.network, reachability=self.reachability,
+                                     server=self.server)
         ctx.records["facts"] = facts
         problems = verify_guest(ctx.inventory, ctx.node.name, facts)
         if problems:

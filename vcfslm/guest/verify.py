@@ -4,12 +4,17 @@ Catches a VM whose vNUMA settings did not take before any benchmark runs: the
 guest must show `vnuma_nodes` nodes of vcpus/vnuma_nodes CPUs each, numbered
 contiguously per node (topology's rank CPU sets assume it), memory per node
 within 10% of even, the bench IP on an interface with the bench network's MTU,
-and every other node's bench IP answering.
+and every other node's bench IP answering. With `bench.serve.server: vllm`, each
+vNUMA node's launch script must bind the CPUs and memory the guest shows for it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from .. import topology
+from ..servers import VLLM
+from . import vllm
 from .facts import CpuInfo, GuestFacts, Interface, NumaHardware, Reach, interface_of, peer_targets
 
 MEMORY_TOLERANCE = 0.10
@@ -98,6 +103,45 @@ def reach_problems(reach: dict[str, Reach], peers: dict[str, str]) -> list[str]:
             f"({r.detail})" for target, r in sorted(reach.items()) if not r.ok]
 
 
+def server_script_problems(scripts: Mapping[int, str | None], numa: NumaHardware,
+                           rank_cpus: Mapping[int, Sequence[int]], reserved: int) -> list[str]:
+    """Each vllm-node<N>.sh against the guest's own NUMA facts: its OpenMP threads
+    (VLLM_CPU_OMP_THREADS_BIND) and numactl --physcpubind on the CPUs node N has (those of
+    its rank, `rank_cpus[N]`, less `reserved`), and numactl --membind=N."""
+    problems = []
+    seen = {n.id: n.cpus for n in numa.nodes}
+    for node, text in sorted(scripts.items()):
+        name = VLLM.script_name(node)
+        if text is None:
+            problems.append(f"{name} is missing (the vllm playbook renders it)")
+            continue
+        if node not in seen:
+            problems.append(f"{name} is for vNUMA node {node}, which the guest does not have "
+                            f"(it has {describe_numa(numa)})")
+            continue
+        try:
+            want = vllm.expected_server_cpus(seen[node], rank_cpus.get(node, seen[node]), reserved)
+        except ValueError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        expected = topology.format_cpu_list(want)
+        where = (f"node {node} has CPUs {topology.format_cpu_list(seen[node])}"
+                 + (f", {reserved} reserved" if reserved else ""))
+        bound = vllm.parse_script(text)
+        for label, cpus in (("VLLM_CPU_OMP_THREADS_BIND", bound.threads_bind),
+                            ("numactl --physcpubind", bound.physcpubind)):
+            if cpus is None:
+                problems.append(f"{name} sets no {label} (expected {expected}: {where})")
+            elif cpus != want:
+                problems.append(f"{name} binds {label}={topology.format_cpu_list(cpus)}, expected "
+                                f"{expected} ({where})")
+        if bound.membind is None:
+            problems.append(f"{name} sets no numactl --membind (expected {node})")
+        elif bound.membind != node:
+            problems.append(f"{name} binds memory to node {bound.membind} (--membind), expected {node}")
+    return problems
+
+
 def verify_guest(inventory, node_name: str, facts: GuestFacts) -> list[str]:
     """Every problem found on one guest, as messages naming expected vs seen."""
     vm = inventory.vm
@@ -105,6 +149,7 @@ def verify_guest(inventory, node_name: str, facts: GuestFacts) -> list[str]:
     problems: list[str] = []
     if facts.numa is not None:
         problems.extend(numa_problems(facts.numa, vm.vcpus, vm.vnuma_nodes))
+    numa_ok = facts.numa is not None and not problems
     if facts.cpu is not None and not problems:
         problems.extend(cpu_problems(facts.cpu, vm.vcpus))
     if facts.interfaces is not None:
@@ -113,6 +158,10 @@ def verify_guest(inventory, node_name: str, facts: GuestFacts) -> list[str]:
                                          inventory.bench.interface))
     if facts.reach is not None:
         problems.extend(reach_problems(facts.reach, facts.peers))
+    # The scripts are checked on a guest whose NUMA shape is right (else that is the problem).
+    if facts.server_scripts is not None and numa_ok:
+        problems.extend(server_script_problems(facts.server_scripts, facts.numa, vllm.node_cpus(inventory),
+                                               inventory.bench.serve.vllm.reserved_cores))
     return problems
 
 
