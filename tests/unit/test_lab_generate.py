@@ -161,3 +161,36 @@ def test_inventory_header_carries_notes_as_comments():
     assert header.endswith("# slos: scaled by probe.json\n# SLO-A: TPOT <= 377 ms\n")
     assert generate.inventory_header("/lab/lab.env") == generate.INVENTORY_HEADER.format(env_file="/lab/lab.env")
     assert yaml.safe_load(header + "name: lab\n") == {"name": "lab"}
+
+
+def test_lab_vllm_settings_with_and_without_an_installed_venv():
+    without = parse_inventory(yaml.safe_dump(_document(SHAPES[0])), "lab.yaml").bench.serve.vllm
+    assert (without.venv, without.reserved_cores, without.listen) == (None, 0, "bench")
+    assert without.venv_path("/lab/work") == "/lab/work/vllm-venv"
+    ports = {f"slm-{i + 1:02d}": 40000 + i for i in range(2)}
+    doc = generate.lab_inventory(
+        vcenter_host="127.0.0.1", vcenter_port=8989, vcenter_user="u", ca_bundle="/ca.pem",
+        template="t", nodes=generate.lab_nodes(2, ports), guest_user="root", ssh_key="/k",
+        known_hosts="/kh", workdir="/lab/work", bench_port=29500, shape=SHAPES[0],
+        vllm_venv="/src/vcfslm/.venv-vllm")
+    inventory = parse_inventory(yaml.safe_dump(doc), "lab.yaml")
+    assert inventory.bench.serve.vllm.venv == "/src/vcfslm/.venv-vllm"
+    assert inventory.bench.serve.server == "vcfslm"       # the lab serves with vcfslm unless told
+    from vcfslm.contract import guest_paths
+
+    assert guest_paths(inventory).vllm_python == "/src/vcfslm/.venv-vllm/bin/python"
+    # fresh guests see none of this machine's folders, and each has a loopback of its own
+    fresh = generate.fresh_guest_document(doc, wheelhouse="/wh", workdir="/root/work", management_mtu=1500,
+                                          bench_mtu=9000, bench_netmask="255.255.255.0")
+    vllm = parse_inventory(yaml.safe_dump(fresh), "fresh.yaml").bench.serve.vllm
+    assert (vllm.venv, vllm.reserved_cores, vllm.listen) == (None, 0, "loopback")
+    assert doc["bench"]["serve"]["vllm"]["venv"] == "/src/vcfslm/.venv-vllm"   # the original is left alone
+
+
+def test_guests_inventory_passes_the_vllm_venv_on():
+    from types import SimpleNamespace
+
+    started = [SimpleNamespace(name="slm-01", address="127.0.0.11", bench_address="127.0.1.11", port=40000,
+                               user="me", key="/k", known_hosts="/kh")]
+    doc = generate.guests_inventory(started, "/lab/work", vllm_venv="/v")
+    assert parse_inventory(yaml.safe_dump(doc), "g.yaml").bench.serve.vllm.venv == "/v"

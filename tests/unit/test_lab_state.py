@@ -87,3 +87,44 @@ def test_cli_bad_method_delay_is_bad_input(tmp_path: Path):
     result = CliRunner().invoke(main, ["lab", "up", "--dir", str(tmp_path), "--method-delay", "nope"])
     assert result.exit_code == 2
     assert "--method-delay" in result.output
+
+
+def _venv(path: Path) -> Path:
+    (path / "bin").mkdir(parents=True)
+    (path / "bin" / "python").write_text("")
+    return path
+
+
+def test_the_lab_finds_the_operators_vllm_venv(tmp_path: Path):
+    checkout = tmp_path / "checkout"
+    assert lab.find_vllm_venv({}, checkout) is None                    # not installed
+    _venv(checkout / ".venv-vllm")
+    assert lab.find_vllm_venv({}, checkout) == checkout / ".venv-vllm"
+    other = _venv(tmp_path / "elsewhere")
+    assert lab.find_vllm_venv({"VCFSLM_VLLM_VENV": str(other)}, checkout) == other
+    assert lab.find_vllm_venv({"VCFSLM_VLLM_VENV": str(tmp_path / "none")}, checkout) is None
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_lab_files_name_the_vllm_venv_when_installed(tmp_path: Path, monkeypatch, installed):
+    import yaml
+
+    from vcfslm.inventory import load_inventory
+    from vcfslm.lab import guests, vcsim
+
+    venv = _venv(tmp_path / "vllm") if installed else tmp_path / "missing"
+    monkeypatch.setenv("VCFSLM_VLLM_VENV", str(venv))
+    monkeypatch.setattr(lab, "seed_guest_venv", lambda path: None)
+    guest = guests.Guest(name="slm-01", address="127.0.0.11", bench_address="127.0.1.11", port=40000,
+                         user="me", key="/k", known_hosts="/kh", workdir=str(tmp_path / "g"),
+                         host_public_key="", config="", log="", process=ProcessRecord(10, 20, "sshd"))
+    state = lab.LabState(
+        dir=tmp_path, nodes=1,
+        vcsim=vcsim.Vcsim(url="u", host="127.0.0.1", port=8989, user="a", ca_file="/ca.pem", hosts=4,
+                          template="t", api_version="6.5", log="l", process=ProcessRecord(10, 20, "m")),
+        guests=[guest], inventory=tmp_path / "inventory.yaml", env_file=tmp_path / "lab.env",
+        bench_port=29500)
+    lab.write_lab_files(state, "pw")
+    doc = yaml.safe_load(state.inventory.read_text())
+    assert doc["bench"]["serve"]["vllm"]["venv"] == (str(venv) if installed else None)
+    load_inventory(state.inventory)                                 # valid either way

@@ -112,11 +112,27 @@ def bench_section(shape: MachineShape, port: int) -> dict[str, Any]:
     }
 
 
+def serve_section(vllm_venv: str | None = None) -> dict[str, Any]:
+    """The `bench.serve:` block: vLLM's settings for guests that share this machine.
+
+    vllm_venv: an installed vLLM venv on this machine (the guests use it as it is, as they
+    use the seeded venv for torch); None = the guest stage makes <workdir>/vllm-venv."""
+    return {"vllm": {
+        "venv": vllm_venv,
+        # A lab machine has a few cores: the server and the client share each node's.
+        "reserved_cores": 0,
+        # The guests share this machine's loopback ports; each has a bench address of its own.
+        "listen": "bench",
+    }}
+
+
 def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca_bundle: str,
                   template: str, nodes: Sequence[LabNode], guest_user: str, ssh_key: str,
                   known_hosts: str, workdir: str, bench_port: int, shape: MachineShape,
-                  slos: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
-    """The lab inventory as a plain document (dump it as YAML); `slos`: None = the brief's."""
+                  slos: Mapping[str, Mapping[str, float]] | None = None,
+                  vllm_venv: str | None = None) -> dict[str, Any]:
+    """The lab inventory as a plain document (dump it as YAML); `slos`: None = the brief's;
+    `vllm_venv`: the installed vLLM venv the guests use (None: none, see serve_section)."""
     return {
         "name": LAB_NAME,
         "vcenter": {
@@ -166,7 +182,7 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
             # per-node files go in node-named subfolders.
             "workdir": workdir,
         },
-        "bench": bench_section(shape, bench_port),
+        "bench": {**bench_section(shape, bench_port), "serve": serve_section(vllm_venv)},
         "slos": {name: dict(limits) for name, limits in (slos or DEFAULT_SLOS).items()},
     }
 
@@ -178,6 +194,11 @@ def fresh_guest_document(document: dict[str, Any], *, wheelhouse: str, workdir: 
     network is a jumbo-frame /24, and pip installs from the operator's wheelhouse alone."""
     doc = {**document, "placement": {**document["placement"]}, "guest": {**document["guest"]},
            "bench": {**document["bench"]}}
+    if "serve" in doc["bench"]:
+        # A fresh guest sees none of this machine's folders (no vLLM venv of the operator's)
+        # and has a loopback of its own.
+        serve = doc["bench"]["serve"] = {**doc["bench"]["serve"]}
+        serve["vllm"] = {**serve.get("vllm", {}), "venv": None, "listen": "loopback"}
     networks = doc["placement"]["networks"] = {k: dict(v) for k, v in
                                                document["placement"]["networks"].items()}
     networks["management"].update(netmask="255.255.255.255", mtu=management_mtu)
@@ -239,12 +260,13 @@ def lab_nodes(count: int, ports: Mapping[str, int]) -> list[LabNode]:
 
 
 def guests_inventory(guests: Sequence[Any], workdir: str, *, bench_port: int = 29500,
-                     ranks_per_node: int | None = None) -> dict[str, Any]:
+                     ranks_per_node: int | None = None, vllm_venv: str | None = None) -> dict[str, Any]:
     """A lab inventory for running sshd guests alone (no vcsim behind it): for the guest
     stage's tests and benchmarks, which never contact vCenter.
 
     bench_port: the rendezvous port (a benchmark picks a free one: node 0's store binds it
-    on every address); ranks_per_node: None = the lab's default for this machine.
+    on every address); ranks_per_node: None = the lab's default for this machine;
+    vllm_venv: an installed vLLM venv the guests use (see serve_section).
     """
     doc = lab_inventory(
         vcenter_host="127.0.0.1", vcenter_port=443, vcenter_user="lab", ca_bundle="/dev/null",
@@ -252,7 +274,7 @@ def guests_inventory(guests: Sequence[Any], workdir: str, *, bench_port: int = 2
         nodes=[LabNode(name=g.name, host=f"DC0_C0_H{i}", management_ip=g.address,
                        bench_ip=g.bench_address, ssh_port=g.port) for i, g in enumerate(guests)],
         guest_user=guests[0].user, ssh_key=guests[0].key, known_hosts=guests[0].known_hosts,
-        workdir=workdir, bench_port=bench_port, shape=machine_shape())
+        workdir=workdir, bench_port=bench_port, shape=machine_shape(), vllm_venv=vllm_venv)
     if ranks_per_node is not None:
         doc["bench"]["ranks_per_node"] = ranks_per_node
     return doc

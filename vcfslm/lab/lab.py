@@ -38,11 +38,14 @@ from pathlib import Path
 import yaml
 
 from ..errors import UsageError, VcfslmError
+from ..guest.wheel import project_root
 from ..progress import NullReporter, Reporter
 from ..results import atomic_write_json, atomic_write_text
 from . import fresh, freshroot, generate, guests, vcsim, wheelhouse
 
 LAB_DIR_ENV = "VCFSLM_LAB_DIR"
+VLLM_VENV_ENV = "VCFSLM_VLLM_VENV"
+VLLM_VENV_DIR = ".venv-vllm"      # in the checkout, beside .venv
 DEFAULT_DIR = "~/.vcfslm/lab"
 DEFAULT_NODES = 4
 DEFAULT_BENCH_PORT = 29500
@@ -371,7 +374,8 @@ def write_lab_files(state: LabState, password: str, *, slos: Mapping[str, Mappin
                for i, g in enumerate(state.guests)],
         guest_user=first.user, ssh_key=first.key, known_hosts=first.known_hosts,
         workdir=str(state.dir / "work"), bench_port=state.bench_port,
-        shape=generate.machine_shape(), slos=slos)
+        shape=generate.machine_shape(), slos=slos,
+        vllm_venv=None if state.fresh is not None else _path_or_none(find_vllm_venv()))
     # The simulator's template carries the newest hardware its advertised API creates;
     # asking for that keeps the lab on the vNUMA path the API allows (virtualNuma from 8.0.0.1).
     document["vm"]["hardware_version"] = state.vcsim.hardware_version
@@ -406,6 +410,26 @@ def seed_guest_venv(path: Path) -> None:
     subprocess.run([base, "-m", "venv", str(path)], check=True, capture_output=True)
     [site] = path.glob("lib/python*/site-packages")
     (site / "_vcfslm_lab_image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+
+def find_vllm_venv(environ: Mapping[str, str] | None = None, root: Path | None = None) -> Path | None:
+    """The operator's installed vLLM venv, for the lab's guests as seed_guest_venv's is for
+    torch: $VCFSLM_VLLM_VENV, else <checkout>/.venv-vllm; None when it has no bin/python
+    (the guest stage then makes one in the work folder)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(VLLM_VENV_ENV):
+        path = Path(environ[VLLM_VENV_ENV]).expanduser()
+    else:
+        root = root if root is not None else project_root()
+        if root is None:
+            return None
+        path = root / VLLM_VENV_DIR
+    path = path.absolute()
+    return path if (path / "bin" / "python").exists() else None
+
+
+def _path_or_none(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
 
 
 def status(directory: Path) -> list[ServiceStatus]:
