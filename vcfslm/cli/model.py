@@ -1,0 +1,53 @@
+"""`vcfslm model write`: a synthetic model as a checkpoint folder, for servers that load one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import Problem, UsageError
+from .common import output_option, print_json
+
+
+@click.group("model")
+def model() -> None:
+    """Model folders for the bench's servers."""
+
+
+@model.command("write")
+@click.argument("source")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--seed", type=int, default=0, show_default=True, help="Weights seed.")
+@output_option
+def write(source: str, folder: str, seed: int, output: str) -> None:
+    """Write SOURCE (synthetic:NAME[,layers=N]) to FOLDER as a Hugging Face checkpoint with a
+    word-level tokenizer of its vocabulary: what `bench --serve --server vllm` serves.
+
+    \b
+    Examples:
+      vcfslm model write synthetic:tiny-64 models/tiny-64
+      vcfslm model write synthetic:phi-3-mini models/phi-3-mini     7.6 GB of bf16
+    """
+    from ..bench.checkpoint import write_checkpoint
+    from ..bench.model import ModelSourceError, parse_model_spec
+
+    try:
+        spec = parse_model_spec(source)
+    except ModelSourceError as exc:
+        raise UsageError([Problem("", None, None, "SOURCE", str(exc))]) from None
+    if spec.kind != "synthetic":
+        raise UsageError([Problem("", None, None, "SOURCE", f"{source}: only synthetic:NAME models are written "
+                                                            "(a folder or hub id already is a checkpoint)")])
+    target = Path(folder)
+    if target.exists() and any(target.iterdir()):
+        raise UsageError([Problem("", None, None, "FOLDER", f"{folder} exists and is not empty")])
+    facts = write_checkpoint(source, target, seed=seed)
+    if output == "json":
+        print_json({"folder": str(target), **facts})
+        return
+    click.echo(f"wrote {source} ({facts['params'] / 1e6:.1f} M params, {facts['weight_bytes'] / 1e9:.2f} GB) "
+               f"to {target}")
+
+
+COMMANDS = [model]
