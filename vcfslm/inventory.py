@@ -386,7 +386,14 @@ def _vllm_problems(inv: Inventory) -> list[tuple[Key, str]]:
         out.append((("bench", "serve", "vllm", "reserved_cores"),
                     f"{reserved} reserved core(s) leave none of a rank's {bench.threads_per_rank} CPUs "
                     f"(bench.threads_per_rank) to its vLLM server"))
+    if inv.guest.model.startswith("synthetic:"):
+        out.append((("guest", "model"), SERVER_NEEDS_FOLDER.format(server="vllm", model=inv.guest.model)))
     return out
+
+
+SERVER_NEEDS_FOLDER = ("bench.serve.server {server} serves a model folder, not {model}: write one with "
+                       "`vcfslm model write SOURCE models/NAME` (synthetic:tiny-64 for a tiny model: vLLM's CPU "
+                       "attention takes no head of 16) and set guest.model to it")
 
 
 def _memory_problems(inv: Inventory) -> list[tuple[Key, str]]:

@@ -621,7 +621,7 @@ class RunMeta:
 # stopped it per SLO and context (`sweep`). Placement has its own
 # place (guests).
 RANK_FACT_KEYS = ("node", "local_rank", "engine", "pack", "numerics", "probe", "gemm", "decode_linears",
-                  "model", "sweep")
+                  "model", "sweep", "server")
 
 
 def rank_summaries(facts: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:

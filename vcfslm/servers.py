@@ -78,7 +78,8 @@ class ServerSpec:
     kv_cache_gib: int | None = None    # None: sized from the model, slots and context (kv_cache_gib())
     chunked_prefill: bool = True
     prefix_caching: bool = True
-    host: str = "127.0.0.1"            # servers listen here only (loopback: the clients are local)
+    listen: str = "loopback"           # "loopback" | "bench": the VM's loopback, or its bench address
+    host: str = "127.0.0.1"            # where this node's servers listen (the bench address when "bench")
     port: int = 8100                   # the first vNUMA node's; node n listens on port + n
     health_timeout_s: float = 900.0    # launch to /health (vLLM took 149 s for the full shape on 2 cores)
     max_lag_s: float = 0.5             # a request sent later than planned by more: the window is invalid
@@ -111,11 +112,17 @@ class ServerSpec:
     def with_launch_dir(self, path: str) -> ServerSpec:
         return replace(self, launch_dir=path)
 
+    def on_node(self, launch_dir: str, bench_ip: str) -> ServerSpec:
+        """This spec as one VM's ranks take it: its scripts' folder and its listening address."""
+        return replace(self, launch_dir=launch_dir, host=bench_ip if self.listen == "bench" else "127.0.0.1")
+
 
 def server_problems(spec: ServerSpec) -> list[str]:
     out = []
     if spec.name not in SERVERS:
         out.append(f"server must be one of {', '.join(SERVERS)}, got {spec.name!r}")
+    if spec.listen not in ("loopback", "bench"):
+        out.append(f"listen must be loopback or bench, got {spec.listen!r}")
     if spec.reserved_cores < 0:
         out.append(f"reserved cores must not be negative, got {spec.reserved_cores}")
     if spec.kv_cache_gib is not None and spec.kv_cache_gib < 1:

@@ -49,6 +49,8 @@ def inventory(path: Path = BRIEF, bench: dict | None = None, **vllm_settings):
     server = vllm_settings.pop("server", "vllm")
     if server is not None:
         serve["server"] = server
+    if server == "vllm" and doc["guest"].get("model", "").startswith("synthetic:"):
+        doc["guest"]["model"] = "/models/tiny-64"                  # vLLM serves a folder
     serve.setdefault("vllm", {}).update(vllm_settings)
     return parse_inventory(yaml.safe_dump(doc), str(path))
 
@@ -281,6 +283,16 @@ def test_reserved_cores_must_leave_the_server_a_cpu():
     assert "bench.serve.vllm.reserved_cores: 24 reserved core(s) leave none of a rank's 24 CPUs" in str(err.value)
     inventory(reserved_cores=23)
     inventory(server="vcfslm", reserved_cores=24)                  # vLLM does not serve: not checked
+
+
+def test_vllm_needs_a_model_folder_and_says_where():
+    doc = yaml.safe_load(LAB.read_text())
+    doc["bench"].update(ranks_per_node=1)
+    doc["bench"].setdefault("serve", {})["server"] = "vllm"
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(yaml.safe_dump(doc, sort_keys=False), "lab.yaml")
+    assert "guest.model: bench.serve.server vllm serves a model folder, not synthetic:tiny" in str(err.value)
+    assert "vcfslm model write" in str(err.value)
 
 
 def test_vllm_runs_one_rank_per_vnuma_node():

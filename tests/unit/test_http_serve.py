@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.fake_openai import FakeServer
-from vcfslm import serving, servers
+from vcfslm import servers, serving
 from vcfslm.bench.http_serve import http_record_fields, invalid_reasons, run_http_window
 from vcfslm.bench.openai_client import Endpoint, Stream, stream_completion
 from vcfslm.serving import ServeSpec
@@ -48,7 +48,7 @@ def test_open_loop_window_counts_the_planned_requests_and_times_them(server):
     tpot = sorted(fields["tpot_ms"])
     assert 25 <= tpot[len(tpot) // 2] < 150
     assert all(len(t) == 5 for t in fields["token_s"]) and fields["request_output_tokens"] == [5] * len(counted)
-    assert all(s >= a for s, a in zip(fields["sent_s"], fields["arrival_s"]))
+    assert all(s >= a for s, a in zip(fields["sent_s"], fields["arrival_s"], strict=True))
     assert fields["max_queue"] == 2 and fields["server"] == "vllm"
     assert invalid_reasons(out, 0.5) == []
     assert fields["mean_active"] > 0 and fields["rank_tps"] > 0
@@ -99,4 +99,4 @@ def test_closed_loop_users_send_again_after_each_reply(server):
     assert set(per_user) == {0, 1} and min(per_user.values()) >= 4
     for user in (0, 1):
         mine = sorted((r for r in out.requests if r.user == user and r.done), key=lambda r: r.arrival_s)
-        assert all(b.arrival_s >= a.last_s - 1e-6 for a, b in zip(mine, mine[1:]))
+        assert all(b.arrival_s >= a.last_s - 1e-6 for a, b in zip(mine, mine[1:], strict=False))

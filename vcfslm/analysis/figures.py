@@ -314,6 +314,8 @@ def _series_label(key, keys) -> str:
         label += f" / {key.output_tokens} output"
     if len({k.context for k in keys}) < len(keys):
         label += f" ({key.load_kind}, {key.slots} slots)"
+    if len({k.server for k in keys}) > 1:
+        label = f"{key.server}: {label}"
     return label
 
 

@@ -375,6 +375,22 @@ def serving_intro(rule: Rule) -> str:
             "match).")
 
 
+def server_text(facts) -> str:
+    """How an HTTP server served a run (rank 0's server facts), in one sentence; "" for none."""
+    if not isinstance(facts, dict) or not facts.get("name"):
+        return ""
+    peak = max((facts.get("peak_rss_bytes") or {}).values(), default=0)
+    parts = [f"served by {facts['name']} {facts.get('version') or '(version unknown)'}, one server per vNUMA node",
+             f"chunked prefill {'on' if facts.get('chunked_prefill') else 'off'}",
+             f"prefix caching {'on' if facts.get('prefix_caching') else 'off'}",
+             f"{facts.get('max_num_seqs')} sequences, {facts.get('kv_cache_gib')} GiB KV cache"]
+    if facts.get("startup_s") is not None:
+        parts.append(f"{facts['startup_s']:.0f} s from launch to healthy")
+    if peak:
+        parts.append(f"peak RSS of its largest process {peak / 1e9:.2f} GB")
+    return ", ".join(parts)
+
+
 def serving_reasons(report: Report) -> list[str]:
     """One paragraph per answer threshold, then how its node counts follow."""
     if report.serving is None:
@@ -392,6 +408,9 @@ def serving_reasons(report: Report) -> list[str]:
                      " (vcfslm size --threshold serving --peak-rps X).")
         out.append(text)
     for meta in report.analysis.metas:
+        served = server_text(((meta.ranks or {}).get("0") or {}).get("server"))
+        if served:
+            out.append(f"Run {meta.run_id}: {served}.")
         for stop in ((meta.ranks or {}).get("0") or {}).get("sweep") or ():
             out.append(f"Run {meta.run_id}: the sweep for {stop.get('slo')}, {stop.get('input_tokens')}-token "
                        f"inputs stopped: {stop.get('reason')}.")

@@ -64,6 +64,7 @@ class ServeKey:
     slots: int
     input_tokens: int
     output_tokens: int
+    server: str = "vcfslm"         # who served (vcfslm.servers): series of different servers never mix
 
     @property
     def context(self) -> tuple[int, int]:
@@ -158,7 +159,7 @@ class ServePoint:
 def key_dict(key: ServeKey) -> dict[str, Any]:
     return {"scope": key.scope, "vms": key.vms, "ranks_per_vm": key.ranks_per_vm, "load_kind": key.load_kind,
             "arrival": key.arrival, "slots": key.slots, "input_tokens": key.input_tokens,
-            "output_tokens": key.output_tokens}
+            "output_tokens": key.output_tokens, "server": key.server}
 
 
 def _finite(value: float | None) -> float | None:
@@ -170,8 +171,9 @@ def fmt_load(value: float) -> str:
 
 
 def describe_key(key: ServeKey) -> str:
+    served = "" if key.server == "vcfslm" else f", {key.server} server"
     return (f"{SCOPE_TITLES[key.scope]} ({key.vms} VM x {key.ranks_per_vm} ranks, {key.slots} slots, "
-            f"{key.arrival}) input {key.input_tokens} / output {key.output_tokens}")
+            f"{key.arrival}{served}) input {key.input_tokens} / output {key.output_tokens}")
 
 
 # ------------------------------------------------------------------ points
@@ -201,7 +203,7 @@ def serve_points(runs: Sequence[Any], slos: Sequence[Slo]) -> tuple[list[ServePo
         scope, vms = scope_of(meta), max(len(meta.nodes), 1)
         for r in records:
             key = (ServeKey(scope, vms, r.ranks_per_node, r.load_kind, r.arrival, r.slots, r.input_tokens,
-                            r.output_tokens), float(r.load))
+                            r.output_tokens, r.server), float(r.load))
             groups[key].append(r)
             sources[key].add(meta.run_id)
         if not any(r.valid for r in records):
@@ -514,11 +516,13 @@ def _conservative(t: ServeThreshold) -> tuple:
 
 
 def primary(all_thresholds: Sequence[ServeThreshold]) -> list[ServeThreshold]:
-    """Per SLO x context x load kind the threshold the answer reads: single-VM series first,
-    and of several the fewest streams per VM (a notes entry says so)."""
+    """Per SLO x context x load kind x server the threshold the answer reads: single-VM series
+    first, and of several the fewest streams per VM (a notes entry says so). Servers are never
+    pooled: vLLM's threshold and vcfslm's own stand side by side."""
     groups: dict[tuple, list[ServeThreshold]] = {}
     for t in all_thresholds:
-        groups.setdefault((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.load_kind), []).append(t)
+        groups.setdefault((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.load_kind, t.key.server),
+                          []).append(t)
     out = []
     for ts in groups.values():
         scope = SINGLE if any(t.key.scope == SINGLE for t in ts) else CLUSTER

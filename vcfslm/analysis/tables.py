@@ -361,9 +361,11 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     the nodes the serving threshold asks for."""
     peaks = list(dict.fromkeys(s.peak_streams for s in sizings if s.peak_streams is not None))
     several_outputs = len({c.threshold.key.output_tokens for c in comparisons}) > 1
+    several_servers = len({c.threshold.key.server for c in comparisons}) > 1
     notes_of = {id(c): _serve_note(c) for c in comparisons}
     with_notes = any(notes_of.values())
     cols = ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
+    cols += ["server"] if several_servers else []
     cols += ["load", "threshold (per VM)", "first failing (per VM)", "binding", "streams/VM at threshold",
              "static crossover (streams/VM)", "serving / static"]
     cols += [f"nodes for {p} streams" for p in peaks] + (["note"] if with_notes else [])
@@ -372,6 +374,7 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
         t = c.threshold
         mine = {s.peak_streams: s for s in sizings if s.threshold is t}
         row = [t.slo.title, str(t.key.input_tokens)] + ([str(t.key.output_tokens)] if several_outputs else [])
+        row += [t.key.server] if several_servers else []
         streams = t.streams_text + (f" {t.streams_interval.text(lambda v: f'{v:.1f}')}"
                                     if t.streams_interval and t.status in ("threshold", "above") else "")
         row += [UNITS[t.key.load_kind], " ".join(x for x in (t.threshold_text, t.interval_text) if x),

@@ -50,6 +50,7 @@ from ..results import (
     write_meta,
     write_records,
 )
+from ..servers import ServerSpec
 from ..serving import ServeSpec
 from . import launch as L
 from .tracker import BenchTracker
@@ -74,6 +75,7 @@ class ClusterOptions:
     serve: ServeSpec | None = None    # serving mode: the load each rank takes
     slos: dict[str, Any] | None = None  # --slo: the run's SLOs instead of the inventory's
     percentile: str | None = None     # --percentile: the static rule recorded, else the inventory's
+    server: ServerSpec | None = None  # serving mode: who serves (None or vcfslm: the rank engine)
 
 
 def run_matrix(inv, opts: ClusterOptions) -> Matrix:
@@ -105,7 +107,9 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
                              threads=inv.bench.threads_per_rank,
                              compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
                              scenarios=opts.scenarios, timeout_s=pg_timeout, probe_mib=opts.probe_mib,
-                             serve=opts.serve, slos=serve_limits(run_slos(inv, opts)) if opts.serve else None)
+                             serve=opts.serve, slos=serve_limits(run_slos(inv, opts)) if opts.serve else None,
+                             server=opts.server.on_node(paths.launch_dir, str(node.bench_ip))
+                             if opts.serve and opts.server else None)
         argv = L.torchrun_argv(torchrun=[paths.python, "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
                                node_rank=i, master_addr=master, master_port=inv.bench.port,
                                rank_script=paths.rank_script,
@@ -255,6 +259,13 @@ class ClusterBench:
                      f"{shlex.quote(paths.python)} -c 'import torch.distributed.run, vcfslm; "
                      f"print(\"VERSION\", vcfslm.__version__)' 2>/dev/null "
                      f"|| echo MISSING torch or vcfslm in {paths.venv} '(run: vcfslm provision --stage guests)'")
+            server = self.opts.server if self.opts.serve is not None else None
+            if server is not None and server.backend is not None:
+                # The server's own venv and its scripts, as the guest stage leaves them.
+                script = f"{paths.launch_dir}/{server.backend.script_name(0)}"
+                probe += (f"; test -x {shlex.quote(script)} && test -x {shlex.quote(paths.vllm_python)} || echo "
+                          f"MISSING {server.name}: {script} or {paths.vllm_python} '(run: vcfslm guests -p "
+                          f"{server.name}, or set bench.serve.server: {server.name} and vcfslm provision)'")
             out = t.run(probe, timeout=60, check=False).stdout
             for line in out.splitlines():
                 if line.startswith("MISSING"):
@@ -418,7 +429,8 @@ class ClusterBench:
             model=inv.guest.model, command=self.opts.command, label=self.opts.label,
             matrix=matrix_record(run_matrix(inv, self.opts), scenarios=self.opts.scenarios,
                                  compile_mode=self.opts.compile_mode or inv.bench.compile,
-                                 serve=self.opts.serve, percentile=self.opts.percentile or inv.slo.percentile),
+                                 serve=self.opts.serve, percentile=self.opts.percentile or inv.slo.percentile,
+                                 server=self.opts.server),
             complete=complete, failure=failure, previous=previous, slos=run_slos(inv, self.opts),
             inventory_sha256=inventory_sha256(inv.source), versions={"vcfslm": __version__},
             vcenter=self._vcenter, guests=self.facts,
@@ -482,7 +494,8 @@ def resume_options(run_dir: Path) -> dict:
             "output_tokens": meta.matrix.get("output_tokens"), "scenarios": meta.matrix.get("scenarios"),
             "compile": meta.matrix.get("compile"),
             "serve": ServeSpec.of_record(meta.matrix["serve"]) if meta.matrix.get("serve") else None,
-            "label": meta.label, "percentile": (meta.matrix.get("judging") or {}).get("percentile")}
+            "label": meta.label, "percentile": (meta.matrix.get("judging") or {}).get("percentile"),
+            "server": meta.matrix.get("server") if meta.matrix.get("serve") else None}
 
 
 __all__ = ["ClusterBench", "ClusterOptions", "NotRun", "fan_out", "plan_launches", "resume_options",

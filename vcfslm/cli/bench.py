@@ -184,6 +184,8 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
                            attainment=settings.get("attainment"))
         matrix = serve_matrix(serve)
         server = server_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_server"))
+        if not server.in_process and settings["model"].startswith("synthetic:"):
+            settings["model"] = _checkpoint_for(settings["model"], settings["seed"], err_console)
     quiet = opts["output"] == "json"
     with RichReporter(err_console, quiet=quiet, verbose=verbose > 0) as reporter:
         run = run_local(model=settings["model"], matrix=matrix, ranks=settings["ranks"],
@@ -239,6 +241,25 @@ def _from_meta(run_dir: Path) -> dict[str, Any]:
             "percentile": (m.get("judging") or {}).get("percentile") or "p90",
             "previous_serve": ServeSpec.of_record(m["serve"]) if m.get("serve") else None,
             "previous_server": m.get("server") if m.get("serve") else None}
+
+
+def _checkpoint_for(source: str, seed: int, console_) -> str:
+    """A synthetic model as the checkpoint folder a server loads: written once per source and
+    seed into vcfslm's cache, then reused."""
+    import os
+    import re
+
+    from ..bench.checkpoint import write_checkpoint
+
+    cache = Path(os.environ.get("VCFSLM_MODEL_CACHE") or "~/.cache/vcfslm/models").expanduser()
+    folder = cache / f"{re.sub(r'[^A-Za-z0-9.=-]+', '-', source)}-seed{seed}"
+    if not (folder / "config.json").exists():
+        console_.print(f"writing {source} (seed {seed}) as a checkpoint for the server: {folder}")
+        partial_folder = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial_folder, ignore_errors=True)
+        write_checkpoint(source, partial_folder, seed=seed)
+        partial_folder.rename(folder)
+    return str(folder)
 
 
 def _server_python(given: str | None, server) -> str | None:

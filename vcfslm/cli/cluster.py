@@ -35,7 +35,7 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
     inv = load(inventory)
     runs_root = Path(runs_dir)
     names = [h for h in (hosts or "").split(",") if h.strip()] or None
-    previous_serve = None
+    previous_serve = previous_server = None
     if resume:
         run_path = Path(resume) if Path(resume).is_dir() else runs_root / resume
         if not (run_path / "meta.json").exists():
@@ -49,21 +49,29 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
         label = label or previous["label"]
         compile_mode = compile_mode or previous["compile"]
         previous_serve = previous["serve"]
+        previous_server = previous["server"]
         percentile = previous["percentile"]
-    spec = None
+    spec = server = None
     if serve is not None or previous_serve is not None:
-        from .bench_serve import serve_spec
+        from .bench_serve import serve_spec, server_spec
 
         spec = serve_spec(serve or {}, inventory=inv.bench.serve.model_dump(), previous=previous_serve,
                           input_tokens=inv.bench.input_tokens,
                           output_tokens=output_tokens or inv.bench.output_tokens,
                           repeats=repeats or inv.bench.repeats, attainment=inv.slo.attainment)
+        server = server_spec(serve or {}, inventory=inv.bench.serve.model_dump(), previous=previous_server)
+        if not server.in_process and inv.guest.model.startswith("synthetic:"):
+            from ..errors import Problem
+            from ..inventory import SERVER_NEEDS_FOLDER
+
+            raise UsageError([Problem(inv.source, None, None, "guest.model",
+                                      SERVER_NEEDS_FOLDER.format(server=server.name, model=inv.guest.model))])
     selected = select_nodes(inv, nodes, names)
     opts = C.ClusterOptions(run_id=run_id or new_run_id(inv.name, len(selected)), runs_root=runs_root,
                             label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
                             output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
                             probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]], serve=spec,
-                            slos=slos, percentile=percentile)
+                            slos=slos, percentile=percentile, server=server)
     if dry_run:
         launches = C.plan_launches(inv, selected, opts)
         if output == "json":
