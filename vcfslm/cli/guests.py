@@ -102,8 +102,8 @@ def _hosts(value: str | None) -> list[str] | None:
 @click.command("guests")
 @inventory_argument
 @click.option("--playbook", "-p", "playbooks", multiple=True, metavar="NAME|FILE",
-              help="Playbook to run (repeatable; shipped: base, pytorch, model, launch, verify). "
-                   "Default: all five, in that order.")
+              help="Playbook to run (repeatable; shipped: base, pytorch, model, launch, vllm, verify). "
+                   "Default: all of them in that order, vllm only when bench.serve.server is vllm.")
 @click.option("--dry-run", is_flag=True, help="Read facts, print the commands each host would run, run none.")
 @click.option("--trust-new-hosts", is_flag=True,
               help="Record unknown host keys in guest.known_hosts (prints their fingerprints). "

