@@ -51,7 +51,8 @@ class HttpBackend:
 
 VLLM = HttpBackend(
     name="vllm", playbook="vllm.yaml", template="vllm.sh.j2", entry="vllm-entry.py",
-    fact_patterns=(r"[Cc]hunked prefill", r"[Pp]refix caching", r"ISA|AMX|avx512|AVX512|[Bb]ackend",
+    fact_patterns=(r"[Cc]hunked prefill", r"[Pp]refix caching",
+                   r"ISA|AMX|avx512|AVX512|[Aa]ttention backend|OMP_THREADS_BIND|core ids",
                    r"KV cache|kv cache|GPU KV cache size|# CPU blocks", r"Maximum concurrency"),
     counters={"queue_time_s_sum": "vllm:request_queue_time_seconds_sum",
               "queue_time_count": "vllm:request_queue_time_seconds_count",
