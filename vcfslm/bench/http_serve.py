@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import servers, serving
-from ..serving import Planned, ServeSpec
+from ..serving import ServeSpec
 from .openai_client import Stream
-from .serve import IDLE_POLL_S, Request, WindowOutcome, _Occupancy, record_fields
+from .serve import IDLE_POLL_S, Arrivals, Request, WindowOutcome, _Occupancy, record_fields
 
 # After the cutoff, how long the loop waits for the threads of requests still out (each
 # gives up at the cutoff on its own: this only bounds a socket that ignores its timeout).
@@ -56,8 +56,8 @@ def run_http_window(send: Send, spec: ServeSpec, load: float, input_tokens: int,
     span_end = spec.duration_s - spec.cooldown_s
     closed = spec.load_kind == "users"
     lock = threading.Lock()
-    future: list[tuple[float, int, Request]] = []
-    requests: list[Request] = []
+    planner = Arrivals(spec, load, input_tokens, rng)
+    future, requests, plan = planner.future, planner.requests, planner.plan
     threads: list[threading.Thread] = []
     in_flight: set[int] = set()
     occupancy = _Occupancy(spec.warmup_s, span_end)
@@ -66,22 +66,6 @@ def run_http_window(send: Send, spec: ServeSpec, load: float, input_tokens: int,
 
     def now() -> float:
         return clock() - t0
-
-    def plan(arrival: float, user: int | None, planned: Planned | None = None) -> None:
-        if planned is None:
-            planned = Planned(arrival, serving.draw_length(input_tokens, rng, spec.lengths, spec.length_low),
-                              serving.draw_length(spec.output_tokens, rng, spec.lengths, spec.length_low))
-        r = Request(len(requests), user, planned.arrival_s, planned.input_tokens, planned.output_tokens,
-                    serving.in_span(planned.arrival_s, spec))
-        requests.append(r)
-        heapq.heappush(future, (r.arrival_s, r.index, r))
-
-    if closed:
-        for user in range(int(load)):
-            plan(rng.uniform(0, spec.think_s) if spec.think_s > 0 else 0.0, user)
-    else:
-        for planned in serving.open_loop_plan(spec, load, input_tokens, rng):
-            plan(planned.arrival_s, None, planned)
 
     def serve_one(r: Request) -> None:
         stream = send(r, deadline)

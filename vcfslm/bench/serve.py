@@ -97,31 +97,42 @@ class _Occupancy:
         self._busy, self._since = busy, now
 
 
+class Arrivals:
+    """A window's requests as its load generator plans them, for the in-process window and the
+    HTTP one alike: open-loop arrivals all drawn at the start, closed-loop users' first
+    requests (their follow-ups are planned with `plan` as each reply ends)."""
+
+    def __init__(self, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random):
+        self.spec, self.input_tokens, self.rng = spec, input_tokens, rng
+        self.future: list[tuple[float, int, Request]] = []     # (arrival, index, request): a heap
+        self.requests: list[Request] = []
+        if spec.load_kind == "users":
+            for user in range(int(load)):
+                # Users start spread over one think time, so they do not stay in lock-step.
+                self.plan(rng.uniform(0, spec.think_s) if spec.think_s > 0 else 0.0, user)
+        else:
+            for planned in serving.open_loop_plan(spec, load, input_tokens, rng):
+                self.plan(planned.arrival_s, None, planned)
+
+    def plan(self, arrival: float, user: int | None, planned: Planned | None = None) -> None:
+        spec, rng = self.spec, self.rng
+        if planned is None:
+            planned = Planned(arrival, serving.draw_length(self.input_tokens, rng, spec.lengths, spec.length_low),
+                              serving.draw_length(spec.output_tokens, rng, spec.lengths, spec.length_low))
+        r = Request(len(self.requests), user, planned.arrival_s, planned.input_tokens, planned.output_tokens,
+                    serving.in_span(planned.arrival_s, spec))
+        self.requests.append(r)
+        heapq.heappush(self.future, (r.arrival_s, r.index, r))
+
+
 def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random,
                prompt_for: Callable[[Request], Any], *, clock: Callable[[], float] = time.perf_counter,
                sleep: Callable[[float], None] = time.sleep) -> WindowOutcome:
     """Serve one window at `load` (requests/s per rank, or users) for context `input_tokens`."""
     span_end = spec.duration_s - spec.cooldown_s
     closed = spec.load_kind == "users"
-    future: list[tuple[float, int, Request]] = []      # (arrival, index, request): a heap
-    requests: list[Request] = []
-
-    def plan(arrival: float, user: int | None, planned: Planned | None = None) -> None:
-        if planned is None:
-            planned = Planned(arrival, serving.draw_length(input_tokens, rng, spec.lengths, spec.length_low),
-                              serving.draw_length(spec.output_tokens, rng, spec.lengths, spec.length_low))
-        r = Request(len(requests), user, planned.arrival_s, planned.input_tokens, planned.output_tokens,
-                    serving.in_span(planned.arrival_s, spec))
-        requests.append(r)
-        heapq.heappush(future, (r.arrival_s, r.index, r))
-
-    if closed:
-        for user in range(int(load)):
-            # Users start spread over one think time, so they do not stay in lock-step.
-            plan(rng.uniform(0, spec.think_s) if spec.think_s > 0 else 0.0, user)
-    else:
-        for planned in serving.open_loop_plan(spec, load, input_tokens, rng):
-            plan(planned.arrival_s, None, planned)
+    planner = Arrivals(spec, load, input_tokens, rng)
+    future, requests, plan = planner.future, planner.requests, planner.plan
 
     # A window starts with every slot free: the last one may have ended at its cutoff with
     # requests still decoding.
