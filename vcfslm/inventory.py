@@ -211,6 +211,10 @@ class Serve(_Model):
     users: list[PositiveInt] | None = Field(None, min_length=1,
                                             description="Closed loop: users per rank (instead of rates).")
     slots: PositiveInt = Field(16, description="Batch cap: streams a rank decodes together.")
+    chunk_tokens: Annotated[int, Field(ge=0)] = Field(
+        0, description="vcfslm's engine: the most prompt tokens one step takes beside the decodes "
+                       "(0: the largest whose FLOPs fit under the decode step's bandwidth floor, "
+                       "from the rank's probes).")
     arrival: Literal["poisson", "gamma"] = Field("poisson", description="Open-loop arrival process.")
     burstiness: Annotated[float, Field(gt=0)] = Field(
         1.0, description="Gamma shape: 1 is Poisson, below 1 burstier, above 1 more regular.")

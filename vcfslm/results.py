@@ -184,6 +184,13 @@ class ServeRecord(RankWindow):
     failed: int = 0                # counted requests the server refused, dropped or never answered
     errors: list[str] = field(default_factory=list)            # the distinct failures (a few)
     server_metrics: dict[str, Any] = field(default_factory=dict)
+    # The in-process engine's steps over the window: the most prompt tokens one step took
+    # (its chunk; 0 for an HTTP server), how many steps ran, the mean real tokens per step,
+    # and the prompt tokens' share of them.
+    chunk_tokens: int = 0
+    steps: int = 0
+    step_tokens_mean: float = 0.0
+    prefill_share: float = 0.0
     schema: int = SCHEMA_VERSION
 
     @property

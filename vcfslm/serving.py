@@ -57,6 +57,7 @@ class ServeSpec:
     input_tokens: tuple[int, ...] = (512,)  # one context per value (nominal prompt length)
     output_tokens: int = 128
     slots: int = DEFAULT_SLOTS
+    chunk_tokens: int = 0                   # prompt tokens per step at most; 0: from the rank's probes
     arrival: str = "poisson"                # open loop only: "poisson" | "gamma"
     burstiness: float = 1.0
     think_s: float = 0.0                    # closed loop only
@@ -131,6 +132,8 @@ def spec_problems(spec: ServeSpec) -> list[str]:
         out.append(f"output tokens must be at least 2 (TPOT needs two), got {spec.output_tokens}")
     if spec.slots < 1:
         out.append(f"slots must be at least 1, got {spec.slots}")
+    if spec.chunk_tokens < 0:
+        out.append(f"chunk tokens must not be negative (0: from the probes), got {spec.chunk_tokens}")
     if spec.arrival not in ARRIVALS:
         out.append(f"arrival must be one of {', '.join(ARRIVALS)}, got {spec.arrival!r}")
     if not spec.burstiness > 0:

@@ -114,8 +114,8 @@ def test_prefill_logits_at_batch_above_one_match_the_unpacked_model():
     with torch.inference_mode():
         want = fresh.model(input_ids=p).logits[:, -1, :].float()
         packed = DecodeEngine(fresh.model, "eager")
-        got = packed.prefill(p, packed.cache_for(4, 16)).float()
-        one = packed.prefill(p[2:3], packed.cache_for(1, 16)).float()
+        got = packed.prefill(p, packed.store_for(4, 16)).float()
+        one = packed.prefill(p[2:3], packed.store_for(1, 16)).float()
     assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
     assert (got[2] - one[0]).abs().max().item() <= 0.02 * want.abs().max().item()
 
@@ -133,7 +133,7 @@ def test_dense_plan_prefill_and_decode_match_the_unpacked_model():
         want = ref.model(input_ids=full).logits[:, -4:, :].float()
         engine = DecodeEngine(dense.model, "eager", plan=KernelPlan(DENSE_BF16))
         got = engine.step_logits(wide, forced)  # logits after each forced token
-        last_prefill = engine.prefill(wide, engine.cache_for(4, 40)).float()
+        last_prefill = engine.prefill(wide, engine.store_for(4, 40)).float()
     scale = want.abs().max().item()
     assert engine.pack.plan.kernel == DENSE_BF16
     assert (last_prefill - want[:, 0]).abs().max().item() <= 0.02 * scale

@@ -22,31 +22,41 @@ class Clock:
         self.t += max(s, 1e-6)
 
 
-class FakeSlots:
-    """Prefill costs `prefill_s` per request, a decode step `step_s` whatever the occupancy."""
+class FakeStep:
+    def __init__(self, decoded, first, tokens, prompt_tokens):
+        self.decoded, self.first, self.tokens, self.prompt_tokens = decoded, first, tokens, prompt_tokens
 
-    def __init__(self, clock, slots, prefill_s=0.05, step_s=0.01):
-        self.clock, self.n, self.prefill_s, self.step_s = clock, slots, prefill_s, step_s
+
+class FakeSlots:
+    """A step costs `step_s` whatever the occupancy, plus `token_s` per prompt token it
+    carries (a whole 128-token prompt: 0.05 s in all, by default)."""
+
+    def __init__(self, clock, slots, chunk=128, step_s=0.01, token_s=0.04 / 128):
+        self.clock, self.n, self.chunk_tokens, self.step_s, self.token_s = clock, slots, chunk, step_s, token_s
         self.busy: set[int] = set()
         self.admitted: list[int] = []
+        self.pieces: list[tuple[int, int, int]] = []    # (slot, start, stop)
         self.max_busy = 0
 
     def free(self):
         return [s for s in range(self.n) if s not in self.busy]
 
-    def admit(self, requests):
-        for slot, _prompt in requests:
-            assert slot not in self.busy
-            self.busy.add(slot)
-            self.admitted.append(slot)
-        self.clock.t += self.prefill_s * len(requests)
+    def step(self, piece=None):
+        assert self.busy or piece is not None
+        decoded = {s: 1 for s in self.busy}
+        n = 0
+        if piece is not None:
+            assert piece.slot not in self.busy and piece.stop - piece.start <= self.chunk_tokens
+            self.pieces.append((piece.slot, piece.start, piece.stop))
+            n = piece.stop - piece.start
+        self.clock.t += self.step_s + n * self.token_s
+        first = None
+        if piece is not None and piece.last:
+            self.busy.add(piece.slot)
+            self.admitted.append(piece.slot)
+            first = 1
         self.max_busy = max(self.max_busy, len(self.busy))
-        return [1] * len(requests)
-
-    def step(self):
-        assert self.busy
-        self.clock.t += self.step_s
-        return {s: 1 for s in self.busy}
+        return FakeStep(decoded, first, len(decoded) + n, n)
 
     def evict(self, slot):
         self.busy.remove(slot)
@@ -55,10 +65,10 @@ class FakeSlots:
         self.busy.clear()
 
 
-def _serve(spec, load, slots=4, **kw):
+def _serve(spec, load, slots=4, input_tokens=128, **kw):
     clock = Clock()
     engine = FakeSlots(clock, slots, **kw)
-    out = run_window(engine, spec, load, 128, random.Random(5), lambda r: r.input_tokens,
+    out = run_window(engine, spec, load, input_tokens, random.Random(5), lambda r: r.input_tokens,
                      clock=clock, sleep=clock.sleep)
     return out, engine, record_fields(out, spec, {"A": {"tpot_ms": 20.0, "ttft_s": 0.5}})
 
@@ -67,7 +77,7 @@ def test_a_light_load_never_queues_and_ttft_is_the_prefill():
     spec = ServeSpec(loads=(0.5,), output_tokens=10, duration_s=100, warmup_s=10, cooldown_s=10)
     out, engine, rec = _serve(spec, 0.5)
     assert rec["offered"] == rec["completed"] > 20 and rec["unfinished"] == 0
-    # 0.5 req/s, each busy for 0.05 + 9 x 0.01 s: queueing is rare and short.
+    # 0.5 req/s, each busy for 0.05 (one step with its whole prompt) + 9 x 0.01 s: queueing is rare.
     assert sorted(rec["ttft_s"])[len(rec["ttft_s"]) // 2] == pytest.approx(0.05, abs=1e-6)
     assert all(t == pytest.approx(10.0, rel=1e-6) or t >= 10.0 for t in rec["tpot_ms"])
     assert rec["request_output_tokens"] == [10] * rec["completed"]
@@ -135,3 +145,34 @@ def test_only_requests_inside_the_span_count():
     assert all(10 <= r.arrival_s <= 30 for r in out.counted)
     assert len(out.requests) > len(out.counted)
     assert rec["generated_tokens"] <= sum(r.produced for r in out.requests)
+
+
+def test_a_prompt_goes_in_pieces_riding_on_the_running_streams_steps():
+    # One request decoding (long output) when a second arrives: its 128-token prompt goes in
+    # as four 32-token pieces, one per step, and the first stream gets a token every step.
+    spec = ServeSpec(load_kind="users", loads=(2,), output_tokens=40, duration_s=3, warmup_s=0,
+                     cooldown_s=0.1, think_s=0.0)
+    out, engine, rec = _serve(spec, 2, slots=4, chunk=32)
+    assert engine.pieces[:4] == [(0, 0, 32), (0, 32, 64), (0, 64, 96), (0, 96, 128)]
+    assert all(stop - start <= 32 for _, start, stop in engine.pieces)
+    first, second = out.requests[0], out.requests[1]
+    # users start together (no think time): the second waits for the first's pieces (FIFO)
+    assert second.started_s == pytest.approx(first.first_s)
+    step_with_piece = 0.01 + 32 * 0.04 / 128
+    assert first.first_s - first.arrival_s == pytest.approx(4 * step_with_piece)
+    # while the second comes in, the first decodes on every one of its steps: no stall
+    assert second.first_s - second.started_s == pytest.approx(4 * step_with_piece)
+    assert first.produced == 40 and rec["chunk_tokens"] == 32
+    assert 0 < rec["prefill_share"] < 1 and rec["steps"] == out.steps
+    assert rec["step_tokens_mean"] == pytest.approx(out.step_tokens / out.steps)
+
+
+def test_admission_is_fifo_and_decode_tokens_always_ride_first():
+    spec = ServeSpec(loads=(30.0,), output_tokens=8, duration_s=4, warmup_s=0.5, cooldown_s=0.5)
+    out, engine, rec = _serve(spec, 30.0, slots=3, chunk=48)
+    started = [r for r in out.requests if r.started_s is not None]
+    assert [r.index for r in sorted(started, key=lambda r: (r.started_s, r.index))] == \
+        [r.index for r in started]                          # admitted in arrival order
+    # a prompt of 128 in pieces of 48: 48, 48, 32, and no step ever carried two prompts
+    assert {stop - start for _, start, stop in engine.pieces} <= {48, 32}
+    assert rec["max_queue"] > 0 and engine.max_busy == 3

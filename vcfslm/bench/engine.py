@@ -1,36 +1,55 @@
-"""The decode engine: one packed copy of the weights, eager prefill, a torch.compile'd
-one-token decode step, static KV cache, greedy sampling, exactly `output_tokens` tokens
-per stream.
+"""The rank engine: one packed copy of the weights, one KV store, and one compiled step that
+takes a flat list of tokens, for static windows and serving alike.
 
-Why it is built this way (gpt-fast's recipe, on CPU):
+Why it is built this way (gpt-fast's recipe on CPU, with Sarathi-Serve's stall-free
+batching on top):
 - Every linear holds one copy of its weight, in the layout of the CPU's fastest bf16
-  kernel (vcfslm.bench.linear), and prefill and decode both call that kernel. Inductor
-  freezing would instead fold a second, packed copy into each compiled graph and keep the
-  originals for eager prefill (2-3x the weights per replica); here the graph holds no
-  constants, so a replica stays near 1x and Inductor's FX graph cache can be on (the
-  brief's "warm compilation cache").
-- Decode is memory-bound: every step reads every weight once. torch.compile fuses what
-  lies between the linears (norms, rotary, activations, the cache update) into a few
-  C++ kernels, so a step is the weight reads plus little else.
-- The KV cache is a `StaticCache` sized to input + output tokens, so the decode step
-  has one static shape per (batch, context) and compiles to one graph; `cache.reset()`
-  keeps its addresses, so windows after the first reuse that graph.
-- Prefill runs eagerly (one big matrix product per linear, compute-bound) with
-  `logits_to_keep=1`, so the prompt's logits are never materialised, and the lm_head
-  reads one contiguous row per stream.
+  kernel (vcfslm.bench.linear), and every call goes through that kernel. The compiled
+  graphs hold no constants, so a replica stays near 1x its weights and Inductor's FX
+  graph cache can be on (the brief's "warm compilation cache").
+- Decode is memory-bound: a step reads every weight once, whatever its token count up to
+  the GEMM/bandwidth balance. So one step carries every running stream's next token AND
+  up to `chunk_tokens` prompt tokens of the request being admitted, through each linear
+  as one [tokens, hidden] matrix: the prompt rides on the weight reads the decode needs
+  anyway, instead of stalling every stream for a whole prefill of its own.
+- Tokens are flat: the model sees input_ids [1, T] with each token's own position. The
+  attention function registered here (`vcfslm-flat`) writes each token's K/V at (its
+  row, its position) of the KV store and attends per request:
+  - decode lanes 0..D-1 are the slots: lane i is row i's next token, attending over row i
+    (a free lane writes into the junk row and sees key 0 of its own row only: finite,
+    touching nothing);
+  - prompt tokens come after the lanes and go into the staging row, attending over it
+    causally; when a prompt's last piece is in, its rows move to its slot (a copy of
+    prompt-length rows, once per request) and its first token is the step's output.
+  Attention is therefore per request, at its own positions, without forking the model:
+  transformers passes the step's kwargs through to the attention function.
+- One graph per token count: a serving step's lanes are rounded up over the highest busy
+  slot to 1, then powers of the kernel's row padding (onednn-packed pads rows to 4, so
+  1, 4, 16; dense-bf16 1, 2, 4, ...), then the slots, so a lone stream pays a batch-1
+  step, not the full slot shape; a step with a prompt piece adds `chunk_tokens` to its lanes (a
+  shorter piece is padded), and costs about the decode step by the choice of chunk_tokens
+  (the piece's FLOPs fit under the bandwidth floor). Every bucket is compiled before the
+  first window (TokenSlots.prime), so a window never compiles.
+- Static windows are this engine's special case: every stream is admitted at t=0 and
+  decodes through the same step family (T = batch, rows 0..batch-1). Their prompts are
+  prefilled in one piece (eager, all prompts in one batch, the same attention function in
+  its prefill form) rather than chunked: there is one staging row, so chunking a batch of
+  prompts would read the weights once per request and piece, where one batched prefill
+  reads them once (benchmarks/decode_efficiency.py prints both).
 - On CPU every op is synchronous: the time after a call returns is when its tokens
   exist; the loop needs no `.item()`.
 
 Compiles are counted by the backend itself, so a window can tell whether a compile
-happened inside it (and is then flagged invalid by the worker). A new (batch, context)
-shape resets Dynamo first, so a matrix of many shapes never reaches Dynamo's recompile
-limit (past it a step would silently run eagerly): one engine per process.
+happened inside it (and is then flagged invalid by the worker). A new KV store shape
+resets Dynamo first, so a matrix of many shapes never reaches Dynamo's recompile limit
+(past it a step would silently run eagerly): one engine per process.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -38,8 +57,19 @@ import torch
 
 from ..contract import MEASUREMENT_MODES, normalize_compile_mode
 from .linear import KernelPlan, PackReport, choose_plan, onednn_bf16, pack_linears
+from .serve import Piece
 
 log = logging.getLogger(__name__)
+
+ATTENTION = "vcfslm-flat"
+# Each token count is its own graph of one code object; a serving rank holds a handful
+# (its lane counts, each alone and with a prompt piece) plus the gate's: well past Dynamo's
+# default of 8, past which it would run the step eagerly without saying so.
+RECOMPILE_LIMIT = 64
+# The chunk when no probe says better: a prompt piece this long costs a few decode steps'
+# FLOPs on the CPUs measured (AMX: about the floor; AVX2: a few floors).
+DEFAULT_CHUNK_TOKENS = 64
+MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 16, 512
 
 
 class CompileCounter:
@@ -64,17 +94,147 @@ class CompileCounter:
             log.debug("compile: graph %d done in %.1f s (%.1f s in all)", self.graphs, took, self.seconds)
 
 
-class _DecodeStep(torch.nn.Module):
-    """One greedy decode step as a module (what torch.compile traces)."""
+def chunk_tokens_for(step_weight_bytes: int, read_gbs: float | None, gemm_tflops: float | None,
+                     bytes_per_weight: int = 2) -> int:
+    """The largest prompt piece whose linears' FLOPs fit under the decode step's bandwidth
+    floor (pure): step time x GEMM rate / (2 x params), with the step time the time to read
+    the step's weights and params the weights it reads (bf16: 2 bytes each). Without
+    probes, DEFAULT_CHUNK_TOKENS; clamped to [16, 512], a multiple of 8."""
+    if not (read_gbs and gemm_tflops and step_weight_bytes) or read_gbs <= 0 or gemm_tflops <= 0:
+        return DEFAULT_CHUNK_TOKENS
+    floor_s = step_weight_bytes / (read_gbs * 1e9)
+    params = step_weight_bytes / bytes_per_weight
+    tokens = floor_s * gemm_tflops * 1e12 / (2.0 * params)
+    if not math.isfinite(tokens):
+        return DEFAULT_CHUNK_TOKENS
+    return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, tokens // 8 * 8)))
+
+
+def decode_buckets(slots: int, growth: int = 2) -> tuple[int, ...]:
+    """The lane counts a serving step compiles at (pure): 1, then powers of `growth` below
+    the slot count, then the slot count. growth: the kernel plan's padding (rows fewer than
+    its min_rows cost what min_rows cost, so onednn-packed's 4 gives 1, 4, 16), at least 2."""
+    growth = max(2, growth)
+    out, t = [], 1
+    while t < slots:
+        out.append(t)
+        t *= growth
+    return (*out, slots)
+
+
+def lanes_for(highest_slot: int, slots: int, growth: int = 2) -> int:
+    """The lane count a step whose highest busy slot is `highest_slot` runs at (pure)."""
+    return next(b for b in decode_buckets(slots, growth) if b > highest_slot)
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+def flat_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *,
+                   kv_store=None, kv_rows=None, kv_positions=None, prompt_mask=None,
+                   decode_lanes: int = 0, staging_row: int = 0, **kwargs):
+    """Attention over the engine's KV store (see the module docstring).
+
+    Without `kv_store` it is transformers' sdpa attention. With it and no `kv_rows`, a
+    one-piece prefill: rows [:batch] at positions [:length] take the new K/V, and the
+    prompt attends causally to itself exactly as sdpa would. With `kv_rows` a flat step:
+    query [1, heads, T, dim], token t written at (kv_rows[t], kv_positions[t]); lanes
+    0..decode_lanes-1 attend over their own rows under `attention_mask` [lanes, 1, 1,
+    context]; tokens after them (when prompt_mask [1, 1, T - lanes, context] is given)
+    over the staging row.
+    """
+    sdpa = _sdpa()
+    if kv_store is None:
+        return sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    keys, values = kv_store[module.layer_idx]
+    if kv_rows is None:
+        batch, _, length, _ = key.shape
+        keys[:batch, :, :length] = key
+        values[:batch, :, :length] = value
+        return sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    # keys[row, :, position] = new K of each token: an index_put_, which Inductor's
+    # reinplacing pass writes in place (a scatter_ would be functionalized into a copy of
+    # the whole store per layer and step).
+    keys[kv_rows, :, kv_positions] = key[0].transpose(0, 1)
+    values[kv_rows, :, kv_positions] = value[0].transpose(0, 1)
+    lanes = decode_lanes
+    q_lanes = query[0, :, :lanes].transpose(0, 1).unsqueeze(2)               # [lanes, heads, 1, dim]
+    out, _ = sdpa(module, q_lanes, keys[:lanes], values[:lanes], attention_mask,
+                  scaling=scaling, dropout=dropout, is_causal=False)          # [lanes, 1, heads, dim]
+    out = out.transpose(0, 1)                                                 # [1, lanes, heads, dim]
+    if prompt_mask is None:
+        return out, None
+    q_prompt = query[:, :, lanes:]                                            # [1, heads, C, dim]
+    row = slice(staging_row, staging_row + 1)
+    prompt_out, _ = sdpa(module, q_prompt, keys[row], values[row], prompt_mask,
+                         scaling=scaling, dropout=dropout, is_causal=False)   # [1, C, heads, dim]
+    return torch.cat([out, prompt_out], dim=1), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, flat_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+
+
+class KVStore:
+    """Per layer one keys and one values tensor [rows, kv_heads, context, head_dim], zeroed
+    (a free lane reads key 0 of its row: it must be finite), at static addresses."""
+
+    def __init__(self, config, rows: int, context: int, dtype: torch.dtype):
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.rows, self.context = rows, context
+        self.layers = []
+        for _ in range(config.num_hidden_layers):
+            pair = (torch.zeros(rows, kv_heads, context, head_dim, dtype=dtype),
+                    torch.zeros(rows, kv_heads, context, head_dim, dtype=dtype))
+            for t in pair:
+                torch._dynamo.mark_static_address(t)
+            self.layers.append(pair)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.context)
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of row src into row dst, every layer."""
+        for keys, values in self.layers:
+            keys[dst, :, :length].copy_(keys[src, :, :length])
+            values[dst, :, :length].copy_(values[src, :, :length])
+
+
+class _FlatStep(torch.nn.Module):
+    """One step over a flat token list (what torch.compile traces): greedy tokens and logits
+    at the kept positions (the lanes, then the prompt piece's last token)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, token, position_ids, cache):
-        logits = self.model(input_ids=token, position_ids=position_ids, cache=cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1, :]
-        return logits.argmax(dim=-1, keepdim=True), logits
+    def forward(self, tokens, positions, rows, live, keep, store, lanes: int, staging_row: int,
+                with_prompt: bool):
+        context = store[0][0].shape[2]
+        keys = torch.arange(context, device=positions.device)
+        lane_pos = positions[0, :lanes]
+        # Lane i sees keys 0..its position when live, key 0 only when free.
+        lane_mask = ((keys[None] <= lane_pos[:, None]) & live[:, None]) | (keys[None] == 0)
+        prompt_mask = None
+        if with_prompt:
+            prompt_mask = (keys[None] <= positions[0, lanes:, None])[None, None]
+        logits = self.model(input_ids=tokens, position_ids=positions, attention_mask=lane_mask[:, None, None, :],
+                            use_cache=False, logits_to_keep=keep, kv_store=store, kv_rows=rows,
+                            kv_positions=positions[0], prompt_mask=prompt_mask, decode_lanes=lanes,
+                            staging_row=staging_row).logits[0]
+        return logits.argmax(dim=-1), logits
 
 
 @dataclass
@@ -94,11 +254,12 @@ class Generation:
 
 
 class DecodeEngine:
-    """Greedy batched generation with packed weights, a static cache and a compiled step.
+    """Greedy generation with packed weights, one KV store and one compiled step family.
 
     model: a bf16 causal LM; its nn.Linear layers are replaced in place by packed ones
-    (the originals are dropped). mode: "compile" or "eager". plan: the linear kernel
-    (default: the best this CPU offers).
+    (the originals are dropped) and its attention by `vcfslm-flat`. mode: "compile" or
+    "eager". plan: the linear kernel (default: the best this CPU offers). Static windows
+    call generate(); serving builds a TokenSlots on the engine.
     """
 
     def __init__(self, model, mode: str = "compile", *, plan: KernelPlan | None = None,
@@ -107,11 +268,13 @@ class DecodeEngine:
         self.mode = normalize_compile_mode(mode)
         self.plan = plan or choose_plan(onednn_bf16())
         self.pack: PackReport = pack_linears(model, self.plan, check=check_packing)
+        _register_attention()
+        model.config._attn_implementation = ATTENTION
         self.counter = CompileCounter()
-        self._step_module = _DecodeStep(model).eval()
+        self._module = _FlatStep(model).eval()
         self._step = self._make_step()
-        self._cache = None
-        self._cache_shape: tuple[int, int] | None = None
+        self.store: KVStore | None = None
+        self.dtype = next(model.parameters()).dtype
 
     @property
     def label(self) -> str:
@@ -123,37 +286,60 @@ class DecodeEngine:
 
     def _make_step(self):
         if self.mode == "eager":
-            return self._step_module
-        return torch.compile(self._step_module, backend=self.counter, fullgraph=True, dynamic=False)
+            return self._module
+        limit = torch._dynamo.config
+        limit.recompile_limit = max(limit.recompile_limit, RECOMPILE_LIMIT)
+        limit.accumulated_recompile_limit = max(limit.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
+        return torch.compile(self._module, backend=self.counter, fullgraph=True, dynamic=False)
 
     @property
     def compiles(self) -> int:
         return self.counter.graphs
 
-    # ------------------------------------------------------------------ cache
+    # ------------------------------------------------------------------ store
 
-    def cache_for(self, batch: int, max_len: int):
-        """The static cache for (batch, max_len), reset; a new shape drops the old graph."""
-        from transformers import StaticCache
-
-        if self._cache_shape != (batch, max_len):
-            if self._cache is not None:
+    def store_for(self, rows: int, context: int) -> KVStore:
+        """The KV store of (rows, context); a new shape drops the old store and every graph."""
+        if self.store is None or self.store.shape != (rows, context):
+            if self.store is not None:
                 self.release()
-            self._cache = StaticCache(config=self.model.config, max_cache_len=max_len)
-            self._cache_shape = (batch, max_len)
-        else:
-            self._cache.reset()
-        return self._cache
+            self.store = KVStore(self.model.config, rows, context, self.dtype)
+        return self.store
 
     def release(self) -> None:
-        """Drop the cache and every compiled graph."""
-        self._cache = None
-        self._cache_shape = None
+        """Drop the store and every compiled graph."""
+        self.store = None
         if self.mode != "eager":
             log.debug("compile: new shape, compiled graphs dropped (dynamo reset)")
             torch._dynamo.reset()
             self._step = self._make_step()
         gc.collect()
+
+    # ------------------------------------------------------------------- steps
+
+    def run_step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, live: torch.Tensor,
+                 keep: torch.Tensor, *, lanes: int, staging_row: int = 0, with_prompt: bool = False,
+                 eager: bool = False):
+        """One flat step (compiled unless eager): (greedy tokens [kept], logits [kept, vocab]).
+
+        tokens, positions: int64 [1, T]; rows: int64 [T] (each token's store row); live: bool
+        [lanes]; keep: int64 indices of the tokens whose logits are wanted."""
+        step = self._module if eager else self._step
+        return step(tokens, positions, rows, live, keep, self.store.layers, lanes, staging_row, with_prompt)
+
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor, store: KVStore | None = None) -> torch.Tensor:
+        """Prompts [batch, length] in one piece (eager) into rows [:batch]; last positions' logits."""
+        store = store or self.store
+        batch, length = prompt.shape
+        positions = torch.arange(length, dtype=torch.long).unsqueeze(0).expand(batch, -1)
+        out = self.model(input_ids=prompt, position_ids=positions, use_cache=False, logits_to_keep=1,
+                         kv_store=store.layers)
+        return out.logits[:, -1, :]
+
+    def _static_inputs(self, batch: int):
+        lanes = torch.arange(batch, dtype=torch.long)
+        return lanes, torch.ones(batch, dtype=torch.bool), lanes.clone()
 
     # ------------------------------------------------------------- generation
 
@@ -163,23 +349,24 @@ class DecodeEngine:
         """Generate exactly `output_tokens` greedy tokens per stream (EOS ignored).
 
         prompt: int64 [batch, input_tokens]. The request starts when this is called.
-        eager: run the decode step without compile (a check, never a measurement).
+        eager: run the step without compile (a check, never a measurement).
         """
         if output_tokens < 1:
             raise ValueError("output_tokens must be >= 1")
         batch, prompt_len = prompt.shape
         compiles_before = self.counter.graphs
         request_start = time.perf_counter()
-        cache = self.cache_for(batch, prompt_len + output_tokens)
-        token = self.prefill(prompt, cache).argmax(dim=-1, keepdim=True)
+        store = self.store_for(batch, prompt_len + output_tokens)
+        token = self.prefill(prompt, store).argmax(dim=-1)
         first_token = time.perf_counter()
         out = [token]
-        position = torch.full((batch, 1), prompt_len, dtype=torch.long)
+        rows, live, keep = self._static_inputs(batch)
+        position = torch.full((1, batch), prompt_len, dtype=torch.long)
         steps: list[float] = []
         last = first_token
-        step = self._step_module if eager else self._step
         for _ in range(output_tokens - 1):
-            token, _ = step(token, position, cache)
+            fed = token.view(1, batch).clone(memory_format=torch.contiguous_format)
+            token, _ = self.run_step(fed, position, rows, live, keep, lanes=batch, eager=eager)
             out.append(token)
             position = position + 1
             if record_steps:
@@ -187,21 +374,8 @@ class DecodeEngine:
                 steps.append(now - last)
                 last = now
         last_token = time.perf_counter()
-        return Generation(torch.cat(out, dim=1), request_start, first_token, last_token, steps,
+        return Generation(torch.stack(out, dim=1), request_start, first_token, last_token, steps,
                           self.counter.graphs - compiles_before)
-
-    def decode_step(self, token: torch.Tensor, position: torch.Tensor, cache):
-        """One decode step as generate runs it (compiled unless the mode is eager):
-        (next greedy tokens [batch, 1], logits [batch, vocab]). For benchmarks timing a step."""
-        return self._step(token, position, cache)
-
-    def prefill(self, prompt: torch.Tensor, cache) -> torch.Tensor:
-        """Run the prompt through the model (eager), filling `cache`; last position's logits."""
-        batch, prompt_len = prompt.shape
-        positions = torch.arange(prompt_len, dtype=torch.long).unsqueeze(0).expand(batch, -1)
-        out = self.model(input_ids=prompt, position_ids=positions, cache=cache, use_cache=True,
-                         logits_to_keep=1)
-        return out.logits[:, -1, :]
 
     @torch.inference_mode()
     def step_logits(self, prompt: torch.Tensor, forced: torch.Tensor, *, compiled: bool = True,
@@ -210,22 +384,199 @@ class DecodeEngine:
 
         Teacher forcing makes the compiled and the eager step see identical inputs, so
         their logits compare position by position (free-running greedy tokens diverge
-        on near-ties). max_len: the cache length (default prompt + steps; pass a
+        on near-ties). max_len: the store's context (default prompt + steps; pass a
         scenario's context to reuse its compiled graph). Returns float32 [batch, steps, vocab].
         """
         batch, prompt_len = prompt.shape
         steps = forced.shape[1]
-        cache = self.cache_for(batch, max(max_len or 0, prompt_len + steps))
-        self.prefill(prompt, cache)
-        step = self._step if compiled else self._step_module
+        store = self.store_for(batch, max(max_len or 0, prompt_len + steps))
+        self.prefill(prompt, store)
+        rows, live, keep = self._static_inputs(batch)
         out = []
         for i in range(steps):
-            position = torch.full((batch, 1), prompt_len + i, dtype=torch.long)
-            # clone: a fresh (inference) tensor of plain strides, so Dynamo guards match the
-            # generation loop's and the gate reuses its graph instead of compiling another
-            _, logits = step(forced[:, i:i + 1].clone(memory_format=torch.contiguous_format), position, cache)
+            position = torch.full((1, batch), prompt_len + i, dtype=torch.long)
+            # clone: a fresh inference tensor of plain strides, as generate's tokens are, so
+            # Dynamo's guards match and the gate reuses the generation's graph
+            tokens = forced[:, i].reshape(1, batch).clone(memory_format=torch.contiguous_format)
+            _, logits = self.run_step(tokens, position, rows, live, keep, lanes=batch, eager=not compiled)
             out.append(logits.float().clone())
         return torch.stack(out, dim=1)
+
+
+# ------------------------------------------------------------------- serving
+
+
+@dataclass
+class StepOut:
+    """One serving step: each decoding slot's next token, the admitted request's first token
+    (when this step took its prompt's last piece), and what the step carried."""
+
+    decoded: dict[int, int]
+    first: int | None
+    tokens: int               # real tokens (decodes + prompt), not the padding
+    prompt_tokens: int
+    bucket: int               # the token count it ran at
+
+
+class TokenSlots:
+    """Serving on the engine: `slots` streams decoding together, a request's prompt admitted
+    in pieces of at most `chunk_tokens` that ride on the decode steps.
+
+    The store has slots + 2 rows: the slots, the staging row (a prompt being admitted),
+    and a junk row (what free lanes and padding write). A slot's context is
+    `max_context` (prompt plus generated tokens).
+    """
+
+    def __init__(self, engine: DecodeEngine, slots: int, max_context: int, chunk_tokens: int):
+        if slots < 1 or max_context < 2 or chunk_tokens < 1:
+            raise ValueError("slots and chunk_tokens must be >= 1 and max_context >= 2")
+        window = getattr(engine.model.config, "sliding_window", None)
+        if window is not None and window < max_context:
+            raise ValueError(f"sliding window {window} < max_context {max_context}: "
+                             "the engine supports full attention only")
+        self.engine, self.slots, self.max_context, self.chunk_tokens = engine, slots, max_context, chunk_tokens
+        self.staging, self.junk = slots, slots + 1
+        self.growth = max(2, engine.plan.min_rows)
+        self._length = [0] * slots           # each slot's next position (0: free)
+        self._occupied = [False] * slots
+        self._last = [0] * slots             # each occupied slot's last token
+        self.last_logits: dict[int, torch.Tensor] = {}
+
+    @property
+    def compiles(self) -> int:
+        return self.engine.compiles
+
+    @property
+    def active(self) -> list[int]:
+        return [i for i, used in enumerate(self._occupied) if used]
+
+    def free(self) -> list[int]:
+        return [i for i, used in enumerate(self._occupied) if not used]
+
+    def position(self, slot: int) -> int:
+        return self._length[slot]
+
+    @property
+    def budget(self) -> int:
+        """The most tokens one step carries: every slot's decode and a whole chunk."""
+        return self.slots + self.chunk_tokens
+
+    def buckets(self) -> tuple[int, ...]:
+        """Every token count a serving step runs at: the decode lanes alone, and the lanes with
+        a chunk (a piece shorter than the chunk is padded to it)."""
+        lanes = decode_buckets(self.slots, self.growth)
+        return (*lanes, *(n + self.chunk_tokens for n in lanes))
+
+    @torch.inference_mode()
+    def step(self, piece: Piece | None = None, forced: dict[int, int] | None = None) -> StepOut:
+        """One step: every occupied slot decodes a token; a piece of a prompt rides along.
+
+        forced: feed these tokens to the listed slots instead of their last ones (teacher
+        forcing, for numerics checks). Nothing runs when no slot is occupied and no piece
+        is given."""
+        active = self.active
+        if piece is not None:
+            self._check_piece(piece)
+        elif not active:
+            return StepOut({}, None, 0, 0, 0)
+        full = [s for s in active if self._length[s] >= self.max_context]
+        if full:
+            raise ValueError(f"slots {full} are at max_context {self.max_context}: evict them first")
+        for slot, token in (forced or {}).items():
+            if not self._occupied[slot]:
+                raise ValueError(f"slot {slot} is free")
+            self._last[slot] = token
+        self.engine.store_for(self.slots + 2, self.max_context)
+        lanes = lanes_for(max(active), self.slots, self.growth) if active else 1
+        n = 0 if piece is None else piece.stop - piece.start
+        total = lanes if piece is None else lanes + self.chunk_tokens
+        tokens = torch.zeros(1, total, dtype=torch.long)
+        positions = torch.zeros(1, total, dtype=torch.long)
+        rows = torch.full((total,), self.junk, dtype=torch.long)
+        live = torch.zeros(lanes, dtype=torch.bool)
+        for s in active:
+            tokens[0, s], positions[0, s], rows[s], live[s] = self._last[s], self._length[s], s, True
+        keep = list(range(lanes))
+        if piece is not None:
+            tokens[0, lanes:lanes + n] = piece.prompt[piece.start:piece.stop]
+            positions[0, lanes:lanes + n] = torch.arange(piece.start, piece.stop)
+            rows[lanes:lanes + n] = self.staging
+            keep.append(lanes + n - 1)
+        nxt, logits = self.engine.run_step(tokens, positions, rows, live, torch.tensor(keep), lanes=lanes,
+                                           staging_row=self.staging, with_prompt=piece is not None)
+        values = nxt.tolist()
+        decoded = {}
+        self.last_logits = {}
+        for s in active:
+            decoded[s] = self._last[s] = values[s]
+            self._length[s] += 1
+            self.last_logits[s] = logits[s]
+        first = None
+        if piece is not None and piece.last:
+            length = piece.length
+            self.engine.store.move_row(self.staging, piece.slot, length)
+            first = self._last[piece.slot] = values[-1]
+            self._occupied[piece.slot], self._length[piece.slot] = True, length
+            self.last_logits[piece.slot] = logits[-1]
+        return StepOut(decoded, first, len(active) + n, n, total)
+
+    def _check_piece(self, piece: Piece) -> None:
+        if not 0 <= piece.slot < self.slots:
+            raise ValueError(f"slot {piece.slot} out of range 0..{self.slots - 1}")
+        if self._occupied[piece.slot]:
+            raise ValueError(f"slot {piece.slot} is occupied")
+        length = piece.length
+        if piece.prompt.dim() != 1 or length < 1 or piece.prompt.numel() != length:
+            raise ValueError(f"slot {piece.slot}: prompt must be a non-empty 1-D tensor of its length")
+        if length + 1 > self.max_context:
+            raise ValueError(f"slot {piece.slot}: prompt of {length} tokens + 1 exceeds "
+                             f"max_context {self.max_context}")
+        if not 0 <= piece.start < piece.stop <= length or piece.stop - piece.start > self.chunk_tokens:
+            raise ValueError(f"slot {piece.slot}: piece [{piece.start}, {piece.stop}) of a {length}-token "
+                             f"prompt must be non-empty, inside it and at most {self.chunk_tokens} tokens")
+
+    def admit(self, slot: int, prompt: torch.Tensor) -> int:
+        """Admit a whole prompt into a free slot in pieces, each riding on a step that decodes
+        the occupied slots; its first greedy token. For checks and priming, not windows."""
+        first, length = None, prompt.numel()
+        for start in range(0, length, self.chunk_tokens):
+            first = self.step(Piece(slot, prompt, start, min(length, start + self.chunk_tokens), length)).first
+        return first
+
+    def evict(self, slot: int) -> None:
+        """Free the slot; its rows are left as they are (its lane's mask hides them)."""
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.slots - 1}")
+        self._occupied[slot] = False
+        self._length[slot] = 0
+
+    def reset(self) -> None:
+        """All slots free; the store (same addresses) and the compiled graphs are kept."""
+        self._occupied = [False] * self.slots
+        self._length = [0] * self.slots
+
+    def prime(self, prompt: torch.Tensor) -> None:
+        """Compile every bucket before a window: at each lane count a decode step and a step
+        with a prompt piece (one that does not finish its prompt), then all slots free.
+
+        Lane count b is reached with slot b-1 alone busy, so a slot below it is free for
+        the piece (with one slot, the admission's own pieces ran at one lane)."""
+        prompt = prompt[: max(1, min(prompt.numel(), self.max_context - 3))]
+        probe = prompt[:2] if prompt.numel() >= 2 else torch.cat([prompt, prompt])
+        for bucket in decode_buckets(self.slots, self.growth):
+            self.reset()
+            self.admit(bucket - 1, prompt)
+            self.step()
+            free = self.free()
+            if free:
+                self.step(Piece(free[0], probe, 0, 1, 2))
+        self.reset()
+
+    def release(self) -> None:
+        """Drop the store and every compiled graph (like DecodeEngine.release)."""
+        self.reset()
+        self.last_logits = {}
+        self.engine.release()
 
 
 def synthetic_prompt(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:

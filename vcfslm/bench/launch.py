@@ -260,6 +260,8 @@ def progress_status(event: dict) -> str:
         return f"bandwidth read {event.get('read_gbs')} GB/s, triad {event.get('triad_gbs')} GB/s"
     if phase == "loaded":
         return f"model loaded in {event.get('load_s')} s"
+    if phase == "chunked":
+        return f"prompt pieces of at most {event.get('chunk_tokens')} tokens per step (from {event.get('from')})"
     if phase == "failed":
         return f"failed: {event.get('error')}"
     return phase

@@ -1,19 +1,21 @@
 """One serving window: a load generator and a continuous-batching scheduler on one rank.
 
-The scheduler is what every production server does between decode steps (vLLM, TGI,
-OpenVINO Model Server): requests that have arrived wait in FIFO order; whenever slots
-are free, the waiting ones are prefilled into them (prefill stalls the running streams
-for its duration, as it does in a server without chunked prefill); then one decode step
-advances every busy slot by a token; a request leaves its slot when it has produced its
-output tokens. No HTTP server: the measurement is the engine's, not a network stack's.
+The scheduler is a production server's with chunked prefill (vLLM's, Sarathi-Serve's
+stall-free batching): requests that have arrived wait in FIFO order; the oldest one is
+admitted when a slot is free, and its prompt goes in pieces of at most the engine's
+`chunk_tokens`, one piece per step, riding on the step that decodes every running
+stream (decode tokens always come first: no running stream waits for a prompt); the
+step that takes its last piece gives its first token (its TTFT); a request leaves its
+slot when it has produced its output tokens. No HTTP server: the measurement is the
+engine's, not a network stack's.
 
 Arrivals (vcfslm.serving): open loop, every arrival time drawn before the window starts,
 so a rank that falls behind sees its queue grow; or closed loop, N users who each send
 the next request a think time after their last reply.
 
-The loop is torch-free: it drives any object with SlotEngine's admit/step/evict/free
-methods, and takes its clock, its sleep and its prompts as arguments, so a unit test
-runs it against a fake engine on a fake clock.
+The loop is torch-free: it drives any object with TokenSlots' step/evict/free/reset
+methods (bench/engine.py), and takes its clock, its sleep and its prompts as arguments,
+so a unit test runs it against a fake engine on a fake clock.
 """
 
 from __future__ import annotations
@@ -34,10 +36,32 @@ from ..serving import Planned, ServeSpec
 IDLE_POLL_S = 0.05
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Prompt tokens [start, stop) of a `length`-token prompt being admitted into `slot`."""
+
+    slot: int
+    prompt: Any
+    start: int
+    stop: int
+    length: int
+
+    @property
+    def last(self) -> bool:
+        return self.stop >= self.length
+
+
+class StepResult(Protocol):
+    decoded: dict[int, int]     # each decoding slot's next token
+    first: int | None           # the admitted request's first token, when the piece was its last
+    tokens: int                 # real tokens the step carried (decodes + prompt)
+    prompt_tokens: int
+
+
 class Slots(Protocol):
+    chunk_tokens: int
     def free(self) -> list[int]: ...
-    def admit(self, requests: list[tuple[int, Any]]) -> list[int]: ...
-    def step(self) -> dict[int, int]: ...
+    def step(self, piece: Piece | None = None) -> StepResult: ...
     def evict(self, slot: int) -> None: ...
     def reset(self) -> None: ...
 
@@ -75,6 +99,9 @@ class WindowOutcome:
     max_queue: int
     steps: int
     step_s: list[float] = field(default_factory=list)
+    step_tokens: int = 0               # real tokens the steps carried (decodes + prompt pieces)
+    prompt_tokens: int = 0             # of them, prompt tokens
+    chunk_tokens: int = 0              # the most prompt tokens a step took
 
     @property
     def counted(self) -> list[Request]:
@@ -137,10 +164,13 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     # A window starts with every slot free: the last one may have ended at its cutoff with
     # requests still decoding.
     slots.reset()
+    chunk = slots.chunk_tokens
     waiting: deque[Request] = deque()
     running: dict[int, Request] = {}
+    admitting: Request | None = None   # the request whose prompt goes in, piece by piece
+    admit_slot, admit_prompt, admitted = -1, None, 0
     occupancy = _Occupancy(spec.warmup_s, span_end)
-    generated = max_queue = steps = 0
+    generated = max_queue = steps = step_tokens = prompt_tokens = 0
     step_times: list[float] = []
     t0 = clock()
 
@@ -162,48 +192,58 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
             if follow < spec.duration_s:
                 plan(follow, r.user)
 
+    def busy() -> int:
+        return len(running) + (admitting is not None)
+
     while True:
         t = now()
         while future and future[0][0] <= t:
             waiting.append(heapq.heappop(future)[2])
-        free = slots.free()
+        free = [s for s in slots.free() if s != admit_slot]
+        if admitting is None and waiting and free:
+            admitting, admit_slot, admitted = waiting.popleft(), free.pop(0), 0
+            admitting.started_s = t
+            admit_prompt = prompt_for(admitting)
+            occupancy.change(t, busy())
         max_queue = max(max_queue, len(waiting) - len(free))   # those that must wait for a slot
         counted_left = any(r.counted and not r.done for r in requests)
-        if t >= spec.cutoff_s or (t >= span_end and not counted_left and not running):
+        if t >= spec.cutoff_s or (t >= span_end and not counted_left and not busy()):
             break
-        if waiting and free:
-            batch = [waiting.popleft() for _ in range(min(len(free), len(waiting)))]
-            for r in batch:
-                r.started_s = t
-            occupancy.change(t, len(running) + len(batch))
-            slots.admit([(slot, prompt_for(r)) for slot, r in zip(free, batch, strict=False)])
-            at = now()
-            for slot, r in zip(free, batch, strict=False):
-                running[slot] = r
-                r.first_s = at
-                produce(r, at)
-                if r.produced >= r.output_tokens:
-                    finish(slot, r, at)
-            occupancy.change(at, len(running))
-            continue
-        if running:
+        if busy():
+            piece = None
+            if admitting is not None:
+                piece = Piece(admit_slot, admit_prompt, admitted,
+                              min(admitting.input_tokens, admitted + chunk), admitting.input_tokens)
             before = now()
-            slots.step()
+            out = slots.step(piece)
             at = now()
             steps += 1
             step_times.append(at - before)
+            step_tokens += out.tokens
+            prompt_tokens += out.prompt_tokens
             for slot, r in list(running.items()):
                 produce(r, at)
                 if r.produced >= r.output_tokens:
                     finish(slot, r, at)
-            occupancy.change(at, len(running))
+            if piece is not None:
+                admitted = piece.stop
+                if piece.last:
+                    r, slot = admitting, admit_slot
+                    admitting, admit_slot, admit_prompt = None, -1, None
+                    running[slot] = r
+                    r.first_s = at
+                    produce(r, at)
+                    if r.produced >= r.output_tokens:
+                        finish(slot, r, at)
+            occupancy.change(at, busy())
             continue
         if not future and not waiting:
             break                       # nothing waits, runs or will arrive
         sleep(max(0.0, min(future[0][0] - t, IDLE_POLL_S)))
     end = now()
-    occupancy.change(end, len(running))
-    return WindowOutcome(requests, end, generated, occupancy.total, max_queue, steps, step_times)
+    occupancy.change(end, busy())
+    return WindowOutcome(requests, end, generated, occupancy.total, max_queue, steps, step_times,
+                         step_tokens, prompt_tokens, chunk)
 
 
 def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any]) -> dict[str, Any]:
@@ -228,4 +268,7 @@ def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any
         "mean_active": outcome.busy_slot_seconds / span if span > 0 else 0.0,
         "max_queue": outcome.max_queue,
         "goodput": serving.goodput(ttft, tpot, span, limits),
+        "chunk_tokens": outcome.chunk_tokens, "steps": outcome.steps,
+        "step_tokens_mean": outcome.step_tokens / outcome.steps if outcome.steps else 0.0,
+        "prefill_share": outcome.prompt_tokens / outcome.step_tokens if outcome.step_tokens else 0.0,
     }

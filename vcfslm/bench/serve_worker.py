@@ -42,16 +42,18 @@ def serve_file(out: Path, rank: int) -> Path:
 
 
 class SlotDriver:
-    """The in-process backend: vcfslm's own slot engine under bench/serve.py's scheduler."""
+    """The in-process backend: vcfslm's own engine (TokenSlots) under bench/serve.py's scheduler.
 
-    def __init__(self, engine, spec: ServeSpec, vocab: int):
-        from .engine import synthetic_prompt
-        from .slots import SlotEngine
+    chunk_tokens: the most prompt tokens a step takes (the spec's, else the probes')."""
 
-        engine.release()                  # the gate's static cache and graph are not used here
-        self.slots = SlotEngine(engine, spec.slots, spec.max_context)
+    def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int):
+        from .engine import TokenSlots, synthetic_prompt
+
+        engine.release()                  # the gate's static store and graph are not used here
+        self.slots = TokenSlots(engine, spec.slots, spec.max_context, chunk_tokens)
         self.vocab, self._prompt = vocab, synthetic_prompt
-        _prime(self.slots, spec, vocab, synthetic_prompt)
+        # Compile every token count before any window (a compile inside one marks it invalid).
+        self.slots.prime(synthetic_prompt(1, min(spec.input_tokens), vocab, seed=spec.seed + 11)[0])
 
     @property
     def compiles(self) -> int:
@@ -227,14 +229,6 @@ def extra_seconds(records, repeats: int) -> float:
 def next_window(records, load: float) -> int:
     """The next window index at `load` (after every one any rank recorded)."""
     return 1 + max((r.window for r in records if float(r.load) == float(load)), default=-1)
-
-
-def _prime(slots, spec: ServeSpec, vocab: int, synthetic_prompt) -> None:
-    """Compile the slot step before any window: fill every slot, step once, empty them."""
-    prompt = synthetic_prompt(1, min(spec.input_tokens), vocab, seed=spec.seed + 11)[0]
-    slots.admit([(s, prompt) for s in slots.free()])
-    slots.step()
-    slots.reset()
 
 
 def _rounded(value: float, digits: int) -> float | None:

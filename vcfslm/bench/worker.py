@@ -372,7 +372,15 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         from .serve_worker import SlotDriver, serve_windows
 
         facts["sweep"] = []
-        driver = SlotDriver(engine, ServeSpec.of_record(json.loads(args.serve)), loaded.config.vocab_size)
+        from .engine import chunk_tokens_for
+
+        spec = ServeSpec.of_record(json.loads(args.serve))
+        chunk = spec.chunk_tokens or chunk_tokens_for(
+            loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
+        facts["chunk_tokens"] = chunk
+        progress({**base, "phase": "chunked", "chunk_tokens": chunk,
+                  "from": "the inventory/flag" if spec.chunk_tokens else "the probes"})
+        driver = SlotDriver(engine, spec, loaded.config.vocab_size, chunk)
         try:
             mine = serve_windows(args, env, out, base, driver, placement, rank_invalid, dist, progress,
                                  binding.get("cpus"), stops=facts["sweep"])

@@ -13,7 +13,7 @@ from ..serving import ServeSpec
 from .common import int_list
 
 # Flags that only mean something with --serve, and static-only flags refused with it.
-SERVE_FLAGS = ("rates", "users", "slots", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
+SERVE_FLAGS = ("rates", "users", "slots", "chunk_tokens", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
                "think_s", "lengths", "sweep", "sweep_steps", "sweep_precision", "sweep_budget", "server",
                "server_python")
 STATIC_ONLY = ("batch_sizes", "scenarios", "warmup")
@@ -45,6 +45,10 @@ def serve_options(f):
                      help="Serve: closed-loop users per rank (e.g. 4,8,16), instead of --rates."),
         click.option("--slots", type=click.IntRange(min=1), default=None,
                      help="Serve: the batch cap, streams a rank decodes together (default 16)."),
+        click.option("--chunk-tokens", type=click.IntRange(min=1), default=None,
+                     help="Serve, vcfslm's engine: the most prompt tokens one step takes beside the "
+                          "decodes (default: the largest whose FLOPs fit under the decode step's "
+                          "bandwidth floor on the rank's probes; the records keep the value used)."),
         click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Serve: seconds of arrivals per window (default 60)."),
         click.option("--warmup-s", type=click.FloatRange(min=0), default=None,

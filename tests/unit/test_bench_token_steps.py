@@ -1,0 +1,253 @@
+"""The engine's serving steps on the tiny model: every request computes what its prompt
+computes alone, whenever it is admitted and however its prompt is cut into pieces; one
+graph per token count, compiled by prime() and never again; free lanes stay finite; bad
+pieces are refused before anything runs.
+
+The reference is the static path (DecodeEngine.generate at batch 1) with the slots'
+context as its store length. Greedy tokens must be equal, and teacher-forced logits within
+0.02 of the largest logit with every top-1 equal. Both hold exactly on this CPU: a lane or
+a prompt token goes through the same kernels as a lone stream (the packed linear computes
+each row alike; attention is per request over its own row). On another kernel plan a
+row's rounding may depend on the row count; the 0.02 still separates a right answer from
+a wrong position (logits one step off fail it, tested), and exact tokens are asked of the
+tiny model only, whose top-2 gaps are wide.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from vcfslm.bench.engine import (  # noqa: E402
+    DecodeEngine,
+    TokenSlots,
+    chunk_tokens_for,
+    decode_buckets,
+    lanes_for,
+    synthetic_prompt,
+)
+from vcfslm.bench.serve import Piece  # noqa: E402
+
+SLOTS = 3
+CONTEXT = 40
+VOCAB = 16384
+RTOL = 0.02
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The tiny model is all per-op overhead: one thread is as fast, and stays fast on a
+    # machine whose cores other processes share.
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from vcfslm.bench.model import load_model
+
+    return load_model("synthetic:tiny", seed=0, max_context=64)
+
+
+@pytest.fixture(scope="module")
+def eager(tiny):
+    return DecodeEngine(tiny.model, "eager")
+
+
+def prompt(length, seed):
+    return synthetic_prompt(1, length, VOCAB, seed)[0]
+
+
+def alone(engine, p):
+    """The prompt's greedy tokens on the static path at batch 1, store length CONTEXT."""
+    return engine.generate(p[None], CONTEXT - p.numel()).tokens[0].tolist()
+
+
+PROMPTS = {"a": (5, 1), "b": (9, 2), "c": (5, 3), "d": (12, 4), "e": (4, 5), "f": (7, 6)}
+
+
+class Server:
+    """A tiny FIFO scheduler over TokenSlots: one request admitted at a time, piece by piece,
+    while the others decode (what bench/serve.py's loop does, without its clock)."""
+
+    def __init__(self, slots: TokenSlots):
+        self.slots = slots
+        self.held: dict[int, str] = {}
+        self.got: dict[str, list[int]] = {}
+        self.queue: list[str] = []
+        self.admitting: tuple[str, int, int] | None = None   # (name, slot, tokens in)
+
+    def step(self):
+        piece = None
+        free = self.slots.free()
+        if self.admitting is None and self.queue and free:
+            self.admitting = (self.queue.pop(0), free[0], 0)
+        if self.admitting is not None:
+            name, slot, done = self.admitting
+            p = prompt(*PROMPTS[name])
+            piece = Piece(slot, p, done, min(p.numel(), done + self.slots.chunk_tokens), p.numel())
+        out = self.slots.step(piece)
+        assert sorted(out.decoded) == sorted(self.held)
+        for slot, token in out.decoded.items():
+            self.got[self.held[slot]].append(token)
+        if piece is not None:
+            name, slot, _ = self.admitting
+            self.admitting = None if piece.last else (name, slot, piece.stop)
+            if piece.last:
+                assert out.first is not None
+                self.held[slot] = name
+                self.got[name] = [out.first]
+        return out
+
+    def evict(self, name):
+        slot = next(s for s, n in self.held.items() if n == name)
+        self.slots.evict(slot)
+        del self.held[slot]
+
+
+ARRIVALS = [(0, "a"), (0, "c"), (3, "b"), (6, "d"), (6, "e"), (10, "f")]   # (step, request)
+WANTED = 10                                                                 # tokens per request
+
+
+def staggered(slots: TokenSlots) -> dict[str, list[int]]:
+    """Requests arriving at different steps, queueing for the slots, each evicted when it has
+    its tokens (freed slots re-used by longer and shorter prompts), until all are done."""
+    slots.reset()
+    server = Server(slots)
+    for step in range(300):
+        server.queue += [name for at, name in ARRIVALS if at == step]
+        if step > 10 and not server.queue and server.admitting is None and not server.held:
+            break
+        server.step()
+        for name in [n for n in server.held.values() if len(server.got[n]) >= WANTED]:
+            server.evict(name)
+    return server.got
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 16])
+def test_every_request_generates_what_its_prompt_generates_alone_in_any_chunking(eager, chunk):
+    slots = TokenSlots(eager, SLOTS, CONTEXT, chunk)
+    got = staggered(slots)
+    assert set(got) == set(PROMPTS)
+    for name, tokens in got.items():
+        assert len(tokens) == WANTED, name
+        assert tokens == alone(eager, prompt(*PROMPTS[name]))[:len(tokens)], (chunk, name)
+
+
+def test_compiled_steps_generate_the_same_and_never_recompile_after_priming(tiny):
+    engine = DecodeEngine(tiny.model, "compile")
+    slots = TokenSlots(engine, 2, CONTEXT, 4)
+    with torch.inference_mode():
+        slots.prime(prompt(6, 9))
+    graphs = slots.compiles
+    assert graphs == len(slots.buckets()) == 4          # lanes 1, 2; each alone and with a piece
+    assert slots.buckets() == (1, 2, 1 + 4, 2 + 4)
+    keys = engine.store.layers[0][0].data_ptr()
+    got = staggered(slots)
+    assert set(got) == set(PROMPTS)
+    assert slots.compiles == graphs, "an admission, an eviction or an occupancy recompiled a step"
+    assert engine.store.layers[0][0].data_ptr() == keys
+    reference = DecodeEngine(tiny.model, "eager", check_packing=False)
+    for name, tokens in got.items():
+        assert tokens == alone(reference, prompt(*PROMPTS[name]))[:len(tokens)], name
+
+
+def test_teacher_forced_logits_match_the_prompt_run_alone(eager):
+    slots = TokenSlots(eager, SLOTS, CONTEXT, 4)
+    prompts = [prompt(5, 11), prompt(9, 12), prompt(12, 13)]
+    forced = [synthetic_prompt(1, 12, VOCAB, seed=20 + i)[0] for i in range(3)]
+    want = [eager.step_logits(p[None], f[None], max_len=CONTEXT)[0] for p, f in zip(prompts, forced, strict=True)]
+    got: list[list[torch.Tensor]] = [[], [], []]
+    held: dict[int, int] = {}
+
+    def step(piece=None):
+        # Each held slot is fed its next forced token; its logits are those of that token.
+        feed = {slot: int(forced[r][len(got[r])]) for slot, r in held.items()}
+        out = slots.step(piece, forced=feed)
+        for slot, r in held.items():
+            got[r].append(slots.last_logits[slot].float().clone())
+        return out
+
+    def admit(slot, r):
+        p = prompts[r]
+        for start in range(0, p.numel(), 4):
+            step(Piece(slot, p, start, min(p.numel(), start + 4), p.numel()))
+        held[slot] = r
+
+    admit(2, 0)
+    for _ in range(3):
+        step()
+    admit(0, 1)                                  # comes in, piece by piece, while slot 2 decodes
+    admit(1, 2)
+    slots.evict(2)
+    del held[2]
+    for _ in range(6):
+        step()
+    for r in range(3):
+        mine = torch.stack(got[r])
+        ref = want[r][:len(mine)]
+        assert len(mine) >= 6
+        scale = ref.abs().max().item()
+        assert (mine - ref).abs().max().item() <= RTOL * scale, r
+        assert torch.equal(mine.argmax(-1), ref.argmax(-1)), r
+        # the check can fail: logits one position off are far outside the tolerance
+        assert (mine[1:] - ref[:-1]).abs().max().item() > RTOL * scale
+
+
+def test_free_lanes_stay_finite_and_a_step_says_what_it_carried(eager):
+    slots = TokenSlots(eager, SLOTS, CONTEXT, 4)
+    slots.admit(1, prompt(10, 40))
+    for _ in range(3):
+        out = slots.step()
+        # slot 1 needs lanes 0..1: 2 lanes, or the plan's row padding when it pads more
+        assert (out.tokens, out.prompt_tokens, out.bucket) == (1, 0, lanes_for(1, SLOTS, slots.growth))
+        assert all(torch.isfinite(v.float()).all() for v in slots.last_logits.values())
+    assert [slots.position(s) for s in range(SLOTS)] == [0, 13, 0]
+    out = slots.step(Piece(0, prompt(6, 41), 0, 3, 6))
+    assert (out.tokens, out.prompt_tokens, out.bucket, out.first) == (4, 3, lanes_for(1, SLOTS, slots.growth) + 4, None)
+    assert slots.active == [1]                    # not in until its last piece
+    out = slots.step(Piece(0, prompt(6, 41), 3, 6, 6))
+    assert out.first is not None and slots.active == [0, 1]
+    slots.reset()
+    assert slots.step().decoded == {}
+
+
+def test_bad_pieces_are_refused_before_anything_runs(eager):
+    slots = TokenSlots(eager, SLOTS, CONTEXT, 4)
+    slots.admit(0, prompt(4, 50))
+    before = slots.position(0)
+    p = prompt(6, 51)
+    for piece, match in [
+        (Piece(0, p, 0, 4, 6), "slot 0 is occupied"),
+        (Piece(SLOTS, p, 0, 4, 6), "out of range"),
+        (Piece(1, p, 0, 5, 6), "at most 4 tokens"),
+        (Piece(1, p, 4, 4, 6), "non-empty"),
+        (Piece(1, p, 0, 4, 7), "1-D tensor of its length"),
+        (Piece(1, prompt(CONTEXT, 53), 0, 4, CONTEXT), "exceeds max_context"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            slots.step(piece)
+    assert slots.position(0) == before and slots.active == [0]
+    slots.admit(2, prompt(CONTEXT - 1, 55))       # room for exactly one step
+    assert sorted(slots.step().decoded) == [0, 2]
+    with pytest.raises(ValueError, match=r"slots \[2\] are at max_context"):
+        slots.step()
+    slots.evict(2)
+    assert list(slots.step().decoded) == [0]
+
+
+def test_buckets_and_the_default_chunk():
+    assert decode_buckets(16) == (1, 2, 4, 8, 16)
+    assert decode_buckets(3) == (1, 2, 3) and decode_buckets(1) == (1,)
+    assert [lanes_for(s, 16) for s in (0, 1, 2, 3, 4, 7, 8, 15)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    assert decode_buckets(16, 4) == (1, 4, 16) and decode_buckets(20, 4) == (1, 4, 16, 20)
+    assert [lanes_for(s, 16, 4) for s in (0, 1, 3, 4, 15)] == [1, 4, 4, 16, 16]
+    # 7.5 GB read at 30 GB/s is a 0.25 s floor; 2.4 TFLOP/s fills it with 80 tokens of 3.75 B params
+    assert chunk_tokens_for(7_500_000_000, 30.0, 2.4) == 80
+    assert chunk_tokens_for(7_500_000_000, 30.0, 0.3) == 16          # compute-poor: the floor
+    assert chunk_tokens_for(7_500_000_000, 10.0, 40.0) == 512        # clamped
+    assert chunk_tokens_for(7_500_000_000, None, 2.4) == 64          # no probe: the default
