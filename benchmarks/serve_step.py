@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from vcfslm.bench import probe  # noqa: E402
-from vcfslm.bench.engine import DecodeEngine, TokenSlots, chunk_tokens_for, synthetic_prompt  # noqa: E402
+from vcfslm.bench.engine import DecodeEngine, TokenSlots, chunk_for_probes, synthetic_prompt  # noqa: E402
 from vcfslm.bench.model import load_model  # noqa: E402
 from vcfslm.bench.serve import Piece  # noqa: E402
 
@@ -105,11 +105,14 @@ def main() -> None:
     static = DecodeEngine(loaded.model, "compile", plan=serving.plan, check_packing=False)
     bandwidth = probe.measure_bandwidth(torch.get_num_threads(), 256)
     gemm = probe.measure_gemm(torch.get_num_threads(), plan=serving.plan)
-    default = chunk_tokens_for(loaded.step_weight_bytes, bandwidth.read_gbs, gemm.tflops)
+    linears = probe.measure_decode_linears(torch.get_num_threads(), plan=serving.plan)
+    default = chunk_for_probes(loaded.step_weight_bytes, bandwidth.read_gbs, gemm.tflops, linears.rows, linears.gbs)
     chunk = args.chunk_tokens or default
     print(f"model {spec}, {loaded.weight_bytes / 1e9:.2f} GB of weights; linears {serving.plan.label}")
-    print(f"probes: read {bandwidth.read_gbs:.1f} GB/s, GEMM {gemm.tflops:.3f} TFLOP/s -> default chunk "
-          f"{default} tokens; this run: chunk {chunk}, slots {args.slots}, context {args.context}")
+    curve = ", ".join(f"{r}: {g:.1f}" for r, g in zip(linears.rows, linears.gbs, strict=True))
+    print(f"probes: read {bandwidth.read_gbs:.1f} GB/s, GEMM {gemm.tflops:.3f} TFLOP/s, linears GB/s by rows "
+          f"{curve} -> default chunk {default} tokens; this run: chunk {chunk}, slots {args.slots}, "
+          f"context {args.context}")
 
     slots = TokenSlots(serving, args.slots, args.context, chunk)
     stream_prompt = synthetic_prompt(1, 8, vocab, seed=1)[0]

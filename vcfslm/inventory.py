@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from . import contract, footprint, topology
+from . import contract, footprint, serving, topology
 from .contract import LEGACY_COMPILE_MODES
 from .errors import InventoryError, Problem
 from .yamldoc import Key, load_mapping, pydantic_problems, read_document
@@ -215,6 +215,11 @@ class Serve(_Model):
         0, description="vcfslm's engine: the most prompt tokens one step takes beside the decodes "
                        "(0: the largest whose FLOPs fit under the decode step's bandwidth floor, "
                        "from the rank's probes).")
+    batched_tokens: PositiveInt = Field(
+        serving.DEFAULT_BATCHED_TOKENS,
+        description="vcfslm's engine: the most prompt tokens one step takes when two or more requests "
+                    "wait to go in, or nothing decodes (vLLM's max_num_batched_tokens; at least "
+                    "chunk_tokens).")
     arrival: Literal["poisson", "gamma"] = Field("poisson", description="Open-loop arrival process.")
     burstiness: Annotated[float, Field(gt=0)] = Field(
         1.0, description="Gamma shape: 1 is Poisson, below 1 burstier, above 1 more regular.")

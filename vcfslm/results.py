@@ -188,6 +188,8 @@ class ServeRecord(RankWindow):
     # (its chunk; 0 for an HTTP server), how many steps ran, the mean real tokens per step,
     # and the prompt tokens' share of them.
     chunk_tokens: int = 0
+    batched_tokens: int = 0        # the most under a backlog
+    batched_steps: int = 0         # steps that took several prompts or more than a chunk
     steps: int = 0
     step_tokens_mean: float = 0.0
     prefill_share: float = 0.0

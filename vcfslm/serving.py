@@ -41,6 +41,9 @@ ARRIVALS = ("poisson", "gamma")          # open loop; users always mean a closed
 LENGTH_DISTS = ("fixed", "uniform")
 SERVE_PERCENTILE = 90.0                 # the tails the progress lines and tables show
 DEFAULT_SLOTS = 16
+# Prompt tokens one step takes under a backlog: vLLM's CPU server's max_num_batched_tokens
+# (its engine/arg_utils.py), so both schedulers admit a queue alike.
+DEFAULT_BATCHED_TOKENS = 2048
 # A sweep stops narrowing when the passing and failing loads are this close (relative).
 SWEEP_TOLERANCE = 0.05
 
@@ -58,6 +61,7 @@ class ServeSpec:
     output_tokens: int = 128
     slots: int = DEFAULT_SLOTS
     chunk_tokens: int = 0                   # prompt tokens per step at most; 0: from the rank's probes
+    batched_tokens: int = DEFAULT_BATCHED_TOKENS   # ... under a backlog (several prompts per step)
     arrival: str = "poisson"                # open loop only: "poisson" | "gamma"
     burstiness: float = 1.0
     think_s: float = 0.0                    # closed loop only
@@ -134,6 +138,9 @@ def spec_problems(spec: ServeSpec) -> list[str]:
         out.append(f"slots must be at least 1, got {spec.slots}")
     if spec.chunk_tokens < 0:
         out.append(f"chunk tokens must not be negative (0: from the probes), got {spec.chunk_tokens}")
+    if spec.batched_tokens < max(1, spec.chunk_tokens):
+        out.append(f"batched tokens must be at least 1 and the chunk tokens ({spec.chunk_tokens}), "
+                   f"got {spec.batched_tokens}")
     if spec.arrival not in ARRIVALS:
         out.append(f"arrival must be one of {', '.join(ARRIVALS)}, got {spec.arrival!r}")
     if not spec.burstiness > 0:

@@ -23,40 +23,43 @@ class Clock:
 
 
 class FakeStep:
-    def __init__(self, decoded, first, tokens, prompt_tokens):
-        self.decoded, self.first, self.tokens, self.prompt_tokens = decoded, first, tokens, prompt_tokens
+    def __init__(self, decoded, firsts, tokens, prompt_tokens):
+        self.decoded, self.firsts, self.tokens, self.prompt_tokens = decoded, firsts, tokens, prompt_tokens
 
 
 class FakeSlots:
     """A step costs `step_s` whatever the occupancy, plus `token_s` per prompt token it
     carries (a whole 128-token prompt: 0.05 s in all, by default)."""
 
-    def __init__(self, clock, slots, chunk=128, step_s=0.01, token_s=0.04 / 128):
-        self.clock, self.n, self.chunk_tokens, self.step_s, self.token_s = clock, slots, chunk, step_s, token_s
+    def __init__(self, clock, slots, chunk=128, batched=2048, step_s=0.01, token_s=0.04 / 128):
+        self.clock, self.n, self.step_s, self.token_s = clock, slots, step_s, token_s
+        self.chunk_tokens, self.batched_tokens = chunk, batched
         self.busy: set[int] = set()
         self.admitted: list[int] = []
         self.pieces: list[tuple[int, int, int]] = []    # (slot, start, stop)
+        self.steps: list[tuple[int, list[tuple[int, int, int]]]] = []   # (decoding, its pieces)
         self.max_busy = 0
 
     def free(self):
         return [s for s in range(self.n) if s not in self.busy]
 
-    def step(self, piece=None):
-        assert self.busy or piece is not None
+    def step(self, pieces):
+        assert self.busy or pieces
         decoded = {s: 1 for s in self.busy}
-        n = 0
-        if piece is not None:
-            assert piece.slot not in self.busy and piece.stop - piece.start <= self.chunk_tokens
-            self.pieces.append((piece.slot, piece.start, piece.stop))
-            n = piece.stop - piece.start
+        n = sum(p.stop - p.start for p in pieces)
+        assert n <= self.batched_tokens and len({p.slot for p in pieces}) == len(pieces)
+        assert all(p.slot not in self.busy for p in pieces)
+        self.pieces += [(p.slot, p.start, p.stop) for p in pieces]
+        self.steps.append((len(self.busy), [(p.slot, p.start, p.stop) for p in pieces]))
         self.clock.t += self.step_s + n * self.token_s
-        first = None
-        if piece is not None and piece.last:
-            self.busy.add(piece.slot)
-            self.admitted.append(piece.slot)
-            first = 1
+        firsts = {}
+        for p in pieces:
+            if p.last:
+                self.busy.add(p.slot)
+                self.admitted.append(p.slot)
+                firsts[p.slot] = 1
         self.max_busy = max(self.max_busy, len(self.busy))
-        return FakeStep(decoded, first, len(decoded) + n, n)
+        return FakeStep(decoded, firsts, len(decoded) + n, n)
 
     def evict(self, slot):
         self.busy.remove(slot)
@@ -75,7 +78,8 @@ def _serve(spec, load, slots=4, input_tokens=128, **kw):
 
 def test_a_light_load_never_queues_and_ttft_is_the_prefill():
     spec = ServeSpec(loads=(0.5,), output_tokens=10, duration_s=100, warmup_s=10, cooldown_s=10)
-    out, engine, rec = _serve(spec, 0.5)
+    # a prompt that arrives with nothing decoding goes in whole, whatever the chunk
+    out, engine, rec = _serve(spec, 0.5, chunk=32)
     assert rec["offered"] == rec["completed"] > 20 and rec["unfinished"] == 0
     # 0.5 req/s, each busy for 0.05 (one step with its whole prompt) + 9 x 0.01 s: queueing is rare.
     assert sorted(rec["ttft_s"])[len(rec["ttft_s"]) // 2] == pytest.approx(0.05, abs=1e-6)
@@ -148,31 +152,52 @@ def test_only_requests_inside_the_span_count():
 
 
 def test_a_prompt_goes_in_pieces_riding_on_the_running_streams_steps():
-    # One request decoding (long output) when a second arrives: its 128-token prompt goes in
-    # as four 32-token pieces, one per step, and the first stream gets a token every step.
+    # Two users start together (no think time) with a step budget of one chunk: the first's
+    # 128-token prompt takes four 32-token steps, then the second's goes in as four pieces
+    # while the first decodes, and the first gets a token on every one of those steps.
     spec = ServeSpec(load_kind="users", loads=(2,), output_tokens=40, duration_s=3, warmup_s=0,
                      cooldown_s=0.1, think_s=0.0)
-    out, engine, rec = _serve(spec, 2, slots=4, chunk=32)
+    out, engine, rec = _serve(spec, 2, slots=4, chunk=32, batched=32)
     assert engine.pieces[:4] == [(0, 0, 32), (0, 32, 64), (0, 64, 96), (0, 96, 128)]
     assert all(stop - start <= 32 for _, start, stop in engine.pieces)
     first, second = out.requests[0], out.requests[1]
-    # users start together (no think time): the second waits for the first's pieces (FIFO)
-    assert second.started_s == pytest.approx(first.first_s)
     step_with_piece = 0.01 + 32 * 0.04 / 128
     assert first.first_s - first.arrival_s == pytest.approx(4 * step_with_piece)
-    # while the second comes in, the first decodes on every one of its steps: no stall
-    assert second.first_s - second.started_s == pytest.approx(4 * step_with_piece)
-    assert first.produced == 40 and rec["chunk_tokens"] == 32
+    # FIFO: the second's pieces follow the first's; it comes in while the first decodes
+    assert engine.steps[4:8] == [(1, [(1, start, start + 32)]) for start in (0, 32, 64, 96)]
+    assert second.first_s - first.first_s == pytest.approx(4 * step_with_piece)
+    assert first.produced == 40 and rec["chunk_tokens"] == 32 and rec["batched_tokens"] == 32
     assert 0 < rec["prefill_share"] < 1 and rec["steps"] == out.steps
     assert rec["step_tokens_mean"] == pytest.approx(out.step_tokens / out.steps)
 
 
 def test_admission_is_fifo_and_decode_tokens_always_ride_first():
     spec = ServeSpec(loads=(30.0,), output_tokens=8, duration_s=4, warmup_s=0.5, cooldown_s=0.5)
-    out, engine, rec = _serve(spec, 30.0, slots=3, chunk=48)
+    out, engine, rec = _serve(spec, 30.0, slots=3, chunk=48, batched=48)
     started = [r for r in out.requests if r.started_s is not None]
     assert [r.index for r in sorted(started, key=lambda r: (r.started_s, r.index))] == \
         [r.index for r in started]                          # admitted in arrival order
-    # a prompt of 128 in pieces of 48: 48, 48, 32, and no step ever carried two prompts
-    assert {stop - start for _, start, stop in engine.pieces} <= {48, 32}
+    firsts = sorted((r.first_s, r.index) for r in started if r.first_s is not None)
+    assert [i for _, i in firsts] == sorted(i for _, i in firsts)   # ... and in by it
+    # a step budget of 48: the oldest prompt's piece first, the next one's from what is left
+    assert all(sum(stop - start for _, start, stop in pieces) <= 48 for _, pieces in engine.steps)
     assert rec["max_queue"] > 0 and engine.max_busy == 3
+
+
+def test_a_backlog_takes_several_prompts_in_one_step_and_a_lone_arrival_a_chunk():
+    spec = ServeSpec(loads=(20.0,), output_tokens=20, duration_s=6, warmup_s=1, cooldown_s=1)
+    out, engine, rec = _serve(spec, 20.0, slots=8, chunk=16, batched=200)
+    backlog = [pieces for _, pieces in engine.steps if len(pieces) > 1]
+    assert backlog and max(len(p) for p in backlog) >= 2
+    # whole prompts side by side, and a split one continued first in the next step
+    assert any(sum(b - a for _, a, b in pieces) == 200 for pieces in backlog)
+    split = next(i for i, (_, pieces) in enumerate(engine.steps) if pieces and pieces[-1][2] not in (0, 128))
+    assert engine.steps[split + 1][1][0][:2] == (engine.steps[split][1][-1][0], engine.steps[split][1][-1][2])
+    assert rec["batched_steps"] >= len(backlog) and rec["batched_tokens"] == 200
+    # streams decoding and only one prompt going in: one chunk
+    light, light_engine, _ = _serve(ServeSpec(loads=(0.3,), output_tokens=60, duration_s=60, warmup_s=1,
+                                              cooldown_s=1), 0.3, slots=8, chunk=16, batched=300)
+    beside = [pieces for decoding, pieces in light_engine.steps if decoding and pieces]
+    assert beside and all(len(p) == 1 and p[0][2] - p[0][1] <= 16 for p in beside)
+    alone = [pieces for decoding, pieces in light_engine.steps if not decoding and pieces]
+    assert alone and all(p == [(p[0][0], 0, 128)] for p in alone)   # nothing decoding: whole

@@ -23,8 +23,10 @@ pytest.importorskip("transformers")
 from vcfslm.bench.engine import (  # noqa: E402
     DecodeEngine,
     TokenSlots,
+    chunk_for_probes,
     chunk_tokens_for,
     decode_buckets,
+    free_rows,
     lanes_for,
     synthetic_prompt,
 )
@@ -71,36 +73,42 @@ PROMPTS = {"a": (5, 1), "b": (9, 2), "c": (5, 3), "d": (12, 4), "e": (4, 5), "f"
 
 
 class Server:
-    """A tiny FIFO scheduler over TokenSlots: one request admitted at a time, piece by piece,
-    while the others decode (what bench/serve.py's loop does, without its clock)."""
+    """A tiny FIFO scheduler over TokenSlots (what bench/serve.py's loop does, without its
+    clock): one request admitted at a time, chunk by chunk, while the others decode; or,
+    `batched`, pieces of every waiting request that has a slot, up to batched_tokens in all."""
 
-    def __init__(self, slots: TokenSlots):
-        self.slots = slots
+    def __init__(self, slots: TokenSlots, batched: bool = False):
+        self.slots, self.batched = slots, batched
         self.held: dict[int, str] = {}
         self.got: dict[str, list[int]] = {}
         self.queue: list[str] = []
-        self.admitting: tuple[str, int, int] | None = None   # (name, slot, tokens in)
+        self.admitting: list[list] = []          # [name, slot, tokens in], oldest first
 
     def step(self):
-        piece = None
-        free = self.slots.free()
-        if self.admitting is None and self.queue and free:
-            self.admitting = (self.queue.pop(0), free[0], 0)
-        if self.admitting is not None:
-            name, slot, done = self.admitting
+        free = [s for s in self.slots.free() if s not in {a[1] for a in self.admitting}]
+        while self.queue and free and (self.batched or not self.admitting):
+            self.admitting.append([self.queue.pop(0), free.pop(0), 0])
+        budget = self.slots.batched_tokens if self.batched else self.slots.chunk_tokens
+        pieces = []
+        for name, slot, done in self.admitting:
             p = prompt(*PROMPTS[name])
-            piece = Piece(slot, p, done, min(p.numel(), done + self.slots.chunk_tokens), p.numel())
-        out = self.slots.step(piece)
+            take = min(p.numel() - done, budget)
+            if take > 0:
+                pieces.append(Piece(slot, p, done, done + take, p.numel()))
+                budget -= take
+        out = self.slots.step(pieces)
         assert sorted(out.decoded) == sorted(self.held)
+        assert out.compiled == (len(pieces) <= 1 and out.prompt_tokens <= self.slots.chunk_tokens)
         for slot, token in out.decoded.items():
             self.got[self.held[slot]].append(token)
-        if piece is not None:
-            name, slot, _ = self.admitting
-            self.admitting = None if piece.last else (name, slot, piece.stop)
+        for piece in pieces:
+            entry = next(a for a in self.admitting if a[1] == piece.slot)
+            entry[2] = piece.stop
+            assert (piece.slot in out.firsts) == piece.last
             if piece.last:
-                assert out.first is not None
-                self.held[slot] = name
-                self.got[name] = [out.first]
+                self.admitting.remove(entry)
+                self.held[piece.slot] = entry[0]
+                self.got[entry[0]] = [out.firsts[piece.slot]]
         return out
 
     def evict(self, name):
@@ -113,14 +121,14 @@ ARRIVALS = [(0, "a"), (0, "c"), (3, "b"), (6, "d"), (6, "e"), (10, "f")]   # (st
 WANTED = 10                                                                 # tokens per request
 
 
-def staggered(slots: TokenSlots) -> dict[str, list[int]]:
+def staggered(slots: TokenSlots, batched: bool = False) -> dict[str, list[int]]:
     """Requests arriving at different steps, queueing for the slots, each evicted when it has
     its tokens (freed slots re-used by longer and shorter prompts), until all are done."""
     slots.reset()
-    server = Server(slots)
+    server = Server(slots, batched)
     for step in range(300):
         server.queue += [name for at, name in ARRIVALS if at == step]
-        if step > 10 and not server.queue and server.admitting is None and not server.held:
+        if step > 10 and not server.queue and not server.admitting and not server.held:
             break
         server.step()
         for name in [n for n in server.held.values() if len(server.got[n]) >= WANTED]:
@@ -138,9 +146,21 @@ def test_every_request_generates_what_its_prompt_generates_alone_in_any_chunking
         assert tokens == alone(eager, prompt(*PROMPTS[name]))[:len(tokens)], (chunk, name)
 
 
+@pytest.mark.parametrize("chunk,batched", [(3, 7), (4, 64)])
+def test_several_prompts_per_step_generate_what_each_generates_alone(eager, chunk, batched):
+    # (3, 7): pieces of two or three prompts share a step and split across steps;
+    # (4, 64): whole prompts, several per step.
+    slots = TokenSlots(eager, SLOTS, CONTEXT, chunk, batched)
+    got = staggered(slots, batched=True)
+    assert set(got) == set(PROMPTS)
+    for name, tokens in got.items():
+        assert len(tokens) == WANTED, name
+        assert tokens == alone(eager, prompt(*PROMPTS[name]))[:len(tokens)], (chunk, batched, name)
+
+
 def test_compiled_steps_generate_the_same_and_never_recompile_after_priming(tiny):
     engine = DecodeEngine(tiny.model, "compile")
-    slots = TokenSlots(engine, 2, CONTEXT, 4)
+    slots = TokenSlots(engine, 2, CONTEXT, 4, 16)
     with torch.inference_mode():
         slots.prime(prompt(6, 9))
     graphs = slots.compiles
@@ -148,12 +168,14 @@ def test_compiled_steps_generate_the_same_and_never_recompile_after_priming(tiny
     assert slots.buckets() == (1, 2, 1 + 4, 2 + 4)
     keys = engine.store.layers[0][0].data_ptr()
     got = staggered(slots)
-    assert set(got) == set(PROMPTS)
+    batched = staggered(slots, batched=True)            # several pieces: eager steps, no graph
+    assert set(got) == set(batched) == set(PROMPTS)
     assert slots.compiles == graphs, "an admission, an eviction or an occupancy recompiled a step"
     assert engine.store.layers[0][0].data_ptr() == keys
     reference = DecodeEngine(tiny.model, "eager", check_packing=False)
     for name, tokens in got.items():
-        assert tokens == alone(reference, prompt(*PROMPTS[name]))[:len(tokens)], name
+        want = alone(reference, prompt(*PROMPTS[name]))
+        assert tokens == want[:len(tokens)] and batched[name] == want[:len(batched[name])], name
 
 
 def test_teacher_forced_logits_match_the_prompt_run_alone(eager):
@@ -208,23 +230,24 @@ def test_free_lanes_stay_finite_and_a_step_says_what_it_carried(eager):
         assert all(torch.isfinite(v.float()).all() for v in slots.last_logits.values())
     assert [slots.position(s) for s in range(SLOTS)] == [0, 13, 0]
     out = slots.step(Piece(0, prompt(6, 41), 0, 3, 6))
-    assert (out.tokens, out.prompt_tokens, out.bucket, out.first) == (4, 3, lanes_for(1, SLOTS, slots.growth) + 4, None)
-    assert slots.active == [1]                    # not in until its last piece
+    assert (out.tokens, out.prompt_tokens, out.bucket, out.firsts) == (4, 3, lanes_for(1, SLOTS, slots.growth) + 4, {})
+    assert slots.active == [1] and out.compiled   # not in until its last piece
     out = slots.step(Piece(0, prompt(6, 41), 3, 6, 6))
-    assert out.first is not None and slots.active == [0, 1]
+    assert list(out.firsts) == [0] and slots.active == [0, 1]
     slots.reset()
     assert slots.step().decoded == {}
 
 
 def test_bad_pieces_are_refused_before_anything_runs(eager):
-    slots = TokenSlots(eager, SLOTS, CONTEXT, 4)
+    slots = TokenSlots(eager, SLOTS, CONTEXT, 4, 6)
     slots.admit(0, prompt(4, 50))
     before = slots.position(0)
     p = prompt(6, 51)
     for piece, match in [
         (Piece(0, p, 0, 4, 6), "slot 0 is occupied"),
         (Piece(SLOTS, p, 0, 4, 6), "out of range"),
-        (Piece(1, p, 0, 5, 6), "at most 4 tokens"),
+        ([Piece(1, p, 0, 4, 6), Piece(2, prompt(6, 52), 0, 3, 6)], "exceed batched_tokens 6"),
+        ([Piece(1, p, 0, 2, 6), Piece(1, p, 2, 4, 6)], "two pieces in one step"),
         (Piece(1, p, 4, 4, 6), "non-empty"),
         (Piece(1, p, 0, 4, 7), "1-D tensor of its length"),
         (Piece(1, prompt(CONTEXT, 53), 0, 4, CONTEXT), "exceeds max_context"),
@@ -251,3 +274,11 @@ def test_buckets_and_the_default_chunk():
     assert chunk_tokens_for(7_500_000_000, 30.0, 0.3) == 16          # compute-poor: the floor
     assert chunk_tokens_for(7_500_000_000, 10.0, 40.0) == 512        # clamped
     assert chunk_tokens_for(7_500_000_000, None, 2.4) == 64          # no probe: the default
+    # the decode-linears curve: flat to 16 rows (noise within 10 % of the best so far), then not
+    rows, gbs = (1, 2, 4, 8, 16, 32, 64), (12.2, 10.9, 11.5, 12.0, 11.9, 7.8, 7.1)
+    assert free_rows(rows, gbs) == 16
+    assert chunk_for_probes(7_500_000_000, 30.0, 2.4, rows, gbs) == 16     # the kernel overrules the model
+    assert chunk_for_probes(7_500_000_000, 30.0, 2.4, rows, (30,) * 7) == 80   # flat to its end: the balance
+    assert chunk_for_probes(7_500_000_000, 30.0, 0.3, rows, (30,) * 7) == 64   # ... or the curve, if larger
+    assert chunk_for_probes(7_500_000_000, 30.0, 2.4, None, None) == 80
+    assert free_rows((1, 2), (10.0, 5.0)) == 1 and chunk_for_probes(1, 30.0, 2.4, (1, 2), (10.0, 5.0)) == 16

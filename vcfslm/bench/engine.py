@@ -9,33 +9,35 @@ batching on top):
   graph cache can be on (the brief's "warm compilation cache").
 - Decode is memory-bound: a step reads every weight once, whatever its token count up to
   the GEMM/bandwidth balance. So one step carries every running stream's next token AND
-  up to `chunk_tokens` prompt tokens of the request being admitted, through each linear
-  as one [tokens, hidden] matrix: the prompt rides on the weight reads the decode needs
-  anyway, instead of stalling every stream for a whole prefill of its own.
+  prompt tokens of the requests being admitted, through each linear as one [tokens,
+  hidden] matrix: the prompts ride on the weight reads the decode needs anyway, instead
+  of stalling every stream for a whole prefill of its own.
 - Tokens are flat: the model sees input_ids [1, T] with each token's own position. The
   attention function registered here (`vcfslm-flat`) writes each token's K/V at (its
   row, its position) of the KV store and attends per request:
   - decode lanes 0..D-1 are the slots: lane i is row i's next token, attending over row i
     (a free lane writes into the junk row and sees key 0 of its own row only: finite,
     touching nothing);
-  - prompt tokens come after the lanes and go into the staging row, attending over it
-    causally; when a prompt's last piece is in, its rows move to its slot (a copy of
-    prompt-length rows, once per request) and its first token is the step's output.
+  - each prompt piece comes after the lanes, goes into its own slot's row (free until
+    its last piece is in) and attends over that row causally; the step that takes a
+    prompt's last piece gives its first token, and the slot decodes from the next step.
   Attention is therefore per request, at its own positions, without forking the model:
   transformers passes the step's kwargs through to the attention function.
 - One graph per token count: a serving step's lanes are rounded up over the highest busy
   slot to 1, then powers of the kernel's row padding (onednn-packed pads rows to 4, so
   1, 4, 16; dense-bf16 1, 2, 4, ...), then the slots, so a lone stream pays a batch-1
-  step, not the full slot shape; a step with a prompt piece adds `chunk_tokens` to its lanes (a
-  shorter piece is padded), and costs about the decode step by the choice of chunk_tokens
-  (the piece's FLOPs fit under the bandwidth floor). Every bucket is compiled before the
-  first window (TokenSlots.prime), so a window never compiles.
+  step, not the full slot shape; a step with one prompt piece adds `chunk_tokens` to its
+  lanes (a shorter piece is padded), sized so the piece's FLOPs fit under the bandwidth
+  floor. Every such bucket is compiled before the first window (TokenSlots.prime), so a
+  window never compiles. A step with several pieces, or more than a chunk (the
+  scheduler's answer to a backlog), runs eagerly at its exact token count: it is then
+  the pieces' GEMMs, which eager runs as fast, and no shape needs a graph.
 - Static windows are this engine's special case: every stream is admitted at t=0 and
   decodes through the same step family (T = batch, rows 0..batch-1). Their prompts are
   prefilled in one piece (eager, all prompts in one batch, the same attention function in
-  its prefill form) rather than chunked: there is one staging row, so chunking a batch of
-  prompts would read the weights once per request and piece, where one batched prefill
-  reads them once (benchmarks/decode_efficiency.py prints both).
+  its prefill form): all of them at once is the batched step's largest case, and one
+  [batch, length] call avoids building the flat lists of batch x length tokens
+  (benchmarks/decode_efficiency.py prints the static figures).
 - On CPU every op is synchronous: the time after a call returns is when its tokens
   exist; the loop needs no `.item()`.
 
@@ -110,6 +112,36 @@ def chunk_tokens_for(step_weight_bytes: int, read_gbs: float | None, gemm_tflops
     return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, tokens // 8 * 8)))
 
 
+# A piece is free while the linears at its row count run within this share of the best rate
+# at fewer rows (the rates are weight bytes per second: equal rate, equal time).
+FREE_ROWS_SHARE = 0.9
+
+
+def free_rows(rows: tuple[int, ...] | list[int], gbs: tuple[float, ...] | list[float]) -> int | None:
+    """The largest probed row count whose linears still run at the decode rate (pure): within
+    FREE_ROWS_SHARE of the best rate at or below it (one noisy point below it does not end
+    the flat part). None without a curve."""
+    best, free = 0.0, None
+    for r, rate in sorted(zip(rows, gbs, strict=True)):
+        best = max(best, rate)
+        if rate >= FREE_ROWS_SHARE * best:
+            free = r
+    return free
+
+
+def chunk_for_probes(step_weight_bytes: int, read_gbs: float | None, gemm_tflops: float | None,
+                     linear_rows=None, linear_gbs=None) -> int:
+    """The chunk from a rank's probes (pure): where the measured decode-linears curve stops
+    being flat (a piece that long costs the step nothing: the kernel, not a model, says
+    so), within [16, 512] and a multiple of 8; when the curve is flat to its end, or
+    missing, chunk_tokens_for's FLOP balance, whichever is larger."""
+    balance = chunk_tokens_for(step_weight_bytes, read_gbs, gemm_tflops)
+    free = free_rows(linear_rows, linear_gbs) if linear_rows and linear_gbs else None
+    if free is None or free >= max(linear_rows):
+        return balance if free is None else max(balance, free // 8 * 8 or MIN_CHUNK_TOKENS)
+    return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, free // 8 * 8)))
+
+
 def decode_buckets(slots: int, growth: int = 2) -> tuple[int, ...]:
     """The lane counts a serving step compiles at (pure): 1, then powers of `growth` below
     the slot count, then the slot count. growth: the kernel plan's padding (rows fewer than
@@ -138,7 +170,7 @@ def _sdpa():
 
 def flat_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *,
                    kv_store=None, kv_rows=None, kv_positions=None, prompt_mask=None,
-                   decode_lanes: int = 0, staging_row: int = 0, **kwargs):
+                   decode_lanes: int = 0, prompt_rows=None, prompt_spans: tuple = (), **kwargs):
     """Attention over the engine's KV store (see the module docstring).
 
     Without `kv_store` it is transformers' sdpa attention. With it and no `kv_rows`, a
@@ -146,8 +178,9 @@ def flat_attention(module, query, key, value, attention_mask, scaling=None, drop
     prompt attends causally to itself exactly as sdpa would. With `kv_rows` a flat step:
     query [1, heads, T, dim], token t written at (kv_rows[t], kv_positions[t]); lanes
     0..decode_lanes-1 attend over their own rows under `attention_mask` [lanes, 1, 1,
-    context]; tokens after them (when prompt_mask [1, 1, T - lanes, context] is given)
-    over the staging row.
+    context]; prompt piece j (tokens lanes+offset .. +length, `prompt_spans[j]`) attends
+    over store row `prompt_rows[j]` (its slot) under its part of `prompt_mask` [1, 1,
+    T - lanes, context].
     """
     sdpa = _sdpa()
     if kv_store is None:
@@ -167,14 +200,16 @@ def flat_attention(module, query, key, value, attention_mask, scaling=None, drop
     q_lanes = query[0, :, :lanes].transpose(0, 1).unsqueeze(2)               # [lanes, heads, 1, dim]
     out, _ = sdpa(module, q_lanes, keys[:lanes], values[:lanes], attention_mask,
                   scaling=scaling, dropout=dropout, is_causal=False)          # [lanes, 1, heads, dim]
-    out = out.transpose(0, 1)                                                 # [1, lanes, heads, dim]
-    if prompt_mask is None:
-        return out, None
-    q_prompt = query[:, :, lanes:]                                            # [1, heads, C, dim]
-    row = slice(staging_row, staging_row + 1)
-    prompt_out, _ = sdpa(module, q_prompt, keys[row], values[row], prompt_mask,
-                         scaling=scaling, dropout=dropout, is_causal=False)   # [1, C, heads, dim]
-    return torch.cat([out, prompt_out], dim=1), None
+    parts = [out.transpose(0, 1)]                                             # [1, lanes, heads, dim]
+    for j, (offset, length) in enumerate(prompt_spans):
+        # The slot's row, gathered by a tensor index: one graph serves every slot.
+        row = prompt_rows[j:j + 1]
+        q_piece = query[:, :, lanes + offset:lanes + offset + length]          # [1, heads, n, dim]
+        piece_out, _ = sdpa(module, q_piece, keys.index_select(0, row), values.index_select(0, row),
+                            prompt_mask[:, :, offset:offset + length], scaling=scaling, dropout=dropout,
+                            is_causal=False)                                  # [1, n, heads, dim]
+        parts.append(piece_out)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None
 
 
 def _register_attention() -> None:
@@ -205,12 +240,6 @@ class KVStore:
     def shape(self) -> tuple[int, int]:
         return (self.rows, self.context)
 
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` positions of row src into row dst, every layer."""
-        for keys, values in self.layers:
-            keys[dst, :, :length].copy_(keys[src, :, :length])
-            values[dst, :, :length].copy_(values[src, :, :length])
-
 
 class _FlatStep(torch.nn.Module):
     """One step over a flat token list (what torch.compile traces): greedy tokens and logits
@@ -220,20 +249,20 @@ class _FlatStep(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens, positions, rows, live, keep, store, lanes: int, staging_row: int,
-                with_prompt: bool):
+    def forward(self, tokens, positions, rows, live, keep, store, lanes: int, prompt_rows=None,
+                prompt_spans: tuple = ()):
         context = store[0][0].shape[2]
         keys = torch.arange(context, device=positions.device)
         lane_pos = positions[0, :lanes]
         # Lane i sees keys 0..its position when live, key 0 only when free.
         lane_mask = ((keys[None] <= lane_pos[:, None]) & live[:, None]) | (keys[None] == 0)
         prompt_mask = None
-        if with_prompt:
+        if prompt_spans:
             prompt_mask = (keys[None] <= positions[0, lanes:, None])[None, None]
         logits = self.model(input_ids=tokens, position_ids=positions, attention_mask=lane_mask[:, None, None, :],
                             use_cache=False, logits_to_keep=keep, kv_store=store, kv_rows=rows,
                             kv_positions=positions[0], prompt_mask=prompt_mask, decode_lanes=lanes,
-                            staging_row=staging_row).logits[0]
+                            prompt_rows=prompt_rows, prompt_spans=prompt_spans).logits[0]
         return logits.argmax(dim=-1), logits
 
 
@@ -318,14 +347,16 @@ class DecodeEngine:
     # ------------------------------------------------------------------- steps
 
     def run_step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, live: torch.Tensor,
-                 keep: torch.Tensor, *, lanes: int, staging_row: int = 0, with_prompt: bool = False,
-                 eager: bool = False):
+                 keep: torch.Tensor, *, lanes: int, prompt_rows: torch.Tensor | None = None,
+                 prompt_spans: tuple[tuple[int, int], ...] = (), eager: bool = False):
         """One flat step (compiled unless eager): (greedy tokens [kept], logits [kept, vocab]).
 
         tokens, positions: int64 [1, T]; rows: int64 [T] (each token's store row); live: bool
-        [lanes]; keep: int64 indices of the tokens whose logits are wanted."""
+        [lanes]; keep: int64 indices of the tokens whose logits are wanted; prompt_spans:
+        (offset after the lanes, length) of each prompt piece, prompt_rows: int64 [pieces],
+        the row each attends over."""
         step = self._module if eager else self._step
-        return step(tokens, positions, rows, live, keep, self.store.layers, lanes, staging_row, with_prompt)
+        return step(tokens, positions, rows, live, keep, self.store.layers, lanes, prompt_rows, prompt_spans)
 
     @torch.inference_mode()
     def prefill(self, prompt: torch.Tensor, store: KVStore | None = None) -> torch.Tensor:
@@ -408,34 +439,44 @@ class DecodeEngine:
 
 @dataclass
 class StepOut:
-    """One serving step: each decoding slot's next token, the admitted request's first token
-    (when this step took its prompt's last piece), and what the step carried."""
+    """One serving step: each decoding slot's next token, the first token of each request
+    whose prompt's last piece this step took, and what the step carried."""
 
     decoded: dict[int, int]
-    first: int | None
+    firsts: dict[int, int]    # slot -> first token, for the prompts this step completed
     tokens: int               # real tokens (decodes + prompt), not the padding
     prompt_tokens: int
     bucket: int               # the token count it ran at
+    compiled: bool = True     # a primed graph (False: an eager step of several or long pieces)
 
 
 class TokenSlots:
-    """Serving on the engine: `slots` streams decoding together, a request's prompt admitted
-    in pieces of at most `chunk_tokens` that ride on the decode steps.
+    """Serving on the engine: `slots` streams decoding together, prompts admitted in pieces
+    that ride on the decode steps.
 
-    The store has slots + 2 rows: the slots, the staging row (a prompt being admitted),
-    and a junk row (what free lanes and padding write). A slot's context is
-    `max_context` (prompt plus generated tokens).
+    A step takes either one piece of at most `chunk_tokens` (padded to it: a primed graph),
+    or several pieces of up to `batched_tokens` prompt tokens together (an eager step of
+    their exact token count; at that size the step is the pieces' GEMMs, which eager runs
+    as fast). A piece writes its K/V straight into its slot's row; the slot decodes from
+    the step that takes its prompt's last piece. The store has slots + 1 rows: the slots
+    and a junk row (what free lanes and padding write). A slot's context is `max_context`
+    (prompt plus generated tokens).
     """
 
-    def __init__(self, engine: DecodeEngine, slots: int, max_context: int, chunk_tokens: int):
+    def __init__(self, engine: DecodeEngine, slots: int, max_context: int, chunk_tokens: int,
+                 batched_tokens: int | None = None):
+        batched_tokens = chunk_tokens if batched_tokens is None else batched_tokens
         if slots < 1 or max_context < 2 or chunk_tokens < 1:
             raise ValueError("slots and chunk_tokens must be >= 1 and max_context >= 2")
+        if batched_tokens < chunk_tokens:
+            raise ValueError(f"batched_tokens {batched_tokens} < chunk_tokens {chunk_tokens}")
         window = getattr(engine.model.config, "sliding_window", None)
         if window is not None and window < max_context:
             raise ValueError(f"sliding window {window} < max_context {max_context}: "
                              "the engine supports full attention only")
-        self.engine, self.slots, self.max_context, self.chunk_tokens = engine, slots, max_context, chunk_tokens
-        self.staging, self.junk = slots, slots + 1
+        self.engine, self.slots, self.max_context = engine, slots, max_context
+        self.chunk_tokens, self.batched_tokens = chunk_tokens, batched_tokens
+        self.junk = slots
         self.growth = max(2, engine.plan.min_rows)
         self._length = [0] * slots           # each slot's next position (0: free)
         self._occupied = [False] * slots
@@ -458,27 +499,28 @@ class TokenSlots:
 
     @property
     def budget(self) -> int:
-        """The most tokens one step carries: every slot's decode and a whole chunk."""
-        return self.slots + self.chunk_tokens
+        """The most tokens one step carries: every slot's decode and the batched pieces."""
+        return self.slots + self.batched_tokens
 
     def buckets(self) -> tuple[int, ...]:
-        """Every token count a serving step runs at: the decode lanes alone, and the lanes with
-        a chunk (a piece shorter than the chunk is padded to it)."""
+        """Every token count a primed graph runs at: the decode lanes alone, and the lanes
+        with one chunk (a piece shorter than the chunk is padded to it)."""
         lanes = decode_buckets(self.slots, self.growth)
         return (*lanes, *(n + self.chunk_tokens for n in lanes))
 
     @torch.inference_mode()
-    def step(self, piece: Piece | None = None, forced: dict[int, int] | None = None) -> StepOut:
-        """One step: every occupied slot decodes a token; a piece of a prompt rides along.
+    def step(self, pieces: Piece | list[Piece] | tuple[Piece, ...] | None = None,
+             forced: dict[int, int] | None = None) -> StepOut:
+        """One step: every occupied slot decodes a token; pieces of prompts ride along.
 
         forced: feed these tokens to the listed slots instead of their last ones (teacher
         forcing, for numerics checks). Nothing runs when no slot is occupied and no piece
         is given."""
+        pieces = [] if pieces is None else [pieces] if isinstance(pieces, Piece) else list(pieces)
+        self._check_pieces(pieces)
         active = self.active
-        if piece is not None:
-            self._check_piece(piece)
-        elif not active:
-            return StepOut({}, None, 0, 0, 0)
+        if not pieces and not active:
+            return StepOut({}, {}, 0, 0, 0)
         full = [s for s in active if self._length[s] >= self.max_context]
         if full:
             raise ValueError(f"slots {full} are at max_context {self.max_context}: evict them first")
@@ -486,10 +528,12 @@ class TokenSlots:
             if not self._occupied[slot]:
                 raise ValueError(f"slot {slot} is free")
             self._last[slot] = token
-        self.engine.store_for(self.slots + 2, self.max_context)
+        self.engine.store_for(self.slots + 1, self.max_context)
         lanes = lanes_for(max(active), self.slots, self.growth) if active else 1
-        n = 0 if piece is None else piece.stop - piece.start
-        total = lanes if piece is None else lanes + self.chunk_tokens
+        sizes = [p.stop - p.start for p in pieces]
+        prompt = sum(sizes)
+        primed = len(pieces) <= 1 and prompt <= self.chunk_tokens
+        total = lanes + (0 if not pieces else self.chunk_tokens if primed else prompt)
         tokens = torch.zeros(1, total, dtype=torch.long)
         positions = torch.zeros(1, total, dtype=torch.long)
         rows = torch.full((total,), self.junk, dtype=torch.long)
@@ -497,28 +541,44 @@ class TokenSlots:
         for s in active:
             tokens[0, s], positions[0, s], rows[s], live[s] = self._last[s], self._length[s], s, True
         keep = list(range(lanes))
-        if piece is not None:
-            tokens[0, lanes:lanes + n] = piece.prompt[piece.start:piece.stop]
-            positions[0, lanes:lanes + n] = torch.arange(piece.start, piece.stop)
-            rows[lanes:lanes + n] = self.staging
-            keep.append(lanes + n - 1)
+        spans, offset = [], 0
+        for piece, n in zip(pieces, sizes, strict=True):
+            at = lanes + offset
+            tokens[0, at:at + n] = piece.prompt[piece.start:piece.stop]
+            positions[0, at:at + n] = torch.arange(piece.start, piece.stop)
+            rows[at:at + n] = piece.slot
+            keep.append(at + n - 1)
+            # A primed step's one span covers the padding too (it sees key 0 of the row).
+            spans.append((offset, self.chunk_tokens if primed else n))
+            offset += n
+        prompt_rows = torch.tensor([p.slot for p in pieces], dtype=torch.long) if pieces else None
         nxt, logits = self.engine.run_step(tokens, positions, rows, live, torch.tensor(keep), lanes=lanes,
-                                           staging_row=self.staging, with_prompt=piece is not None)
+                                           prompt_rows=prompt_rows, prompt_spans=tuple(spans),
+                                           eager=not primed)
         values = nxt.tolist()
-        decoded = {}
+        decoded, firsts = {}, {}
         self.last_logits = {}
         for s in active:
             decoded[s] = self._last[s] = values[s]
             self._length[s] += 1
             self.last_logits[s] = logits[s]
-        first = None
-        if piece is not None and piece.last:
-            length = piece.length
-            self.engine.store.move_row(self.staging, piece.slot, length)
-            first = self._last[piece.slot] = values[-1]
-            self._occupied[piece.slot], self._length[piece.slot] = True, length
-            self.last_logits[piece.slot] = logits[-1]
-        return StepOut(decoded, first, len(active) + n, n, total)
+        for j, piece in enumerate(pieces):
+            if piece.last:
+                firsts[piece.slot] = self._last[piece.slot] = values[lanes + j]
+                self._occupied[piece.slot], self._length[piece.slot] = True, piece.length
+                self.last_logits[piece.slot] = logits[lanes + j]
+        return StepOut(decoded, firsts, len(active) + prompt, prompt, total, primed)
+
+    def _check_pieces(self, pieces: list[Piece]) -> None:
+        seen = set()
+        for piece in pieces:
+            self._check_piece(piece)
+            if piece.slot in seen:
+                raise ValueError(f"slot {piece.slot}: two pieces in one step")
+            seen.add(piece.slot)
+        prompt = sum(p.stop - p.start for p in pieces)
+        if prompt > self.batched_tokens:
+            raise ValueError(f"{len(pieces)} pieces of {prompt} tokens exceed batched_tokens {self.batched_tokens}")
 
     def _check_piece(self, piece: Piece) -> None:
         if not 0 <= piece.slot < self.slots:
@@ -531,16 +591,17 @@ class TokenSlots:
         if length + 1 > self.max_context:
             raise ValueError(f"slot {piece.slot}: prompt of {length} tokens + 1 exceeds "
                              f"max_context {self.max_context}")
-        if not 0 <= piece.start < piece.stop <= length or piece.stop - piece.start > self.chunk_tokens:
+        if not 0 <= piece.start < piece.stop <= length:
             raise ValueError(f"slot {piece.slot}: piece [{piece.start}, {piece.stop}) of a {length}-token "
-                             f"prompt must be non-empty, inside it and at most {self.chunk_tokens} tokens")
+                             "prompt must be non-empty and inside it")
 
     def admit(self, slot: int, prompt: torch.Tensor) -> int:
-        """Admit a whole prompt into a free slot in pieces, each riding on a step that decodes
+        """Admit a whole prompt into a free slot in chunks, each riding on a step that decodes
         the occupied slots; its first greedy token. For checks and priming, not windows."""
         first, length = None, prompt.numel()
         for start in range(0, length, self.chunk_tokens):
-            first = self.step(Piece(slot, prompt, start, min(length, start + self.chunk_tokens), length)).first
+            piece = Piece(slot, prompt, start, min(length, start + self.chunk_tokens), length)
+            first = self.step(piece).firsts.get(slot, first)
         return first
 
     def evict(self, slot: int) -> None:
@@ -558,6 +619,7 @@ class TokenSlots:
     def prime(self, prompt: torch.Tensor) -> None:
         """Compile every bucket before a window: at each lane count a decode step and a step
         with a prompt piece (one that does not finish its prompt), then all slots free.
+        (Batched steps run eagerly: nothing to compile.)
 
         Lane count b is reached with slot b-1 alone busy, so a slot below it is free for
         the piece (with one slot, the admission's own pieces ran at one lane)."""

@@ -261,7 +261,8 @@ def progress_status(event: dict) -> str:
     if phase == "loaded":
         return f"model loaded in {event.get('load_s')} s"
     if phase == "chunked":
-        return f"prompt pieces of at most {event.get('chunk_tokens')} tokens per step (from {event.get('from')})"
+        return (f"prompt pieces of at most {event.get('chunk_tokens')} tokens per step (from {event.get('from')}), "
+                f"{event.get('batched_tokens')} under a backlog")
     if phase == "failed":
         return f"failed: {event.get('error')}"
     return phase

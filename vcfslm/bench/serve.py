@@ -1,13 +1,21 @@
 """One serving window: a load generator and a continuous-batching scheduler on one rank.
 
 The scheduler is a production server's with chunked prefill (vLLM's, Sarathi-Serve's
-stall-free batching): requests that have arrived wait in FIFO order; the oldest one is
-admitted when a slot is free, and its prompt goes in pieces of at most the engine's
-`chunk_tokens`, one piece per step, riding on the step that decodes every running
-stream (decode tokens always come first: no running stream waits for a prompt); the
-step that takes its last piece gives its first token (its TTFT); a request leaves its
-slot when it has produced its output tokens. No HTTP server: the measurement is the
-engine's, not a network stack's.
+stall-free batching): requests that have arrived wait in FIFO order and are admitted
+into free slots; their prompts go in pieces riding on the step that decodes every
+running stream (decode tokens always come first: no running stream waits for a prompt);
+the step that takes a prompt's last piece gives its first token (its TTFT); a request
+leaves its slot when it has produced its output tokens. How much prompt a step takes
+depends on the queue:
+- at most one request waiting to go in, while streams decode: one piece of at most the
+  engine's `chunk_tokens`, sized so its FLOPs fit under the decode step's weight reads,
+  so the running streams' TPOT stays the decode step's;
+- a backlog (two or more waiting to go in), or nothing decoding: pieces of as many
+  waiting requests as have slots, up to `batched_tokens` prompt tokens in the step
+  (vLLM's max_num_batched_tokens, 2048 on its CPU server). A queue then costs the
+  streams one longer step, not one chunk per request and step: the prompts' throughput,
+  and so the rate the rank holds, is no longer capped at a chunk per step.
+No HTTP server: the measurement is the engine's, not a network stack's.
 
 Arrivals (vcfslm.serving): open loop, every arrival time drawn before the window starts,
 so a rank that falls behind sees its queue grow; or closed loop, N users who each send
@@ -53,15 +61,16 @@ class Piece:
 
 class StepResult(Protocol):
     decoded: dict[int, int]     # each decoding slot's next token
-    first: int | None           # the admitted request's first token, when the piece was its last
+    firsts: dict[int, int]      # slot -> first token, for the prompts whose last piece it took
     tokens: int                 # real tokens the step carried (decodes + prompt)
     prompt_tokens: int
 
 
 class Slots(Protocol):
     chunk_tokens: int
+    batched_tokens: int
     def free(self) -> list[int]: ...
-    def step(self, piece: Piece | None = None) -> StepResult: ...
+    def step(self, pieces: list[Piece]) -> StepResult: ...
     def evict(self, slot: int) -> None: ...
     def reset(self) -> None: ...
 
@@ -101,7 +110,9 @@ class WindowOutcome:
     step_s: list[float] = field(default_factory=list)
     step_tokens: int = 0               # real tokens the steps carried (decodes + prompt pieces)
     prompt_tokens: int = 0             # of them, prompt tokens
-    chunk_tokens: int = 0              # the most prompt tokens a step took
+    chunk_tokens: int = 0              # prompt tokens per step without a backlog
+    batched_tokens: int = 0            # ... with one
+    batched_steps: int = 0             # steps that took several pieces or more than a chunk
 
     @property
     def counted(self) -> list[Request]:
@@ -152,6 +163,37 @@ class Arrivals:
         heapq.heappush(self.future, (r.arrival_s, r.index, r))
 
 
+@dataclass
+class _Admission:
+    """A request whose prompt is going in: its slot and how many of its tokens are in."""
+
+    request: Request
+    slot: int
+    prompt: Any
+    done: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.request.input_tokens - self.done
+
+
+def plan_pieces(admitting: list[_Admission], decoding: int, chunk: int, batched: int) -> list[Piece]:
+    """The prompt pieces of one step, oldest admission first (the module docstring's rule):
+    a chunk of the oldest while one waits beside running streams; else up to `batched`
+    tokens across all of them."""
+    if not admitting:
+        return []
+    budget = chunk if decoding and len(admitting) == 1 else batched
+    pieces = []
+    for a in admitting:
+        take = min(a.left, budget)
+        if take <= 0:
+            break
+        pieces.append(Piece(a.slot, a.prompt, a.done, a.done + take, a.request.input_tokens))
+        budget -= take
+    return pieces
+
+
 def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random,
                prompt_for: Callable[[Request], Any], *, clock: Callable[[], float] = time.perf_counter,
                sleep: Callable[[float], None] = time.sleep) -> WindowOutcome:
@@ -164,13 +206,12 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     # A window starts with every slot free: the last one may have ended at its cutoff with
     # requests still decoding.
     slots.reset()
-    chunk = slots.chunk_tokens
+    chunk, batched = slots.chunk_tokens, slots.batched_tokens
     waiting: deque[Request] = deque()
     running: dict[int, Request] = {}
-    admitting: Request | None = None   # the request whose prompt goes in, piece by piece
-    admit_slot, admit_prompt, admitted = -1, None, 0
+    admitting: list[_Admission] = []    # prompts going in, oldest first
     occupancy = _Occupancy(spec.warmup_s, span_end)
-    generated = max_queue = steps = step_tokens = prompt_tokens = 0
+    generated = max_queue = steps = step_tokens = prompt_tokens = batched_steps = 0
     step_times: list[float] = []
     t0 = clock()
 
@@ -193,31 +234,31 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
                 plan(follow, r.user)
 
     def busy() -> int:
-        return len(running) + (admitting is not None)
+        return len(running) + len(admitting)
 
     while True:
         t = now()
         while future and future[0][0] <= t:
             waiting.append(heapq.heappop(future)[2])
-        free = [s for s in slots.free() if s != admit_slot]
-        if admitting is None and waiting and free:
-            admitting, admit_slot, admitted = waiting.popleft(), free.pop(0), 0
-            admitting.started_s = t
-            admit_prompt = prompt_for(admitting)
+        taken = {a.slot for a in admitting}
+        free = [s for s in slots.free() if s not in taken]
+        # One admission at a time beside running streams; a backlog admits all it can.
+        while waiting and free and (not admitting or len(waiting) + len(admitting) >= 2 or not running):
+            r = waiting.popleft()
+            r.started_s = t
+            admitting.append(_Admission(r, free.pop(0), prompt_for(r)))
             occupancy.change(t, busy())
-        max_queue = max(max_queue, len(waiting) - len(free))   # those that must wait for a slot
+        max_queue = max(max_queue, len(waiting))   # those that must wait for a slot
         counted_left = any(r.counted and not r.done for r in requests)
         if t >= spec.cutoff_s or (t >= span_end and not counted_left and not busy()):
             break
         if busy():
-            piece = None
-            if admitting is not None:
-                piece = Piece(admit_slot, admit_prompt, admitted,
-                              min(admitting.input_tokens, admitted + chunk), admitting.input_tokens)
+            pieces = plan_pieces(admitting, len(running), chunk, batched)
             before = now()
-            out = slots.step(piece)
+            out = slots.step(pieces)
             at = now()
             steps += 1
+            batched_steps += len(pieces) > 1 or sum(p.stop - p.start for p in pieces) > chunk
             step_times.append(at - before)
             step_tokens += out.tokens
             prompt_tokens += out.prompt_tokens
@@ -225,16 +266,17 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
                 produce(r, at)
                 if r.produced >= r.output_tokens:
                     finish(slot, r, at)
-            if piece is not None:
-                admitted = piece.stop
+            for piece in pieces:
+                a = next(a for a in admitting if a.slot == piece.slot)
+                a.done = piece.stop
                 if piece.last:
-                    r, slot = admitting, admit_slot
-                    admitting, admit_slot, admit_prompt = None, -1, None
-                    running[slot] = r
+                    admitting.remove(a)
+                    r = a.request
+                    running[a.slot] = r
                     r.first_s = at
                     produce(r, at)
                     if r.produced >= r.output_tokens:
-                        finish(slot, r, at)
+                        finish(a.slot, r, at)
             occupancy.change(at, busy())
             continue
         if not future and not waiting:
@@ -243,7 +285,7 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     end = now()
     occupancy.change(end, busy())
     return WindowOutcome(requests, end, generated, occupancy.total, max_queue, steps, step_times,
-                         step_tokens, prompt_tokens, chunk)
+                         step_tokens, prompt_tokens, chunk, batched, batched_steps)
 
 
 def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any]) -> dict[str, Any]:
@@ -268,7 +310,8 @@ def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any
         "mean_active": outcome.busy_slot_seconds / span if span > 0 else 0.0,
         "max_queue": outcome.max_queue,
         "goodput": serving.goodput(ttft, tpot, span, limits),
-        "chunk_tokens": outcome.chunk_tokens, "steps": outcome.steps,
+        "chunk_tokens": outcome.chunk_tokens, "batched_tokens": outcome.batched_tokens,
+        "steps": outcome.steps, "batched_steps": outcome.batched_steps,
         "step_tokens_mean": outcome.step_tokens / outcome.steps if outcome.steps else 0.0,
         "prefill_share": outcome.prompt_tokens / outcome.step_tokens if outcome.step_tokens else 0.0,
     }

@@ -372,15 +372,18 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         from .serve_worker import SlotDriver, serve_windows
 
         facts["sweep"] = []
-        from .engine import chunk_tokens_for
+        from .engine import chunk_for_probes
 
         spec = ServeSpec.of_record(json.loads(args.serve))
-        chunk = spec.chunk_tokens or chunk_tokens_for(
-            loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
-        facts["chunk_tokens"] = chunk
-        progress({**base, "phase": "chunked", "chunk_tokens": chunk,
+        chunk = spec.chunk_tokens or chunk_for_probes(
+            loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None,
+            decode_linears.rows if decode_linears else None, decode_linears.gbs if decode_linears else None)
+        # A chunk from the probes may outgrow a small batched budget: the budget then follows.
+        batched = max(spec.batched_tokens, chunk)
+        facts["chunk_tokens"], facts["batched_tokens"] = chunk, batched
+        progress({**base, "phase": "chunked", "chunk_tokens": chunk, "batched_tokens": batched,
                   "from": "the inventory/flag" if spec.chunk_tokens else "the probes"})
-        driver = SlotDriver(engine, spec, loaded.config.vocab_size, chunk)
+        driver = SlotDriver(engine, spec, loaded.config.vocab_size, chunk, batched)
         try:
             mine = serve_windows(args, env, out, base, driver, placement, rank_invalid, dist, progress,
                                  binding.get("cpus"), stops=facts["sweep"])

@@ -13,7 +13,7 @@ from ..serving import ServeSpec
 from .common import int_list
 
 # Flags that only mean something with --serve, and static-only flags refused with it.
-SERVE_FLAGS = ("rates", "users", "slots", "chunk_tokens", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
+SERVE_FLAGS = ("rates", "users", "slots", "chunk_tokens", "batched_tokens", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
                "think_s", "lengths", "sweep", "sweep_steps", "sweep_precision", "sweep_budget", "server",
                "server_python")
 STATIC_ONLY = ("batch_sizes", "scenarios", "warmup")
@@ -49,6 +49,10 @@ def serve_options(f):
                      help="Serve, vcfslm's engine: the most prompt tokens one step takes beside the "
                           "decodes (default: the largest whose FLOPs fit under the decode step's "
                           "bandwidth floor on the rank's probes; the records keep the value used)."),
+        click.option("--batched-tokens", type=click.IntRange(min=1), default=None,
+                     help="Serve, vcfslm's engine: the most prompt tokens one step takes when two or more "
+                          "requests wait to go in, or nothing decodes: several prompts per step "
+                          "(default 2048, vLLM's max_num_batched_tokens on its CPU server)."),
         click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Serve: seconds of arrivals per window (default 60)."),
         click.option("--warmup-s", type=click.FloatRange(min=0), default=None,
