@@ -8,8 +8,8 @@ the step that takes a prompt's last piece gives its first token (its TTFT); a re
 leaves its slot when it has produced its output tokens. How much prompt a step takes
 depends on the queue:
 - at most one request waiting to go in, while streams decode: one piece of at most the
-  engine's `chunk_tokens`, sized so its FLOPs fit under the decode step's weight reads,
-  so the running streams' TPOT stays the decode step's;
+  engine's `chunk_tokens`, no longer than the linears run at the decode rate (the rank's
+  probe), so the running streams' TPOT stays the decode step's;
 - a backlog (two or more waiting to go in), or nothing decoding: pieces of as many
   waiting requests as have slots, up to `batched_tokens` prompt tokens in the step
   (vLLM's max_num_batched_tokens, 2048 on its CPU server). A queue then costs the
@@ -242,8 +242,9 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
             waiting.append(heapq.heappop(future)[2])
         taken = {a.slot for a in admitting}
         free = [s for s in slots.free() if s not in taken]
-        # One admission at a time beside running streams; a backlog admits all it can.
-        while waiting and free and (not admitting or len(waiting) + len(admitting) >= 2 or not running):
+        # Every waiting request that has a slot starts going in; plan_pieces decides how
+        # much of each a step takes (a chunk of a lone one beside running streams).
+        while waiting and free:
             r = waiting.popleft()
             r.started_s = t
             admitting.append(_Admission(r, free.pop(0), prompt_for(r)))

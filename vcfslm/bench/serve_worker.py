@@ -45,14 +45,13 @@ class SlotDriver:
     """The in-process backend: vcfslm's own engine (TokenSlots) under bench/serve.py's scheduler.
 
     chunk_tokens: the most prompt tokens a step takes beside running streams (the spec's, else
-    the probes'); batched_tokens: under a backlog (default the spec's)."""
+    the probes'); batched_tokens: under a backlog (the worker's, at least the chunk)."""
 
-    def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int, batched_tokens: int | None = None):
+    def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int, batched_tokens: int):
         from .engine import TokenSlots, synthetic_prompt
 
         engine.release()                  # the gate's static store and graph are not used here
-        self.slots = TokenSlots(engine, spec.slots, spec.max_context, chunk_tokens,
-                                max(chunk_tokens, batched_tokens or spec.batched_tokens))
+        self.slots = TokenSlots(engine, spec.slots, spec.max_context, chunk_tokens, batched_tokens)
         self.vocab, self._prompt = vocab, synthetic_prompt
         # Compile every token count before any window (a compile inside one marks it invalid).
         self.slots.prime(synthetic_prompt(1, min(spec.input_tokens), vocab, seed=spec.seed + 11)[0])
