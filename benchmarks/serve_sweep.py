@@ -17,7 +17,7 @@ meet SLO-B at all: a 2-core VM streams the weights ~10x slower and multiplies ~5
 than a 24-vCPU rank of the brief's testbed. The TPOT limit is scaled by the ratio of the
 testbed's read bandwidth per rank to this rank's (measured by the static run's probe),
 the TTFT limit by the ratio of the GEMM rates, each only when it is above 1; the scaled
-SLO is printed and recorded in both runs. The scaling is vcfslm.slo_scaling's, the one
+SLO is printed and recorded in both runs. The scaling is vcfslm.analysis.slo_scaling's, the one
 `vcfslm lab up --slos-from` scales the lab's SLOs with.
 
     .venv/bin/python benchmarks/serve_sweep.py [--layers 32] [--input-tokens 128] [--output-tokens 16]
@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
 
+from vcfslm.analysis.slo_scaling import run_rates, scale_slos, scaling_for  # noqa: E402
 from vcfslm.contract import DEFAULT_SLOS  # noqa: E402
 from vcfslm.errors import InputError  # noqa: E402
-from vcfslm.slo_scaling import run_rates, scale_slos, scaling_for  # noqa: E402
 
 VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
 SLO_B = {"B": DEFAULT_SLOS["B"]}

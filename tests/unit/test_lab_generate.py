@@ -139,8 +139,8 @@ def test_without_scaled_slos_the_lab_keeps_the_brief_ones():
 
 
 def test_scaled_slos_go_into_the_lab_inventory():
+    from vcfslm.analysis.slo_scaling import scale_slos, scaling_for
     from vcfslm.contract import DEFAULT_SLOS
-    from vcfslm.slo_scaling import scale_slos, scaling_for
 
     scaled = scale_slos(DEFAULT_SLOS, scaling_for(31.9, 1.44))
     ports = {"slm-01": 40000}

@@ -1,27 +1,64 @@
-"""DESIGN.md's import rules, checked with ast: one module per third-party library,
-nothing heavy in analysis code, no printing below the CLI."""
+"""The rules docs/ARCHITECTURE.md states, checked with ast: which room may import which,
+each third-party library imported by its one owner, no import cycle (lazy imports
+counted), nothing heavy in analysis code, no printing below the CLI.
+
+The room and owner tables are read from the document itself, so the map and the checks
+cannot drift apart."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[2] / "vcfslm"
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "vcfslm"
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
 
-# library root -> the only module(s) (relative to vcfslm/) allowed to import it
-OWNERS = {
-    "pyVmomi": {"vsphere/session.py", "vsphere/tasks.py", "vsphere/specs.py", "vsphere/driver.py"},
-    "pyVim": {"vsphere/session.py"},
-    "paramiko": {"guest/transport.py"},
-    "click": {"cli/"},
-    "matplotlib": {"analysis/figures.py"},
-    "com": {"vsphere/tags.py"},
-    "vmware": {"vsphere/tags.py"},
-    "jinja2": {"guest/templates.py"},
-}
-TORCH_ALLOWED = "bench/"
+
+def doc_table(heading: str, text: str | None = None) -> list[list[str]]:
+    """The body rows of the first markdown table under `## heading`, cells stripped."""
+    text = ARCHITECTURE.read_text() if text is None else text
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def ticked(cell: str) -> list[str]:
+    """The `code` spans of a table cell."""
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def owners_from_doc(text: str | None = None) -> dict[str, set[str]]:
+    """Library root -> the only modules or folders (relative to vcfslm/) that may import it."""
+    out: dict[str, set[str]] = {}
+    for libs, owners in doc_table("Third-party libraries and their one owner", text):
+        for lib in ticked(libs):
+            out[lib] = set(ticked(owners))
+    return out
+
+
+def rooms_from_doc(text: str | None = None) -> dict[str, tuple[list[str], set[str]]]:
+    """Room -> (its paths relative to the repository, the rooms it may import)."""
+    out = {}
+    for room, paths, _job, may in doc_table("Rooms and what each may import", text):
+        out[room] = (ticked(paths), {r.strip() for r in may.split(",")} | {room})
+    return out
+
+
+OWNERS = owners_from_doc()
+ROOMS = rooms_from_doc()
+
+
+def test_the_document_states_the_rules_this_file_checks():
+    assert {"pyVmomi", "paramiko", "click", "matplotlib", "jinja2", "torch"} <= set(OWNERS)
+    assert {"core", "vsphere", "guest", "bench", "analysis", "lab", "cli"} == set(ROOMS)
+    text = ARCHITECTURE.read_text()
+    for question in ("A new decode kernel.", "A new vCenter VM setting.", "A new report figure.",
+                     "A new load pattern", "A new serving backend."):
+        assert f"**{question}" in text, question
 
 
 def imports(path: Path) -> set[str]:
@@ -47,12 +84,6 @@ def allowed(rel: str, owners: set[str]) -> bool:
 def test_each_library_has_one_owner():
     wrong = [(rel, lib) for rel, path in modules() for lib in imports(path)
              if lib in OWNERS and not allowed(rel, OWNERS[lib])]
-    assert not wrong, wrong
-
-
-def test_torch_only_in_bench():
-    wrong = [rel for rel, path in modules()
-             if imports(path) & {"torch", "transformers", "safetensors"} and not rel.startswith(TORCH_ALLOWED)]
     assert not wrong, wrong
 
 
@@ -82,7 +113,7 @@ def test_nothing_below_cli_prints():
 # What bench/ may take from the guest stage: the Transport protocol (it drives one) and
 # nothing else; the layout and the other shared facts come from the run contract.
 BENCH_MAY_IMPORT_FROM_GUEST = {"vcfslm.guest.transport": {"Transport"}}
-# The real drivers: built only by the CLI (DESIGN.md), and by their own module.
+# The real drivers: built only by the CLI (docs/ARCHITECTURE.md), and by their own module.
 DRIVERS = {"SSHTransport": "guest/transport.py", "open_node": "guest/transport.py",
            "PyVmomiVCenter": "vsphere/driver.py", "AutomationClient": "vsphere/tags.py"}
 
@@ -185,3 +216,133 @@ def test_stage_boundaries_catch_a_deliberate_leak(check, rel, source, expected):
 ])
 def test_stage_boundaries_allow_what_the_design_allows(check, rel, source):
     assert check(rel, source) == []
+
+
+# ---------------------------------------------------------------- rooms and cycles
+
+
+def module_name(rel: str) -> str:
+    """`bench/worker.py` -> `vcfslm.bench.worker`; a package's `__init__.py` -> the package."""
+    parts = ["vcfslm", *rel[:-3].split("/")]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the vcfslm modules it imports anywhere in its body (lazy imports too).
+
+    `from pkg import name` depends on `pkg.name` when that is a module, else on `pkg`."""
+    known = {module_name(rel) for rel in sources}
+
+    def nearest(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph: dict[str, set[str]] = {}
+    for rel, source in sources.items():
+        me = module_name(rel)
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(source, rel)):
+            if isinstance(node, ast.Import):
+                deps |= {nearest(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = absolute(rel, node)
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    deps.add(sub if sub in known else nearest(base))
+        graph[me] = {d for d in deps if d and d != me}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def room_of(module: str, rooms: dict[str, tuple[list[str], set[str]]]) -> str:
+    """The room a dotted vcfslm module lives in, by the document's paths."""
+    parts = module.split(".")[1:]
+    best, best_len = None, -1
+    for room, (paths, _may) in rooms.items():
+        for p in paths:
+            p = p.removeprefix("vcfslm/")
+            if p == "*.py":
+                hit, length = len(parts) <= 1, 0
+            else:
+                prefix = p.rstrip("/").split("/")
+                hit, length = parts[: len(prefix)] == prefix, len(prefix)
+            if hit and length > best_len:
+                best, best_len = room, length
+    assert best is not None, f"{module} is in no room of docs/ARCHITECTURE.md"
+    return best
+
+
+def room_leaks(graph: dict[str, set[str]], rooms: dict[str, tuple[list[str], set[str]]]) -> list[str]:
+    out = []
+    for me, deps in sorted(graph.items()):
+        mine = room_of(me, rooms)
+        out += [f"{me} ({mine}) imports {d} ({room_of(d, rooms)})" for d in sorted(deps)
+                if room_of(d, rooms) not in rooms[mine][1]]
+    return out
+
+
+def tree_sources() -> dict[str, str]:
+    return {rel: path.read_text() for rel, path in modules()}
+
+
+def test_no_import_cycle_counting_lazy_imports():
+    assert cycles(import_graph(tree_sources())) == []
+
+
+def test_each_room_imports_only_what_the_document_allows():
+    assert room_leaks(import_graph(tree_sources()), ROOMS) == []
+
+
+def test_a_lazy_import_cycle_is_found():
+    sources = {"bench/__init__.py": "", "bench/a.py": "from .b import f\n",
+               "bench/b.py": "def f():\n    from .a import g\n", "bench/c.py": "from . import a\n"}
+    assert cycles(import_graph(sources)) == [["vcfslm.bench.a", "vcfslm.bench.b"]]
+
+
+def test_a_room_leak_is_found_and_the_allowed_import_is_not():
+    sources = {"__init__.py": "", "errors.py": "", "analysis/__init__.py": "",
+               "analysis/cells.py": "from ..errors import X\nfrom ..bench import engine\n",
+               "bench/__init__.py": "", "bench/engine.py": "from .. import errors\n"}
+    assert room_leaks(import_graph(sources), ROOMS) == [
+        "vcfslm.analysis.cells (analysis) imports vcfslm.bench.engine (bench)"]
+
+
+def test_the_owner_table_is_read_from_the_document():
+    text = ("## Third-party libraries and their one owner\n\n| library | imported only by |\n|---|---|\n"
+            "| `a`, `b` | `x/y.py`, `z/` |\n\n## Next\n| `c` | `q.py` |\n")
+    assert owners_from_doc(text) == {"a": {"x/y.py", "z/"}, "b": {"x/y.py", "z/"}}

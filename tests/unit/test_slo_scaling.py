@@ -1,4 +1,4 @@
-"""The brief's SLOs scaled to this machine (vcfslm/slo_scaling.py), and `lab up --slos-from`."""
+"""The brief's SLOs scaled to this machine (vcfslm/analysis/slo_scaling.py), and `lab up --slos-from`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
+from vcfslm.analysis.slo_scaling import Rates, probe_rates, run_rates, scale_slos, scaling_for
 from vcfslm.cli import main
 from vcfslm.contract import DEFAULT_SLOS
 from vcfslm.errors import PlatformError, RunFolderError
-from vcfslm.slo_scaling import Rates, probe_rates, run_rates, scale_slos, scaling_for
 
 
 def _node(read_gbs, tflops, node=0) -> dict:

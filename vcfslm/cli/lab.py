@@ -162,8 +162,8 @@ def _scaled_slos(probe_file: str | None) -> tuple[dict | None, list[str]]:
     """The brief's SLOs scaled by a probe file, and the lines showing how; (None, []) without one."""
     if probe_file is None:
         return None, []
+    from ..analysis.slo_scaling import probe_rates, scale_slos, scaling_for
     from ..contract import DEFAULT_SLOS
-    from ..slo_scaling import probe_rates, scale_slos, scaling_for
 
     try:
         scaling = scaling_for(*probe_rates(probe_file))

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .analysis.calibration import rank_rates
-from .errors import InputError, PlatformError, Problem, RunFolderError
-from .hardware import load_platform
-from .yamldoc import read_document
+from ..errors import InputError, PlatformError, Problem, RunFolderError
+from ..hardware import load_platform
+from ..yamldoc import read_document
+from .calibration import rank_rates
 
 REFERENCE_PLATFORM = "vx650v4-6747p"   # the brief's testbed (platforms/vx650v4-6747p.yaml)
 
