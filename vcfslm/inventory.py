@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from . import contract, footprint, serving, topology
+from . import arrivals, contract, footprint, serving, topology
 from .contract import LEGACY_COMPILE_MODES
 from .errors import InventoryError, Problem
 from .yamldoc import Key, load_mapping, pydantic_problems, read_document
@@ -220,7 +220,10 @@ class Serve(_Model):
         description="vcfslm's engine: the most prompt tokens one step takes when two or more requests "
                     "wait to go in, or nothing decodes (vLLM's max_num_batched_tokens; at least "
                     "chunk_tokens).")
-    arrival: Literal["poisson", "gamma"] = Field("poisson", description="Open-loop arrival process.")
+    # The names come from the one registry of arrival processes (a Literal of its tuple),
+    # so a new load pattern needs no edit here and a bad name still reads file:line:key.
+    arrival: Literal[arrivals.OPEN_LOOP] = Field(
+        arrivals.DEFAULT, description="Open-loop arrival process.")
     burstiness: Annotated[float, Field(gt=0)] = Field(
         1.0, description="Gamma shape: 1 is Poisson, below 1 burstier, above 1 more regular.")
     think_s: Annotated[float, Field(ge=0)] = Field(0.0, description="Closed loop: mean think time, s.")

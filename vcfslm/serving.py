@@ -10,7 +10,8 @@ server):
 - Open loop, `rate` requests/s per rank: inter-arrival gaps are exponential (Poisson)
   or gamma with shape `burstiness` and the same mean 1/rate, so burstiness 1 is
   Poisson, below 1 burstier (the gaps' coefficient of variation is 1/sqrt(burstiness)),
-  above 1 more regular. Requests arrive whether or not the rank keeps up.
+  above 1 more regular. Requests arrive whether or not the rank keeps up. Each process
+  and its gaps is one entry of vcfslm.arrivals.
 - Closed loop, `users` per rank: each user sends a request, waits for its last token,
   thinks (exponential, mean `think_s`; 0 = not at all) and sends the next.
 - A window generates arrivals over [0, duration_s). Only requests arriving inside the
@@ -34,10 +35,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vcfslm import judging
+from vcfslm import arrivals, judging
 
-LOAD_KINDS = ("rate", "users")
-ARRIVALS = ("poisson", "gamma")          # open loop; users always mean a closed loop
+LOAD_KINDS = arrivals.LOAD_KINDS
 LENGTH_DISTS = ("fixed", "uniform")
 SERVE_PERCENTILE = 90.0                 # the tails the progress lines and tables show
 DEFAULT_SLOTS = 16
@@ -62,7 +62,7 @@ class ServeSpec:
     slots: int = DEFAULT_SLOTS
     chunk_tokens: int = 0                   # prompt tokens per step at most; 0: from the rank's probes
     batched_tokens: int = DEFAULT_BATCHED_TOKENS   # ... under a backlog (several prompts per step)
-    arrival: str = "poisson"                # open loop only: "poisson" | "gamma"
+    arrival: str = arrivals.DEFAULT         # open loop only: one of arrivals.OPEN_LOOP
     burstiness: float = 1.0
     think_s: float = 0.0                    # closed loop only
     lengths: str = "fixed"                  # "fixed" | "uniform" (in [low x nominal, nominal])
@@ -88,7 +88,7 @@ class ServeSpec:
     @property
     def arrival_kind(self) -> str:
         """What the records call the arrival process: closed for users."""
-        return "closed" if self.load_kind == "users" else self.arrival
+        return arrivals.recorded_name(self.load_kind, self.arrival)
 
     @property
     def span_s(self) -> float:
@@ -141,8 +141,8 @@ def spec_problems(spec: ServeSpec) -> list[str]:
     if spec.batched_tokens < max(1, spec.chunk_tokens):
         out.append(f"batched tokens must be at least 1 and the chunk tokens ({spec.chunk_tokens}), "
                    f"got {spec.batched_tokens}")
-    if spec.arrival not in ARRIVALS:
-        out.append(f"arrival must be one of {', '.join(ARRIVALS)}, got {spec.arrival!r}")
+    if spec.arrival not in arrivals.OPEN_LOOP:
+        out.append(f"arrival must be one of {', '.join(arrivals.OPEN_LOOP)}, got {spec.arrival!r}")
     if not spec.burstiness > 0:
         out.append(f"burstiness must be positive, got {spec.burstiness}")
     if spec.think_s < 0:
@@ -186,19 +186,17 @@ def window_seed(seed: int, rank: int, load: float, input_tokens: int, window: in
             + input_tokens * 31 + window * 15_485_863) % (2 ** 63)
 
 
-def interarrival_gaps(rate: float, count: int, rng: random.Random, burstiness: float = 1.0) -> list[float]:
-    """`count` gaps with mean 1/rate: exponential (burstiness 1) or gamma(shape=burstiness)."""
-    if burstiness == 1.0:
-        return [rng.expovariate(rate) for _ in range(count)]
-    return [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(count)]
-
-
-def arrival_times(rate: float, duration_s: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
-    """Open-loop arrival times in [0, duration_s) at `rate` per second."""
+def arrival_times(rate: float, duration_s: float, rng: random.Random, burstiness: float = 1.0,
+                  arrival: str = arrivals.DEFAULT) -> list[float]:
+    """Open-loop arrival times in [0, duration_s) at `rate` per second, the gaps drawn by
+    the `arrival` process."""
+    draw = arrivals.process(arrival).gaps
+    if draw is None:
+        raise ValueError(f"{arrival} is a closed loop: its requests follow replies, not a clock")
     out: list[float] = []
     t = 0.0
     while True:
-        t += interarrival_gaps(rate, 1, rng, burstiness)[0]
+        t += draw(rate, 1, rng, burstiness)[0]
         if t >= duration_s:
             return out
         out.append(t)
@@ -215,7 +213,7 @@ def open_loop_plan(spec: ServeSpec, rate: float, input_tokens: int, rng: random.
     """Every request of one open-loop window, in arrival order."""
     return [Planned(t, draw_length(input_tokens, rng, spec.lengths, spec.length_low),
                     draw_length(spec.output_tokens, rng, spec.lengths, spec.length_low))
-            for t in arrival_times(rate, spec.duration_s, rng, spec.burstiness)]
+            for t in arrival_times(rate, spec.duration_s, rng, spec.burstiness, spec.arrival)]
 
 
 def think_time(mean_s: float, rng: random.Random) -> float:

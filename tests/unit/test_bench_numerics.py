@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from vcfslm.bench.engine import DecodeEngine, synthetic_prompt  # noqa: E402
-from vcfslm.bench.numerics import GATE_REASON_PREFIX, compare_logits, run_gate  # noqa: E402
+from vcfslm.bench.numerics import compare_logits, run_gate  # noqa: E402
+from vcfslm.verdicts import NUMERICS_GATE_PREFIX, is_numerics_gate  # noqa: E402
 
 
 def logits(seed=0, shape=(2, 4, 50)):
@@ -38,7 +39,8 @@ def test_wrong_logits_fail_with_a_reason(bad, reason):
     result = compare_logits(bad(ref), ref)
     assert not result.passed
     assert reason in result.reason
-    assert result.invalid_reason.startswith(GATE_REASON_PREFIX)
+    assert result.invalid_reason.startswith(NUMERICS_GATE_PREFIX)
+    assert is_numerics_gate(result.invalid_reason)
 
 
 def test_gate_on_the_compiled_tiny_model_passes_and_a_perturbed_step_fails():

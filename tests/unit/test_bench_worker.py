@@ -1,4 +1,5 @@
-"""The worker's pure parts: arguments, scenario selection, resume agreement, record files."""
+"""The worker's pure parts (and bench/rank.py's, which every kind of rank shares): arguments,
+scenario selection, resume agreement, record files."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 
 from vcfslm import results
-from vcfslm.bench import worker
+from vcfslm.bench import rank, worker
 from vcfslm.contract import parse_progress
 
 
@@ -55,18 +56,18 @@ def test_parse_args_rejects(bad, capsys):
 
 
 def test_torchrun_env():
-    env = worker.TorchrunEnv.from_environ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
-                                           "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
-                                           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    env = rank.TorchrunEnv.from_environ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+                                         "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+                                         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
     assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.group_rank) == (5, 1, 8, 4, 1)
-    assert worker.TorchrunEnv.from_environ({}).world_size == 1
+    assert rank.TorchrunEnv.from_environ({}).world_size == 1
 
 
 def test_only_scenarios_every_rank_finished_are_skipped():
     a, b, c = (1, 128, 16), (1, 512, 16), (4, 128, 16)
-    assert worker.agreed_skips([{a, b}, {a}, {a, c}]) == {a}
-    assert worker.agreed_skips([{a, b}, set()]) == set()
-    assert worker.agreed_skips([]) == set()
+    assert rank.agreed_skips([{a, b}, {a}, {a, c}]) == {a}
+    assert rank.agreed_skips([{a, b}, set()]) == set()
+    assert rank.agreed_skips([]) == set()
 
 
 def test_record_schema_round_trip(tmp_path):
@@ -85,10 +86,37 @@ def test_record_schema_round_trip(tmp_path):
 def test_drop_scenarios_keeps_the_others(tmp_path):
     path = tmp_path / "rank-0.jsonl"
     results.write_records(path, [record(window=0), record(window=1), record(batch=4, window=0)])
-    assert worker.drop_scenarios(path, {(4, 128, 16)}) == 1
+    assert rank.drop_scenarios(path, {(4, 128, 16)}) == 1
     assert [r.scenario for r in results.read_records(path)] == [(1, 128, 16)] * 2
-    assert worker.drop_scenarios(path, {(8, 128, 16)}) == 0
-    assert worker.drop_scenarios(tmp_path / "missing.jsonl", {(1, 128, 16)}) == 0
+    assert rank.drop_scenarios(path, {(8, 128, 16)}) == 0
+    assert rank.drop_scenarios(tmp_path / "missing.jsonl", {(1, 128, 16)}) == 0
+
+
+def test_each_rank_writes_its_own_files(tmp_path):
+    assert rank.rank_file(tmp_path, 3) == tmp_path / "ranks" / "rank-3.jsonl"
+    assert rank.serve_file(tmp_path, 3) == tmp_path / "ranks" / "serve-3.jsonl"
+    assert rank.facts_file(tmp_path, 3) == tmp_path / "ranks" / "rank-3.json"
+
+
+def test_no_rank_module_imports_the_static_worker():
+    """The serving loops share bench/rank.py with the static worker, which starts them: an
+    import back (even inside a function) would make a cycle."""
+    import ast
+    from pathlib import Path
+
+    def imported(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            return [module] + [f"{module}.{a.name}".lstrip(".") for a in node.names]
+        return []
+
+    bench = Path(worker.__file__).parent
+    wrong = [f"{name}:{node.lineno}" for name in ("rank.py", "serve_worker.py", "http_worker.py")
+             for node in ast.walk(ast.parse((bench / name).read_text()))
+             if any(m.split(".")[-1] == "worker" for m in imported(node))]
+    assert not wrong, wrong
 
 
 def test_records_sort_by_node_rank_then_scenario():
@@ -98,7 +126,7 @@ def test_records_sort_by_node_rank_then_scenario():
 
 
 def test_progress_line_is_one_json_object(capsys):
-    worker.progress({"rank": 0, "phase": "measure", "scenario": 1, "scenarios": 2, "window": 0})
+    rank.progress({"rank": 0, "phase": "measure", "scenario": 1, "scenarios": 2, "window": 0})
     line = capsys.readouterr().out
     assert line.endswith("\n") and line.count("\n") == 1
     assert parse_progress(line)["phase"] == "measure"

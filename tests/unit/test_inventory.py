@@ -180,3 +180,17 @@ def test_the_judging_rule_defaults_and_its_bad_values_name_the_key():
     data["slo"] = {"percentile": "p50", "attainment": 0.95}
     ok = parse_inventory(yaml.safe_dump(data), "cluster.yaml")
     assert (ok.slo.percentile, ok.slo.attainment) == ("p50", 0.95)
+
+
+def test_the_arrival_names_are_the_registrys_and_a_bad_one_names_the_key():
+    from vcfslm import arrivals
+
+    data = brief_data()
+    for name in arrivals.OPEN_LOOP:
+        data["bench"].setdefault("serve", {})["arrival"] = name
+        assert parse_inventory(yaml.safe_dump(data, sort_keys=False), "cluster.yaml").bench.serve.arrival == name
+    data["bench"]["serve"]["arrival"] = "closed"   # the closed loop is chosen by users, not by name
+    msgs = problems_of(data)
+    assert len(msgs) == 1 and re.match(
+        r"cluster\.yaml:\d+:\d+: bench\.serve\.arrival: Input should be 'poisson' or 'gamma' \(got 'closed'\)$",
+        msgs[0]), msgs

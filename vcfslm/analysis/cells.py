@@ -33,6 +33,7 @@ from vcfslm.results import (
     percentile,
     read_run,
 )
+from vcfslm.verdicts import is_numerics_gate, numerics_gate_detail
 
 PERCENTILES = ("p50", "p90", "p99")
 SINGLE = "single"
@@ -43,11 +44,6 @@ SCOPE_TITLES = {SINGLE: "single VM", CLUSTER: "cluster"}
 # whole window, so the window under-states contention.
 SKEW_WARN_S = 0.05
 SKEW_WARN_FRACTION = 0.05
-
-# The worker marks every window of a rank whose compiled step disagrees with eager with
-# a reason of this prefix; such a rank measured a different computation, so the report
-# names it (node and rank) rather than only counting its windows.
-NUMERICS_PREFIX = "numerics gate:"
 
 
 @dataclass(frozen=True)
@@ -299,9 +295,9 @@ def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
         flags.append(f"incomplete: {cell.windows} of {cell.expected_windows} windows recorded")
     if cell.invalid_windows:
         invalid = [r for r in records if not r.valid]
-        reasons = sorted({why for r in invalid for why in r.invalid_reasons if not is_numerics(why)})
+        reasons = sorted({why for r in invalid for why in r.invalid_reasons if not is_numerics_gate(why)})
         # The gate's own message is said once per rank (numerics_warnings); here only who.
-        failed = sorted({rank_name(r) for r in invalid if any(is_numerics(w) for w in r.invalid_reasons)})
+        failed = sorted({rank_name(r) for r in invalid if any(is_numerics_gate(w) for w in r.invalid_reasons)})
         if failed:
             reasons.append(f"numerics gate failed on {', '.join(failed)}")
         detail = f" ({'; '.join(reasons)})" if reasons else ""
@@ -321,15 +317,11 @@ def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
 def numerics_flag(records: Sequence[WindowRecord]) -> str | None:
     """The invalid-window flag of a cell whose invalid windows all (and only) failed the numerics gate."""
     invalid = [r for r in records if not r.valid]
-    if not invalid or not all(r.invalid_reasons and all(is_numerics(w) for w in r.invalid_reasons)
+    if not invalid or not all(r.invalid_reasons and all(is_numerics_gate(w) for w in r.invalid_reasons)
                               for r in invalid):
         return None
     failed = sorted({rank_name(r) for r in invalid})
     return f"{len(invalid)} invalid window(s) left out (numerics gate failed on {', '.join(failed)})"
-
-
-def is_numerics(reason: str) -> bool:
-    return reason.strip().lower().startswith(NUMERICS_PREFIX)
 
 
 def rank_name(r: WindowRecord) -> str:
@@ -337,15 +329,17 @@ def rank_name(r: WindowRecord) -> str:
 
 
 def numerics_warnings(run_id: str, records: Sequence[WindowRecord]) -> list[str]:
-    """One warning per rank whose windows failed the numerics gate: which node and rank, and why."""
+    """One warning per rank whose windows failed the numerics gate: which node and rank, and why.
+
+    Such a rank measured a different computation from the eager model, so the report
+    names it rather than only counting its windows."""
     by_rank: dict[tuple[str, int], list[WindowRecord]] = defaultdict(list)
     for r in records:
-        if not r.valid and any(is_numerics(w) for w in r.invalid_reasons):
+        if not r.valid and any(is_numerics_gate(w) for w in r.invalid_reasons):
             by_rank[(r.node, r.rank)].append(r)
     out = []
     for (node, rank), rs in sorted(by_rank.items()):
-        why = sorted({w.strip()[len(NUMERICS_PREFIX):].strip() for r in rs for w in r.invalid_reasons
-                      if is_numerics(w)})
+        why = sorted({numerics_gate_detail(w) for r in rs for w in r.invalid_reasons if is_numerics_gate(w)})
         out.append(f"run {run_id}: numerics gate failed on node {node}, rank {rank} (local rank "
                    f"{rs[0].local_rank}): {'; '.join(w for w in why if w) or 'no detail recorded'}; "
                    f"its {len(rs)} window(s) are left out of every number")

@@ -15,6 +15,8 @@ from .. import results, topology
 from ..servers import ServerSpec
 from ..serving import ServeSpec
 from .http_backend import HttpDriver
+from .rank import facts_file, progress
+from .serve_worker import serve_windows
 
 
 def run_http_serving(args, env, out: Path, base: dict[str, Any], dist, binding: dict[str, str],
@@ -22,8 +24,6 @@ def run_http_serving(args, env, out: Path, base: dict[str, Any], dist, binding: 
     import torch
 
     from .placement import placement_facts
-    from .serve_worker import serve_windows
-    from .worker import progress
 
     spec = ServeSpec.of_record(json.loads(args.serve))
     numa_node = int(os.environ.get("VCFSLM_NUMA_NODE") or 0)
@@ -50,11 +50,11 @@ def run_http_serving(args, env, out: Path, base: dict[str, Any], dist, binding: 
             "placement": placement, "engine": f"{server.name} server",
             "model": {"source": args.model, **driver.facts_model},
             "server": driver.facts(), "sweep": []}
-        results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
+        results.atomic_write_json(facts_file(out, env.rank), facts)
         mine = serve_windows(args, env, out, base, driver, placement, rank_invalid, dist, progress,
                              None, stops=facts["sweep"])
         facts["server"] = driver.facts()      # with the peak RSS of the whole run
-        results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
+        results.atomic_write_json(facts_file(out, env.rank), facts)
     finally:
         driver.stop()
     return finish(args, env, out, base, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))

@@ -15,7 +15,8 @@ with random weights: a correct compiled step differs by 0.025 of the largest log
 logits one step off by 1.25. 0.15 sits ~3x above the first and ~4x below the second.
 
 A failed gate does not stop the run: every window of that rank is recorded as invalid
-with the gate's reason, so the report names the rank.
+with the gate's reason, so the report names the rank (vcfslm/verdicts.py writes that
+reason and recognises it again for the report).
 
 With real weights (a model folder or hub id that has a tokenizer) the rank also records
 a short greedy continuation of a fixed prompt as text: a person can read whether the
@@ -27,7 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-GATE_REASON_PREFIX = "numerics gate: "
+from ..verdicts import numerics_gate_failed
+
 DEFAULT_RTOL = 0.15
 DEFAULT_MIN_TOP1 = 0.75
 DEFAULT_STEPS = 8
@@ -55,7 +57,7 @@ class GateResult:
     @property
     def invalid_reason(self) -> str | None:
         """The reason every window of the rank is invalid, None when the gate passed."""
-        return None if self.passed else GATE_REASON_PREFIX + self.reason
+        return None if self.passed else numerics_gate_failed(self.reason)
 
 
 def compare_logits(compiled, eager, *, rtol: float = DEFAULT_RTOL,

@@ -29,16 +29,14 @@ from typing import Any
 from .. import results, serving
 from ..results import ServeRecord
 from ..serving import ServeSpec
+from ..verdicts import recompiled
+from .rank import agreed_skips, drop_scenarios, rank_window, serve_file
 from .serve import record_fields, run_window
 
 log = logging.getLogger("vcfslm.bench.worker")
 # A bound on the sweep's extra windows whatever the budget: windows that come out invalid
 # add no requests but still cost time.
 MAX_REFINE_ROUNDS = 20
-
-
-def serve_file(out: Path, rank: int) -> Path:
-    return out / "ranks" / f"serve-{rank}.jsonl"
 
 
 class SlotDriver:
@@ -88,7 +86,6 @@ def serve_windows(args, env, out: Path, base: dict, driver, placement: dict,
     allowed_cpus: the rank's binding (numactl's), to catch a thread that left it.
     stops: gets one {slo, input_tokens, reason} per SLO and context the sweep finished."""
     from .placement import placement_problems, thread_cpus
-    from .worker import agreed_skips, rank_window
 
     spec = ServeSpec.of_record(json.loads(args.serve))
     limits: dict[str, Any] = json.loads(args.slos) if args.slos else {}
@@ -101,8 +98,6 @@ def serve_windows(args, env, out: Path, base: dict, driver, placement: dict,
     dist.all_gather_object(gathered, sorted(finished))
     skip = agreed_skips([{tuple(s) for s in g} for g in gathered])
     if args.resume:
-        from .worker import drop_scenarios
-
         drop_scenarios(my_file, {r.scenario for r in kept} - skip, kind=ServeRecord)
     elif my_file.exists():
         my_file.unlink()
@@ -139,7 +134,7 @@ def serve_windows(args, env, out: Path, base: dict, driver, placement: dict,
             if server_checks is not None:
                 reasons += server_checks()
             if driver.compiles != compiles:
-                reasons.append(f"{driver.compiles - compiles} compilation(s) inside the window")
+                reasons.append(recompiled(driver.compiles - compiles))
             peak, rss = driver.rss()
             record = ServeRecord(
                 **rank_window(args, env), load_kind=spec.load_kind,

@@ -38,6 +38,10 @@ results_path).
 `--resume` reads this rank's own file and skips the scenarios that have `repeats`
 windows; the ranks agree (all_gather) on skipping only scenarios every rank finished, so
 their barriers still line up; a scenario a rank re-runs loses its old partial records.
+
+The serving loops (bench/serve_worker.py, bench/http_worker.py) are started from here;
+what they share with this module (the rank's coordinates, record identity, resume
+agreement, files, progress lines) lives in bench/rank.py, so none imports another back.
 """
 
 from __future__ import annotations
@@ -50,15 +54,24 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import results
-from ..contract import ACCEPTED_COMPILE_MODES, Matrix, format_progress
+from ..contract import ACCEPTED_COMPILE_MODES, Matrix
 from ..results import WindowRecord
 from ..servers import ServerSpec
 from ..serving import ServeSpec
+from ..verdicts import recompiled
+from .rank import (
+    TorchrunEnv,
+    agreed_skips,
+    drop_scenarios,
+    facts_file,
+    progress,
+    rank_file,
+    rank_window,
+)
 
 log = logging.getLogger("vcfslm.bench.worker")
 
@@ -136,52 +149,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-@dataclass(frozen=True)
-class TorchrunEnv:
-    """The rank's coordinates from torchrun's environment (single process when absent)."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    group_rank: int
-    master_addr: str
-    master_port: int
-
-    @classmethod
-    def from_environ(cls, env: dict[str, str] | None = None) -> TorchrunEnv:
-        env = dict(os.environ if env is None else env)
-        return cls(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
-                   world_size=int(env.get("WORLD_SIZE", 1)),
-                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
-                   group_rank=int(env.get("GROUP_RANK", 0)),
-                   master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                   master_port=int(env.get("MASTER_PORT", 29500)))
-
-
 # ------------------------------------------------------------------ scenarios
-
-
-def agreed_skips(per_rank_finished: list[set[tuple[int, int, int]]]) -> set[tuple[int, int, int]]:
-    """Scenarios every rank has finished (only those may be skipped by all)."""
-    if not per_rank_finished:
-        return set()
-    common = set(per_rank_finished[0])
-    for finished in per_rank_finished[1:]:
-        common &= set(finished)
-    return common
 
 
 def sort_key(r) -> tuple:
     """Records in node, rank, scenario, window order (WindowRecord or ServeRecord)."""
     return (r.node_rank, r.rank, *r.scenario, r.window)
-
-
-def rank_window(args: argparse.Namespace, env: TorchrunEnv) -> dict[str, Any]:
-    """The RankWindow fields of this rank's records (static and serving alike)."""
-    return {"run_id": args.run_id, "node": args.node, "node_rank": env.group_rank, "rank": env.rank,
-            "local_rank": env.local_rank, "world_size": env.world_size,
-            "ranks_per_node": env.local_world_size, "nodes": args.nodes}
 
 
 def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple[int, int, int],
@@ -197,7 +170,7 @@ def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple
     generated = int(gen.tokens.shape[0] * gen.tokens.shape[1])
     reasons = list(extra_invalid or [])
     if gen.compiles:
-        reasons.append(f"{gen.compiles} compilation(s) inside the window")
+        reasons.append(recompiled(gen.compiles))
     if tuple(gen.tokens.shape) != (batch, output_tokens):
         reasons.append(f"generated shape {tuple(gen.tokens.shape)} != ({batch}, {output_tokens})")
     return WindowRecord(
@@ -210,30 +183,6 @@ def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple
 
 
 # ------------------------------------------------------------------ output
-
-
-def progress(event: dict[str, Any]) -> None:
-    """One progress line on stdout (flushed: the launcher reads it live) and in the log."""
-    line = format_progress(event)
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-    log.info("%s", line)
-
-
-def rank_file(out: Path, rank: int) -> Path:
-    return out / "ranks" / f"rank-{rank}.jsonl"
-
-
-def drop_scenarios(path: Path, scenarios: set[tuple], kind: type = WindowRecord) -> int:
-    """Remove the records of `scenarios` from a rank file (a rerun replaces them); count removed."""
-    if not path.exists() or not scenarios:
-        return 0
-    every = results.read_records(path, kind=kind)
-    kept = [r for r in every if r.scenario not in scenarios]
-    removed = len(every) - len(kept)
-    if removed:
-        results.write_records(path, kept)
-    return removed
 
 
 def _setup_logging(out: Path, node: str, rank: int) -> None:
@@ -367,7 +316,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
              "pack": engine.pack.to_dict(),
              "numerics": {**numerics.to_dict(), "greedy": greedy} if numerics else None,
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
-    results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
+    results.atomic_write_json(facts_file(out, env.rank), facts)
     if args.serve:
         from .serve_worker import SlotDriver, serve_windows
 
@@ -391,7 +340,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             driver.stop()
         engine.release()
         # What stopped each SLO's sweep travels with the rank's facts into meta.json.
-        results.atomic_write_json(out / "ranks" / f"rank-{env.rank}.json", facts)
+        results.atomic_write_json(facts_file(out, env.rank), facts)
         return _finish(args, env, out, base, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))
 
     my_file = rank_file(out, env.rank)

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from .. import arrivals
 from ..errors import Problem, UsageError
 from ..servers import SERVERS, ServerSpec
 from ..serving import ServeSpec
@@ -59,8 +60,8 @@ def serve_options(f):
                      help="Serve: seconds at a window's start excluded from the metrics (default 5)."),
         click.option("--cooldown-s", type=click.FloatRange(min=0), default=None,
                      help="Serve: seconds at a window's end excluded from the metrics (default 5)."),
-        click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default=None,
-                     help="Serve: open-loop arrival process (default poisson)."),
+        click.option("--arrival", type=click.Choice(arrivals.OPEN_LOOP), default=None,
+                     help=f"Serve: open-loop arrival process (default {arrivals.DEFAULT})."),
         click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Serve: gamma shape; 1 is Poisson, below 1 burstier (default 1)."),
         click.option("--think-s", type=click.FloatRange(min=0), default=None,
