@@ -42,6 +42,7 @@ from ..results import (
     SERVE_RESULTS,
     RunMeta,
     load_run,
+    merge_records,
     rank_summaries,
     read_meta,
     read_rank_facts,
@@ -386,7 +387,12 @@ class ClusterBench:
                 self.reporter.log(f"{name}: could not stop cleanly: {res}")
 
     def collect(self) -> list:
-        """Fetch every node's rank files (and node 0's gathered results) into the local run dir."""
+        """Fetch every node's rank files into the local run dir and merge them there.
+
+        Node 0's own merged file is not fetched: it exists only when every rank reached the
+        end, while the rank files also hold what a failed or stopped run finished. Merging
+        them here (results.merge_records, as rank 0 does) gives the same file either way.
+        """
         ranks_dir = self.local_dir / "ranks"
         ranks_dir.mkdir(parents=True, exist_ok=True)
 
@@ -403,16 +409,10 @@ class ClusterBench:
         for name, res in self._each(fetch).items():
             if isinstance(res, Exception):
                 self.reporter.log(f"{name}: could not fetch records: {res}")
-        records = []
-        for p in sorted(ranks_dir.glob("rank-*.jsonl")):
-            records.extend(read_records(p))
-        records.sort(key=lambda r: (r.batch_per_rank, r.input_tokens, r.window, r.rank))
+        records = merge_records(read_records(p) for p in sorted(ranks_dir.glob("rank-*.jsonl")))
         write_records(self.local_dir / "results.jsonl", records)
-        served = []
-        for p in sorted(ranks_dir.glob("serve-*.jsonl")):
-            served.extend(read_serve_records(p))
+        served = merge_records(read_serve_records(p) for p in sorted(ranks_dir.glob("serve-*.jsonl")))
         if served or self.opts.serve is not None:
-            served.sort(key=lambda r: (r.input_tokens, r.load, r.window, r.rank))
             write_records(self.local_dir / SERVE_RESULTS, served)
         return records
 

@@ -416,7 +416,7 @@ def _finish(args, env: TorchrunEnv, out: Path, base: dict, dist, mine: list, fac
     dist.gather_object(facts, all_facts, dst=0)
     done = {**base, "phase": "finished", "scenarios": n, "records": len(mine)}
     if env.rank == 0:
-        merged = sorted((r for recs in all_records for r in recs), key=sort_key)
+        merged = results.merge_records(all_records)
         results.write_records(out / merged_name, merged)
         results.atomic_write_json(out / "ranks.json", sorted(all_facts, key=lambda f: f["rank"]))
         done["results_path"] = str(out / merged_name)
