@@ -122,9 +122,10 @@ VM_SETTINGS: tuple[VmSetting, ...] = (
     # changes.py compares it only where vCenter reports numaInfo (vnuma.py says "unverified").
     VmSetting("cores_per_numa_node", "virtualNuma.coresPerNumaNode", "config.numaInfo",
               member="coresPerNumaNode", desired=_vnuma_node_size, since_api=VNUMA_API),
-    # CPU hot-add disables vNUMA in the guest.
     VmSetting("cpu_hot_add", "cpuHotAddEnabled", "config.cpuHotAddEnabled", unset=False,
-              desired=lambda f: False),
+              inventory=InventoryKey(Literal[False], False,
+                                     "CPU hot-add; must stay off: ESXi disables vNUMA for a VM with it on."),
+              lab=False),
     VmSetting("latency_sensitivity", "latencySensitivity.level", "config.latencySensitivity",
               member="level", unset="normal",
               inventory=InventoryKey(Literal["normal", "high"], "normal",
