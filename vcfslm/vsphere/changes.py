@@ -34,8 +34,8 @@ RESTART_KEY_PREFIXES = ("numa.", "sched.", "cpuid.", "monitor.")
 
 @dataclass(frozen=True)
 class FieldChange:
-    """One setting going from `old` to `new`; `field` is the DesiredVm attribute or
-    'extra_config:<key>' / 'nics'; `label` is what users see."""
+    """One setting going from `old` to `new`; `field` is a settings-table row's name or
+    'extra_config:<key>' / 'nics'; `label` is what users see (a row's ConfigSpec path)."""
 
     field: str
     label: str

@@ -5,6 +5,7 @@ on vSphere 8.0.0.1+ with hardware vmx-20+ the field `cores_per_numa_node`
 becomes `ConfigSpec.virtualNuma.coresPerNumaNode`; on older releases the same
 size travels as the advanced setting `numa.vcpu.maxPerVirtualNode` among the
 other `extra_config:<key>` fields, as `ConfigSpec.extraConfig`.
+Each setting of the table in settings.py is written at its row's ConfigSpec path.
 Managed objects (hosts, pools, networks) come from the observe's `Refs`.
 """
 
