@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -27,6 +28,7 @@ from pydantic import (
 from . import arrivals, contract, footprint, serving, topology
 from .contract import LEGACY_COMPILE_MODES
 from .errors import InventoryError, Problem
+from .vsphere import settings as vm_settings
 from .yamldoc import Key, load_mapping, pydantic_problems, read_document
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -115,7 +117,7 @@ class Placement(_Model):
         return lib, item
 
 
-class VMSpec(_Model):
+class _VMShape(_Model):
     """The shape of every VM (one per ESXi host)."""
 
     vcpus: PositiveInt = Field(description="vCPUs per VM (the brief: 96).")
@@ -123,8 +125,6 @@ class VMSpec(_Model):
     vnuma_nodes: PositiveInt = Field(description="vNUMA nodes per VM (the brief: 4 of 24 vCPUs).")
     memory_gb: PositiveInt = Field(description="Memory per VM in GiB.")
     reserve_all_memory: bool = Field(True, description="Reserve all guest memory (locked to max).")
-    latency_sensitivity: Literal["normal", "high"] = Field(
-        "normal", description="'high' also reserves all CPU, as vSphere requires.")
     hardware_version: str = Field("vmx-21", pattern=r"^vmx-\d{2}$",
                                   description="Virtual hardware version (vmx-20+ for virtualNuma).")
     host_numa_nodes: list[Annotated[int, Field(ge=0)]] = Field(
@@ -136,6 +136,15 @@ class VMSpec(_Model):
     @property
     def vnuma_node_size(self) -> int:
         return topology.vnuma_node_size(self.vcpus, self.vnuma_nodes)
+
+
+# The vCenter settings the inventory names (latency_sensitivity, cpu_hot_add, ...) are rows
+# of vsphere/settings.py's table, each a key of `vm:` with the type, default and description
+# its row gives.
+VMSpec = create_model(
+    "VMSpec", __base__=_VMShape, __module__=__name__, __doc__=_VMShape.__doc__,
+    **{s.name: (s.inventory.type, Field(s.inventory.default, description=s.inventory.description))
+       for s in vm_settings.inventory_rows()})
 
 
 class Node(_Model):

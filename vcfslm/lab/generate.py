@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import DEFAULT_SLOS
+from ..vsphere import settings as vm_settings
 from . import vcsim as sim
 
 LAB_NAME = "lab"
@@ -89,10 +90,11 @@ def vm_section(shape: MachineShape) -> dict[str, Any]:
         "vnuma_nodes": vnuma,
         "memory_gb": LAB_MEMORY_GB,
         "reserve_all_memory": True,
-        "latency_sensitivity": "normal",
         "hardware_version": sim.TEMPLATE_HARDWARE_VERSION,
         "host_numa_nodes": list(range(vnuma)),
         "advanced": {},
+        # Each vCenter setting the inventory names, as the settings table's lab row says.
+        **vm_settings.lab_values(),
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from . import settings as vm_settings
 from .desired import (
     CUSTOMIZATION_KEY,
     OWNER_KEY,
@@ -30,24 +31,11 @@ WRITE_ONLY_PREFIXES = ("SET.",)
 # extraConfig keys ESXi reads only at power-on.
 RESTART_KEY_PREFIXES = ("numa.", "sched.", "cpuid.", "monitor.")
 
-# (field, ConfigSpec name shown to users, needs power-off, value when vCenter reports none)
-FIELDS: tuple[tuple[str, str, bool, Any], ...] = (
-    ("num_cpus", "numCPUs", True, None),
-    ("cores_per_socket", "numCoresPerSocket", True, None),
-    ("memory_mb", "memoryMB", True, None),
-    ("cores_per_numa_node", "virtualNuma.coresPerNumaNode", True, None),
-    ("cpu_hot_add", "cpuHotAddEnabled", True, False),
-    ("latency_sensitivity", "latencySensitivity.level", True, "normal"),
-    ("memory_locked_to_max", "memoryReservationLockedToMax", False, False),
-    ("memory_reservation_mb", "memoryAllocation.reservation", False, 0),
-    ("cpu_reservation_mhz", "cpuAllocation.reservation", False, 0),
-)
-
 
 @dataclass(frozen=True)
 class FieldChange:
-    """One setting going from `old` to `new`; `field` is the DesiredVm attribute or
-    'extra_config:<key>' / 'nics'; `label` is what users see."""
+    """One setting going from `old` to `new`; `field` is a settings-table row's name or
+    'extra_config:<key>' / 'nics'; `label` is what users see (a row's ConfigSpec path)."""
 
     field: str
     label: str
@@ -322,18 +310,18 @@ def field_changes(desired: DesiredVm, observed: VmState | None, created: bool) -
     """Settings that differ. created=True compares against the template (or nothing) and
     includes write-only keys; every desired setting not already equal is listed."""
     out: list[FieldChange] = []
-    for name, label, restart, default in FIELDS:
-        want = getattr(desired, name)
+    for s in vm_settings.rows():
+        want = getattr(desired, s.name)
         if want is None:
             continue  # not managed on this path / with these settings
-        if name == "cores_per_numa_node" and not created and observed is not None \
+        if s.name == "cores_per_numa_node" and not created and observed is not None \
                 and not observed.numa_info_reported:
             continue  # vCenter reports no numaInfo to compare with: vnuma.check says "unverified"
-        have = getattr(observed, name, None) if observed is not None else None
+        have = getattr(observed, s.name, None) if observed is not None else None
         if have is None:
-            have = default
+            have = s.unset
         if have != want:
-            out.append(FieldChange(name, label, have, want, restart))
+            out.append(FieldChange(s.name, s.spec, have, want, s.power_off))
     have_keys = observed.extra_config if observed is not None else {}
     for key, want in desired.extra_config.items():
         if not created and key.startswith(WRITE_ONLY_PREFIXES):

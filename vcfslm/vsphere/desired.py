@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import topology
+from . import settings as vm_settings
+from .settings import VNUMA_API, carries_settings
 
 OWNER_KEY = "vcfslm.owner"
 CUSTOMIZATION_KEY = "vcfslm.customization"
-VNUMA_API = (8, 0, 0, 1)
 VNUMA_HARDWARE = 20
 # Newest virtual hardware each vSphere API release can create (older first).
 HARDWARE_BY_API = (
@@ -107,9 +109,13 @@ class Nic:
     dns: tuple[str, ...] = ()
 
 
+@carries_settings
 @dataclass(frozen=True)
 class DesiredVm:
-    """Everything provision converges one VM to; `None` means "not managed"."""
+    """Everything provision converges one VM to; `None` means "not managed".
+
+    The settings of vsphere/settings.py's table are in `settings`, read as attributes.
+    """
 
     name: str
     owner: str
@@ -122,15 +128,7 @@ class DesiredVm:
     template: str
     hardware_version: str
     vnuma_path: str
-    num_cpus: int
-    cores_per_socket: int
-    memory_mb: int
-    memory_locked_to_max: bool
-    memory_reservation_mb: int | None
-    cpu_hot_add: bool
-    latency_sensitivity: str
-    cpu_reservation_mhz: int | None
-    cores_per_numa_node: int | None
+    settings: dict[str, Any] = field(default_factory=dict)
     extra_config: dict[str, str] = field(default_factory=dict)
     nics: tuple[Nic, ...] = ()
     hostname: str = ""
@@ -161,12 +159,7 @@ def desired_vm(inv, node, api_version: str, cpu_mhz: int | None = None, session_
     vm = inv.vm
     hardware = effective_hardware(vm.hardware_version, api_version)
     path = vnuma_path(lowest(api_version, session_api), hardware)
-    high = vm.latency_sensitivity == "high"
-    # Latency sensitivity high requires all memory and all CPU reserved.
-    locked = vm.reserve_all_memory or high
-    memory_mb = vm.memory_gb * 1024
-    cpu_reservation = vm.vcpus * cpu_mhz if high and cpu_mhz else None
-    node_size = topology.vnuma_node_size(vm.vcpus, vm.vnuma_nodes)
+    facts = vm_settings.VmFacts(vm, cpu_mhz, virtual_numa=path == VIRTUAL_NUMA)
     nets = inv.placement.networks
     mgmt = nets.management
     nics = (
@@ -187,15 +180,7 @@ def desired_vm(inv, node, api_version: str, cpu_mhz: int | None = None, session_
         template=inv.placement.template,
         hardware_version=hardware,
         vnuma_path=path,
-        num_cpus=vm.vcpus,
-        cores_per_socket=vm.cores_per_socket,
-        memory_mb=memory_mb,
-        memory_locked_to_max=locked,
-        memory_reservation_mb=memory_mb if locked else None,
-        cpu_hot_add=False,  # CPU hot-add disables vNUMA in the guest
-        latency_sensitivity=vm.latency_sensitivity,
-        cpu_reservation_mhz=cpu_reservation,
-        cores_per_numa_node=node_size if path == VIRTUAL_NUMA else None,
+        settings={s.name: s.want(facts) for s in vm_settings.rows()},
         extra_config=extra_config(inv, node, path),
         nics=nics,
         hostname=node.name,

@@ -16,15 +16,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .desired import VNUMA_API, parse_version
+from . import settings as vm_settings
+from .desired import parse_version
 from .state import HostFacts, Snapshot, VmState
 
+# What observe asks of every VM besides the settings of vsphere/settings.py's table.
 VM_PROPERTIES = (
-    "name", "parent", "config.template", "config.version", "config.hardware.numCPU",
-    "config.hardware.numCoresPerSocket", "config.hardware.memoryMB", "config.hardware.device",
-    "config.extraConfig", "config.memoryReservationLockedToMax", "config.cpuHotAddEnabled",
-    "config.cpuAllocation", "config.memoryAllocation", "config.latencySensitivity",
-    "runtime.powerState", "runtime.host", "guest.net",
+    "name", "parent", "config.template", "config.version", "config.hardware.device",
+    "config.extraConfig", "runtime.powerState", "runtime.host", "guest.net",
 )
 # vSphere type name -> the property paths observe asks of it (in the order they are asked).
 PROPERTIES: dict[str, tuple[str, ...]] = {
@@ -45,10 +44,14 @@ NETWORK_BACKING = "VirtualEthernetCardNetworkBackingInfo"
 
 
 def properties(api_version: str) -> dict[str, list[str]]:
-    """PROPERTIES for this API release: VMs' `config.numaInfo` exists from vSphere 8.0.0.1."""
+    """PROPERTIES for this API release, VMs' with what the settings table reads (a row's
+    `since_api` property, such as `config.numaInfo` from vSphere 8.0.0.1, only where it exists)."""
     out = {kind: list(paths) for kind, paths in PROPERTIES.items()}
-    if parse_version(api_version) >= VNUMA_API:
-        out["VirtualMachine"].append("config.numaInfo")
+    api = parse_version(api_version)
+    vm = out["VirtualMachine"]
+    for s in vm_settings.rows():
+        if s.observe not in vm and (s.since_api is None or api >= s.since_api):
+            vm.append(s.observe)
     return out
 
 
@@ -262,9 +265,6 @@ def vm_state(key: str, p: dict[str, Any], host_names: dict[str, str],
     for g in p.get("guest.net") or []:
         if g.deviceConfigId == first_key or (first_net and g.network == first_net):
             ips.extend(a for a in (g.ipAddress or []) if usable_ipv4(a))
-    cpu = p.get("config.cpuAllocation")
-    mem = p.get("config.memoryAllocation")
-    lat = p.get("config.latencySensitivity")
     numa = p.get("config.numaInfo")
     host = p.get("runtime.host")
     folder = path.rsplit("/", 1)[0] if path and "/" in path else ("" if path else None)
@@ -272,14 +272,7 @@ def vm_state(key: str, p: dict[str, Any], host_names: dict[str, str],
         name=p.get("name", key), moref=key, power_state=str(p.get("runtime.powerState") or "poweredOff"),
         template=bool(p.get("config.template")), host=host_names.get(host) if host else None,
         folder=folder, hardware_version=p.get("config.version"),
-        num_cpus=p.get("config.hardware.numCPU"), cores_per_socket=p.get("config.hardware.numCoresPerSocket"),
-        memory_mb=p.get("config.hardware.memoryMB"),
-        memory_locked_to_max=p.get("config.memoryReservationLockedToMax"),
-        memory_reservation_mb=getattr(mem, "reservation", None),
-        cpu_hot_add=p.get("config.cpuHotAddEnabled"),
-        latency_sensitivity=str(lat.level) if lat is not None and lat.level else None,
-        cpu_reservation_mhz=getattr(cpu, "reservation", None),
-        cores_per_numa_node=getattr(numa, "coresPerNumaNode", None),
+        settings={s.name: s.read(p) for s in vm_settings.rows()},
         numa_info_reported="config.numaInfo" in p and numa is not None,
         auto_cores_per_numa_node=getattr(numa, "autoCoresPerNumaNode", None),
         extra_config=extra, nics=nic_names, ip_addresses=tuple(dict.fromkeys(ips)))

@@ -5,18 +5,20 @@ on vSphere 8.0.0.1+ with hardware vmx-20+ the field `cores_per_numa_node`
 becomes `ConfigSpec.virtualNuma.coresPerNumaNode`; on older releases the same
 size travels as the advanced setting `numa.vcpu.maxPerVirtualNode` among the
 other `extra_config:<key>` fields, as `ConfigSpec.extraConfig`.
+Each setting of the table in settings.py is written at its row's ConfigSpec path.
 Managed objects (hosts, pools, networks) come from the observe's `Refs`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from pyVmomi import vim
 
 from ..errors import VCenterError
+from . import settings as vm_settings
 from .changes import FieldChange
 from .desired import (
     ADVANCED,
@@ -32,18 +34,6 @@ from .snapshot import Refs, backing_name, ethernet_cards
 
 log = logging.getLogger(__name__)
 
-# DesiredVm field -> (ConfigSpec property, how the new value is wrapped; None = as it is)
-CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
-    "num_cpus": ("numCPUs", None),
-    "cores_per_socket": ("numCoresPerSocket", None),
-    "memory_mb": ("memoryMB", None),
-    "memory_locked_to_max": ("memoryReservationLockedToMax", None),
-    "memory_reservation_mb": ("memoryAllocation", lambda v: vim.ResourceAllocationInfo(reservation=v)),
-    "cpu_hot_add": ("cpuHotAddEnabled", None),
-    "cpu_reservation_mhz": ("cpuAllocation", lambda v: vim.ResourceAllocationInfo(reservation=v)),
-    "latency_sensitivity": ("latencySensitivity", lambda v: vim.LatencySensitivity(level=v)),
-    "cores_per_numa_node": ("virtualNuma", lambda v: vim.vm.VirtualNuma(coresPerNumaNode=v)),
-}
 _API = ".".join(map(str, VNUMA_API))
 WHY_VNUMA_PATH = {
     VIRTUAL_NUMA: f"vSphere API {_API}+ with virtual hardware vmx-{VNUMA_HARDWARE}+",
@@ -64,9 +54,9 @@ def config_spec(fields: Iterable[FieldChange], desired: DesiredVm, refs: Refs, d
     spec = vim.vm.ConfigSpec()
     extra = []
     for f in fields:
-        if f.field in CONFIG_FIELDS:
-            name, wrap = CONFIG_FIELDS[f.field]
-            setattr(spec, name, wrap(f.new) if wrap else f.new)
+        setting = vm_settings.row(f.field)
+        if setting is not None:
+            set_path(spec, setting.spec, f.new)
         elif f.field.startswith("extra_config:"):
             extra.append(vim.option.OptionValue(key=f.field.split(":", 1)[1], value=f.new))
         elif f.field == "nics":
@@ -77,6 +67,19 @@ def config_spec(fields: Iterable[FieldChange], desired: DesiredVm, refs: Refs, d
         spec.extraConfig = extra
     _log_vnuma(desired, spec)
     return spec
+
+
+def set_path(obj, path: str, value) -> None:
+    """Sets a dotted data-object path ("latencySensitivity.level"), making each missing
+    step an object of the type the vSphere API gives that property."""
+    *steps, last = path.split(".")
+    for step in steps:
+        inner = getattr(obj, step)
+        if inner is None:
+            inner = type(obj)._GetPropertyInfo(step).type()
+            setattr(obj, step, inner)
+        obj = inner
+    setattr(obj, last, value)
 
 
 def _log_vnuma(desired: DesiredVm, spec) -> None:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from .settings import carries_settings
 
 
+@carries_settings
 @dataclass(frozen=True)
 class VmState:
-    """One existing VM as observed; `None` fields were not reported by vCenter."""
+    """One existing VM as observed; `None` fields were not reported by vCenter.
+
+    The settings of vsphere/settings.py's table (num_cpus, latency_sensitivity, ...) are
+    in `settings` and read as attributes; a setting vCenter did not report reads None.
+    """
 
     name: str
     moref: str
@@ -16,15 +24,7 @@ class VmState:
     host: str | None = None
     folder: str | None = None  # path under the datacenter's VM folder ("" = the root)
     hardware_version: str | None = None
-    num_cpus: int | None = None
-    cores_per_socket: int | None = None
-    memory_mb: int | None = None
-    memory_locked_to_max: bool | None = None
-    memory_reservation_mb: int | None = None
-    cpu_hot_add: bool | None = None
-    latency_sensitivity: str | None = None
-    cpu_reservation_mhz: int | None = None
-    cores_per_numa_node: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
     numa_info_reported: bool = False  # config.numaInfo came back (vSphere 8.0.0.1+ fills it)
     auto_cores_per_numa_node: bool | None = None
     extra_config: dict[str, str] = field(default_factory=dict)
