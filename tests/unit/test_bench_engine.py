@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 
 from vcfslm.bench.engine import DecodeEngine, Generation, synthetic_prompt  # noqa: E402
 from vcfslm.bench.linear import DENSE_BF16, KernelPlan, PackedLinear  # noqa: E402
-from vcfslm.bench.worker import TorchrunEnv, window_record  # noqa: E402
+from vcfslm.bench.rank import TorchrunEnv  # noqa: E402
+from vcfslm.bench.worker import window_record  # noqa: E402
 from vcfslm.contract import normalize_compile_mode  # noqa: E402
 
 

@@ -121,7 +121,7 @@ def test_no_rank_module_imports_the_static_worker():
 
 def test_records_sort_by_node_rank_then_scenario():
     recs = [record(rank=1, window=0), record(rank=0, batch=4), record(rank=0, window=1), record(rank=0)]
-    ordered = sorted(recs, key=worker.sort_key)
+    ordered = results.merge_records([recs])
     assert [(r.rank, r.batch_per_rank, r.window) for r in ordered] == [(0, 1, 0), (0, 1, 1), (0, 4, 0), (1, 1, 0)]
 
 

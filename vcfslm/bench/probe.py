@@ -236,7 +236,7 @@ def measure_gemm(threads: int | None = None, rows: tuple[int, ...] = GEMM_ROWS, 
     name, _, m_text = best.rpartition(" M=")
     return GemmRate(tflops=rates[best], kernel=name, rows=int(m_text), k=k, n=n,
                     threads=torch.get_num_threads(),
-                    rates={key: round(v, 4) for key, v in rates.items()},
+                    rates={key: float(f"{v:.4g}") for key, v in rates.items()},  # 4 figures: slow CPUs probe ~0.03
                     seconds=time.perf_counter() - started)
 
 

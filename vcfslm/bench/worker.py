@@ -152,11 +152,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------ scenarios
 
 
-def sort_key(r) -> tuple:
-    """Records in node, rank, scenario, window order (WindowRecord or ServeRecord)."""
-    return (r.node_rank, r.rank, *r.scenario, r.window)
-
-
 def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple[int, int, int],
                   window: int, gen, skew_s: float, roofline_ms: float | None, placement: dict,
                   peak_rss: int, extra_invalid: list[str] | None = None, rss: int = 0,

@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any, TypeVar
 
+from .. import arrivals
 from .schema import (
     SCHEMA_VERSION,
     AtLeastOne,
@@ -134,8 +135,9 @@ class WindowRecord(RankWindow):
 # entry per request that arrived inside the measured span [warmup_s, duration_s -
 # cooldown_s] and finished (`unfinished` counts those that did not by the window's end:
 # they fail every SLO).
-SERVE_LOAD_KINDS = ("rate", "users")
-SERVE_ARRIVALS = ("poisson", "gamma", "closed")
+# The names a record may carry, from the one registry of arrival processes.
+SERVE_LOAD_KINDS = arrivals.LOAD_KINDS
+SERVE_ARRIVALS = arrivals.RECORDED
 
 
 @dataclass
