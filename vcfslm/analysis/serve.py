@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcfslm import judging, serving
-from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, scope_of
+from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, recompile_flag, scope_of
 from vcfslm.analysis.slo import Crossover, Slo, crossovers
 from vcfslm.errors import UsageError
 from vcfslm.judging import Interval, Replicate, Rule
@@ -255,9 +255,9 @@ def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos:
         flags.append(f"{len(invalid)} invalid window(s) left out{detail}")
         if not valid:
             flags.append("no valid window: no numbers")
-    recompiled = sum(1 for r in records if r.recompiles)
+    recompiled = recompile_flag(records)
     if recompiled:
-        flags.append(f"recompiles inside {recompiled} window(s)")
+        flags.append(recompiled)
     return ServePoint(key, float(load), result, goodput, len(records), len(invalid),
                       sum(r.offered for r in valid), sum(r.completed for r in valid), source, tuple(flags))
 
