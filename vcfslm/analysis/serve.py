@@ -48,7 +48,8 @@ PCT = f"p{serving.SERVE_PERCENTILE:g}"
 UNITS = {"rate": "req/s", "users": "users"}
 LOAD_NAMES = {"rate": "requests/s", "users": "users"}
 STATUSES = ("threshold", "below", "above", "unjudged")
-# The serving section's figures (drawn by analysis.figures.render_serving), in order.
+# The serving section's figures, in order: their one home (analysis.figures.render_serving
+# draws them under these names; the report finds the serving section's figures by them).
 SERVE_FIGURES = ("fig-7-serve-latency", "fig-8-serve-goodput", "fig-9-serve-vs-static")
 
 
