@@ -24,7 +24,7 @@ from .perfmodel import (
     predict,
     validate,
 )
-from .slo import Crossover, Sizing, crossovers, size
+from .slo import Crossover, Sizing, crossovers, law_formula, size
 from .tables import Table, fmt
 
 
@@ -166,7 +166,7 @@ def nodes_table(result: PredictionResult) -> Table:
         nodes = str(s.nodes) if s.nodes is not None else "not achievable"
         span = "–" if n.low is None or n.high is None else (str(n.low) if n.low == n.high else f"{n.low} to {n.high}")
         rows.append([c.slo.name, str(c.input_tokens), str(s.peak_streams), nodes, span])
-    return Table("Predicted nodes (ceil(peak streams / threshold))",
+    return Table(f"Predicted nodes ({law_formula()})",
                  ["SLO", "input tokens", "peak streams", "nodes", "interval"], rows)
 
 
