@@ -592,10 +592,7 @@ class ServeComparison:
 
     @property
     def static_text(self) -> str:
-        if self.static is None:
-            return "–"
-        return {"none": "none", "all": f"≥ {self.static.max_tested}"}.get(self.static.status,
-                                                                         str(self.static.threshold))
+        return "–" if self.static is None else self.static.threshold_text
 
     @property
     def pairing(self) -> str:

@@ -285,11 +285,7 @@ class Crossover:
 
     @property
     def threshold_text(self) -> str:
-        if self.status == "none":
-            return "not achievable"
-        if self.status == "all":
-            return f"≥ {self.max_tested}"
-        return str(self.threshold)
+        return threshold_text(self)
 
     @property
     def interval_text(self) -> str:
@@ -326,6 +322,22 @@ def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_t
     return Crossover(slo, input_tokens, output_tokens, percentile, verdicts, status, threshold,
                      None if failing is None else int(failing), binding, later_passes, scope, tuple(notes),
                      judging.interval(replicates, confidence), tuple(replicates), thin)
+
+
+# One wording per meaning, for every table, line and JSON answer that says it: the
+# threshold when even the lowest tested load fails, and a node count no cluster reaches.
+NO_THRESHOLD = "none"
+NOT_ACHIEVABLE = "not achievable"
+
+
+def threshold_text(c: Crossover) -> str:
+    """The static threshold as a table shows it: `16`, `≥ 64` (every tested load met the SLO)
+    or "none" (even the lowest tested load fails)."""
+    if c.status == "none":
+        return NO_THRESHOLD
+    if c.status == "all":
+        return f"≥ {c.max_tested}"
+    return str(c.threshold)
 
 
 def crossover_text(c: Crossover) -> str:
@@ -489,7 +501,7 @@ class Sizing:
     def nodes_text(self) -> str:
         """`32`, `≤ 4` (every tested load passed), or "not achievable"."""
         if self.nodes is None:
-            return "not achievable"
+            return NOT_ACHIEVABLE
         return f"≤ {self.nodes}" if self.crossover.status == "all" else str(self.nodes)
 
     @property
@@ -499,7 +511,9 @@ class Sizing:
     def answer_text(self) -> str:
         """`8 [4–8] streams/VM → 32 [32–64] nodes`: the threshold and the node count with their intervals."""
         c = self.crossover
-        thr = " ".join(x for x in (c.threshold_text, c.interval_text) if x)
+        # No threshold: the sentence says so in words ("not achievable streams/VM → ...").
+        value = NOT_ACHIEVABLE if c.status == "none" else c.threshold_text
+        thr = " ".join(x for x in (value, c.interval_text) if x)
         nodes = " ".join(x for x in (self.nodes_text, self.interval_text) if x)
         return f"{thr} streams/VM → {nodes} nodes"
 

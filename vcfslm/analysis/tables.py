@@ -32,7 +32,7 @@ from vcfslm.analysis.serve import (
     describe_key,
     fmt_load,
 )
-from vcfslm.analysis.slo import Crossover, Sizing, law_formula
+from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, law_formula
 
 # What a serving threshold's node count divides by.
 PER_VM_STREAMS = "streams per VM at threshold"
@@ -265,7 +265,7 @@ def crossover_table(crossovers: Sequence[Crossover]) -> Table:
             "first failing (streams/VM)", "binding", "note"]
     rows = []
     for c in crossovers:
-        note = {"none": "not achievable in this configuration",
+        note = {"none": f"{NOT_ACHIEVABLE} in this configuration",
                 "all": "every tested load meets it",
                 "crossover": ""}[c.status]
         if c.non_monotonic:
