@@ -100,7 +100,15 @@ def test_invalid_windows_are_left_out_and_flagged():
     c = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), recs)
     assert c.tpot_ms.p50 == 100.0 and c.invalid_windows == 1 and c.recompiles == 2
     assert any("1 invalid window(s) left out (recompiled)" in f for f in c.flags)
-    assert any("recompiles inside 1 window" in f for f in c.flags)
+    # The invalid-window flag already says why; the recompiles are not flagged a second time.
+    assert not any("recompiles inside" in f for f in c.flags)
+
+
+def test_a_window_counted_valid_that_recompiled_is_flagged_once():
+    recs = [record(window=0, tpot=100.0, recompiles=3), record(window=1, tpot=100.0)]
+    c = cell_from_records(CellKey(SINGLE, 1, 4, 1, 128, 64), recs)
+    assert c.invalid_windows == 0 and c.recompiles == 3
+    assert list(c.flags) == ["recompiles inside 1 window(s) counted as valid"]
 
 
 def test_a_cell_without_valid_windows_has_no_numbers():

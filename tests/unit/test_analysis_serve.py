@@ -139,6 +139,8 @@ def test_invalid_windows_are_left_out_and_runs_without_a_valid_one_flagged(tmp_p
     assert four.result is None and four.flags[-1] == "no valid window: no numbers"
     assert any("at 2 req/s per rank: 1 invalid window(s) left out (recompiled)" in w for w in got.warnings)
 
+    assert not any("recompiles inside" in w for w in got.warnings)   # said once, by the invalid-window flag
+
     dead = make_serve_run(tmp_path / "d", "d", ["vm1"], RAMP, tweak=lambda r: broken(r) if r.load == 4.0 else r)
     points, warnings = serve_points(load_runs([dead]), DEFAULT_SLOS)
     assert "run d has no valid serving window: no serving numbers" not in warnings
@@ -228,3 +230,17 @@ def test_to_dict_is_json_ready(tmp_path):
     assert data["answer"][1]["rule"] == "90 % attainment" and data["answer"][1]["threshold_interval_per_vm"]
     assert data["answer"][1]["threshold_streams_per_vm"] == 20.0
     assert [v["meets"] for v in data["answer"][1]["verdicts"]] == [True, True, False]
+
+
+def test_recompiles_are_flagged_once_invalid_or_counted(tmp_path):
+    def recompiled(r):
+        if r.load == 1.0 and r.local_rank == 0:       # the worker's verdict: invalid, the reason says it
+            r.recompiles, r.valid, r.invalid_reasons = 2, False, ["2 compilation(s) inside the window"]
+        if r.load == 2.0 and r.local_rank == 0:       # counted valid, yet it recompiled
+            r.recompiles = 1
+        return r
+
+    got = analysed(tmp_path, make_serve_run(tmp_path / "r", "r", ["vm1"], RAMP, tweak=recompiled))
+    one, two = (next(p for p in got.points if p.load == load) for load in (1.0, 2.0))
+    assert one.flags == ("1 invalid window(s) left out (2 compilation(s) inside the window)",)
+    assert two.flags == ("recompiles inside 1 window(s) counted as valid",)

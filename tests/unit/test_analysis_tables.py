@@ -95,7 +95,7 @@ def test_crossover_and_sizing_tables_say_edge_cases():
           crossover([LoadPoint(4, 120, 1, 1), LoadPoint(16, 140, 1, 4), LoadPoint(32, 125, 1, 8)], a, 512)]
     t = crossover_table(xs)
     col = {name: i for i, name in enumerate(t.columns)}
-    assert [r[col["threshold (streams/VM)"]] for r in t.rows] == ["≥ 64", "not achievable", "4"]
+    assert [r[col["threshold (streams/VM)"]] for r in t.rows] == ["≥ 64", "none", "4"]
     assert "not achievable in this configuration" in t.rows[1][col["note"]]
     assert "non-monotonic: passes again at 32" in t.rows[2][col["note"]]
     s = sizing_table([size(x, 256) for x in xs])

@@ -286,6 +286,18 @@ def cell_from_records(key: CellKey, records: Sequence[WindowRecord], expected: i
     return replace(cell, flags=tuple(cell_flags(cell, records)))
 
 
+def recompile_flag(records: Iterable) -> str | None:
+    """What the report says about recompiles (of WindowRecords or ServeRecords alike): said once.
+
+    The worker marks a window that compiled invalid, and its reason says how many
+    compilations, so the invalid-window flag already tells those; flagging them again
+    would count them twice. Only a window counted valid that still recompiled (a record
+    no worker judged, e.g. written by hand) needs a flag of its own: its numbers include
+    the compile time."""
+    counted = sum(1 for r in records if r.valid and r.recompiles)
+    return f"recompiles inside {counted} window(s) counted as valid" if counted else None
+
+
 def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
     """Plain-language reasons to distrust a cell."""
     flags = []
@@ -304,9 +316,9 @@ def cell_flags(cell: Cell, records: Sequence[WindowRecord]) -> list[str]:
         flags.append(f"{cell.invalid_windows} invalid window(s) left out{detail}")
         if cell.invalid_windows == cell.windows:
             flags.append("no valid window: no numbers")
-    recompiled = sum(1 for r in records if r.recompiles)
+    recompiled = recompile_flag(records)
     if recompiled:
-        flags.append(f"recompiles inside {recompiled} window(s)")
+        flags.append(recompiled)
     skewed = [r for r in records if r.start_skew_s > max(SKEW_WARN_S, SKEW_WARN_FRACTION * r.wall_s)]
     if skewed:
         worst = max(r.start_skew_s for r in skewed)

@@ -1,4 +1,4 @@
-"""The report's five figures as PNG files: the only module that imports matplotlib.
+"""The report's figures as PNG files: the only module that imports matplotlib.
 
 1. rank throughput vs concurrent streams per VM, one line per input length;
 2. per-rank TPOT, single VM vs cluster at matched per-rank load;
@@ -30,6 +30,7 @@ from matplotlib.figure import Figure as MplFigure  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter  # noqa: E402
 
 from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell  # noqa: E402
+from vcfslm.analysis.serve import PCT, SERVE_FIGURES, series_of  # noqa: E402
 from vcfslm.analysis.slo import Slo  # noqa: E402
 
 SLO_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1)))
@@ -290,18 +291,18 @@ def render_serving(serving, slos: Sequence[Slo], out_dir: str | Path, run_title:
                    ) -> tuple[list[Figure], list[str]]:
     """Serving mode's figures (serving: an analysis.serve.ServeAnalysis): latency vs load,
     goodput vs load, the serving threshold beside the static crossover."""
+    # The names are serve.SERVE_FIGURES, in its order: the report places the serving section by them.
+    latency, goodput, vs_static = SERVE_FIGURES
     makers = [
-        ("fig-7-serve-latency", lambda: serve_latency_figure(serving, slos, run_title)),
-        ("fig-8-serve-goodput", lambda: serve_goodput_figure(serving, slos, run_title)),
-        ("fig-9-serve-vs-static", lambda: serve_vs_static_figure(serving, run_title)),
+        (latency, lambda: serve_latency_figure(serving, slos, run_title)),
+        (goodput, lambda: serve_goodput_figure(serving, slos, run_title)),
+        (vs_static, lambda: serve_vs_static_figure(serving, run_title)),
     ]
     return draw(makers, out_dir)
 
 
 def _answer_series(serving) -> list[tuple[object, list]]:
     """(key, points with data) of every series the answer reads, in order."""
-    from vcfslm.analysis.serve import series_of
-
     keys = list(dict.fromkeys(t.key for t in serving.primaries))
     by_key = series_of(serving.points)
     out = [(k, [p for p in by_key.get(k, []) if p.has_data]) for k in keys]
@@ -333,8 +334,6 @@ SERVE_PANELS = (("TTFT", "ttft_p90_s", "ttft_s", "s"), ("TPOT", "tpot_p90_ms", "
 
 def serve_latency_figure(serving, slos: Sequence[Slo], run_title: str):
     """p90 TTFT (queue included) and p90 TPOT against load per VM, SLO limits as lines."""
-    from vcfslm.analysis.serve import PCT
-
     series = _answer_series(serving)
     if not series:
         return "no serving load with valid data"

@@ -24,7 +24,7 @@ from .perfmodel import (
     predict,
     validate,
 )
-from .slo import Crossover, Sizing, crossovers, size
+from .slo import NOT_ACHIEVABLE, Crossover, Sizing, crossovers, law_formula, size
 from .tables import Table, fmt
 
 
@@ -163,10 +163,10 @@ def nodes_table(result: PredictionResult) -> Table:
     rows = []
     for n in result.nodes:
         s, c = n.sizing, n.sizing.crossover
-        nodes = str(s.nodes) if s.nodes is not None else "not achievable"
+        nodes = str(s.nodes) if s.nodes is not None else NOT_ACHIEVABLE
         span = "–" if n.low is None or n.high is None else (str(n.low) if n.low == n.high else f"{n.low} to {n.high}")
         rows.append([c.slo.name, str(c.input_tokens), str(s.peak_streams), nodes, span])
-    return Table("Predicted nodes (ceil(peak streams / threshold))",
+    return Table(f"Predicted nodes ({law_formula()})",
                  ["SLO", "input tokens", "peak streams", "nodes", "interval"], rows)
 
 

@@ -38,8 +38,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcfslm import judging, serving
-from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, scope_of
-from vcfslm.analysis.slo import Crossover, Slo, crossovers
+from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, recompile_flag, scope_of
+from vcfslm.analysis.slo import (
+    Crossover,
+    Slo,
+    check_headroom,
+    check_peak_streams,
+    crossovers,
+    effective_threshold,
+    sizing_law,
+)
 from vcfslm.errors import UsageError
 from vcfslm.judging import Interval, Replicate, Rule
 from vcfslm.results import ServeRecord
@@ -48,7 +56,8 @@ PCT = f"p{serving.SERVE_PERCENTILE:g}"
 UNITS = {"rate": "req/s", "users": "users"}
 LOAD_NAMES = {"rate": "requests/s", "users": "users"}
 STATUSES = ("threshold", "below", "above", "unjudged")
-# The serving section's figures (drawn by analysis.figures.render_serving), in order.
+# The serving section's figures, in order: their one home (analysis.figures.render_serving
+# draws them under these names; the report finds the serving section's figures by them).
 SERVE_FIGURES = ("fig-7-serve-latency", "fig-8-serve-goodput", "fig-9-serve-vs-static")
 
 
@@ -255,9 +264,9 @@ def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos:
         flags.append(f"{len(invalid)} invalid window(s) left out{detail}")
         if not valid:
             flags.append("no valid window: no numbers")
-    recompiled = sum(1 for r in records if r.recompiles)
+    recompiled = recompile_flag(records)
     if recompiled:
-        flags.append(f"recompiles inside {recompiled} window(s)")
+        flags.append(recompiled)
     return ServePoint(key, float(load), result, goodput, len(records), len(invalid),
                       sum(r.offered for r in valid), sum(r.completed for r in valid), source, tuple(flags))
 
@@ -583,10 +592,7 @@ class ServeComparison:
 
     @property
     def static_text(self) -> str:
-        if self.static is None:
-            return "–"
-        return {"none": "none", "all": f"≥ {self.static.max_tested}"}.get(self.static.status,
-                                                                         str(self.static.threshold))
+        return "–" if self.static is None else self.static.threshold_text
 
     @property
     def pairing(self) -> str:
@@ -675,7 +681,7 @@ class ServeSizing:
         streams = self.threshold.streams_per_vm
         if self.nodes_by_streams is None or self.peak_streams is None or not streams:
             return "no node count"
-        eff = streams * (1 - self.headroom)
+        eff = effective_threshold(streams, self.headroom)
         return f"ceil({self.peak_streams} / {eff:.3g}) = {'at most ' if self.bound else ''}{self.nodes_by_streams}"
 
     def nodes_text(self, which: str = "streams") -> str:
@@ -721,12 +727,11 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
     """The sizing law from a serving threshold, with the reasoning as text."""
     if peak_streams is None and peak_rps is None:
         raise UsageError("give a peak: concurrent streams, or requests/s for a rate load")
-    if peak_streams is not None and peak_streams <= 0:
-        raise UsageError(f"peak streams must be a positive whole number, not {peak_streams}")
+    if peak_streams is not None:
+        check_peak_streams(peak_streams)
     if peak_rps is not None and not (math.isfinite(peak_rps) and peak_rps > 0):
         raise UsageError(f"peak requests/s must be a positive number, not {peak_rps}")
-    if not 0 <= headroom < 1:
-        raise UsageError(f"headroom must be in [0, 1), e.g. 0.1 for 10%, not {headroom}")
+    check_headroom(headroom)
     if peak_rps is not None and t.key.load_kind != "rate":
         raise UsageError("--peak-rps needs a serving threshold of a rate load (requests/s); this one is "
                          f"{t.key.load_kind}")
@@ -739,7 +744,6 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
         return ServeSizing(t, peak_streams, peak_rps, headroom, None, None,
                            f"{head}: no node count can be read: {why}.")
     streams, rate = t.streams_per_vm, t.rate_per_vm
-    derate = 1 - headroom
     lines = [f"{head}: one VM meets the SLO up to {fmt_load(t.load_per_vm)} {k.unit}/VM, "
              f"{streams:.1f} concurrent streams/VM measured there"
              + (" (every load tried met it, so the true threshold may be higher and these node counts are "
@@ -750,19 +754,15 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
     conf = t.interval.confidence if t.interval else judging.DEFAULT_CONFIDENCE
     if peak_streams is not None:
         if streams and streams > 0:
-            by_streams = judging.nodes_required(peak_streams, streams, headroom)
-            eff = streams * derate
-            lines.append(f"Nodes = ceil({peak_streams} / {eff:.3g}) = ceil({peak_streams / eff:.2f}) = {by_streams}"
-                         + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
+            by_streams, _, law = sizing_law(peak_streams, streams, headroom, ".3g")
+            lines.append(f"Nodes = {law}" + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
             streams_span = judging.nodes_interval(t.per_vm_replicates("streams"), lambda r: r.threshold,
                                                   peak_streams, headroom, conf)
         else:
             lines.append("No concurrent streams were measured at the threshold: nodes by streams cannot be read.")
     if peak_rps is not None and rate:
-        by_rate = judging.nodes_required(peak_rps, rate, headroom)
-        eff = rate * derate
-        lines.append(f"By rate: nodes = ceil({peak_rps:g} / {eff:.3g}) = ceil({peak_rps / eff:.2f}) = {by_rate}"
-                     + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
+        by_rate, _, law = sizing_law(peak_rps, rate, headroom, ".3g", "g")
+        lines.append(f"By rate: nodes = {law}" + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
         rate_span = judging.nodes_interval(t.per_vm_replicates("load"), lambda r: r.threshold, peak_rps,
                                            headroom, conf)
     spans = [f"{label} {iv.text(mark='≤ ')}" for label, iv in (("by streams", streams_span), ("by rate", rate_span))

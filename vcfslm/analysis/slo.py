@@ -9,7 +9,8 @@ and the report says so. Each crossover carries its 95 % bootstrap interval (wind
 resampled within ranks) and flags loads judged on too few streams.
 
 Sizing: nodes = ceil(peak streams / threshold), with headroom h the threshold is
-derated to threshold x (1 - h) first; the node count carries the interval the
+derated to threshold x (1 - h) first (`sizing_law`, the one home of the law and its
+sentence, which serving's sizing uses too); the node count carries the interval the
 threshold's replicates imply.
 """
 
@@ -284,11 +285,7 @@ class Crossover:
 
     @property
     def threshold_text(self) -> str:
-        if self.status == "none":
-            return "not achievable"
-        if self.status == "all":
-            return f"≥ {self.max_tested}"
-        return str(self.threshold)
+        return threshold_text(self)
 
     @property
     def interval_text(self) -> str:
@@ -325,6 +322,22 @@ def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_t
     return Crossover(slo, input_tokens, output_tokens, percentile, verdicts, status, threshold,
                      None if failing is None else int(failing), binding, later_passes, scope, tuple(notes),
                      judging.interval(replicates, confidence), tuple(replicates), thin)
+
+
+# One wording per meaning, for every table, line and JSON answer that says it: the
+# threshold when even the lowest tested load fails, and a node count no cluster reaches.
+NO_THRESHOLD = "none"
+NOT_ACHIEVABLE = "not achievable"
+
+
+def threshold_text(c: Crossover) -> str:
+    """The static threshold as a table shows it: `16`, `≥ 64` (every tested load met the SLO)
+    or "none" (even the lowest tested load fails)."""
+    if c.status == "none":
+        return NO_THRESHOLD
+    if c.status == "all":
+        return f"≥ {c.max_tested}"
+    return str(c.threshold)
 
 
 def crossover_text(c: Crossover) -> str:
@@ -488,7 +501,7 @@ class Sizing:
     def nodes_text(self) -> str:
         """`32`, `≤ 4` (every tested load passed), or "not achievable"."""
         if self.nodes is None:
-            return "not achievable"
+            return NOT_ACHIEVABLE
         return f"≤ {self.nodes}" if self.crossover.status == "all" else str(self.nodes)
 
     @property
@@ -498,7 +511,9 @@ class Sizing:
     def answer_text(self) -> str:
         """`8 [4–8] streams/VM → 32 [32–64] nodes`: the threshold and the node count with their intervals."""
         c = self.crossover
-        thr = " ".join(x for x in (c.threshold_text, c.interval_text) if x)
+        # No threshold: the sentence says so in words ("not achievable streams/VM → ...").
+        value = NOT_ACHIEVABLE if c.status == "none" else c.threshold_text
+        thr = " ".join(x for x in (value, c.interval_text) if x)
         nodes = " ".join(x for x in (self.nodes_text, self.interval_text) if x)
         return f"{thr} streams/VM → {nodes} nodes"
 
@@ -524,11 +539,41 @@ def nodes_required(peak_streams: int, threshold: int, headroom: float = 0.0) -> 
     return judging.nodes_required(peak_streams, threshold, headroom)
 
 
-def _check_sizing_inputs(peak_streams: int, headroom: float) -> None:
+def check_peak_streams(peak_streams: int) -> None:
     if peak_streams <= 0:
         raise UsageError(f"peak streams must be a positive whole number, not {peak_streams}")
+
+
+def check_headroom(headroom: float) -> None:
     if not 0 <= headroom < 1:
         raise UsageError(f"headroom must be in [0, 1), e.g. 0.1 for 10%, not {headroom}")
+
+
+def _check_sizing_inputs(peak_streams: int, headroom: float) -> None:
+    check_peak_streams(peak_streams)
+    check_headroom(headroom)
+
+
+def effective_threshold(per_vm: float, headroom: float = 0.0) -> float:
+    """per_vm x (1 - headroom), computed exactly as the law does (0.9 x 8 is 7.2, not 7.2000000000000002)."""
+    return float(Fraction(str(per_vm)) * (1 - Fraction(str(headroom))))
+
+
+def sizing_law(peak: float, per_vm: float, headroom: float = 0.0, per_vm_format: str = "g",
+               peak_format: str = "") -> tuple[int, float, str]:
+    """The sizing law applied, for static and serving thresholds alike: (nodes, the derated
+    per-VM threshold, `ceil(256 / 7.2) = ceil(35.56) = 36`). The formats are how the caller
+    prints its peak and per-VM values (streams are whole, serving loads are measured)."""
+    nodes = judging.nodes_required(peak, per_vm, headroom)
+    effective = effective_threshold(per_vm, headroom)
+    return nodes, effective, (f"ceil({peak:{peak_format}} / {effective:{per_vm_format}}) = "
+                              f"ceil({peak / effective:.2f}) = {nodes}")
+
+
+def law_formula(per_vm: str = "threshold", headroom: str | None = None, peak: str = "peak streams") -> str:
+    """The law in words, for every table title, note and help text that states it:
+    `ceil(peak streams / threshold × (1 − headroom))` (no factor without a headroom)."""
+    return f"ceil({peak} / {per_vm}" + (f" × (1 − {headroom})" if headroom else "") + ")"
 
 
 def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
@@ -545,8 +590,7 @@ def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
         return Sizing(c, peak_streams, headroom, None, None, reasoning, span)
     threshold = c.threshold
     assert threshold is not None
-    nodes = nodes_required(peak_streams, threshold, headroom)
-    effective = float(Fraction(threshold) * (1 - Fraction(str(headroom))))
+    nodes, effective, law = sizing_law(peak_streams, threshold, headroom)
     lines = [f"{head}: one VM meets the SLO up to {threshold} streams"
              + (" (every tested load met it, so the true threshold may be higher and this node count "
                 "is an upper bound)" if c.status == "all" else
@@ -556,7 +600,7 @@ def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
                      f"{c.first_failing} failed; the threshold below the first failure is used.")
     if headroom:
         lines.append(f"Headroom {headroom:.0%}: plan {threshold} × (1 − {headroom:g}) = {effective:g} streams per VM.")
-    lines.append(f"Nodes = ceil({peak_streams} / {effective:g}) = ceil({peak_streams / effective:.2f}) = {nodes}.")
+    lines.append(f"Nodes = {law}.")
     sizing = Sizing(c, peak_streams, headroom, effective, nodes, "", span)
     if c.interval_text and sizing.interval_text:
         lines.append(f"{span.confidence:.0%} interval: threshold {c.interval_text} streams/VM, nodes "

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vcfslm.analysis.cells import CLUSTER
-from vcfslm.analysis.slo import Crossover, Sizing, Slo, Verdict
+from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, Slo, Verdict, law_formula
 from vcfslm.analysis.tables import Table
 
 
@@ -35,7 +35,7 @@ class SummaryRow:
 
 def threshold_text(c: Crossover) -> str:
     """`8 [4–8]`: the threshold ("none", "≥ 64" for the bounds) and its interval when known."""
-    text = {"none": "none", "all": f"≥ {c.max_tested}"}.get(c.status, str(c.threshold))
+    text = c.threshold_text
     return f"{text} {c.interval_text}" if c.interval_text else text
 
 
@@ -46,7 +46,7 @@ def first_failing_text(c: Crossover) -> str:
 def nodes_text(s: Sizing) -> str:
     """`32 [32–64]`; "≤ 4" when every tested load passed (fewer nodes may do); "not achievable"."""
     if s.nodes is None:
-        return "not achievable"
+        return NOT_ACHIEVABLE
     text = s.nodes_text
     return f"{text} {s.interval_text}" if s.interval_text else text
 
@@ -102,8 +102,7 @@ def summary_table(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], pe
     title = f"Single-VM threshold and nodes per SLO and input length ({rules}"
     title += f", headroom {headroom:.0%})" if headroom else ")"
     notes = ["Threshold: the largest tested streams/VM that meets the SLO before the first failing load. "
-             "Nodes = ceil(peak streams / threshold"
-             + (" × (1 − headroom)" if headroom else "") + ").",
+             f"Nodes = {law_formula(headroom='headroom' if headroom else None)}.",
              "“≥ n”: every tested load met the SLO, so the threshold is at least n and the node count "
              "“≤” an upper bound; “none”: even the lowest tested load fails, and no node count helps.",
              "[a–b]: the 95 % bootstrap interval (windows resampled within ranks, each replicate judged "
@@ -127,8 +126,7 @@ class SloReasons:
 def reasoning_intro(headroom: float = 0.0) -> str:
     """What every SLO's reasoning shares, said once above them."""
     return ("A value at a limit meets it. The threshold is the largest tested load before the first failing "
-            "one; nodes = ceil(peak streams / threshold" + (f" × (1 − {headroom:g})" if headroom else "")
-            + "). Per-rank latency does not change with scale-out, so each added node adds the same capacity.")
+            f"one; nodes = {law_formula(headroom=f'{headroom:g}' if headroom else None)}. Per-rank latency does not change with scale-out, so each added node adds the same capacity.")
 
 
 def slo_reasons(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], headroom: float = 0.0
@@ -143,7 +141,7 @@ def slo_reasons(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], head
         rule = f"A load meets {slo.title} when its {limits}."
         several_outputs = len({c.output_tokens for c in mine}) > 1
         headline = f"{slo.describe()}: " + "; ".join(
-            ("not achievable" if c.status == "none" else f"{threshold_text(c)} streams/VM")
+            (NOT_ACHIEVABLE if c.status == "none" else f"{threshold_text(c)} streams/VM")
             + f" at {_ctx(c, several_outputs)}" for c in mine)
         lines = tuple(context_reason(c, sizings_of(c, sizings), several_outputs) for c in mine)
         out.append(SloReasons(slo, headline, rule, lines))

@@ -32,7 +32,10 @@ from vcfslm.analysis.serve import (
     describe_key,
     fmt_load,
 )
-from vcfslm.analysis.slo import Crossover, Sizing
+from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, law_formula
+
+# What a serving threshold's node count divides by.
+PER_VM_STREAMS = "streams per VM at threshold"
 
 
 @dataclass
@@ -262,7 +265,7 @@ def crossover_table(crossovers: Sequence[Crossover]) -> Table:
             "first failing (streams/VM)", "binding", "note"]
     rows = []
     for c in crossovers:
-        note = {"none": "not achievable in this configuration",
+        note = {"none": f"{NOT_ACHIEVABLE} in this configuration",
                 "all": "every tested load meets it",
                 "crossover": ""}[c.status]
         if c.non_monotonic:
@@ -286,7 +289,7 @@ def sizing_table(sizings: Sequence[Sizing]) -> Table:
         c = s.crossover
         rows.append([c.slo.describe(), str(c.input_tokens), c.percentile, str(s.peak_streams), c.threshold_text,
                      f"{s.headroom:.0%}", s.nodes_text, s.interval_text or "–"])
-    return Table("Sizing: nodes = ceil(peak streams / threshold × (1 − headroom))", cols, rows,
+    return Table(f"Sizing: nodes = {law_formula(headroom='headroom')}", cols, rows,
                  ["“≤ n”: every tested load met the SLO, so fewer nodes may do."])
 
 
@@ -393,8 +396,7 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
              "Streams/VM at threshold: time-averaged busy slots × ranks per VM (Little's law, measured). "
              "Serving / static: those streams over the static-batch crossover, given only where the static "
              "percentile is the same share as the attainment (p90 beside 90 %). "
-             "Nodes = ceil(peak streams / streams per VM at threshold"
-             + (" × (1 − headroom)" if headroom else "") + ")."]
+             f"Nodes = {law_formula(PER_VM_STREAMS, 'headroom' if headroom else None)}."]
     return Table(title, cols, rows, notes)
 
 
@@ -471,6 +473,6 @@ def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
         row += [" ".join(x for x in (s.nodes_text("rate"), s.interval_text("rate")) if x)] if by_rate else []
         rows.append(row)
     return Table("Sizing from the serving threshold", cols, rows,
-                 ["Nodes by streams = ceil(peak streams / streams per VM at threshold × (1 − headroom)); "
-                  "by rate = ceil(peak req/s / threshold req/s per VM × (1 − headroom)). “≤ n”: every load "
+                 [f"Nodes by streams = {law_formula(PER_VM_STREAMS, 'headroom')}; "
+                  f"by rate = {law_formula('threshold req/s per VM', 'headroom', 'peak req/s')}. “≤ n”: every load "
                   "tried met the SLO, so fewer nodes may do. [a–b]: the 95 % bootstrap interval."])

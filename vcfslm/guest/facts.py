@@ -39,7 +39,8 @@ class Fact(Generic[T]):
     timeout: float = 60.0
 
 
-def q(value: str) -> str:
+def q(value: Any) -> str:
+    """`value` as one shell word: every command a fact or a step sends is built with it."""
     return shlex.quote(str(value))
 
 

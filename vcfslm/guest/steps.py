@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ..contract import model_kind as contract_model_kind
 from ..errors import CommandFailed, PlaybookError
 from . import batch
 from . import facts as F
+from .facts import q
 from .templates import render_template
 from .transport import Transport, sudo_wrap
 
@@ -32,10 +32,6 @@ Mode = Annotated[str, Field(pattern=r"^0?[0-7]{3}$",
                             description='Octal permission string, quoted: "0644".')]
 MARKER_WHEEL = ".vcfslm-wheel"
 MARKER_MODEL = ".vcfslm-model"
-
-
-def q(value: Any) -> str:
-    return shlex.quote(str(value))
 
 
 # --------------------------------------------------------------------------- operations
