@@ -25,10 +25,9 @@ from pydantic import (
     model_validator,
 )
 
-from . import arrivals, contract, footprint, serving, topology
+from . import arrivals, contract, footprint, serving, topology, vm_settings
 from .contract import LEGACY_COMPILE_MODES
 from .errors import InventoryError, Problem
-from .vsphere import settings as vm_settings
 from .yamldoc import Key, load_mapping, pydantic_problems, read_document
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -139,7 +138,7 @@ class _VMShape(_Model):
 
 
 # The vCenter settings the inventory names (latency_sensitivity, cpu_hot_add, ...) are rows
-# of vsphere/settings.py's table, each a key of `vm:` with the type, default and description
+# of vm_settings.py's table, each a key of `vm:` with the type, default and description
 # its row gives.
 VMSpec = create_model(
     "VMSpec", __base__=_VMShape, __module__=__name__, __doc__=_VMShape.__doc__,

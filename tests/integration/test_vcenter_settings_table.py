@@ -1,4 +1,4 @@
-"""A VM setting added as one row of vsphere/settings.py's table, and vm.cpu_hot_add, on vcsim.
+"""A VM setting added as one row of vm_settings.py's table, and vm.cpu_hot_add, on vcsim.
 
 The fake row (memoryHotAddEnabled, a flag vcsim stores and reports back) touches no other
 file: plan shows it, provision applies it, the next observe reads it back in sync, and a
@@ -12,7 +12,7 @@ import json
 import pytest
 from test_vcenter_vcsim import brief_inventory, env, find_vm, run, si, vm_names, wait, write  # noqa: F401
 
-from vcfslm.vsphere import settings
+from vcfslm import vm_settings as settings
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,12 @@ from pyVmomi import vim
 from test_vsphere_driver import apply, one_vm_plan, vc  # noqa: F401 (vc is a fixture)
 from test_vsphere_support import BRIEF, fake_vm, inventory, lab_refs, observed
 
+from vcfslm import vm_settings as settings
 from vcfslm.errors import InventoryError
 from vcfslm.inventory import VMSpec, parse_inventory
 from vcfslm.lab import generate
 from vcfslm.vsphere import changes as c
-from vcfslm.vsphere import settings, snapshot, specs
+from vcfslm.vsphere import snapshot, specs
 from vcfslm.vsphere.desired import desired_vms
 
 # A setting vcsim stores and reports back, added through the table alone.

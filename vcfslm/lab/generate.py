@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import vm_settings
 from ..contract import DEFAULT_SLOS
-from ..vsphere import settings as vm_settings
 from . import vcsim as sim
 
 LAB_NAME = "lab"

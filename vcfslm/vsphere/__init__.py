@@ -1,7 +1,9 @@
 """vCenter side of vcfslm: desired VM, observed state, diff, preflight, and the drivers.
 
-Pure modules (no I/O): `settings` (the table of per-VM settings, one row each),
-`desired` (inventory -> desired VM per node), `state`
+The per-VM settings they all read are one table, `vcfslm/vm_settings.py` (pure; the
+inventory and the lab read it too, so it lives beside the inventory, not in here).
+
+Pure modules (no I/O): `desired` (inventory -> desired VM per node), `state`
 (observed snapshot data), `snapshot` (property-collector results -> snapshot),
 `changes` (desired vs observed -> typed changes), `specs` (changes -> vSphere
 specs), `preflight` (read-only checks over a snapshot), `credentials` (password

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from . import settings as vm_settings
+from .. import vm_settings
 from .desired import (
     CUSTOMIZATION_KEY,
     OWNER_KEY,

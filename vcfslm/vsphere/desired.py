@@ -13,9 +13,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import topology
-from . import settings as vm_settings
-from .settings import VNUMA_API, carries_settings
+from .. import topology, vm_settings
+from ..vm_settings import VNUMA_API, carries_settings
 
 OWNER_KEY = "vcfslm.owner"
 CUSTOMIZATION_KEY = "vcfslm.customization"
@@ -114,7 +113,7 @@ class Nic:
 class DesiredVm:
     """Everything provision converges one VM to; `None` means "not managed".
 
-    The settings of vsphere/settings.py's table are in `settings`, read as attributes.
+    The settings of vm_settings.py's table are in `settings`, read as attributes.
     """
 
     name: str

@@ -16,11 +16,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import settings as vm_settings
+from .. import vm_settings
 from .desired import parse_version
 from .state import HostFacts, Snapshot, VmState
 
-# What observe asks of every VM besides the settings of vsphere/settings.py's table.
+# What observe asks of every VM besides the settings of vm_settings.py's table.
 VM_PROPERTIES = (
     "name", "parent", "config.template", "config.version", "config.hardware.device",
     "config.extraConfig", "runtime.powerState", "runtime.host", "guest.net",

@@ -17,8 +17,8 @@ from typing import Any
 
 from pyVmomi import vim
 
+from .. import vm_settings
 from ..errors import VCenterError
-from . import settings as vm_settings
 from .changes import FieldChange
 from .desired import (
     ADVANCED,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .settings import carries_settings
+from ..vm_settings import carries_settings
 
 
 @carries_settings
@@ -13,7 +13,7 @@ from .settings import carries_settings
 class VmState:
     """One existing VM as observed; `None` fields were not reported by vCenter.
 
-    The settings of vsphere/settings.py's table (num_cpus, latency_sensitivity, ...) are
+    The settings of vm_settings.py's table (num_cpus, latency_sensitivity, ...) are
     in `settings` and read as attributes; a setting vCenter did not report reads None.
     """
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from .. import topology
+from . import topology
 
 # vSphere 8.0.0.1 is the first release with ConfigSpec.virtualNuma and VM config.numaInfo.
 VNUMA_API = (8, 0, 0, 1)
