@@ -8,7 +8,9 @@ Every stage that needs one of these imports it from here and never re-derives it
 - the guest layout (where the guest stage puts the venv, scripts, models and runs) and the
   model reference the worker on a guest is given;
 - node selection (`--nodes N` / `--hosts A,B`);
-- the scenario matrix and its `--scenarios` filter;
+- the rendezvous budget of a cluster run (torchrun's and the workers' process group);
+- the scenario matrix, its `--scenarios` filter, and its encoding on the worker's command
+  line;
 - run ids;
 - the progress-line format the worker writes and the operator parses;
 - the `RunMeta` builder.
@@ -19,6 +21,7 @@ Pure: no I/O beyond `Path.is_dir` on the operator's model path, no third-party i
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -199,6 +202,41 @@ def select_nodes(inventory, count: int | None = None, names: Iterable[str] | Non
     return nodes[:count]
 
 
+# ------------------------------------------------------------------ the rendezvous
+
+# How long the ranks of a cluster run may take to meet grows with the cluster: torchrun's
+# static rendezvous waits for every node's agent at node 0's store, and each worker's gloo
+# group then reads every other rank's address from that store. The launcher hands the
+# budget to torchrun (--rdzv-conf timeout=) and to the workers (--timeout); the operator
+# reports it.
+#
+# The base is torch's own static-rendezvous default (a cold guest importing torch, a slow
+# VM): small runs wait no less than torchrun would by itself.
+RDZV_BASE_S = 600
+# Per node: its torchrun starts only after the operator's SSH launch reaches it, and the
+# launches go out in waves of the guest fan-out; a loaded guest starts later still.
+RDZV_PER_NODE_S = 5
+# Per rank pair: gloo's full mesh makes every rank read every other rank's key from
+# node 0's one store (world_size^2 reads, each ~8 bytes x world_size), then connect.
+RDZV_PER_RANK_PAIR_S = 0.002
+# The worker's process-group timeout also bounds every collective, and a barrier waits
+# for the slowest rank's window: it never drops below the worker's own default.
+COLLECTIVE_TIMEOUT_S = 1800
+
+
+def rendezvous_timeout_s(nodes: int, ranks_per_node: int = 1) -> int:
+    """Seconds the ranks of a `nodes` x `ranks_per_node` run may take to meet (whole seconds:
+    torchrun's static rendezvous reads its `timeout` as an int)."""
+    world = max(1, nodes) * max(1, ranks_per_node)
+    return math.ceil(RDZV_BASE_S + RDZV_PER_NODE_S * max(1, nodes) + RDZV_PER_RANK_PAIR_S * world * world)
+
+
+def process_group_timeout_s(nodes: int, ranks_per_node: int = 1) -> int:
+    """The worker's gloo timeout: its init waits for every rank (the rendezvous budget), its
+    collectives for the slowest window (never less than COLLECTIVE_TIMEOUT_S)."""
+    return max(COLLECTIVE_TIMEOUT_S, rendezvous_timeout_s(nodes, ranks_per_node))
+
+
 # ------------------------------------------------------------------ the scenario matrix
 
 Scenario = tuple[int, int, int]    # (batch per rank, input tokens, output tokens)
@@ -234,6 +272,41 @@ class Matrix:
     def to_dict(self) -> dict[str, Any]:
         return {"batch_sizes": list(self.batch_sizes), "input_tokens": list(self.input_tokens),
                 "output_tokens": self.output_tokens, "warmup": self.warmup, "repeats": self.repeats}
+
+    def to_json(self) -> str:
+        """The matrix as the launcher hands it to the worker (`--matrix`): one JSON object,
+        so the worker reads the same typed values instead of re-parsing comma lists."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Matrix:
+        """`to_json`'s inverse, every field required; ValueError says which one is wrong (the
+        worker's usage error)."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {text!r}")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
+
+        def count(name: str) -> int:
+            value = data.get(name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name}: expected an integer, got {value!r}")
+            return value
+
+        def positives(name: str) -> tuple[int, ...]:
+            values = data.get(name)
+            if (not isinstance(values, list) or not values
+                    or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in values)):
+                raise ValueError(f"{name}: expected a list of positive integers, got {values!r}")
+            return tuple(values)
+
+        return cls(positives("batch_sizes"), positives("input_tokens"), count("output_tokens"),
+                   count("warmup"), count("repeats"))
 
     @classmethod
     def of_inventory(cls, bench, *, output_tokens: int | None = None,

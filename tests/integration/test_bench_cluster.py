@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vcfslm.bench.launch import process_group_timeout_s, rendezvous_timeout_s
+from vcfslm.contract import process_group_timeout_s, rendezvous_timeout_s
 from vcfslm.results import load_run, read_run
 
 pytestmark = pytest.mark.integration

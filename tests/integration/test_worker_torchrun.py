@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from vcfslm import results
+from vcfslm.contract import Matrix
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("torch")
@@ -26,8 +27,9 @@ def torchrun(out: Path, *extra: str, scenarios_b=("1", "2"), env_extra=None) -> 
     """Two worker ranks on this machine, one thread each, the eager decode step (fast to start)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "vcfslm.bench.worker", "--",
-           "--model", "synthetic:tiny", "--batch-sizes", ",".join(scenarios_b), "--input-tokens", "8",
-           "--output-tokens", "5", "--warmup", "1", "--repeats", "2", "--out", str(out),
+           "--model", "synthetic:tiny",
+           "--matrix", Matrix(tuple(int(b) for b in scenarios_b), (8,), 5, warmup=1, repeats=2).to_json(),
+           "--out", str(out),
            "--run-id", "t", "--node", "local", "--nodes", "1", "--threads", "1",
            "--compile", "eager", "--probe-mib", "32", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}

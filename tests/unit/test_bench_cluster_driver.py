@@ -311,3 +311,84 @@ def test_a_node_that_has_exited_is_not_polled_again(inv, tmp_path):
     assert bench.run()[0].complete
     polls = lambda t: sum(c.startswith("if [ -f") for c in t.calls)  # noqa: E731
     assert (polls(a), polls(b)) == (1, 5)
+
+
+# ------------------------------------------------------------------ what the preflight reads
+
+
+def rendered_rank_script(threads: int, slots) -> str:
+    """rank.sh as the guest stage renders it (the shipped template)."""
+    from vcfslm.guest.templates import render_template
+
+    return render_template("rank.sh.j2", {"python": "/opt/vcfslm/venv/bin/python", "threads_per_rank": threads,
+                                          "inductor_cache_dir": "/opt/vcfslm/cache/inductor", "use_numactl": True,
+                                          "rank_slots": slots, "env_file": "/opt/vcfslm/launch/env.sh"})
+
+
+def with_rank_script(t: FakeTransport, text: str) -> FakeTransport:
+    """The preflight probe answers with the version, then the rendered rank.sh after its mark."""
+    from vcfslm.bench.cluster import RANK_SCRIPT_MARK
+
+    t.add(re.compile(r"test -x .*rank\.sh.*"), f"VERSION {__version__}\n{RANK_SCRIPT_MARK}\n{text}")
+    return t
+
+
+def test_a_rank_script_placed_as_the_launch_passes(inv, tmp_path):
+    script = rendered_rank_script(inv.bench.threads_per_rank, inv.rank_slots())
+    a = with_rank_script(scripted("slm-01", ["EXIT 0\n"]), script)
+    b = with_rank_script(scripted("slm-02", ["EXIT 0\n"], ranks=range(4, 8)), script)
+    bench = bench_for(inv, {"slm-01": a, "slm-02": b}, tmp_path)
+    with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
+    with_records(b, bench.launches[1].run_dir, range(4, 8), "slm-02")
+    assert bench.run()[0].complete
+    # the rank script travels in the probe's round trip: no command of its own
+    assert not any(c.startswith("cat ") for c in a.calls + b.calls)
+
+
+def test_a_rank_script_rendered_for_other_threads_fails_before_anything_starts(inv, tmp_path):
+    from vcfslm import topology
+
+    good = rendered_rank_script(inv.bench.threads_per_rank, inv.rank_slots())
+    stale = rendered_rank_script(12, topology.rank_slots(inv.vm.vcpus, inv.vm.vnuma_nodes, 4, 12))
+    a = with_rank_script(scripted("slm-01", ["EXIT 0\n"]), good)
+    b = with_rank_script(scripted("slm-02", ["EXIT 0\n"], ranks=range(4, 8)), stale)
+    with pytest.raises(BenchError) as info:
+        bench_for(inv, {"slm-01": a, "slm-02": b}, tmp_path).run()
+    text = str(info.value)
+    assert "slm-02: /opt/vcfslm/launch/rank.sh runs 12 threads per rank (OMP_NUM_THREADS), the launch 24" in text
+    assert ("slm-02: /opt/vcfslm/launch/rank.sh puts local rank 1 (rank 5) on CPUs 24-35, the launch on "
+            "CPUs 24-47") in text
+    assert "slm-02: /opt/vcfslm/launch/rank.sh puts local rank 3 (rank 7) on binding cpus, the launch on " \
+           "binding node" in text
+    assert "slm-01" not in text.split("\n", 1)[1]  # the node whose script agrees has no problem
+    assert not any("setsid" in c for c in a.calls + b.calls)
+    assert any("rm -rf" in c and ".lock-slm-01" in c for c in a.calls)  # the lock it took is released
+
+
+def test_the_guest_is_inspected_once_per_node_for_the_gate_and_the_record(inv, tmp_path):
+    from vcfslm.bench.cluster import GuestReport
+
+    seen = []
+
+    def inspect(inv_, t):
+        seen.append(t.host)
+        problems = ["expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 2 CPUs"] if t.host == "slm-02" else []
+        return GuestReport(problems, {"numa_nodes": [{"id": 0}], "host": t.host})
+
+    a = scripted("slm-01", ["EXIT 0\n"])
+    with_records(a, "/opt/vcfslm/runs/r", range(4), "slm-01")
+    bench = ClusterBench(inv, inv.nodes[:1], lambda n: a, ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0),
+                         inspect_guest=inspect)
+    meta, _ = bench.run()
+    assert seen == ["slm-01"]
+    assert meta.guests == {"slm-01": {"numa_nodes": [{"id": 0}], "host": "slm-01"}}
+
+    seen.clear()
+    a, b = scripted("slm-01", ["EXIT 0\n"]), scripted("slm-02", ["EXIT 0\n"], ranks=range(4, 8))
+    nodes = {"slm-01": a, "slm-02": b}
+    bench = ClusterBench(inv, inv.nodes[:2], lambda n: nodes[n.name],
+                         ClusterOptions(run_id="r2", runs_root=tmp_path, poll_s=0.0), inspect_guest=inspect)
+    with pytest.raises(BenchError, match="slm-02: expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 2 CPUs"):
+        bench.run()
+    assert sorted(seen) == ["slm-01", "slm-02"]
+    assert not any("setsid" in c for c in a.calls + b.calls)

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from vcfslm import contract as C
 from vcfslm.bench import launch as L
 from vcfslm.bench.cluster import ClusterOptions, plan_launches
+from vcfslm.contract import Matrix
 from vcfslm.inventory import parse_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +32,9 @@ def test_torchrun_lines_per_node_golden(inv):
         "--max-restarts", "0",
         "--log-dir", "/opt/vcfslm/runs/r1/logs/slm-03/ranks", "--redirects", "3", "--tee", "3",
         "--no-python", "/opt/vcfslm/launch/rank.sh", "--",
-        "--model", "microsoft/Phi-3-mini-128k-instruct", "--batch-sizes", "1,4,8,16",
-        "--input-tokens", "128,512,1024", "--output-tokens", "128", "--warmup", "1", "--repeats", "3",
+        "--model", "microsoft/Phi-3-mini-128k-instruct",
+        "--matrix", '{"batch_sizes": [1, 4, 8, 16], "input_tokens": [128, 512, 1024], "output_tokens": 128, '
+                    '"repeats": 3, "warmup": 1}',
         "--out", "/opt/vcfslm/runs/r1", "--run-id", "r1", "--node", "slm-03", "--nodes", "4",
         "--threads", "24", "--compile", "compile", "--timeout", "1800"]
     # every node rendezvous on node 0's bench IP, never the management network
@@ -43,7 +46,8 @@ def test_options_reach_the_worker(inv):
     [la] = plan_launches(inv, inv.nodes[:1], ClusterOptions(run_id="r2", resume=True, repeats=1,
                                                              output_tokens=16, scenarios="b=1"))
     argv = list(la.torchrun_argv)
-    assert argv[argv.index("--repeats") + 1] == "1" and argv[argv.index("--output-tokens") + 1] == "16"
+    matrix = Matrix.from_json(argv[argv.index("--matrix") + 1])
+    assert matrix.repeats == 1 and matrix.output_tokens == 16
     assert "--resume" in argv and argv[argv.index("--scenarios") + 1] == "b=1"
     assert argv[argv.index("--nnodes") + 1] == "1"
 
@@ -120,16 +124,16 @@ def test_parse_poll():
 
 
 def test_rendezvous_timeout_grows_with_the_cluster():
-    one, sixteen, big = (L.rendezvous_timeout_s(1, 2), L.rendezvous_timeout_s(16, 1),
-                         L.rendezvous_timeout_s(64, 4))
+    one, sixteen, big = (C.rendezvous_timeout_s(1, 2), C.rendezvous_timeout_s(16, 1),
+                         C.rendezvous_timeout_s(64, 4))
     # never below torch's own static-rendezvous default, and growing with nodes and ranks
-    assert L.RDZV_BASE_S <= one < sixteen < big
-    assert L.rendezvous_timeout_s(64, 1) < big
+    assert C.RDZV_BASE_S <= one < sixteen < big
+    assert C.rendezvous_timeout_s(64, 1) < big
     assert (one, sixteen, big) == (606, 681, 1052)
     assert all(isinstance(v, int) for v in (one, sixteen, big))
     # the workers' group waits at least as long, and never less than a collective may take
-    assert L.process_group_timeout_s(1, 2) == L.COLLECTIVE_TIMEOUT_S
-    assert L.process_group_timeout_s(512, 4) == L.rendezvous_timeout_s(512, 4) > L.COLLECTIVE_TIMEOUT_S
+    assert C.process_group_timeout_s(1, 2) == C.COLLECTIVE_TIMEOUT_S
+    assert C.process_group_timeout_s(512, 4) == C.rendezvous_timeout_s(512, 4) > C.COLLECTIVE_TIMEOUT_S
 
 
 def test_rendezvous_timeout_reaches_torchrun_and_the_workers(inv, monkeypatch):
@@ -139,12 +143,12 @@ def test_rendezvous_timeout_reaches_torchrun_and_the_workers(inv, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     launches = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1", probe_mib=0))
     argv = list(launches[1].torchrun_argv)
-    assert argv[argv.index("--timeout") + 1] == str(L.process_group_timeout_s(4, 4))
+    assert argv[argv.index("--timeout") + 1] == str(C.process_group_timeout_s(4, 4))
     assert "--no-probe" in argv
     args = get_args_parser().parse_args(argv[3:])
     config, _, _ = config_from_args(args)
     assert config.rdzv_backend == "static"
-    assert int(config.rdzv_configs["timeout"]) == L.rendezvous_timeout_s(4, 4)
+    assert int(config.rdzv_configs["timeout"]) == C.rendezvous_timeout_s(4, 4)
     assert config.rdzv_configs["rank"] == 1
 
 
@@ -163,3 +167,71 @@ def test_torchrun_console_is_unbuffered(inv):
     the ranks' progress back until the run ends."""
     la = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))[0]
     assert "export PYTHONUNBUFFERED=1;" in la.launch_command
+
+
+def test_each_launch_is_built_once_with_its_files_placement_and_rendezvous(inv):
+    launches = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))
+    for la in launches:
+        files = L.NodeFiles(la.run_dir, la.name)
+        # the launch line names the files the launch itself polls, stops and unlocks by
+        for path in (files.pid_file, files.exit_file, files.log_file, f"{files.lock_dir}/pid"):
+            assert shlex.quote(path) in la.launch_command
+        assert (la.pid_file, la.exit_file, la.log_file, la.lock_dir) == \
+            (files.pid_file, files.exit_file, files.log_file, files.lock_dir)
+        assert la.placement == L.RankPlacement(24, tuple(inv.rank_slots()))
+        assert la.rdzv_timeout_s == C.rendezvous_timeout_s(4, 4) == 621
+        argv = list(la.torchrun_argv)
+        assert argv[argv.index("--threads") + 1] == str(la.placement.threads)
+
+
+def test_the_worker_reads_the_matrix_the_launcher_wrote(inv):
+    from vcfslm.bench.worker import parse_args
+
+    [la] = plan_launches(inv, inv.nodes[:1], ClusterOptions(run_id="r1", repeats=2, output_tokens=32))
+    argv = list(la.torchrun_argv)
+    parsed = parse_args(argv[argv.index("--no-python") + 2:])
+    assert parsed.matrix == Matrix((1, 4, 8, 16), (128, 512, 1024), 32, warmup=1, repeats=2)
+
+
+# ------------------------------------------------------------------ rank.sh's placement
+
+
+def rendered(threads: int, slots) -> str:
+    from vcfslm.guest.templates import render_template
+
+    return render_template("rank.sh.j2", {"python": "/v/bin/python", "threads_per_rank": threads,
+                                          "inductor_cache_dir": "/c", "use_numactl": True, "rank_slots": slots,
+                                          "env_file": ""})
+
+
+def test_a_rendered_rank_script_reads_back_as_its_placement(inv):
+    from vcfslm.bench.local import plan_ranks
+    from vcfslm.guest.templates import render_template
+
+    slots = tuple(inv.rank_slots())
+    assert L.parse_rank_script(rendered(24, slots)) == L.RankPlacement(24, slots)
+    # the local run's context (dicts with a cpu string) renders the same arms
+    ranks = plan_ranks({0: (0, 1), 1: (2, 3)}, ranks=2, threads=1)
+    text = render_template("rank.sh.j2", {"python": "/p", "threads_per_rank": 1, "inductor_cache_dir": "/c",
+                                          "use_numactl": False, "ranks": ranks, "env_file": ""})
+    assert [(s.local_rank, s.numa_node, s.cpus, s.bind) for s in L.parse_rank_script(text).slots] == \
+        [(0, 0, (0,), "cpus"), (1, 1, (2,), "cpus")]
+    assert L.parse_rank_script("#!/bin/sh\n") == L.RankPlacement(None, ())
+
+
+def test_placement_mismatches_name_the_rank_and_both_values(inv):
+    from vcfslm.topology import RankSlot
+
+    want = L.RankPlacement(24, tuple(inv.rank_slots()))
+    assert L.placement_mismatches(want, want, (4, 5, 6, 7), "/l/rank.sh") == []
+    swapped = (RankSlot(0, 1, tuple(range(24, 48)), "node"), RankSlot(1, 0, tuple(range(24)), "node"))
+    got = L.placement_mismatches(L.RankPlacement(None, swapped), want, (4, 5, 6, 7), "/l/rank.sh")
+    fix = "(re-render it: vcfslm provision --stage guests)"
+    assert got == [
+        f"/l/rank.sh runs no threads per rank (OMP_NUM_THREADS), the launch 24 (bench.threads_per_rank) {fix}",
+        f"/l/rank.sh puts local rank 0 (rank 4) on NUMA node 1, the launch on NUMA node 0 {fix}",
+        f"/l/rank.sh puts local rank 0 (rank 4) on CPUs 24-47, the launch on CPUs 0-23 {fix}",
+        f"/l/rank.sh puts local rank 1 (rank 5) on NUMA node 0, the launch on NUMA node 1 {fix}",
+        f"/l/rank.sh puts local rank 1 (rank 5) on CPUs 0-23, the launch on CPUs 24-47 {fix}",
+        f"/l/rank.sh has no placement for local rank 2 (rank 6); the launch starts 4 rank(s) per node {fix}",
+        f"/l/rank.sh has no placement for local rank 3 (rank 7); the launch starts 4 rank(s) per node {fix}"]

@@ -56,12 +56,12 @@ def test_torchrun_command_separates_worker_arguments():
                        "--no-python", "/r/x/launch/rank.sh"]
     assert cmd[8] == "--"  # torchrun would reject the worker's --node as an abbreviation
     tail = cmd[9:]
-    assert tail[tail.index("--node") + 1] == "local" and tail[tail.index("--batch-sizes") + 1] == "1,4"
+    assert tail[tail.index("--node") + 1] == "local" and Matrix.from_json(tail[tail.index("--matrix") + 1]) == matrix
     assert "--resume" in tail and "--no-probe" in tail and tail[tail.index("--scenarios") + 1] == "1x*"
     from vcfslm.bench.worker import parse_args
 
     parsed = parse_args(cmd[8:])
-    assert parsed.batch_sizes == [1, 4] and parsed.warmup == 0 and parsed.resume and parsed.no_probe
+    assert parsed.matrix.batch_sizes == (1, 4) and parsed.matrix.warmup == 0 and parsed.resume and parsed.no_probe
 
 
 def test_progress_status_line():

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from vcfslm.bench.launch import worker_args
 from vcfslm.cli import main
 from vcfslm.cli.bench_serve import serve_spec
-from vcfslm.contract import serve_complete, serve_limits, serve_matrix
+from vcfslm.contract import Matrix, serve_complete, serve_limits, serve_matrix
 from vcfslm.errors import UsageError
 from vcfslm.serving import ServeSpec
 
@@ -79,9 +79,9 @@ def test_workers_get_the_spec_and_limits_as_json():
     spec = ServeSpec(loads=(1.0, 2.0), input_tokens=(128,), output_tokens=16, slots=4)
     matrix = serve_matrix(spec)
     assert (matrix.batch_sizes, matrix.input_tokens, matrix.output_tokens) == ((4,), (128,), 16)
-    args = worker_args(model="synthetic:tiny", batch_sizes=matrix.batch_sizes, input_tokens=matrix.input_tokens,
-                       output_tokens=16, warmup=0, repeats=1, out="/tmp/r", run_id="r", node="n", nodes=1,
-                       threads=1, serve=spec, slos=serve_limits(None))
+    args = worker_args(model="synthetic:tiny", matrix=Matrix(matrix.batch_sizes, matrix.input_tokens, 16, 0, 1),
+                       out="/tmp/r", run_id="r", node="n", nodes=1, threads=1, serve=spec,
+                       slos=serve_limits(None))
     got = ServeSpec.of_record(json.loads(args[args.index("--serve") + 1]))
     assert got == spec
     assert set(json.loads(args[args.index("--slos") + 1])) == {"A", "B"}

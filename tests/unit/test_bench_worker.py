@@ -9,7 +9,7 @@ import pytest
 
 from vcfslm import results
 from vcfslm.bench import rank, worker
-from vcfslm.contract import parse_progress
+from vcfslm.contract import Matrix, parse_progress
 
 
 def record(rank=0, batch=1, inp=128, out=16, window=0, **kw):
@@ -23,15 +23,20 @@ def record(rank=0, batch=1, inp=128, out=16, window=0, **kw):
     return results.WindowRecord(**base)
 
 
-ARGS = ["--model", "synthetic:tiny", "--batch-sizes", "1,4", "--input-tokens", "128,512",
-        "--output-tokens", "16", "--out", "/tmp/x", "--run-id", "r", "--node", "n0", "--nodes", "2"]
+MATRIX = Matrix((1, 4), (128, 512), 16)
+ARGS = ["--model", "synthetic:tiny", "--matrix", MATRIX.to_json(), "--out", "/tmp/x", "--run-id", "r",
+        "--node", "n0", "--nodes", "2"]
+
+
+def matrix_json(**changes) -> str:
+    return json.dumps({**MATRIX.to_dict(), **changes})
 
 
 def test_parse_args_contract():
     a = worker.parse_args(ARGS + ["--resume", "--scenarios", "1x*", "--threads", "3", "--no-probe",
                                   "--seed", "7"])
-    assert (a.batch_sizes, a.input_tokens, a.output_tokens) == ([1, 4], [128, 512], 16)
-    assert (a.warmup, a.repeats, a.node, a.nodes, a.threads, a.seed) == (1, 3, "n0", 2, 3, 7)
+    assert (a.matrix.batch_sizes, a.matrix.input_tokens, a.matrix.output_tokens) == ((1, 4), (128, 512), 16)
+    assert (a.matrix.warmup, a.matrix.repeats, a.node, a.nodes, a.threads, a.seed) == (1, 3, "n0", 2, 3, 7)
     assert a.resume and a.no_probe and a.scenarios == "1x*" and a.compile == "compile"
 
 
@@ -40,16 +45,12 @@ def test_parse_args_drops_torchruns_separator_and_accepts_node_name():
     assert a.node == "n0"
 
 
-@pytest.mark.parametrize("bad", [["--output-tokens", "1"], ["--batch-sizes", "1,x"], ["--batch-sizes", "0"],
-                                 ["--repeats", "0"]])
+@pytest.mark.parametrize("bad", [matrix_json(output_tokens=1), matrix_json(batch_sizes=[1, "x"]),
+                                 matrix_json(batch_sizes=[0]), matrix_json(repeats=0), "1,4",
+                                 json.dumps({k: v for k, v in MATRIX.to_dict().items() if k != "warmup"})])
 def test_parse_args_rejects(bad, capsys):
     argv = list(ARGS)
-    flag = bad[0]
-    i = argv.index(flag) if flag in argv else None
-    if i is not None:
-        argv[i + 1] = bad[1]
-    else:
-        argv += bad
+    argv[argv.index("--matrix") + 1] = bad
     with pytest.raises(SystemExit) as exc:
         worker.parse_args(argv)
     assert exc.value.code == 2

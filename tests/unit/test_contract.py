@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -213,3 +214,21 @@ def test_parallel_settings_in_the_inventory(inv):
     data["guest"]["parallel"] = 40
     parsed = parse_inventory(yaml.safe_dump(data), "x.yaml")
     assert (parsed.vcenter.parallel, parsed.guest.parallel) == (8, 40)
+
+
+def test_the_matrix_crosses_to_the_worker_typed():
+    m = K.Matrix((1, 4), (128, 512), 16, warmup=0, repeats=2)
+    assert K.Matrix.from_json(m.to_json()) == m
+    for bad, why in [("1,4", "not JSON"), ("[1]", "expected a JSON object"),
+                     ('{"batch_sizes": [1], "input_tokens": [8], "output_tokens": 4, "warmup": 1}',
+                      "repeats: expected an integer"),
+                     ('{"batch_sizes": [1, true], "input_tokens": [8], "output_tokens": 4, "warmup": 1, '
+                      '"repeats": 1}', "batch_sizes: expected a list of positive integers"),
+                     ('{"batch_sizes": [], "input_tokens": [8], "output_tokens": 4, "warmup": 1, "repeats": 1}',
+                      "batch_sizes: expected a list of positive integers"),
+                     ('{"batch_sizes": [1], "input_tokens": [8], "output_tokens": "4", "warmup": 1, "repeats": 1}',
+                      "output_tokens: expected an integer"),
+                     ('{"batch_sizes": [1], "input_tokens": [8], "output_tokens": 4, "warmup": 1, "repeats": 1, '
+                      '"seed": 3}', "unknown field(s) seed")]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            K.Matrix.from_json(bad)

@@ -151,3 +151,17 @@ def test_verify_step_fails_with_expected_vs_seen(brief):
     ctx = HostContext(brief, brief.nodes[0], host_variables(brief, brief.nodes[0]), t)
     with pytest.raises(PlaybookError, match="expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 2 CPUs"):
         VerifyStep().plan(ctx, False)
+
+
+def test_guest_check_reads_the_guest_once_and_checks_what_it_read(brief):
+    from test_guest_facts import numactl_text
+
+    from vcfslm.guest.provision import guest_check, preflight_problems
+
+    t = scripted_guest(brief, numactl_text(1, 2, [10458]))
+    facts, problems = guest_check(brief, t)
+    assert len(t.batches) == 1  # one round trip for every fact
+    assert facts.numa.nodes[0].cpus == (0, 1)
+    assert problems == verify_guest(brief, "slm-01", facts)
+    assert problems[0].startswith("expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 2 CPUs")
+    assert preflight_problems(brief, scripted_guest(brief, numactl_text(1, 2, [10458]))) == problems

@@ -33,6 +33,8 @@ from ..contract import (
     model_ref,
     parallelism,
     parse_progress,
+    process_group_timeout_s,
+    rendezvous_timeout_s,
     serve_limits,
     serve_matrix,
 )
@@ -98,14 +100,14 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
     ranks = inv.bench.ranks_per_node
     master = str(nodes[0].bench_ip)
     matrix = run_matrix(inv, opts)
-    rdzv_timeout = L.rendezvous_timeout_s(len(nodes), ranks)
-    pg_timeout = L.process_group_timeout_s(len(nodes), ranks)
+    # What rank.sh must apply for this launch (the preflight compares the rendered one).
+    placement = L.RankPlacement(inv.bench.threads_per_rank, tuple(inv.rank_slots()))
+    rdzv_timeout = rendezvous_timeout_s(len(nodes), ranks)
+    pg_timeout = process_group_timeout_s(len(nodes), ranks)
     out = []
     for i, node in enumerate(nodes):
-        args = L.worker_args(model=model_ref(inv), batch_sizes=matrix.batch_sizes,
-                             input_tokens=matrix.input_tokens, output_tokens=matrix.output_tokens,
-                             warmup=matrix.warmup, repeats=matrix.repeats, out=run_dir, run_id=opts.run_id, node=node.name, nodes=len(nodes),
-                             threads=inv.bench.threads_per_rank,
+        args = L.worker_args(model=model_ref(inv), matrix=matrix, out=run_dir, run_id=opts.run_id,
+                             node=node.name, nodes=len(nodes), threads=placement.threads,
                              compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
                              scenarios=opts.scenarios, timeout_s=pg_timeout, probe_mib=opts.probe_mib,
                              serve=opts.serve, slos=serve_limits(run_slos(inv, opts)) if opts.serve else None,
@@ -116,15 +118,15 @@ def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaun
                                rank_script=paths.rank_script,
                                log_dir=f"{run_dir}/logs/{node.name}/ranks", args=args,
                                rdzv_timeout_s=rdzv_timeout)
-        stub = L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, "",
-                            tuple(range(i * ranks, (i + 1) * ranks)))
+        files = L.NodeFiles(run_dir, node.name)
         # PYTHONUNBUFFERED: torchrun tees the ranks into a file; block-buffered, the operator
         # would see progress only every few KiB (or when the run ends).
         env = {"VCFSLM_PID_DIR": f"{run_dir}/pids", "VCFSLM_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"}
-        cmd = L.detached(argv, run_dir=run_dir, pid_file=stub.pid_file, exit_file=stub.exit_file,
-                         log_file=stub.log_file, env=env, pid_copy=f"{stub.lock_dir}/pid")
-        out.append(L.NodeLaunch(i, node.name, stub.address, stub.bench_ip, run_dir, cmd,
-                                stub.global_ranks, tuple(argv)))
+        cmd = L.detached(argv, run_dir=run_dir, pid_file=files.pid_file, exit_file=files.exit_file,
+                         log_file=files.log_file, env=env, pid_copy=f"{files.lock_dir}/pid")
+        out.append(L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, cmd,
+                                tuple(range(i * ranks, (i + 1) * ranks)), tuple(argv), placement,
+                                rdzv_timeout))
     return out
 
 
@@ -177,17 +179,30 @@ class NodeState:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class GuestReport:
+    """One guest as the bench preflight sees it, gathered in one fetch per node: what the
+    in-guest verification found wrong (it stops the run) and the facts it read (meta.json's
+    `guests`)."""
+
+    problems: list[str]
+    facts: dict[str, Any]
+
+
+# The bench preflight's probe prints the rendered rank wrapper after this line.
+RANK_SCRIPT_MARK = "VCFSLM-RANK-SCRIPT"
+
+
 class ClusterBench:
     """One cluster run: preflight, launch, watch, stop, collect."""
 
     def __init__(self, inv, nodes: Sequence, connect: Callable[[Any], Any], opts: ClusterOptions,
-                 reporter: Reporter | None = None, preflight_checks: Callable[[Any, Any], list[str]] | None = None,
-                 guest_facts: Callable[[Any, Any], dict] | None = None,
+                 reporter: Reporter | None = None,
+                 inspect_guest: Callable[[Any, Any], GuestReport] | None = None,
                  vcenter_facts: Callable[[Any, list[str]], dict] | None = None):
         self.inv, self.nodes, self.connect, self.opts = inv, list(nodes), connect, opts
         self.reporter = reporter or NullReporter()
-        self.preflight_checks = preflight_checks
-        self.guest_facts = guest_facts
+        self.inspect_guest = inspect_guest
         self.vcenter_facts = vcenter_facts
         self.facts: dict[str, Any] = {}
         self.launches = plan_launches(inv, self.nodes, opts)
@@ -238,6 +253,11 @@ class ClusterBench:
         """Nodes driven at once: every node up to the guest fan-out cap."""
         return parallelism(None, len(self.launches), GUEST_PARALLEL_CAP)
 
+    @property
+    def rendezvous_timeout_s(self) -> int | None:
+        """The plan's rendezvous budget (every node's launch carries the same one)."""
+        return self.launches[0].rdzv_timeout_s if self.launches else None
+
     def _each(self, fn: Callable[[L.NodeLaunch], Any], *, fail_fast: bool = False) -> dict[str, Any]:
         """Run fn on every node at once; value or the exception per node, in node order."""
         if self._pool is None:
@@ -249,7 +269,8 @@ class ClusterBench:
     # -- phases ------------------------------------------------------------------------
 
     def preflight(self) -> None:
-        """Scripts, venv, version, the in-guest checks (NUMA, bench network), the bench lock."""
+        """Scripts, venv, version, rank.sh's placement against the launch's, the in-guest
+        checks (NUMA, bench network), the bench lock."""
         paths = guest_paths(self.inv)
 
         def check(la: L.NodeLaunch) -> list[str]:
@@ -267,20 +288,23 @@ class ClusterBench:
                 probe += (f"; test -x {shlex.quote(script)} && test -x {shlex.quote(paths.vllm_python)} || echo "
                           f"MISSING {server.name}: {script} or {paths.vllm_python} '(run: vcfslm guests -p "
                           f"{server.name}, or set bench.serve.server: {server.name} and vcfslm provision)'")
-            out = t.run(probe, timeout=60, check=False).stdout
+            # The rank wrapper itself, in the same round trip, for its placement.
+            probe += f"; echo {RANK_SCRIPT_MARK}; cat {shlex.quote(paths.rank_script)} 2>/dev/null"
+            out, marked, rank_script = t.run(probe, timeout=60, check=False).stdout.partition(
+                RANK_SCRIPT_MARK + "\n")
             for line in out.splitlines():
                 if line.startswith("MISSING"):
                     problems.append("missing " + line[len("MISSING "):])
                 elif line.startswith("VERSION") and line.split()[1] != __version__:
                     problems.append(f"guest runs vcfslm {line.split()[1]}, the operator {__version__} "
                                     "(run: vcfslm provision --stage guests)")
-            if self.preflight_checks is not None:
-                problems += self.preflight_checks(self.inv, t)
-            if self.guest_facts is not None:
-                try:
-                    self.facts[la.name] = self.guest_facts(self.inv, t)
-                except (VcfslmError, OSError) as exc:  # facts are for the record, not a gate
-                    self.facts[la.name] = {"error": str(exc)}
+            if marked and rank_script and la.placement is not None:
+                problems += L.placement_mismatches(L.parse_rank_script(rank_script), la.placement,
+                                                   la.global_ranks, paths.rank_script)
+            if self.inspect_guest is not None:
+                report = self.inspect_guest(self.inv, t)
+                problems += report.problems
+                self.facts[la.name] = report.facts
             if not problems:
                 got = t.run(L.lock_command(la, self.opts.run_id), timeout=30, check=False).stdout.strip()
                 if not got.startswith("LOCKED"):
@@ -498,5 +522,5 @@ def resume_options(run_dir: Path) -> dict:
             "server": meta.matrix.get("server") if meta.matrix.get("serve") else None}
 
 
-__all__ = ["ClusterBench", "ClusterOptions", "NotRun", "fan_out", "plan_launches", "resume_options",
+__all__ = ["ClusterBench", "ClusterOptions", "GuestReport", "NotRun", "fan_out", "plan_launches", "resume_options",
            "run_matrix"]

@@ -13,49 +13,35 @@ The operator polls these over SSH (one short command per node per tick), streams
 new log lines, and on any failure stops every node: the process group and the pid
 files, nothing broader. This module imports no SSH library: it drives a Transport.
 
-How long the ranks may take to meet grows with the cluster (`rendezvous_timeout_s`):
-torchrun's static rendezvous waits for every node's agent at node 0's store, and each
-worker's gloo group then reads every other rank's address from that store.
+The rendezvous budget (how long the ranks may take to meet) is the run contract's
+(`contract.rendezvous_timeout_s`); the plan computes it once and every node's launch
+carries it. Before anything starts, the preflight reads back the rank wrapper the guest
+stage rendered (rank.sh) and checks that its threads and NUMA placement are the launch's
+(`parse_rank_script`, `placement_mismatches`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
+from ..contract import Matrix
+from ..topology import RankSlot, parse_cpu_list
 
-# The rendezvous budget. The base is torch's own static-rendezvous default (a cold guest
-# importing torch, a slow VM): small runs wait no less than torchrun would by itself.
-RDZV_BASE_S = 600
-# Per node: its torchrun starts only after the operator's SSH launch reaches it, and the
-# launches go out in waves of the guest fan-out; a loaded guest starts later still.
-RDZV_PER_NODE_S = 5
-# Per rank pair: gloo's full mesh makes every rank read every other rank's key from
-# node 0's one store (world_size^2 reads, each ~8 bytes x world_size), then connect.
-RDZV_PER_RANK_PAIR_S = 0.002
-# The worker's process-group timeout also bounds every collective, and a barrier waits
-# for the slowest rank's window: it never drops below the worker's own default.
-COLLECTIVE_TIMEOUT_S = 1800
+RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
 
 
 @dataclass(frozen=True)
-class NodeLaunch:
-    """Everything needed to start, poll, stop and collect one node of a run."""
+class NodeFiles:
+    """Where one node's run leaves its traces on the guest: a function of the run folder
+    and the node's name alone, so the launch line can name them before the launch exists."""
 
-    index: int
+    run_dir: str
     name: str
-    address: str                      # management IP (SSH)
-    bench_ip: str
-    run_dir: str                      # remote run directory (shared layout on every node)
-    launch_command: str
-    global_ranks: tuple[int, ...]
-    torchrun_argv: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def pid_file(self) -> str:
@@ -74,35 +60,66 @@ class NodeLaunch:
         return f"{self.run_dir}/../.lock-{self.name}"
 
 
-def rendezvous_timeout_s(nodes: int, ranks_per_node: int = 1) -> int:
-    """Seconds the ranks of a `nodes` x `ranks_per_node` run may take to meet (whole seconds:
-    torchrun's static rendezvous reads its `timeout` as an int)."""
-    world = max(1, nodes) * max(1, ranks_per_node)
-    return math.ceil(RDZV_BASE_S + RDZV_PER_NODE_S * max(1, nodes) + RDZV_PER_RANK_PAIR_S * world * world)
+@dataclass(frozen=True)
+class RankPlacement:
+    """Threads per rank and where each local rank runs: what a launch starts, and what a
+    rendered rank.sh applies (templates/rank.sh.j2). The two are written at different
+    times (rank.sh when the guest stage ran, the launch now), so the preflight compares them."""
+
+    threads: int | None               # None: a rank.sh that sets no OMP_NUM_THREADS
+    slots: tuple[RankSlot, ...]
 
 
-def process_group_timeout_s(nodes: int, ranks_per_node: int = 1) -> int:
-    """The worker's gloo timeout: its init waits for every rank (the rendezvous budget), its
-    collectives for the slowest window (never less than COLLECTIVE_TIMEOUT_S)."""
-    return max(COLLECTIVE_TIMEOUT_S, rendezvous_timeout_s(nodes, ranks_per_node))
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything needed to start, poll, stop and collect one node of a run."""
+
+    index: int
+    name: str
+    address: str                      # management IP (SSH)
+    bench_ip: str
+    run_dir: str                      # remote run directory (shared layout on every node)
+    launch_command: str
+    global_ranks: tuple[int, ...]
+    torchrun_argv: tuple[str, ...] = field(default=(), compare=False)
+    placement: RankPlacement | None = field(default=None, compare=False)
+    rdzv_timeout_s: int | None = field(default=None, compare=False)
+
+    @property
+    def files(self) -> NodeFiles:
+        return NodeFiles(self.run_dir, self.name)
+
+    @property
+    def pid_file(self) -> str:
+        return self.files.pid_file
+
+    @property
+    def exit_file(self) -> str:
+        return self.files.exit_file
+
+    @property
+    def log_file(self) -> str:
+        return self.files.log_file
+
+    @property
+    def lock_dir(self) -> str:
+        return self.files.lock_dir
 
 
-def worker_args(*, model: str, batch_sizes: Sequence[int], input_tokens: Sequence[int],
-                output_tokens: int, warmup: int, repeats: int, out: str, run_id: str,
-                node: str, nodes: int, threads: int, compile_mode: str = "compile",
-                resume: bool = False, scenarios: str | None = None,
-                timeout_s: float | None = None, probe_mib: int | None = None,
-                serve=None, slos: dict[str, Any] | None = None, server=None) -> list[str]:
+def worker_args(*, model: str, matrix: Matrix, out: str, run_id: str, node: str, nodes: int,
+                threads: int, compile_mode: str = "compile", resume: bool = False,
+                scenarios: str | None = None, timeout_s: float | None = None,
+                probe_mib: int | None = None, serve=None, slos: dict[str, Any] | None = None,
+                server=None) -> list[str]:
     """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper).
 
-    timeout_s: the process-group timeout (None: the worker's default); probe_mib: the
-    bandwidth probe's buffer (None: the worker's default, 0: no probe). serve: a
-    ServeSpec (serving mode) and slos its limits, both passed as JSON; server: a
+    matrix: what the run measures, passed typed (`Matrix.to_json`, read back with
+    `Matrix.from_json`). timeout_s: the process-group timeout (None: the worker's default);
+    probe_mib: the bandwidth probe's buffer (None: the worker's default, 0: no probe).
+    serve: a ServeSpec (serving mode) and slos its limits, both passed as JSON; server: a
     ServerSpec (vcfslm.servers) when an HTTP server serves instead of the engine.
     """
-    args = ["--model", model, "--batch-sizes", ",".join(map(str, batch_sizes)),
-            "--input-tokens", ",".join(map(str, input_tokens)), "--output-tokens", str(output_tokens),
-            "--warmup", str(warmup), "--repeats", str(repeats), "--out", out, "--run-id", run_id,
+    args = ["--model", model, "--matrix", matrix.to_json(), "--out", out, "--run-id", run_id,
             "--node", node, "--nodes", str(nodes), "--threads", str(threads), "--compile", compile_mode]
     if resume:
         args.append("--resume")
@@ -160,6 +177,51 @@ def detached(argv: Sequence[str], *, run_dir: str, pid_file: str, exit_file: str
             f"echo $! > {shlex.quote(pid_file)}; "
             + (f"cp {shlex.quote(pid_file)} {shlex.quote(pid_copy)} 2>/dev/null; " if pid_copy else "")
             + f"cat {shlex.quote(pid_file)}")
+
+
+# ------------------------------------------------------------------ the rank wrapper's placement
+
+_OMP_THREADS = re.compile(r"^\s*export OMP_NUM_THREADS=(\d+)\s*$", re.M)
+# One `case` arm per local rank, as templates/rank.sh.j2 renders it.
+_RANK_ARM = re.compile(r"^\s*(\d+)\) NUMA_NODE=(\d+); CPUS='([^']*)'; BIND='(\w+)' ;;\s*$", re.M)
+
+
+def parse_rank_script(text: str) -> RankPlacement:
+    """The threads per rank (OMP_NUM_THREADS) and per-rank placement a rendered rank.sh applies."""
+    threads = _OMP_THREADS.search(text)
+    slots = tuple(RankSlot(int(m.group(1)), int(m.group(2)), parse_cpu_list(m.group(3)), m.group(4))
+                  for m in _RANK_ARM.finditer(text))
+    return RankPlacement(int(threads.group(1)) if threads else None, slots)
+
+
+def placement_mismatches(rendered: RankPlacement, launch: RankPlacement, global_ranks: Sequence[int],
+                         script: str) -> list[str]:
+    """Where the rank wrapper at `script` would place ranks other than the launch does, one
+    message per difference naming the rank and both values (empty: they agree). A rank.sh
+    rendered for another inventory would pin the workers to the wrong threads or node."""
+    fix = "(re-render it: vcfslm provision --stage guests)"
+    out = []
+    if rendered.threads != launch.threads:
+        seen = "no" if rendered.threads is None else str(rendered.threads)
+        out.append(f"{script} runs {seen} threads per rank (OMP_NUM_THREADS), the launch "
+                   f"{launch.threads} (bench.threads_per_rank) {fix}")
+    have = {slot.local_rank: slot for slot in rendered.slots}
+    for want in launch.slots:
+        who = f"local rank {want.local_rank} (rank {global_ranks[want.local_rank]})"
+        got = have.get(want.local_rank)
+        if got is None:
+            out.append(f"{script} has no placement for {who}; the launch starts {len(launch.slots)} "
+                       f"rank(s) per node {fix}")
+            continue
+        for label, seen, wanted in (("NUMA node", got.numa_node, want.numa_node),
+                                    ("CPUs", got.cpu_list, want.cpu_list),
+                                    ("binding", got.bind, want.bind)):
+            if seen != wanted:
+                out.append(f"{script} puts {who} on {label} {seen}, the launch on {label} {wanted} {fix}")
+    return out
+
+
+# ------------------------------------------------------------------ driving a node
 
 
 def poll_command(launch: NodeLaunch, offset: int) -> str:

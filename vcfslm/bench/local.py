@@ -106,10 +106,8 @@ def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, 
                      slos: dict[str, Any] | None = None, server: ServerSpec | None = None) -> list[str]:
     """The worker's command-line arguments (after torchrun's "--"): the cluster's, plus the
     local-only seed and probe settings."""
-    args = worker_args(model=model, batch_sizes=matrix.batch_sizes, input_tokens=matrix.input_tokens,
-                       output_tokens=matrix.output_tokens, warmup=matrix.warmup, repeats=matrix.repeats,
-                       out=str(run_dir), run_id=run_id, node=node, nodes=nodes, threads=threads,
-                       compile_mode=compile_mode, resume=resume, scenarios=scenarios, serve=serve,
+    args = worker_args(model=model, matrix=matrix, out=str(run_dir), run_id=run_id, node=node, nodes=nodes,
+                       threads=threads, compile_mode=compile_mode, resume=resume, scenarios=scenarios, serve=serve,
                        slos=slos, server=server)
     args += ["--seed", str(seed), "--probe-mib", str(probe_mib)]
     if not probe:

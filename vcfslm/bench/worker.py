@@ -1,8 +1,11 @@
 """The rank worker: the process torchrun starts for each rank (through rank.sh).
 
-    python -m vcfslm.bench.worker --model SRC --batch-sizes 1,4 --input-tokens 128,512 \\
-        --output-tokens 128 --warmup 1 --repeats 3 --out DIR --run-id ID --node NAME \\
-        --nodes N [--resume] [--scenarios FILTER] [--threads T] [--no-probe] [--seed S]
+    python -m vcfslm.bench.worker --model SRC --matrix MATRIX_JSON --out DIR --run-id ID \\
+        --node NAME --nodes N [--resume] [--scenarios FILTER] [--threads T] [--no-probe] [--seed S]
+
+MATRIX_JSON is the run's matrix as the launcher encodes it (contract.Matrix.to_json), e.g.
+{"batch_sizes": [1, 4], "input_tokens": [128, 512], "output_tokens": 128, "warmup": 1,
+"repeats": 3}.
 
 It reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, MASTER_ADDR/PORT), joins a gloo process group (bounded timeout), loads one
@@ -58,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import results
-from ..contract import ACCEPTED_COMPILE_MODES, Matrix
+from ..contract import ACCEPTED_COMPILE_MODES, COLLECTIVE_TIMEOUT_S, Matrix
 from ..results import WindowRecord
 from ..servers import ServerSpec
 from ..serving import ServeSpec
@@ -79,26 +82,21 @@ log = logging.getLogger("vcfslm.bench.worker")
 # ------------------------------------------------------------------ arguments
 
 
-def int_list(text: str) -> list[int]:
-    """'1,4,8' -> [1, 4, 8] (positive integers)."""
+def matrix_arg(text: str) -> Matrix:
+    """`--matrix`: the launcher's Matrix.to_json, read back typed."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        return Matrix.from_json(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+        raise argparse.ArgumentTypeError(f"bad --matrix: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vcfslm.bench.worker",
                                 description="One benchmark rank (started by torchrun).")
     p.add_argument("--model", required=True, help="model source (folder, hub id, synthetic:NAME)")
-    p.add_argument("--batch-sizes", type=int_list, required=True, help="streams per rank, e.g. 1,4,8,16")
-    p.add_argument("--input-tokens", type=int_list, required=True, help="prompt lengths, e.g. 128,512")
-    p.add_argument("--output-tokens", type=int, required=True, help="generated tokens per stream (>= 2)")
-    p.add_argument("--warmup", type=int, default=1, help="discarded windows per scenario")
-    p.add_argument("--repeats", type=int, default=3, help="measured windows per scenario")
+    p.add_argument("--matrix", type=matrix_arg, required=True, metavar="JSON",
+                   help="what to measure, as the launcher writes it (contract.Matrix.to_json): "
+                        "batch_sizes, input_tokens, output_tokens (>= 2), warmup, repeats")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--run-id", required=True)
     p.add_argument("--node", "--node-name", dest="node", required=True, help="node name for the records")
@@ -117,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "mode) or eager (a baseline); autotune/freezing/default mean compile")
     p.add_argument("--gate-steps", type=int, default=8,
                    help="teacher-forced steps of the numerics gate at start (0: no gate)")
-    p.add_argument("--timeout", type=float, default=1800.0,
+    p.add_argument("--timeout", type=float, default=float(COLLECTIVE_TIMEOUT_S),
                    help="seconds a collective may wait for the other ranks")
     p.add_argument("--serve", default=None, metavar="JSON",
                    help="serving mode: the ServeSpec as JSON (vcfslm.serving); the static matrix "
@@ -142,10 +140,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     args = parser.parse_args(argv)
-    if args.output_tokens < 2:
-        parser.error("--output-tokens must be >= 2 (TPOT needs two tokens)")
-    if args.repeats < 1 or args.warmup < 0:
-        parser.error("--repeats must be >= 1 and --warmup >= 0")
+    if args.matrix.output_tokens < 2:
+        parser.error("--matrix: output_tokens must be >= 2 (TPOT needs two tokens)")
+    if args.matrix.repeats < 1 or args.matrix.warmup < 0:
+        parser.error("--matrix: repeats must be >= 1 and warmup >= 0")
     return args
 
 
@@ -270,8 +268,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     from .model import load_model
     from .placement import placement_facts, placement_problems, thread_cpus
 
-    scenarios = Matrix(tuple(args.batch_sizes), tuple(args.input_tokens),
-                       args.output_tokens).scenarios(args.scenarios)
+    scenarios = args.matrix.scenarios(args.scenarios)
     max_context = max((i + o for _, i, o in scenarios), default=0)
     loaded = load_model(args.model, seed=args.seed, max_context=max_context or None)
     engine = DecodeEngine(loaded.model, args.compile)
@@ -339,7 +336,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         return _finish(args, env, out, base, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))
 
     my_file = rank_file(out, env.rank)
-    finished = results.finished_scenarios(results.read_records(my_file), args.repeats) \
+    finished = results.finished_scenarios(results.read_records(my_file), args.matrix.repeats) \
         if args.resume and my_file.exists() else set()
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, sorted(finished))
@@ -365,7 +362,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, input_tokens,
             output_tokens, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
         allowed = binding.get("cpus")
-        phases = [("warmup", w) for w in range(args.warmup)] + [("measure", w) for w in range(args.repeats)]
+        phases = [("warmup", w) for w in range(args.matrix.warmup)] + [("measure", w) for w in range(args.matrix.repeats)]
         for phase, window in phases:
             _injected_delay(env.rank)
             dist.barrier()
@@ -394,7 +391,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                       "roofline_ttft_s": ttft_floor and round(ttft_floor, 4),
                       "rss_gb": round(record.rss_bytes / 1e9, 3),
                       "peak_rss_gb": round(record.peak_rss_bytes / 1e9, 3)})
-        progress({**where, "phase": "done", "window": args.repeats})
+        progress({**where, "phase": "done", "window": args.matrix.repeats})
     engine.release()
 
     dist.barrier()

@@ -94,26 +94,25 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
 def _run(inv, selected, opts, reporter, log_dir, trust_new_hosts):
     """Preflight, launch, watch and collect; (meta, records, the local run folder)."""
     from ..bench import cluster as C
-    from ..guest.provision import preflight_problems
 
     connect = bench_connector(inv, reporter, log_dir, trust_new_hosts)
-    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter,
-                           preflight_checks=preflight_problems, guest_facts=_guest_facts,
+    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter, inspect_guest=_inspect_guest,
                            vcenter_facts=_observed_vms)
-    from ..bench.launch import rendezvous_timeout_s
-
     reporter.log(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
                  f"rendezvous {selected[0].bench_ip}:{inv.bench.port} "
-                 f"(timeout {rendezvous_timeout_s(len(selected), inv.bench.ranks_per_node)} s)")
+                 f"(timeout {bench.rendezvous_timeout_s} s)")
     meta, records = bench.run()
     return meta, records, bench.local_dir
 
 
-def _guest_facts(inv, transport) -> dict:
-    """The guest's NUMA topology, interfaces and versions, for meta.json."""
-    from ..guest.provision import guest_facts
+def _inspect_guest(inv, transport):
+    """The guest's NUMA topology, interfaces and versions, read once: checked for the
+    preflight, kept for meta.json."""
+    from ..bench.cluster import GuestReport
+    from ..guest.provision import guest_check
 
-    return to_jsonable(guest_facts(inv, transport))
+    facts, problems = guest_check(inv, transport)
+    return GuestReport(problems, to_jsonable(facts))
 
 
 def _observed_vms(inv, names: list[str]) -> dict:

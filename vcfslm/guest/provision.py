@@ -23,8 +23,8 @@ from .transport import Transport
 from .verify import verify_guest
 from .wheel import ProjectWheel
 
-__all__ = ["DEFAULT_PLAYBOOKS", "Connector", "default_playbooks", "HostSummary", "RunSummary", "guest_facts",
-           "preflight_problems", "provision_guests", "verify_guests"]
+__all__ = ["DEFAULT_PLAYBOOKS", "Connector", "default_playbooks", "HostSummary", "RunSummary", "guest_check",
+           "guest_facts", "preflight_problems", "provision_guests", "verify_guests"]
 
 
 class Connector(Protocol):
@@ -90,6 +90,13 @@ def guest_facts(inventory, transport: Transport, node_name: str | None = None) -
     return gather_guest_facts(lambda fact: values[fact.key], inventory, name)
 
 
+def guest_check(inventory, transport: Transport) -> tuple[GuestFacts, list[str]]:
+    """The node behind `transport` (named by transport.host): its facts, gathered once, and
+    the in-guest verification problems found in them (the bench preflight needs both)."""
+    facts = guest_facts(inventory, transport)
+    return facts, verify_guest(inventory, transport.host, facts)
+
+
 def preflight_problems(inventory, transport: Transport) -> list[str]:
     """In-guest verification problems of the node behind `transport` (named by transport.host)."""
-    return verify_guest(inventory, transport.host, guest_facts(inventory, transport))
+    return guest_check(inventory, transport)[1]
