@@ -30,9 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from vcfslm.bench import launch as L  # noqa: E402
 from vcfslm.bench.cluster import ClusterBench, ClusterOptions, run_matrix  # noqa: E402
+from vcfslm.cli.cluster import inspect_guest  # noqa: E402
 from vcfslm.cli.guest_stage import bench_connector, ssh_connector  # noqa: E402
-from vcfslm.contract import parse_progress  # noqa: E402
-from vcfslm.guest.provision import preflight_problems, provision_guests  # noqa: E402
+from vcfslm.contract import parse_progress, rendezvous_timeout_s  # noqa: E402
+from vcfslm.guest.provision import provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
 from vcfslm.inventory import load_inventory  # noqa: E402
 from vcfslm.lab import generate, guests  # noqa: E402
@@ -140,7 +141,7 @@ def one_run(inv, nodes: int, run_id: str, runs: Path, args) -> dict:
                           probe_mib=args.probe_mib, scenarios=args.scenarios,
                           command=["benchmarks/cluster_fanout.py"])
     connect = bench_connector(inv, None, runs / run_id / "logs" / "ssh")
-    bench = TimedBench(inv, inv.nodes[:nodes], connect, opts, preflight_checks=preflight_problems)
+    bench = TimedBench(inv, inv.nodes[:nodes], connect, opts, inspect_guest=inspect_guest)
     sampler = Sampler(Path(inv.guest.workdir) / "runs" / run_id, run_id)
     sampler.start()
     started, cpu = time.perf_counter(), time.process_time()
@@ -231,8 +232,8 @@ def main() -> None:
           f"{args.compile}, {scenarios} scenarios x ({inv.bench.warmup} warmup + {inv.bench.repeats} "
           f"measured) windows, this machine: {shape.cpus} CPUs, {shape.memory_gib} GiB "
           f"(lab setup {setup:.0f} s, not counted)")
-    print(f"rendezvous timeout: {L.rendezvous_timeout_s(1, 1)} s at 1 node, "
-          f"{L.rendezvous_timeout_s(args.nodes, 1)} s at {args.nodes} nodes")
+    print(f"rendezvous timeout: {rendezvous_timeout_s(1, 1)} s at 1 node, "
+          f"{rendezvous_timeout_s(args.nodes, 1)} s at {args.nodes} nodes")
     head = f"{'':<28}{'1 node':>12}{f'{args.nodes} nodes':>12}"
     print(head)
     rows = [("wall (s)", "wall", "{:.1f}"), ("records (got/expected)", None, None),

@@ -96,7 +96,7 @@ def _run(inv, selected, opts, reporter, log_dir, trust_new_hosts):
     from ..bench import cluster as C
 
     connect = bench_connector(inv, reporter, log_dir, trust_new_hosts)
-    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter, inspect_guest=_inspect_guest,
+    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter, inspect_guest=inspect_guest,
                            vcenter_facts=_observed_vms)
     reporter.log(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
                  f"rendezvous {selected[0].bench_ip}:{inv.bench.port} "
@@ -105,7 +105,7 @@ def _run(inv, selected, opts, reporter, log_dir, trust_new_hosts):
     return meta, records, bench.local_dir
 
 
-def _inspect_guest(inv, transport):
+def inspect_guest(inv, transport):
     """The guest's NUMA topology, interfaces and versions, read once: checked for the
     preflight, kept for meta.json."""
     from ..bench.cluster import GuestReport
