@@ -69,7 +69,7 @@ class ServeKey:
     vms: int
     ranks_per_vm: int
     load_kind: str                 # "rate" | "users"
-    arrival: str                   # "poisson" | "gamma" | "closed"
+    arrival: str                   # one of arrivals.RECORDED
     slots: int
     input_tokens: int
     output_tokens: int

@@ -146,7 +146,7 @@ class ServeRecord(RankWindow):
 
     load_kind: Annotated[Text, one_of(SERVE_LOAD_KINDS)]  # "rate" (requests/s per rank) | "users" (per rank)
     load: Number
-    arrival: Annotated[Text, one_of(SERVE_ARRIVALS)]      # "poisson" | "gamma" | "closed"
+    arrival: Annotated[Text, one_of(SERVE_ARRIVALS)]      # one of arrivals.RECORDED
     slots: AtLeastOne              # the batch cap: streams decoded together at most
     input_tokens: AtLeastOne       # the context's nominal prompt length (its largest when drawn)
     output_tokens: AtLeastOne      # the nominal output length (its largest when drawn)
