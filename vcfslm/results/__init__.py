@@ -35,7 +35,7 @@ from .runs import (
     PERCENTILES,
     RANK_FACT_KEYS,
     SERVE_RESULTS,
-    Matrix,
+    MetaMatrix,
     RunFile,
     RunMeta,
     load_run,
@@ -50,7 +50,7 @@ from .schema import SCHEMA_VERSION, Findings, SchemaError, schema_findings
 
 __all__ = [
     "CSV_FIELDS", "MAX_PROBLEMS", "PERCENTILES", "RANK_FACT_KEYS", "REQUEST_LISTS", "SCHEMA_VERSION",
-    "SERVE_ARRIVALS", "SERVE_LOAD_KINDS", "SERVE_RESULTS", "TORN", "Findings", "Matrix", "RankWindow",
+    "SERVE_ARRIVALS", "SERVE_LOAD_KINDS", "SERVE_RESULTS", "TORN", "Findings", "MetaMatrix", "RankWindow",
     "RunFile", "RunMeta", "SchemaError", "ServeRecord", "WindowRecord", "append_record", "atomic_write_json",
     "atomic_write_text", "finished_scenarios", "load_run", "merge_records", "meta_findings", "percentile",
     "rank_summaries", "read_meta", "read_rank_facts", "read_records", "read_run", "read_serve_records",

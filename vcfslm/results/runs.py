@@ -93,7 +93,9 @@ class ServeMatrix(TypedDict, total=False):
     attainment: Annotated[Any, WrapValidator(_share)]
 
 
-class Matrix(TypedDict, total=False):
+class MetaMatrix(TypedDict, total=False):
+    """meta.json's `matrix` as recorded (older runs wrote scalars; contract.Matrix is the typed run matrix)."""
+
     batch_sizes: OneOrMany | None
     input_tokens: OneOrMany | None
     output_tokens: OneOrMany | None
@@ -117,7 +119,7 @@ class RunMeta:
     ranks_per_node: AtLeastOne
     threads_per_rank: AtLeastOne
     model: Text
-    matrix: Object                 # batch_sizes, input_tokens, output_tokens, warmup, repeats (see Matrix)
+    matrix: Object                 # batch_sizes, input_tokens, output_tokens, warmup, repeats (see MetaMatrix)
     complete: Flag = False
     label: Text | None = None
     inventory_sha256: Text | None = None
@@ -143,7 +145,7 @@ def meta_findings(data: Any) -> Findings:
     found = schema_findings(RunMeta, data)
     matrix = data.get("matrix") if isinstance(data, dict) else None
     if isinstance(matrix, dict):
-        found.extend((f"matrix.{key}", message) for key, message in schema_findings(Matrix, matrix))
+        found.extend((f"matrix.{key}", message) for key, message in schema_findings(MetaMatrix, matrix))
     return found
 
 
