@@ -29,7 +29,8 @@ def test_a_row_alone_is_planned_and_provisioned(monkeypatch, vcsim_server, tmp_p
 
     plan = run("plan", path)
     assert plan.exit_code == 0, plan.output
-    assert "~ memoryHotAddEnabled: False -> True [restart]" in plan.stdout
+    # Whole lines: plan never wraps (soft_wrap), so a line is the unit to compare.
+    assert "~ memoryHotAddEnabled: False -> True [restart]" in [line.strip() for line in plan.stdout.splitlines()]
 
     first = run("provision", path, "--stage", "vms", "--output", "json")
     assert first.exit_code == 0, first.output
