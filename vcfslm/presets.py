@@ -385,3 +385,41 @@ def describe_preset(preset: Preset) -> dict[str, Any]:
             "layers": c.layers, "heads": c.heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim,
             "tied": c.tied, "kv_kib_per_token": round(c.kv_bytes_per_token / 1024, 1),
             "source": preset.source}
+
+
+# ------------------------------------------------------------------ tiny same-structure models
+
+TINY_HIDDEN, TINY_HEADS, TINY_VOCAB, TINY_INTERMEDIATE = 64, 4, 512, 128
+
+
+def tiny_values(name: str, layers: int = 2) -> dict[str, Any]:
+    """A preset shrunk to a few thousand parameters with its structure kept: GQA ratio (at
+    least one KV head), a head_dim set apart from hidden / heads, tied embeddings, biases,
+    q/k norms, rotary kind and partial rotary, and sliding windows (a window of 8, below a
+    test's context, with a local and a global layer). What the engine must get right for
+    a family, at a size a unit test runs in a second."""
+    values = config_values(SyntheticSpec(preset=PRESETS[name].name))
+    heads, kv_heads = int(values["num_attention_heads"]), int(values.get("num_key_value_heads") or 0)
+    kv_heads = kv_heads or heads
+    own_head_dim = values.get("head_dim") not in (None, int(values["hidden_size"]) // heads)
+    values.update(hidden_size=TINY_HIDDEN, num_attention_heads=TINY_HEADS,
+                  num_key_value_heads=max(1, TINY_HEADS * kv_heads // heads),
+                  intermediate_size=TINY_INTERMEDIATE, vocab_size=TINY_VOCAB, num_hidden_layers=layers)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in values:
+            values[key] = min(int(values[key]), TINY_VOCAB - 1)
+    head_dim = 32 if own_head_dim else TINY_HIDDEN // TINY_HEADS
+    if own_head_dim or "head_dim" in values:
+        values["head_dim"] = head_dim
+    rope = values.get("rope_parameters") or {}
+    if rope.get("rope_type") == "longrope":
+        half = int(head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
+        rope["short_factor"] = [1.0 + 0.1 * i for i in range(half)]
+        rope["long_factor"] = [2.0 + i for i in range(half)]
+    if "query_pre_attn_scalar" in values:
+        values["query_pre_attn_scalar"] = head_dim
+    if values.get("sliding_window"):
+        values["sliding_window"] = 8
+        if values.get("sliding_window_pattern"):
+            values["layer_types"] = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    return values

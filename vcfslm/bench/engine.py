@@ -197,6 +197,16 @@ def flat_attention(module, query, key, value, attention_mask, scaling=None, drop
     keys[kv_rows, :, kv_positions] = key[0].transpose(0, 1)
     values[kv_rows, :, kv_positions] = value[0].transpose(0, 1)
     lanes = decode_lanes
+    # A sliding-window layer (Mistral v0.1, Qwen2 past max_window_layers, Gemma 3's local
+    # layers) sees only the keys within `window` of the query, as transformers' own mask
+    # has it (key > query - window); the step's masks are causal only, so it is added here.
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if window:
+        key_index = torch.arange(keys.shape[2], device=kv_positions.device)
+        in_window = key_index[None] > kv_positions[:, None] - window                # [T, context]
+        attention_mask = attention_mask & in_window[:lanes, None, None, :]
+        if prompt_mask is not None:
+            prompt_mask = prompt_mask & in_window[None, None, lanes:]
     q_lanes = query[0, :, :lanes].transpose(0, 1).unsqueeze(2)               # [lanes, heads, 1, dim]
     out, _ = sdpa(module, q_lanes, keys[:lanes], values[:lanes], attention_mask,
                   scaling=scaling, dropout=dropout, is_causal=False)          # [lanes, 1, heads, dim]

@@ -1,12 +1,15 @@
 """Model sources for the rank worker: a local Hugging Face folder, a hub id, or a synthetic
-Phi-3 with random bf16 weights (exact Phi-3-mini-128k-instruct shape, or tiny for tests).
+model with random bf16 weights of an exact published shape (`vcfslm.presets`), of any
+decoder config.json, or tiny for tests.
 
 A source is written as text (the worker's `--model`):
 
     /models/phi3                       a folder with config.json + *.safetensors
     microsoft/Phi-3-mini-128k-instruct a hub id (downloaded once into the HF cache)
     synthetic:phi-3-mini               3.82B params, 32 layers, hidden 3072, vocab 32064
+    synthetic:llama-3.2-3b             any preset of vcfslm.presets (`vcfslm model presets`)
     synthetic:phi-3-mini,layers=8      the same layers, fewer of them (quick benchmarks)
+    synthetic:config=cfg/config.json   the exact shape of a decoder config.json
     synthetic:tiny                     2 layers, hidden 64, for tests
     synthetic:tiny-64                  2 layers, hidden 128 in two heads of 64: tiny, in a head
                                        size vLLM's CPU attention accepts (16 is not)
@@ -23,24 +26,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SYNTHETIC_PREFIX = "synthetic:"
-SYNTHETIC_NAMES = ("phi-3-mini", "tiny", "tiny-64")
+from .. import presets
+from ..presets import SYNTHETIC_PREFIX, SyntheticSpecError
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-# Phi-3-mini-128k-instruct's LongRoPE: rotary dims/2 = 48 factors each. The synthetic
-# model needs factors of the right length, not the published values: a factor only
-# scales a frequency, it costs the same.
+# Phi-3-mini-128k-instruct's LongRoPE window: the tiny test models share it.
 PHI3_ORIGINAL_CONTEXT = 4096
 PHI3_MAX_CONTEXT = 131072
 
 
 class ModelSourceError(ValueError):
-    """A model source that cannot be parsed or found."""
+    """A model source that cannot be parsed or found, or a shape the engine cannot run."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A parsed model source. kind: "synthetic" | "dir" | "hub"; layers: synthetic override."""
+    """A parsed model source. kind: "synthetic" | "dir" | "hub"; name: the preset, test
+    model or `config=PATH` of a synthetic source, else the folder or hub id; layers: a
+    synthetic layer override."""
 
     kind: str
     name: str
@@ -51,22 +55,20 @@ class ModelSpec:
             return SYNTHETIC_PREFIX + self.name + (f",layers={self.layers}" if self.layers else "")
         return self.name
 
+    @property
+    def synthetic(self) -> presets.SyntheticSpec:
+        return presets.parse_synthetic(str(self))
+
 
 def parse_model_spec(text: str) -> ModelSpec:
     """Parse a model source (see the module docstring); raises ModelSourceError."""
     text = text.strip()
     if text.startswith(SYNTHETIC_PREFIX):
-        name, *options = text[len(SYNTHETIC_PREFIX):].split(",")
-        if name not in SYNTHETIC_NAMES:
-            raise ModelSourceError(f"unknown synthetic model {name!r}; known: "
-                                   + ", ".join(SYNTHETIC_PREFIX + n for n in SYNTHETIC_NAMES))
-        layers = None
-        for option in options:
-            key, _, value = option.partition("=")
-            if key.strip() != "layers" or not value.strip().isdigit() or int(value) < 1:
-                raise ModelSourceError(f"bad synthetic option {option!r} (expected layers=N, N >= 1)")
-            layers = int(value)
-        return ModelSpec("synthetic", name, layers)
+        try:
+            spec = presets.parse_synthetic(text)
+        except SyntheticSpecError as exc:
+            raise ModelSourceError(str(exc)) from None
+        return ModelSpec("synthetic", spec.name, spec.layers)
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -77,26 +79,53 @@ def parse_model_spec(text: str) -> ModelSpec:
     return ModelSpec("hub", text)
 
 
+def config_from_values(values: dict[str, Any], origin: str):
+    """A transformers config from config fields (a preset's or a config.json's); a family the
+    installed transformers does not know is a ModelSourceError naming it."""
+    from transformers import AutoConfig
+
+    values = dict(values)
+    model_type = values.pop("model_type")
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except (ValueError, KeyError) as exc:
+        import transformers
+
+        raise ModelSourceError(f"{origin}: transformers {transformers.__version__} cannot build model_type "
+                               f"{model_type!r} ({str(exc).splitlines()[0][:160]})") from None
+
+
+def synthetic_config(spec: ModelSpec):
+    """The transformers config of a synthetic source (no weights: cheap to check)."""
+    if spec.name in TEST_CONFIGS:
+        return TEST_CONFIGS[spec.name](spec.layers)
+    try:
+        values = presets.config_values(spec.synthetic)
+    except SyntheticSpecError as exc:
+        raise ModelSourceError(str(exc)) from None
+    config = config_from_values(values, str(spec))
+    unsupported = engine_unsupported(config)
+    if unsupported:
+        raise ModelSourceError(f"{spec}: {unsupported}")
+    return config
+
+
+def engine_unsupported(config) -> str | None:
+    """Why the engine cannot run a config faithfully, or None. The engine's attention is
+    transformers' sdpa over its own KV store: logit soft-capping (Gemma 2) has no sdpa form,
+    so a model with it would be timed computing something else."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, key, None):
+            return (f"{config.model_type} uses {key}={getattr(config, key)}, which the engine's "
+                    "attention does not apply; choose another family or a config without it")
+    return None
+
+
 def phi3_mini_config(layers: int | None = None, **overrides: Any):
     """The exact Phi-3-mini-128k-instruct configuration (layers may be reduced)."""
-    from transformers import Phi3Config
-
-    half_rotary = (3072 // 32) // 2
-    values: dict[str, Any] = dict(
-        vocab_size=32064, hidden_size=3072, intermediate_size=8192,
-        num_hidden_layers=layers or 32, num_attention_heads=32, num_key_value_heads=32,
-        hidden_act="silu", max_position_embeddings=PHI3_MAX_CONTEXT,
-        original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT, rms_norm_eps=1e-5,
-        rope_parameters={
-            "rope_type": "longrope", "rope_theta": 10000.0, "factor": PHI3_MAX_CONTEXT / PHI3_ORIGINAL_CONTEXT,
-            "short_factor": [1.0 + 0.05 * i / half_rotary for i in range(half_rotary)],
-            "long_factor": [1.0 + 63.0 * i / half_rotary for i in range(half_rotary)],
-        },
-        sliding_window=262144, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
-    )
+    values = presets.config_values(presets.SyntheticSpec(preset="phi-3-mini", layers=layers))
     values.update(overrides)
-    return Phi3Config(**values)
+    return config_from_values(values, "synthetic:phi-3-mini")
 
 
 def tiny_config(layers: int | None = None, **overrides: Any):
@@ -132,7 +161,8 @@ def tiny64_config(layers: int | None = None, **overrides: Any):
     return tiny_config(layers, **values)
 
 
-SYNTHETIC_CONFIGS = {"phi-3-mini": phi3_mini_config, "tiny": tiny_config, "tiny-64": tiny64_config}
+# The test suite's models (presets.TEST_MODELS): tiny, so a test builds one in milliseconds.
+TEST_CONFIGS = {"tiny": tiny_config, "tiny-64": tiny64_config}
 
 
 @dataclass
@@ -183,7 +213,7 @@ def load_model(source: str | ModelSpec, *, seed: int = 0, max_context: int | Non
     spec = parse_model_spec(source) if isinstance(source, str) else source
     started = time.perf_counter()
     if spec.kind == "synthetic":
-        config = SYNTHETIC_CONFIGS[spec.name](spec.layers)
+        config = synthetic_config(spec)
         model = build_random_model(config, seed=seed, attn_implementation=attn_implementation)
     else:
         from transformers import AutoModelForCausalLM
@@ -241,7 +271,7 @@ def build_random_model(config, *, seed: int = 0, attn_implementation: str = "sdp
             else:
                 offset = int(torch.randint(0, _POOL_ELEMENTS, (1,), generator=gen))
                 _tile_from_pool(param.view(-1), pool, offset)
-        _rebuild_rotary_buffers(model)
+        rebuild_nonpersistent_buffers(model)
     return model
 
 
@@ -259,13 +289,34 @@ def _tile_from_pool(flat, pool, offset: int) -> None:
         offset = 0
 
 
-def _rebuild_rotary_buffers(model) -> None:
-    """Recompute rotary buffers (non-persistent, so garbage after a meta build) in fp32."""
+def rebuild_nonpersistent_buffers(model) -> None:
+    """Give every non-persistent buffer its real value after a meta-device build: they are
+    not in a checkpoint and `to_empty` leaves them as uninitialised memory.
+
+    - A module that holds such buffers and no parameters (every family's rotary embedding,
+      whatever its buffers are called: Gemma 3 keeps one inv_freq per layer type) is built
+      afresh from its config, in fp32 as transformers builds it.
+    - Gemma's scaled word embedding keeps its scale as a buffer beside its weight: it is
+      refilled from the scalar it was made with.
+    - Any other such buffer is an error naming it, so a new family fails here instead of
+      running on garbage.
+    """
+    import torch
+
     for name, module in list(model.named_modules()):
-        if hasattr(module, "inv_freq") and hasattr(module, "rope_type"):
+        buffers = module._non_persistent_buffers_set
+        if not buffers:
+            continue
+        if not any(True for _ in module.parameters(recurse=False)) and hasattr(module, "config"):
             fresh = type(module)(config=module.config)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, fresh)
+        elif buffers == {"embed_scale"} and hasattr(module, "scalar_embed_scale"):
+            with torch.no_grad():
+                module.embed_scale.copy_(torch.tensor(module.scalar_embed_scale))
+        else:
+            raise ModelSourceError(f"{type(model).__name__}: cannot give {name or 'the model'}'s non-persistent "
+                                   f"buffer(s) {sorted(buffers)} a value after a meta-device build")
 
 
 def pin_short_rope(model, max_context: int) -> bool:
@@ -304,6 +355,10 @@ def drop_idle_sliding_window(config, max_context: int) -> bool:
     """
     window = getattr(config, "sliding_window", None)
     if window is None or max_context > window:
+        return False
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        # Per-layer windows (Gemma 3, Qwen2's layer_types): the layers read the window from
+        # the config, and a window past every context already masks nothing.
         return False
     config.sliding_window = None
     return True

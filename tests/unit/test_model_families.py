@@ -1,0 +1,96 @@
+"""Every preset family, built tiny from its preset's structure: the packed engine computes
+what transformers' own eager model computes, and the pure counts are transformers' counts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from vcfslm import presets
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+PROMPT, FORCED = 12, 6   # past the tiny window of 8: the sliding layers mask something
+
+
+def tiny_model(name: str):
+    from vcfslm.bench.model import build_random_model, config_from_values
+
+    return build_random_model(config_from_values(presets.tiny_values(name), name), seed=1)
+
+
+def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' own eager attention on the unpacked weights, every position."""
+    ref = copy.deepcopy(model)
+    ref.config._attn_implementation = "eager"
+    with torch.inference_mode():
+        logits = ref(input_ids=ids, use_cache=False).logits.float()
+    # Logits near zero would make any engine agree: the build must give real activations.
+    assert torch.isfinite(logits).all() and logits.abs().max() > 1e-2
+    return logits
+
+
+def engine_logits(model, ids: torch.Tensor, mode: str) -> torch.Tensor:
+    from vcfslm.bench.engine import DecodeEngine
+
+    engine = DecodeEngine(model, mode)
+    with torch.inference_mode():
+        return engine.step_logits(ids[:, :PROMPT], ids[:, PROMPT:], compiled=mode == "compile")
+
+
+def family_ids(vocab: int) -> torch.Tensor:
+    return torch.randint(3, vocab, (2, PROMPT + FORCED), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("name", presets.PRESET_NAMES)
+def test_packed_engine_matches_hf_eager(name):
+    from vcfslm.bench.numerics import compare_logits
+
+    model = tiny_model(name)
+    ids = family_ids(model.config.vocab_size)
+    want = reference_logits(model, ids)[:, PROMPT:]   # the logits after each forced token
+    got = engine_logits(model, ids, "eager")
+    gate = compare_logits(got, want)
+    assert gate.passed, f"{name}: {gate.reason}"
+
+
+@pytest.mark.parametrize("name", ["gemma-3-1b", "llama-3.2-3b"])
+def test_compiled_step_matches_hf_eager(name):
+    """Compiled too, for a sliding-window GQA family and a tied GQA one."""
+    from vcfslm.bench.numerics import compare_logits
+
+    model = tiny_model(name)
+    ids = family_ids(model.config.vocab_size)
+    want = reference_logits(model, ids)[:, PROMPT:]
+    gate = compare_logits(engine_logits(model, ids, "compile"), want)
+    assert gate.passed, f"{name}: {gate.reason}"
+
+
+def test_the_window_is_applied_in_the_step():
+    """Without the sliding window the local layers would see the whole prompt: the engine's
+    answer must then differ from the windowed reference, or the test proves nothing."""
+    from vcfslm.bench.numerics import compare_logits
+
+    model = tiny_model("gemma-3-1b")
+    ids = family_ids(model.config.vocab_size)
+    want = reference_logits(model, ids)[:, PROMPT:]
+    wide = copy.deepcopy(model)
+    for layer in wide.model.layers:
+        layer.self_attn.sliding_window = None
+    unwindowed = engine_logits(wide, ids, "eager")
+    assert not compare_logits(unwindowed, want, rtol=0.02).passed
+    assert compare_logits(engine_logits(model, ids, "eager"), want, rtol=0.02).passed
+
+
+@pytest.mark.parametrize("name", presets.PRESET_NAMES)
+def test_counts_are_transformers_counts(name):
+    from transformers import AutoModelForCausalLM
+
+    from vcfslm.bench.model import config_from_values
+
+    for values in (presets.config_values(presets.SyntheticSpec(preset=name)), presets.tiny_values(name)):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config_from_values(values, name))
+        assert sum(p.numel() for p in model.parameters()) == presets.counts(values).params
