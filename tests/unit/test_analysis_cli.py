@@ -42,12 +42,14 @@ def test_report_writes_every_file_and_prints_the_answer(tmp_path):
     thin = "few samples: p90 judged on fewer than 50 streams at 4 (8), 16 (32) streams/VM"
     assert [line.rstrip() for line in lines[:5]] == [
         "Single-VM threshold and nodes per SLO and input length (p90 of streams)",
-        "SLO    input tokens  threshold (streams/VM)  first failing (streams/VM)  binding  nodes for 256 streams  "
-        "note",
-        "-----  ------------  ----------------------  --------------------------  -------  ---------------------  "
-        + "-" * len(thin),
-        f"SLO-A  128           16 [16–16]              32                          TPOT     16 [16–16]             {thin}",
-        f"SLO-B  128           ≥ 64                    > 64                        –        ≤ 4                    {thin}"]
+        "model           SLO    input tokens  threshold (streams/VM)  first failing (streams/VM)  binding  "
+        "nodes for 256 streams  note",
+        "--------------  -----  ------------  ----------------------  --------------------------  -------  "
+        "---------------------  " + "-" * len(thin),
+        "synthetic:tiny  SLO-A  128           16 [16–16]              32                          TPOT     "
+        f"16 [16–16]             {thin}",
+        "synthetic:tiny  SLO-B  128           ≥ 64                    > 64                        –        "
+        f"≤ 4                    {thin}"]
     assert ("SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Judged by: static "
             "batches at p90 of streams; 95% intervals by bootstrap. Note: run single records no static rule "
             "(written before runs did): its cells are judged at p90 of streams. Note: run cluster records no "
@@ -65,14 +67,14 @@ def test_report_default_out_is_the_run_and_slo_flags(tmp_path):
     r = run("report", run_dir)
     assert r.exit_code == 0, r.output
     assert (run_dir / "report.html").exists()
-    assert any(line.startswith("SLO-gold  128           4 [4–4]                 16                          "
+    assert any(line.startswith("synthetic:tiny  SLO-gold  128           4 [4–4]                 16                          "
                                "TPOT     64 [64–64]") for line in r.output.splitlines())
     r = run("report", run_dir, "--slo", "tight:tpot<=110ms", "--percentile", "p99", "--peak-streams", 256,
             "--peak-streams", 1000)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[0] == "Single-VM threshold and nodes per SLO and input length (p99 of streams)"
-    assert lines[3].startswith("SLO-tight  128           none                    4                           TPOT     "
+    assert lines[3].startswith("synthetic:tiny  SLO-tight  128           none                    4                           TPOT     "
                                "not achievable         not achievable")
 
 
@@ -130,7 +132,8 @@ def test_size_without_slo_gives_every_slo_and_context(tmp_path):
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert "Single-VM threshold and nodes per SLO and input length (p50 of streams, headroom 10%)" in lines
-    assert "SLO-B  128           ≥ 64                    > 64                        –              ≤ 5" in lines
+    assert "–      SLO-B  128           ≥ 64                    > 64                        –              ≤ 5" \
+        in lines
 
 
 def test_size_uses_the_latest_run_or_says_what_to_do(tmp_path, monkeypatch):

@@ -55,11 +55,11 @@ def test_markdown_holds_crossover_sizing_and_validity(tmp_path):
     lines = md.splitlines()
     assert lines[4:9] == ["## Answer", "",
                           "### Single-VM threshold and nodes per SLO and input length (p90 of streams)", "",
-                          "| SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding "
+                          "| model | SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding "
                           "| nodes for 256 streams | nodes for 1000 streams | note |"]
     thin = "few samples: p90 judged on fewer than 50 streams at 4 (4), 16 (16), 32 (32) streams/VM"
-    assert f"| SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 | {thin} |" in lines
-    assert f"| SLO-A | 128 | 16 [16–16] | 32 | TPOT | 16 [16–16] | 63 [63–63] | {thin} |" in lines
+    assert f"| synthetic:tiny | SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 | {thin} |" in lines
+    assert f"| synthetic:tiny | SLO-A | 128 | 16 [16–16] | 32 | TPOT | 16 [16–16] | 63 [63–63] | {thin} |" in lines
     assert lines.index("## Answer") < lines.index("## Validity warnings") < lines.index("## Key figures") \
         < lines.index("## Reasoning per SLO") < lines.index("## Tables") < lines.index("## More figures")
     # The reasoning: one entry per SLO, one line per context under it.
