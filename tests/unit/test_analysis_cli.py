@@ -286,3 +286,24 @@ def test_presets_are_named_with_their_source_in_help_and_judged_at_their_percent
     assert answer["status"] == "none"                   # the brief's 116 ms floor is above 100 ms
     r = run("size", "--peak-streams", 256, "--slo", "nope", "--results", static)
     assert r.exit_code == 2 and "known: A, B, mlperf-server, mlperf-interactive" in r.output
+
+
+def test_report_and_size_of_two_models_answer_per_model(tmp_path):
+    slower = {k: (ttft, tpot * 1.3, tps / 1.3) for k, (ttft, tpot, tps) in SHORT.items()}
+    phi = make_run(tmp_path / "phi3", "phi3", ["vm1"], SHORT, model="synthetic:phi-3-mini")
+    qwen = make_run(tmp_path / "qwen7b", "qwen7b", ["vm1"], slower, model="synthetic:qwen2.5-7b")
+    r = run("report", phi, qwen, "--out", tmp_path / "out", "--slo", "B")
+    assert r.exit_code == 0, r.output
+    lines = [line.rstrip() for line in r.output.splitlines()]
+    assert lines[1].startswith("model                 SLO    input tokens  threshold (streams/VM)")
+    assert lines[3].startswith("synthetic:phi-3-mini  SLO-B  128           ≥ 64                    > 64")
+    assert lines[4].startswith("synthetic:qwen2.5-7b  SLO-B  128           32 [32–32]              64")
+    assert (tmp_path / "out" / "fig-10-models.png").stat().st_size > 0
+    out = run("size", "--peak-streams", 256, "--results", phi, "--results", qwen, "--slo", "B", "-o", "json")
+    assert out.exit_code == 0, out.output
+    got = [(s["model"], s["threshold_streams_per_vm"], s["nodes"]) for s in json.loads(out.stdout)["sizings"]]
+    assert got == [("synthetic:phi-3-mini", 64, 4), ("synthetic:qwen2.5-7b", 32, 8)]
+    text = run("size", "--peak-streams", 256, "--results", phi, "--results", qwen, "--slo", "B")
+    assert text.exit_code == 0, text.output
+    assert ("answer: synthetic:qwen2.5-7b, SLO-B, 128-token inputs, p90 of streams: 32 [32–32] streams/VM → "
+            "8 [8–8] nodes, binding TPOT") in text.stdout.splitlines()

@@ -60,8 +60,9 @@ from vcfslm.results import RunMeta, atomic_write_text
 DEFAULT_PEAKS = (256,)
 
 # The figures that answer the question, shown right under the answer table, in this
-# order; the others (throughput, roofline) follow the detail tables.
-KEY_FIGURES = ("fig-3-tpot-slo", "fig-4-ttft-slo", "fig-2-matched-tpot")
+# order (the models side by side first, when the inputs hold several); the others
+# (throughput, roofline) follow the detail tables.
+KEY_FIGURES = ("fig-10-models", "fig-3-tpot-slo", "fig-4-ttft-slo", "fig-2-matched-tpot")
 
 
 @dataclass
@@ -237,7 +238,7 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     figures, skipped = ([], [])
     if has_static(report):
         figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, report.percentile,
-                                                 report.model)
+                                                 report.model, report.crossovers)
     if report.serving is not None:
         more, more_skipped = fig_module.render_serving(report.serving, report.slos, out, report.title)
         figures, skipped = figures + more, skipped + more_skipped
