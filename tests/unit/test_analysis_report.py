@@ -246,3 +246,23 @@ def test_a_csv_naming_no_model_still_clashes_with_a_run_of_any_model_but_not_a_c
     same.write_text("\n".join([header + ",model"] + [row + ",synthetic:qwen2.5-7b" for row in rows]) + "\n")
     with pytest.raises(CsvError, match="same.csv:2: same cell as in r"):
         load_inputs([run_dir], [same])
+
+
+def test_serving_runs_of_two_models_stand_side_by_side_each_beside_its_own_static_crossover(tmp_path):
+    runs = [make_run(tmp_path / "phi-st", "phi-st", ["vm1"], SHORT, model="synthetic:phi-3-mini"),
+            make_serve_run(tmp_path / "phi-s", "phi-s", ["vm1"], RAMP, model="synthetic:phi-3-mini"),
+            make_run(tmp_path / "qwen-st", "qwen-st", ["vm1"], SLOWER, model="synthetic:qwen2.5-7b"),
+            make_serve_run(tmp_path / "qwen-s", "qwen-s", ["vm1"], RAMP, model="synthetic:qwen2.5-7b")]
+    report = build(*load_inputs(runs))
+    t = report.serving_answer
+    col = {name: i for i, name in enumerate(t.columns)}
+    assert t.columns[0] == "model"
+    got = sorted((r[0], r[col["SLO"]], r[col["static crossover (streams/VM)"]]) for r in t.rows)
+    assert got == [("synthetic:phi-3-mini", "SLO-A", "16"), ("synthetic:phi-3-mini", "SLO-B", "≥ 64"),
+                   ("synthetic:qwen2.5-7b", "SLO-A", "none"), ("synthetic:qwen2.5-7b", "SLO-B", "32")]
+    assert {c.to_dict()["model"] for c in report.serving.comparisons} == {"synthetic:phi-3-mini",
+                                                                         "synthetic:qwen2.5-7b"}
+    assert all(s.reasoning.startswith(s.threshold.key.model + ", SLO-") for s in report.serving.sizings)
+    titles = [x.title for x in report.serving_tables]
+    assert "Serving, synthetic:qwen2.5-7b, single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64" \
+        in titles

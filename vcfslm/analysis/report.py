@@ -202,7 +202,8 @@ def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
     them all) every series' thresholds. The nodes are in the answer table and the reasoning."""
     from vcfslm.analysis.serve import series_of
 
-    out = [serve_points_table(points, slos) for points in series_of(serving.points).values()]
+    several_models = len({p.key.model for p in serving.points}) > 1
+    out = [serve_points_table(points, slos, several_models) for points in series_of(serving.points).values()]
     if len(serving.thresholds) > len(serving.primaries):
         out.append(serve_thresholds_table(serving.thresholds))
     return out

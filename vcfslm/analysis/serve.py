@@ -38,7 +38,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcfslm import judging, serving
-from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, recompile_flag, scope_of
+from vcfslm.analysis.cells import (
+    CLUSTER,
+    SCOPE_TITLES,
+    SINGLE,
+    Cell,
+    model_text,
+    recompile_flag,
+    scope_of,
+)
 from vcfslm.analysis.slo import (
     Crossover,
     Slo,
@@ -303,6 +311,12 @@ class ServeThreshold:
     # Per bootstrap replicate: its reading and its busy slots per load (what node counts resample).
     replicates: tuple[tuple[Replicate | None, Mapping[float, float]], ...] = ()
     few_samples: tuple[str, ...] = ()            # loads judged on too few requests
+    models: int = 1                              # how many models the answer holds: >1 names this one
+
+    @property
+    def model_label(self) -> str:
+        """The model as a sentence names it: only once the answer holds several."""
+        return (model_text(self.key.model) + ", ") if self.models > 1 else ""
 
     def point(self, load: float | None) -> ServePoint | None:
         return next((p for p in self.points if p.load == load), None)
@@ -486,7 +500,7 @@ def _tails(p: ServePoint) -> str:
 def threshold_reason(t: ServeThreshold) -> str:
     """One paragraph: where the threshold lies and why, bounds said plainly."""
     k, unit = t.key, t.key.unit
-    head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]} ({k.arrival}, {k.slots} slots per rank), "
+    head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]} ({k.arrival}, {k.slots} slots per rank), "
             f"{k.input_tokens}-token inputs / {k.output_tokens} output, {t.rule}")
     judged = t.judged
     if t.status == "unjudged":
@@ -738,7 +752,7 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
         raise UsageError("--peak-rps needs a serving threshold of a rate load (requests/s); this one is "
                          f"{t.key.load_kind}")
     k = t.key
-    head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
+    head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
             f"{k.output_tokens} output, {t.rule}")
     if t.status in ("below", "unjudged"):
         why = ("even the smallest load tried fails; measure lower loads" if t.status == "below"
@@ -816,6 +830,9 @@ def analyse(runs: Sequence[Any], slos: Sequence[Slo], cells: Sequence[Cell] = ()
     points, warnings = serve_points(runs, slos)
     every = thresholds(points, slos, rule)
     answer = primary(every)
+    models = len({t.key.model for t in answer})
+    if models > 1:                      # every sentence of the answer names its model
+        answer = [replace(t, models=models) for t in answer]
     sizings = [size(t, peak, None, headroom) for t in answer for peak in peaks]
     return ServeAnalysis(points, every, answer, compare(answer, cells, rule), sizings, warnings, rule)
 

@@ -441,8 +441,9 @@ def _serve_note(c: ServeComparison) -> str:
     return "; ".join(notes)
 
 
-def serve_points_table(points: Sequence[ServePoint], slos: Sequence) -> Table:
-    """One series' loads: latency tails, goodput per SLO, concurrency, requests, validity."""
+def serve_points_table(points: Sequence[ServePoint], slos: Sequence, with_model: bool = False) -> Table:
+    """One series' loads: latency tails, goodput per SLO, concurrency, requests, validity
+    (with_model: its title names the model, for inputs of several)."""
     key = points[0].key
     unit = key.unit
     cols = [f"load/rank ({unit})", f"load/VM ({unit})", "requests", "unfinished", "TTFT p50 (s)",
@@ -460,7 +461,7 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence) -> Table:
         row += [_attainment_text(p, s) for s in slos]
         row += [f"{p.windows - p.invalid_windows}/{p.windows}"] + (["; ".join(p.flags)] if flagged else [])
         rows.append(row)
-    title = f"Serving, {describe_key(key)}"
+    title = f"Serving, {model_text(key.model) + ', ' if with_model else ''}{describe_key(key)}"
     notes = ["Tails pool every counted request of every rank and valid window; ∞: the tail reaches an "
              "unfinished request. Goodput: requests per second per VM that met every limit of the SLO; "
              "attainment: the share of counted requests that did (unfinished ones met none)."]
@@ -475,10 +476,13 @@ def _attainment_text(p: ServePoint, slo) -> str:
 
 def serve_thresholds_table(thresholds: Sequence[ServeThreshold]) -> Table:
     """Every series x SLO (the answer reads one per SLO and context)."""
-    cols = ["SLO", "series", "rule", "threshold (per VM)", "95% interval", "first failing (per VM)", "binding",
-            "streams/VM at threshold"]
-    rows = [[t.slo.title, describe_key(t.key), t.rule, f"{t.threshold_text} {t.key.unit}", t.interval_text or "–",
-             t.first_failing_text, t.binding or "–", t.streams_text] for t in thresholds]
+    several_models = len({t.key.model for t in thresholds}) > 1
+    cols = (["model"] if several_models else []) + [
+        "SLO", "series", "rule", "threshold (per VM)", "95% interval", "first failing (per VM)", "binding",
+        "streams/VM at threshold"]
+    rows = [([model_text(t.key.model)] if several_models else [])
+            + [t.slo.title, describe_key(t.key), t.rule, f"{t.threshold_text} {t.key.unit}", t.interval_text or "–",
+               t.first_failing_text, t.binding or "–", t.streams_text] for t in thresholds]
     return Table("Serving threshold of every series", cols, rows)
 
 
