@@ -46,9 +46,12 @@ def _verbose() -> int:
 def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headroom) -> None:
     """Tables, figures, SLO crossover and sizing of one or more runs, as report.html/.md and CSV.
 
+    Runs of different models are never pooled: the answer has a row per model.
+
     \b
     Examples:
       vcfslm report runs/20250101-single runs/20250101-cluster
+      vcfslm report runs/phi3 runs/llama3b runs/qwen7b      # one answer row per model
       vcfslm report runs/<id> --slo 'strict:tpot<=110ms,ttft<=1s' --percentile p99
       vcfslm report runs/<id> --slo B --slo mlperf-server --attainment 0.95
       vcfslm report --csv published.csv --percentile p50 --out /tmp/published
