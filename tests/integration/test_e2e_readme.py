@@ -144,7 +144,7 @@ def test_both_runs_complete_and_the_report_answers(walkthrough):
         assert (report_dir / name).stat().st_size > 0, name
     md = (report_dir / "report.md").read_text()
     # The report opens with the answer table, before any figure.
-    assert md.index("## Answer") < md.index("| SLO | input tokens | threshold (streams/VM)") < md.index("![")
+    assert md.index("## Answer") < md.index("| model | SLO | input tokens | threshold (streams/VM)") < md.index("![")
     assert list(report_dir.glob("fig-*.png"))
     size_out = next(p.stdout for c, p in outputs.items() if c.startswith("vcfslm size"))
     assert "node" in size_out.lower()

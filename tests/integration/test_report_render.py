@@ -1,7 +1,8 @@
 """report.html renders in headless Chromium: the answer table above the first figure, a
 visible validity warning naming a rank that failed the numerics gate, no broken image,
 and a non-blank page; a serving run beside a static one adds the serving section's
-three figures, every one decoded."""
+three figures, every one decoded; runs of two models answer with a row per model and
+draw streams per VM per model first."""
 
 from __future__ import annotations
 
@@ -36,14 +37,15 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def synthetic_run(run_dir, run_id, nodes, gate_failed=None):
+def synthetic_run(run_dir, run_id, nodes, gate_failed=None, model="synthetic:tiny", slower=1.0):
     """Two contexts x four loads, two repeats, every rank of every node, with roofline data.
 
-    `gate_failed` = (node, local rank) whose windows all failed the numerics gate.
+    `gate_failed` = (node, local rank) whose windows all failed the numerics gate; `slower`
+    scales every TPOT (another model's cost per token).
     """
     meta = RunMeta(run_id=run_id, created="2025-01-01T00:00:00", command=["vcfslm", "bench"],
                    mode="cluster" if len(nodes) > 1 else "local", nodes=nodes, ranks_per_node=4,
-                   threads_per_rank=24, model="synthetic:tiny",
+                   threads_per_rank=24, model=model,
                    matrix={"batch_sizes": [1, 4, 8, 16], "input_tokens": [128, 1024], "output_tokens": 64,
                            "warmup": 1, "repeats": 2},
                    complete=True, guests={n: {"vnuma_nodes": 4, "numa_ok": True} for n in nodes},
@@ -54,7 +56,7 @@ def synthetic_run(run_dir, run_id, nodes, gate_failed=None):
     records = []
     for batch in (1, 4, 8, 16):
         for inp in (128, 1024):
-            tpot, ttft = 110.0 + 5 * batch + inp / 50, 0.1 * batch * inp / 128
+            tpot, ttft = (110.0 + 5 * batch + inp / 50) * slower, 0.1 * batch * inp / 128
             for window in range(2):
                 for node_rank, node in enumerate(nodes):
                     for local in range(4):
@@ -197,3 +199,33 @@ def test_the_serving_section_renders_every_figure(serving_dom):
         assert f'id="{name}"' in section
     assert serving_dom.index('<table id="summary"') < serving_dom.index('<table id="serving-answer"') \
         < serving_dom.index('id="validity"')
+
+
+@pytest.fixture(scope="module")
+def models_dom(tmp_path_factory):
+    base = tmp_path_factory.mktemp("render-models")
+    phi = synthetic_run(base / "phi3", "phi3", ["vm1"], model="synthetic:phi-3-mini")
+    qwen = synthetic_run(base / "qwen7b", "qwen7b", ["vm1"], model="synthetic:qwen2.5-7b", slower=1.2)
+    result = write_report([phi, qwen], base / "out")
+    assert "fig-10-models" in [f.stem for f in result.files if f.suffix == ".png"]
+    r = chromium(["--virtual-time-budget=10000", "--window-size=1200,3000", "--dump-dom",
+                  (base / "out" / "report.html").as_uri()], tmp_path_factory.mktemp("chromium-models"))
+    assert "<body" in r.stdout, f"no DOM dumped; stderr tail:\n{r.stderr[-2000:]}"
+    return r.stdout, result.report
+
+
+@needs_chromium
+def test_two_models_answer_side_by_side_and_draw_streams_per_model_first(models_dom):
+    dom, report = models_dom
+    m = re.search(r'data-images="(\d+) ok=(\d+) broken=(\d+)"', dom)
+    assert m, "the page's image check did not run"
+    total, ok, broken = map(int, m.groups())
+    assert broken == 0 and total == ok
+    table = dom.split('<table id="summary"')[1].split("</table>")[0]
+    assert table.index("<th>model</th>") < table.index("<th>SLO</th>")
+    # SLO x context x model: every row names its model, and each model has a row per SLO x context.
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>(SLO-[^<]*)</td><td>(\d+)</td>", table)
+    assert sorted(rows) == sorted((m, s, i) for m in ("synthetic:phi-3-mini", "synthetic:qwen2.5-7b")
+                                  for s in ("SLO-A", "SLO-B") for i in ("128", "1024"))
+    assert len(report.summary.rows) == 8
+    assert dom.index('id="fig-10-models"') < dom.index('id="fig-3-tpot-slo"')

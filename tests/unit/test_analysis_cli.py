@@ -42,12 +42,14 @@ def test_report_writes_every_file_and_prints_the_answer(tmp_path):
     thin = "few samples: p90 judged on fewer than 50 streams at 4 (8), 16 (32) streams/VM"
     assert [line.rstrip() for line in lines[:5]] == [
         "Single-VM threshold and nodes per SLO and input length (p90 of streams)",
-        "SLO    input tokens  threshold (streams/VM)  first failing (streams/VM)  binding  nodes for 256 streams  "
-        "note",
-        "-----  ------------  ----------------------  --------------------------  -------  ---------------------  "
-        + "-" * len(thin),
-        f"SLO-A  128           16 [16–16]              32                          TPOT     16 [16–16]             {thin}",
-        f"SLO-B  128           ≥ 64                    > 64                        –        ≤ 4                    {thin}"]
+        "model           SLO    input tokens  threshold (streams/VM)  first failing (streams/VM)  binding  "
+        "nodes for 256 streams  note",
+        "--------------  -----  ------------  ----------------------  --------------------------  -------  "
+        "---------------------  " + "-" * len(thin),
+        "synthetic:tiny  SLO-A  128           16 [16–16]              32                          TPOT     "
+        f"16 [16–16]             {thin}",
+        "synthetic:tiny  SLO-B  128           ≥ 64                    > 64                        –        "
+        f"≤ 4                    {thin}"]
     assert ("SLOs: SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s); SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s). Judged by: static "
             "batches at p90 of streams; 95% intervals by bootstrap. Note: run single records no static rule "
             "(written before runs did): its cells are judged at p90 of streams. Note: run cluster records no "
@@ -65,14 +67,14 @@ def test_report_default_out_is_the_run_and_slo_flags(tmp_path):
     r = run("report", run_dir)
     assert r.exit_code == 0, r.output
     assert (run_dir / "report.html").exists()
-    assert any(line.startswith("SLO-gold  128           4 [4–4]                 16                          "
+    assert any(line.startswith("synthetic:tiny  SLO-gold  128           4 [4–4]                 16                          "
                                "TPOT     64 [64–64]") for line in r.output.splitlines())
     r = run("report", run_dir, "--slo", "tight:tpot<=110ms", "--percentile", "p99", "--peak-streams", 256,
             "--peak-streams", 1000)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[0] == "Single-VM threshold and nodes per SLO and input length (p99 of streams)"
-    assert lines[3].startswith("SLO-tight  128           none                    4                           TPOT     "
+    assert lines[3].startswith("synthetic:tiny  SLO-tight  128           none                    4                           TPOT     "
                                "not achievable         not achievable")
 
 
@@ -130,7 +132,8 @@ def test_size_without_slo_gives_every_slo_and_context(tmp_path):
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert "Single-VM threshold and nodes per SLO and input length (p50 of streams, headroom 10%)" in lines
-    assert "SLO-B  128           ≥ 64                    > 64                        –              ≤ 5" in lines
+    assert "–      SLO-B  128           ≥ 64                    > 64                        –              ≤ 5" \
+        in lines
 
 
 def test_size_uses_the_latest_run_or_says_what_to_do(tmp_path, monkeypatch):
@@ -283,3 +286,24 @@ def test_presets_are_named_with_their_source_in_help_and_judged_at_their_percent
     assert answer["status"] == "none"                   # the brief's 116 ms floor is above 100 ms
     r = run("size", "--peak-streams", 256, "--slo", "nope", "--results", static)
     assert r.exit_code == 2 and "known: A, B, mlperf-server, mlperf-interactive" in r.output
+
+
+def test_report_and_size_of_two_models_answer_per_model(tmp_path):
+    slower = {k: (ttft, tpot * 1.3, tps / 1.3) for k, (ttft, tpot, tps) in SHORT.items()}
+    phi = make_run(tmp_path / "phi3", "phi3", ["vm1"], SHORT, model="synthetic:phi-3-mini")
+    qwen = make_run(tmp_path / "qwen7b", "qwen7b", ["vm1"], slower, model="synthetic:qwen2.5-7b")
+    r = run("report", phi, qwen, "--out", tmp_path / "out", "--slo", "B")
+    assert r.exit_code == 0, r.output
+    lines = [line.rstrip() for line in r.output.splitlines()]
+    assert lines[1].startswith("model                 SLO    input tokens  threshold (streams/VM)")
+    assert lines[3].startswith("synthetic:phi-3-mini  SLO-B  128           ≥ 64                    > 64")
+    assert lines[4].startswith("synthetic:qwen2.5-7b  SLO-B  128           32 [32–32]              64")
+    assert (tmp_path / "out" / "fig-10-models.png").stat().st_size > 0
+    out = run("size", "--peak-streams", 256, "--results", phi, "--results", qwen, "--slo", "B", "-o", "json")
+    assert out.exit_code == 0, out.output
+    got = [(s["model"], s["threshold_streams_per_vm"], s["nodes"]) for s in json.loads(out.stdout)["sizings"]]
+    assert got == [("synthetic:phi-3-mini", 64, 4), ("synthetic:qwen2.5-7b", 32, 8)]
+    text = run("size", "--peak-streams", 256, "--results", phi, "--results", qwen, "--slo", "B")
+    assert text.exit_code == 0, text.output
+    assert ("answer: synthetic:qwen2.5-7b, SLO-B, 128-token inputs, p90 of streams: 32 [32–32] streams/VM → "
+            "8 [8–8] nodes, binding TPOT") in text.stdout.splitlines()

@@ -191,3 +191,25 @@ def test_serving_latency_figure_has_slo_lines_and_marks_unfinished_tails(tmp_pat
     got = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
     assert got["goodput SLO-A, 128 input tokens"] == [4.0, 0.0, 0.0]
     assert got["goodput SLO-B, 128 input tokens"] == [4.0, 4.0, 0.0]
+
+
+def test_streams_per_model_are_drawn_only_when_the_cells_hold_several_models(tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    from vcfslm.analysis.figures import models_figure, render_all
+    from vcfslm.analysis.slo import crossovers
+
+    header, *rows = brief_shaped_csv().splitlines()
+    text = "\n".join([header + ",model"] + [r + ",synthetic:phi-3-mini" for r in rows]
+                     + [r + ",synthetic:qwen2.5-7b" for r in rows]) + "\n"
+    cells = parse_csv(text, "two.csv").cells
+    xs = crossovers(cells, DEFAULT_SLOS, "p50")
+    assert {x.model for x in xs} == {"synthetic:phi-3-mini", "synthetic:qwen2.5-7b"} and len(xs) == 12
+    figures, _ = render_all(cells, DEFAULT_SLOS, tmp_path, "two", "p50", crossovers=xs)
+    (fig,) = [f for f in figures if f.name == "fig-10-models"]
+    assert fig.title == "Streams per VM at the SLO, per model (p50 of streams) — two"
+    pixels = image.imread(fig.path)
+    assert pixels.shape[:2] == (500, 800) and pixels.std() > 0.05
+    one = parse_csv(brief_shaped_csv(), "b.csv").cells
+    figures, skipped = render_all(one, DEFAULT_SLOS, tmp_path / "one", "r", crossovers=crossovers(one, DEFAULT_SLOS, "p50"))
+    assert "fig-10-models" not in [f.name for f in figures] and not any("fig-10" in s for s in skipped)
+    assert models_figure(crossovers(one, DEFAULT_SLOS, "p50"), "r") == "needs crossovers of at least two models"

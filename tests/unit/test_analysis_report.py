@@ -55,11 +55,11 @@ def test_markdown_holds_crossover_sizing_and_validity(tmp_path):
     lines = md.splitlines()
     assert lines[4:9] == ["## Answer", "",
                           "### Single-VM threshold and nodes per SLO and input length (p90 of streams)", "",
-                          "| SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding "
+                          "| model | SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding "
                           "| nodes for 256 streams | nodes for 1000 streams | note |"]
     thin = "few samples: p90 judged on fewer than 50 streams at 4 (4), 16 (16), 32 (32) streams/VM"
-    assert f"| SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 | {thin} |" in lines
-    assert f"| SLO-A | 128 | 16 [16–16] | 32 | TPOT | 16 [16–16] | 63 [63–63] | {thin} |" in lines
+    assert f"| synthetic:tiny | SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 | {thin} |" in lines
+    assert f"| synthetic:tiny | SLO-A | 128 | 16 [16–16] | 32 | TPOT | 16 [16–16] | 63 [63–63] | {thin} |" in lines
     assert lines.index("## Answer") < lines.index("## Validity warnings") < lines.index("## Key figures") \
         < lines.index("## Reasoning per SLO") < lines.index("## Tables") < lines.index("## More figures")
     # The reasoning: one entry per SLO, one line per context under it.
@@ -185,3 +185,84 @@ def test_serving_only_html_answers_with_the_serving_table(tmp_path):
     assert html.count("data:image/png;base64,") == 2
     assert result.warnings == ["serving single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64 "
                                "at 4 req/s per rank: 1 invalid window(s) left out (recompiled)"]
+
+
+# A second model, 1.3x slower per token at every load: no SLO-A threshold, SLO-B at 32 streams/VM.
+SLOWER = {k: (ttft, tpot * 1.3, tps / 1.3) for k, (ttft, tpot, tps) in SHORT.items()}
+
+
+def test_runs_of_two_models_give_one_answer_row_per_model_never_folded(tmp_path):
+    phi = make_run(tmp_path / "phi3", "phi3", ["vm1"], SHORT, model="synthetic:phi-3-mini")
+    llama = make_run(tmp_path / "llama", "llama", ["vm1"], SLOWER, model="synthetic:llama-3.2-3b")
+    report = build(*load_inputs([phi, llama]))
+    # Same scope, VMs, ranks, batches and contexts: only the model tells the cells apart.
+    assert len(report.analysis.cells) == 2 * len(SHORT)
+    assert report.analysis.models() == ["synthetic:phi-3-mini", "synthetic:llama-3.2-3b"]
+    t = report.summary
+    assert t.columns[:3] == ["model", "SLO", "input tokens"]
+    col = {name: i for i, name in enumerate(t.columns)}
+    got = [(r[0], r[1], r[col["threshold (streams/VM)"]], r[col["nodes for 256 streams"]]) for r in t.rows]
+    assert got == [("synthetic:phi-3-mini", "SLO-A", "16 [16–16]", "16 [16–16]"),
+                   ("synthetic:llama-3.2-3b", "SLO-A", "none", "not achievable"),
+                   ("synthetic:phi-3-mini", "SLO-B", "≥ 64", "≤ 4"),
+                   ("synthetic:llama-3.2-3b", "SLO-B", "32 [32–32]", "8 [8–8]")]
+    # Each sentence names its model once the answer holds several.
+    assert [x.model for x in report.crossovers] == ["synthetic:phi-3-mini", "synthetic:llama-3.2-3b"] * 2
+    assert report.sizings[3].reasoning.startswith("synthetic:llama-3.2-3b, SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s)")
+    assert report.sizings[3].to_dict()["model"] == "synthetic:llama-3.2-3b"
+    assert [r.headline for r in report.reasons][1] == (
+        "SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s): ≥ 64 streams/VM at synthetic:phi-3-mini, 128 input tokens; "
+        "32 [32–32] streams/VM at synthetic:llama-3.2-3b, 128 input tokens")
+    # The detail table tells the two models' rows apart too.
+    assert report.tables[0].columns[0] == "model" and len(report.tables[0].rows) == 2 * len(SHORT)
+
+
+def test_a_report_of_two_models_draws_streams_per_model_among_the_key_figures(tmp_path):
+    phi = make_run(tmp_path / "phi3", "phi3", ["vm1"], SHORT, model="synthetic:phi-3-mini")
+    llama = make_run(tmp_path / "llama", "llama", ["vm1"], SLOWER, model="synthetic:llama-3.2-3b")
+    write_report([phi, llama], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    lines = md.splitlines()
+    assert "| model | SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding " \
+           "| nodes for 256 streams | note |" in lines
+    assert any(line.startswith("| synthetic:llama-3.2-3b | SLO-B | 128 | 32 [32–32] | 64 | TPOT | 8 [8–8] |")
+               for line in lines)
+    key = md.split("## Key figures")[1].split("## Reasoning")[0]
+    assert key.index("(fig-10-models.png)") < key.index("(fig-3-tpot-slo.png)")
+    assert (tmp_path / "out" / "fig-10-models.png").stat().st_size > 0
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.index('id="fig-10-models"') < html.index('id="fig-3-tpot-slo"')
+
+
+def test_a_csv_naming_no_model_still_clashes_with_a_run_of_any_model_but_not_a_csv_of_another(tmp_path):
+    run_dir = make_run(tmp_path / "r", "r", ["vm1"], {(1, 128): (0.3, 116.0, 8.4)}, out=256,
+                       model="synthetic:qwen2.5-7b")
+    other = tmp_path / "other.csv"
+    header, *rows = brief_shaped_csv().splitlines()
+    other.write_text("\n".join([header + ",model"] + [row + ",synthetic:phi-3-mini" for row in rows]) + "\n")
+    analysis, _ = load_inputs([run_dir], [other])
+    assert analysis.models() == ["synthetic:qwen2.5-7b", "synthetic:phi-3-mini"]
+    same = tmp_path / "same.csv"
+    same.write_text("\n".join([header + ",model"] + [row + ",synthetic:qwen2.5-7b" for row in rows]) + "\n")
+    with pytest.raises(CsvError, match="same.csv:2: same cell as in r"):
+        load_inputs([run_dir], [same])
+
+
+def test_serving_runs_of_two_models_stand_side_by_side_each_beside_its_own_static_crossover(tmp_path):
+    runs = [make_run(tmp_path / "phi-st", "phi-st", ["vm1"], SHORT, model="synthetic:phi-3-mini"),
+            make_serve_run(tmp_path / "phi-s", "phi-s", ["vm1"], RAMP, model="synthetic:phi-3-mini"),
+            make_run(tmp_path / "qwen-st", "qwen-st", ["vm1"], SLOWER, model="synthetic:qwen2.5-7b"),
+            make_serve_run(tmp_path / "qwen-s", "qwen-s", ["vm1"], RAMP, model="synthetic:qwen2.5-7b")]
+    report = build(*load_inputs(runs))
+    t = report.serving_answer
+    col = {name: i for i, name in enumerate(t.columns)}
+    assert t.columns[0] == "model"
+    got = sorted((r[0], r[col["SLO"]], r[col["static crossover (streams/VM)"]]) for r in t.rows)
+    assert got == [("synthetic:phi-3-mini", "SLO-A", "16"), ("synthetic:phi-3-mini", "SLO-B", "≥ 64"),
+                   ("synthetic:qwen2.5-7b", "SLO-A", "none"), ("synthetic:qwen2.5-7b", "SLO-B", "32")]
+    assert {c.to_dict()["model"] for c in report.serving.comparisons} == {"synthetic:phi-3-mini",
+                                                                         "synthetic:qwen2.5-7b"}
+    assert all(s.reasoning.startswith(s.threshold.key.model + ", SLO-") for s in report.serving.sizings)
+    titles = [x.title for x in report.serving_tables]
+    assert "Serving, synthetic:qwen2.5-7b, single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64" \
+        in titles

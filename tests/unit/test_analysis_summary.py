@@ -51,9 +51,10 @@ def test_brief_shaped_answer_table():
     xs = crossovers(cells, DEFAULT_SLOS, "p50")
     t = summary_table(xs, sized(xs, (256,)))
     assert t.title == "Single-VM threshold and nodes per SLO and input length (p50 of streams)"
-    assert t.columns == ["SLO", "input tokens", "threshold (streams/VM)", "first failing (streams/VM)", "binding",
-                         "nodes for 256 streams"]
-    got = {(r[0], r[1]): (r[2], r[5]) for r in t.rows}
+    assert t.columns == ["model", "SLO", "input tokens", "threshold (streams/VM)", "first failing (streams/VM)",
+                         "binding", "nodes for 256 streams"]
+    assert {r[0] for r in t.rows} == {"–"}                  # a CSV without a model column names none
+    got = {(r[1], r[2]): (r[3], r[6]) for r in t.rows}
     # The brief: SLO-B 256 short-context streams -> 4 nodes, SLO-A -> 16.
     assert got[("SLO-B", "128")] == ("≥ 64", "≤ 4") and got[("SLO-A", "128")] == ("16", "16")
     assert (got[("SLO-B", "512")], got[("SLO-B", "1024")]) == (("32", "8"), ("16", "16"))

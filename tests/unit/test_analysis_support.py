@@ -60,7 +60,7 @@ def make_run(run_dir: Path, run_id: str, nodes: list[str], table: Mapping[tuple[
              repeats: int = 1, ranks: int = 4, out: int = 64, complete: bool = True, roofline: float | None = None,
              roofline_ttft: float | None = None,
              slos: dict | None = None, created: str = "2025-01-01T00:00:00", guests: dict | None = None,
-             tweak=None) -> Path:
+             tweak=None, model: str = "synthetic:tiny") -> Path:
     """A run dir whose every rank and window reports `table[(batch, input)] = (ttft, tpot, tps)`.
 
     `tweak(record) -> record | None` may change or drop records (None drops).
@@ -69,7 +69,7 @@ def make_run(run_dir: Path, run_id: str, nodes: list[str], table: Mapping[tuple[
     inputs = sorted({i for _, i in table})
     meta = RunMeta(run_id=run_id, created=created, command=["vcfslm", "bench"],
                    mode="local" if len(nodes) == 1 else "cluster", nodes=nodes, ranks_per_node=ranks,
-                   threads_per_rank=24, model="synthetic:tiny",
+                   threads_per_rank=24, model=model,
                    matrix={"batch_sizes": batches, "input_tokens": inputs, "output_tokens": out,
                            "warmup": 1, "repeats": repeats},
                    complete=complete, slos=slos or {},
@@ -124,7 +124,8 @@ def serve_record(run_id: str = "serve", node: str = "vm1", node_rank: int = 0, l
 def make_serve_run(run_dir: Path, run_id: str, nodes: list[str],
                    table: Mapping[tuple[float, int], tuple[float, float, float]], kind: str = "rate",
                    repeats: int = 1, ranks: int = 4, out: int = 64, requests: int = 10,
-                   slos: dict | None = None, complete: bool = True, tweak=None) -> Path:
+                   slos: dict | None = None, complete: bool = True, tweak=None, model: str = "synthetic:tiny"
+                   ) -> Path:
     """A serving run whose every rank and window reports `table[(load, input)] = (ttft, tpot,
     mean active slots)`; `tweak(record) -> record | None` may change or drop records."""
     loads = sorted({load for load, _ in table})
@@ -133,7 +134,7 @@ def make_serve_run(run_dir: Path, run_id: str, nodes: list[str],
                      repeats=repeats, duration_s=20.0)
     meta = RunMeta(run_id=run_id, created="2025-01-01T00:00:00", command=["vcfslm", "bench", "--serve"],
                    mode="local" if len(nodes) == 1 else "cluster", nodes=nodes, ranks_per_node=ranks,
-                   threads_per_rank=24, model="synthetic:tiny", matrix={"serve": spec.to_dict()},
+                   threads_per_rank=24, model=model, matrix={"serve": spec.to_dict()},
                    complete=complete, slos=slos or {},
                    guests={n: {"vnuma_nodes": 4, "numa_ok": True} for n in nodes})
     records = []

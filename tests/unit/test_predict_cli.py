@@ -23,21 +23,22 @@ def run(*args):
 
 
 def model_run(path: Path, run_id: str, threads: int = 1, scale: float = 1.0, batches=(1, 4, 8, 16),
-              inputs=(128, 512), probes: bool = True) -> Path:
-    """A run dir whose cells are the model's own values on a rank with rates x `scale`."""
+              inputs=(128, 512), probes: bool = True, dims: P.ModelDims = PHI3_2L,
+              model: str = "synthetic:tiny", source: str = "synthetic:phi-3-mini,layers=2") -> Path:
+    """A run dir whose cells are the model's own values for `dims` on a rank with rates x `scale`."""
     rates = P.RankRates(20.0 * scale, 0.22 * scale, CURVE_ROWS, tuple(g * scale for g in CURVE_GBS))
     table = {}
     for b in batches:
         for i in inputs:
-            x = P.terms(PHI3_2L, rates, P.Scenario(b, i, 16))
+            x = P.terms(dims, rates, P.Scenario(b, i, 16))
             step = x.linears_s / TRUE["eta_w"] + x.kv_s / TRUE["eta_kv"] + TRUE["overhead"]
             ttft = (x.prefill_s / TRUE["eta_p"] + x.prefill_attention_s / TRUE["eta_pa"]
                     + x.weights_s / TRUE["eta_w"] + TRUE["overhead_p"])
             table[(b, i)] = (ttft, step * 1000, b * 16 / (ttft + 15 * step))
-    make_run(path, run_id, ["local"], table, repeats=2, ranks=1, out=16)
+    make_run(path, run_id, ["local"], table, repeats=2, ranks=1, out=16, model=model)
     meta = read_meta(path)
     meta.threads_per_rank = threads
-    facts = {"node": "local", "local_rank": 0, "model": {**PHI3_2L.to_facts(), "source": "synthetic:phi-3-mini,layers=2"}}
+    facts = {"node": "local", "local_rank": 0, "model": {**dims.to_facts(), "source": source}}
     if probes:
         facts |= {"probe": {"read_gbs": rates.read_gbs}, "gemm": {"tflops": rates.gemm_tflops, "threads": threads},
                   "decode_linears": {"rows": list(rates.decode_rows), "gbs": list(rates.decode_gbs),
@@ -211,3 +212,74 @@ def test_predicting_another_model_shape_is_flagged(tmp_path):
     # 32 layers read 5.7x the weights of the fitted 2: TPOT at batch 1 grows about as much
     ratio = preds[0]["tpot_ms"] / same["predictions"][0]["tpot_ms"]
     assert 5 < ratio < 12
+
+
+def test_predict_model_takes_every_preset_and_a_bigger_one_reads_more_per_step(tmp_path):
+    r = model_run(tmp_path / "r1", "r1")
+
+    def predicted(name):
+        out = run("predict", "--results", r, "--model", name, "--platform", "vx650v4-6737p", "-o", "json")
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    phi, qwen = predicted("phi-3-mini"), predicted("qwen2.5-7b")
+    assert (phi["models"], qwen["models"]) == (["phi-3-mini"], ["qwen2.5-7b"])
+    assert all(p["model"] == "qwen2.5-7b" and "another model shape than the fitted one" in p["extrapolation"]
+               for p in qwen["predictions"])
+    assert any("qwen2.5-7b is predicted from a fit on synthetic:tiny: another model shape" in n
+               for n in qwen["notes"])
+    # The same fit, another shape: Qwen2.5-7B reads 14.1 GB of linears per step, Phi-3-mini 7.4 GB
+    # (and less KV: 4 KV heads), so its batch-1 TPOT is about 1.8x Phi-3-mini's.
+    by_cell = {(p["batch_per_rank"], p["input_tokens"]): p["tpot_ms"] for p in phi["predictions"]}
+    ratio = qwen["predictions"][0]["tpot_ms"] / by_cell[(1, 128)]
+    assert (qwen["predictions"][0]["batch_per_rank"], qwen["predictions"][0]["input_tokens"]) == (1, 128)
+    assert 1.6 < ratio < 2.0
+    text = run("predict", "--results", r, "--model", "qwen2.5-7b", "--platform", "vx650v4-6737p")
+    assert text.exit_code == 0, text.output
+    assert "Predicted crossover for qwen2.5-7b (streams per VM still meeting the SLO at p50)" in text.stdout.splitlines()
+    bad = run("predict", "--results", r, "--model", "gpt-5")
+    assert bad.exit_code == 2 and "'gpt-5' is not one of 'phi-3-mini'" in bad.stderr
+
+
+def test_runs_of_two_models_give_one_prediction_per_model_each_from_its_own_shape(tmp_path):
+    from vcfslm.presets import preset_counts
+
+    llama_2l = preset_counts("llama-3.2-3b", layers=2).dims()
+    phi = model_run(tmp_path / "phi", "phi", model="synthetic:phi-3-mini,layers=2")
+    llama = model_run(tmp_path / "llama", "llama", dims=llama_2l, model="synthetic:llama-3.2-3b,layers=2",
+                      source="synthetic:llama-3.2-3b,layers=2")
+    out = run("predict", "--results", phi, "--results", llama, "--platform", "vx650v4-6737p", "--slo", "B",
+              "--peak-streams", 256, "-o", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    names = ["synthetic:phi-3-mini,layers=2", "synthetic:llama-3.2-3b,layers=2"]
+    assert doc["models"] == names
+    assert [p["model"] for p in doc["predictions"]] == [names[0]] * 8 + [names[1]] * 8
+    per_context = [names[0]] * 2 + [names[1]] * 2            # 128 and 512 input tokens each
+    assert [c["model"] for c in doc["crossovers"]] == per_context == [s["model"] for s in doc["sizings"]]
+    # Each model is predicted with its own facts, so neither is another shape than a fitted one.
+    assert not any("another model shape" in f for p in doc["predictions"] for f in p["extrapolation"])
+    tpot = {(p["model"], p["batch_per_rank"], p["input_tokens"]): p["tpot_ms"] for p in doc["predictions"]}
+    # Llama's tied 128k-token embedding is read as its lm_head every step: more bytes than Phi's 2 layers.
+    assert tpot[(names[1], 1, 128)] > 1.3 * tpot[(names[0], 1, 128)]
+    text = run("predict", "--results", phi, "--results", llama, "--platform", "vx650v4-6737p", "--slo", "B")
+    lines = text.stdout.splitlines()
+    assert [line for line in lines if line.startswith("Predicted crossover")] == [
+        f"Predicted crossover for {n} (streams per VM still meeting the SLO at p50)" for n in names]
+
+
+def test_a_csv_names_its_preset_in_a_model_column(tmp_path):
+    header, *rows = brief_shaped_csv().splitlines()
+    csv = tmp_path / "qwen.csv"
+    csv.write_text("\n".join([header + ",model"] + [row + ",synthetic:qwen2.5-7b" for row in rows]) + "\n")
+    out = run("predict", "--results", csv, "--measured-on", "vx650v4-6747p", "-o", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["models"] == ["synthetic:qwen2.5-7b"]
+    assert not any("another model shape" in f for p in doc["predictions"] for f in p["extrapolation"])
+    odd = tmp_path / "odd.csv"
+    odd.write_text("\n".join([header + ",model"] + [row + ",my-own-model" for row in rows]) + "\n")
+    bad = run("predict", "--results", odd, "--measured-on", "vx650v4-6747p")
+    assert bad.exit_code == 2
+    assert any(line.startswith(f"error: {odd}: model: 'my-own-model' is not a shape known without a run's facts")
+               for line in bad.stderr.splitlines())

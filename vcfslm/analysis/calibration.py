@@ -5,7 +5,8 @@ turned into one rank's rates.
 A run knows both by itself: each rank recorded its probes (read bandwidth, GEMM rate, the
 decode-batch curve) and the model's shape (meta.json `ranks`, else ranks/rank-<n>.json).
 A CSV of published measurements knows neither: the platform it was measured on is given
-(`--measured-on`), and the model is a known shape.
+(`--measured-on`), and the model is a known shape (a preset its `model` column names,
+else Phi-3-mini). Every preset of `vcfslm.presets` is a shape a prediction can be made for.
 """
 
 from __future__ import annotations
@@ -16,19 +17,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Problem, UsageError
-from ..footprint import PHI3_MINI
 from ..hardware import Platform
+from ..presets import PRESET_NAMES, counts_of_source, model_dims
 from ..results import RunFile, read_rank_facts
 from ..roofline import ModelDims
 from .cells import Cell
 from .perfmodel import Observation, RankRates, Scenario
 
-# Phi-3-mini, the brief's model: what a CSV of its measurements was made with.
-PHI3_MINI_DIMS = ModelDims(num_hidden_layers=32, hidden_size=3072, num_attention_heads=32, num_key_value_heads=32,
-                           head_dim=96, intermediate_size=8192, vocab_size=32064,
-                           step_weight_bytes=PHI3_MINI.weight_bytes - 32064 * 3072 * 2,
-                           kv_bytes_per_token=PHI3_MINI.kv_bytes_per_token)
-KNOWN_DIMS = {"phi-3-mini": PHI3_MINI_DIMS}
+# Every preset's shape, by name: what `predict --model` predicts for.
+KNOWN_DIMS = {name: model_dims(name) for name in PRESET_NAMES}
+# Phi-3-mini, the brief's model: what a CSV of its measurements was made with unless it says.
+CSV_DEFAULT_MODEL = "phi-3-mini"
+PHI3_MINI_DIMS = KNOWN_DIMS[CSV_DEFAULT_MODEL]
 # What a Phi-3-mini-family config has beside what older runs recorded (layers, hidden, vocab).
 _PHI3_FAMILY = {"heads": 32, "kv_heads": 32, "head_dim": 96, "intermediate": 8192}
 
@@ -93,6 +93,15 @@ def _rank_facts(run: RunFile) -> list[dict[str, Any]]:
         merged.update({k: v for k, v in (run.meta.ranks.get(rank) or {}).items() if v is not None})
         out.append(merged)
     return out
+
+
+def named_dims(model: str) -> ModelDims | None:
+    """The shape a model's name stands for without a run's facts: a preset's name, a synthetic
+    source (`synthetic:qwen2.5-7b`) or a preset's hub id; None for any other name."""
+    if model in KNOWN_DIMS:
+        return KNOWN_DIMS[model]
+    counts = counts_of_source(model)
+    return counts.dims() if counts is not None else None
 
 
 def _dims(model: dict[str, Any]) -> ModelDims | None:

@@ -13,6 +13,8 @@ averages those; this harness records every rank):
   matrix pool into one cell and their differences count as run-to-run spread.
 - Invalid windows (recompiles, worker-detected problems) are left out of every
   statistic and counted; a cell without any valid window has no numbers.
+- The model is part of a cell's key: runs of different models never pool into one
+  cell, and every answer built on cells keeps one row per model.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class CellKey:
     batch_per_rank: int
     input_tokens: int
     output_tokens: int
+    model: str = ""          # what the run benchmarked (meta.json `model`); "" when unknown (a CSV without it)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class Cell:
     batch_per_rank = property(lambda self: self.key.batch_per_rank)
     input_tokens = property(lambda self: self.key.input_tokens)
     output_tokens = property(lambda self: self.key.output_tokens)
+    model = property(lambda self: self.key.model)
 
     @property
     def streams_per_vm(self) -> int:
@@ -176,6 +180,22 @@ class Analysis:
     def scope_cells(self, scope: str) -> list[Cell]:
         return sorted((c for c in self.cells if c.scope == scope), key=sort_key)
 
+    def models(self) -> list[str]:
+        return models_of(self.cells)
+
+
+def models_of(cells: Iterable[Cell]) -> list[str]:
+    """The models the cells were measured on, in cell order, once each."""
+    return list(dict.fromkeys(c.model for c in cells))
+
+
+MODEL_UNKNOWN = "–"
+
+
+def model_text(model: str) -> str:
+    """A model as the tables show it ("–" for a CSV that did not name one)."""
+    return model or MODEL_UNKNOWN
+
 
 def sort_key(cell: Cell) -> tuple:
     return key_order(cell.key)
@@ -225,22 +245,26 @@ def aggregate(runs: Sequence[RunFile | tuple[RunMeta, Sequence[WindowRecord]]]) 
         serves = bool(getattr(run, "serve_records", None))
         warnings.extend(run_warnings(meta, records, getattr(run, "warnings", ()), serves))
         for r in records:
-            key = CellKey(scope, vms, r.ranks_per_node, r.batch_per_rank, r.input_tokens, r.output_tokens)
+            key = CellKey(scope, vms, r.ranks_per_node, r.batch_per_rank, r.input_tokens, r.output_tokens,
+                          meta.model)
             groups[key].append(r)
             sources[key].add(meta.run_id)
         # A serving run without static windows asked for none (its matrix may still list them).
         for scenario in () if serves and not records else expected_scenarios(meta):
-            key = CellKey(scope, vms, meta.ranks_per_node, *scenario)
+            key = CellKey(scope, vms, meta.ranks_per_node, *scenario, meta.model)
             expected[key] += expected_windows(meta)
             sources[key].add(meta.run_id)
     cells = []
-    for key in sorted(set(groups) | set(expected), key=key_order):
+    # Models in the order their runs were given: the answer lists them as the user did.
+    model_rank = {m: n for n, m in enumerate(dict.fromkeys(meta.model for meta, _ in runs))}
+    several_models = len(model_rank) > 1
+    for key in sorted(set(groups) | set(expected), key=lambda k: (model_rank[k.model], key_order(k))):
         cell = cell_from_records(key, groups.get(key, []), expected.get(key) or None,
                                  ", ".join(sorted(sources[key])))
         cells.append(cell)
         explained = numerics_flag(groups.get(key, []))
         # A cell whose only invalid windows are a gate-failed rank's is already said per rank.
-        warnings.extend(f"{describe(cell)}: {flag}" for flag in cell.flags if flag != explained)
+        warnings.extend(f"{describe(cell, several_models)}: {flag}" for flag in cell.flags if flag != explained)
     # A failed numerics gate voids a rank's every number: say it before anything else.
     return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=numerics + warnings,
                     runs=[r for r in runs if isinstance(r, RunFile)])
@@ -358,10 +382,11 @@ def numerics_warnings(run_id: str, records: Sequence[WindowRecord]) -> list[str]
     return out
 
 
-def describe(cell: Cell) -> str:
+def describe(cell: Cell, with_model: bool = False) -> str:
+    """A cell in words; with_model names its model too (needed once the inputs hold several)."""
     k = cell.key
-    return (f"{SCOPE_TITLES[k.scope]} ({k.vms} VM x {k.ranks_per_vm} ranks) "
-            f"input {k.input_tokens} / output {k.output_tokens}, batch {k.batch_per_rank}/rank")
+    return ((f"{model_text(k.model)}, " if with_model else "") + f"{SCOPE_TITLES[k.scope]} ({k.vms} VM x "
+            f"{k.ranks_per_vm} ranks) input {k.input_tokens} / output {k.output_tokens}, batch {k.batch_per_rank}/rank")
 
 
 # ---------------------------------------------------------------- the matrix

@@ -13,7 +13,9 @@ One row per cell. Columns (header names, any order):
     rank_tps         rank throughput, generated tokens/s
   optional:
     ttft_p90_s, ttft_p99_s, tpot_p90_ms, tpot_p99_ms,
-    roofline_tpot_ms (decode floor, ms), roofline_ttft_s (prefill floor, s)
+    roofline_tpot_ms (decode floor, ms), roofline_ttft_s (prefill floor, s),
+    model (what was measured, e.g. synthetic:phi-3-mini; rows of different models are
+    never pooled, and the answer gets a row per model)
 
 Lines starting with `#` are comments. The derived columns that `tables.csv` writes
 (streams_per_vm, per_user_tps, ...) are accepted and ignored, so a report's
@@ -36,6 +38,7 @@ INT_COLUMNS = ("vms", "ranks_per_vm", "batch_per_rank", "input_tokens", "output_
 FLOAT_COLUMNS = ("ttft_s", "tpot_ms", "rank_tps")
 REQUIRED = ("scope",) + INT_COLUMNS + FLOAT_COLUMNS
 OPTIONAL = ("ttft_p90_s", "ttft_p99_s", "tpot_p90_ms", "tpot_p99_ms", "roofline_tpot_ms", "roofline_ttft_s")
+TEXT_COLUMNS = ("model",)
 DERIVED = ("streams_per_vm", "streams_cluster", "per_user_tps", "per_user_p90_tps", "per_user_p99_tps",
            "rank_tps_min", "rank_tps_max", "repeats", "roofline_efficiency", "ttft_efficiency", "windows",
            "invalid_windows", "flags", "source")
@@ -84,7 +87,7 @@ def parse_csv(text: str, filename: str = "<csv>") -> Analysis:
             continue
         if cell.key in seen:
             problem(line, None, "", f"duplicate of line {seen[cell.key]} (same scope, vms, ranks, batch, "
-                                    "input and output)")
+                                    "input, output and model)")
             continue
         seen[cell.key] = line
         cells.append(cell)
@@ -98,10 +101,11 @@ def parse_csv(text: str, filename: str = "<csv>") -> Analysis:
 
 
 def _check_header(header: list[str], line: int, problem) -> None:
-    known = set(REQUIRED) | set(OPTIONAL) | set(DERIVED)
+    known = set(REQUIRED) | set(OPTIONAL) | set(TEXT_COLUMNS) | set(DERIVED)
     for col, name in enumerate(header, 1):
         if name not in known:
-            problem(line, col, name, f"unknown column; known columns: {', '.join(REQUIRED + OPTIONAL)}")
+            problem(line, col, name,
+                    f"unknown column; known columns: {', '.join(REQUIRED + OPTIONAL + TEXT_COLUMNS)}")
         elif header.index(name) != col - 1:
             problem(line, col, name, "column given twice")
     missing = [c for c in REQUIRED if c not in header]
@@ -160,7 +164,7 @@ def _row_to_cell(row: dict[str, str], header: list[str], line: int, filename: st
     if scope is None or len(ints) < len(INT_COLUMNS) or any(floats.get(n) is None for n in FLOAT_COLUMNS):
         return None
     key = CellKey(scope, ints["vms"], ints["ranks_per_vm"], ints["batch_per_rank"], ints["input_tokens"],
-                  ints["output_tokens"])
+                  ints["output_tokens"], row.get("model", "").strip())
     return Cell(
         key=key,
         ttft_s=Quantiles(floats["ttft_s"], floats["ttft_p90_s"], floats["ttft_p99_s"]),

@@ -10,7 +10,9 @@
    cell, and fitted on the small batches only, predicting the rest);
 7. serving: p90 TTFT (queue included) and p90 TPOT vs load per VM with SLO limits;
 8. serving: goodput per SLO (and every finished request) vs load per VM;
-9. serving: streams per VM at the serving threshold beside the static crossover.
+9. serving: streams per VM at the serving threshold beside the static crossover;
+10. with runs of several models: streams per VM at each SLO's crossover, one bar per model
+    (drawn only then: with one model the answer table already says its one value).
 A figure without the data it needs is skipped with a reason, never drawn empty.
 """
 
@@ -29,9 +31,12 @@ matplotlib.use("Agg")  # no display; must precede any pyplot-backed import
 from matplotlib.figure import Figure as MplFigure  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter  # noqa: E402
 
-from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell  # noqa: E402
+from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, model_text, models_of  # noqa: E402
 from vcfslm.analysis.serve import PCT, SERVE_FIGURES, series_of  # noqa: E402
-from vcfslm.analysis.slo import Slo  # noqa: E402
+from vcfslm.analysis.slo import Crossover, Slo  # noqa: E402
+
+# The per-model figure's file name (the report shows it among the key figures).
+MODELS_FIGURE = "fig-10-models"
 
 SLO_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1)))
 
@@ -47,10 +52,11 @@ class Figure:
 
 
 def render_all(cells: Sequence[Cell], slos: Sequence[Slo], out_dir: str | Path, run_title: str,
-               percentile: str = "p50", model=None) -> tuple[list[Figure], list[str]]:
+               percentile: str = "p50", model=None, crossovers: Sequence[Crossover] = ()
+               ) -> tuple[list[Figure], list[str]]:
     """Draw every figure the data allow into `out_dir`; returns (figures, reasons for skipped ones).
 
-    model: the report's predict.ModelSection, for figure 6.
+    model: the report's predict.ModelSection, for figure 6; crossovers: the answer's, for figure 10.
     """
     cells = [c for c in cells if c.has_data]
     makers: list[tuple[str, Maker]] = [
@@ -61,6 +67,8 @@ def render_all(cells: Sequence[Cell], slos: Sequence[Slo], out_dir: str | Path, 
         ("fig-5-roofline", lambda: roofline_figure(cells, run_title)),
         ("fig-6-model", lambda: model_figure(model, run_title)),
     ]
+    if len(models_of(cells)) > 1:
+        makers.append((MODELS_FIGURE, lambda: models_figure(crossovers, run_title)))
     return draw(makers, out_dir)
 
 
@@ -111,16 +119,19 @@ def _log2_axis(ax, values: Sequence[int], label: str) -> None:
     ax.set_xlabel(label)
 
 
-def _by_input(cells: Sequence[Cell]) -> dict[tuple[int, int], list[Cell]]:
-    groups: dict[tuple[int, int], list[Cell]] = {}
+def _by_input(cells: Sequence[Cell]) -> dict[tuple[int, int, str], list[Cell]]:
+    """One line per (input, output, model): two models' cells never join into one line."""
+    groups: dict[tuple[int, int, str], list[Cell]] = {}
     for c in sorted(cells, key=lambda c: c.streams_per_vm):
-        groups.setdefault((c.input_tokens, c.output_tokens), []).append(c)
+        groups.setdefault((c.input_tokens, c.output_tokens, c.model), []).append(c)
     return groups
 
 
-def _ctx_label(key: tuple[int, int], groups) -> str:
-    outputs = {o for _, o in groups}
-    return f"{key[0]} input tokens" + (f" / {key[1]} output" if len(outputs) > 1 else "")
+def _ctx_label(key: tuple[int, int, str], groups) -> str:
+    outputs = {o for _, o, _ in groups}
+    models = {m for _, _, m in groups}
+    return ((f"{model_text(key[2])}, " if len(models) > 1 else "") + f"{key[0]} input tokens"
+            + (f" / {key[1]} output" if len(outputs) > 1 else ""))
 
 
 def throughput_figure(cells: Sequence[Cell], run_title: str):
@@ -435,6 +446,44 @@ def serve_vs_static_figure(serving, run_title: str):
     return fig, title, ("Static: the largest batch-per-rank × ranks per VM meeting the SLO. Serving: the "
                         "time-averaged busy slots per VM at the largest passing load. The label is their ratio; "
                         "“≥”/“≤” where a side is a bound. Whiskers: 95 % bootstrap intervals.")
+
+
+def models_figure(crossovers: Sequence[Crossover], run_title: str):
+    """Streams per VM at the crossover of each SLO and context, one bar per model side by side,
+    with the threshold's 95 % interval; a bound (≥) or no threshold (none) is said on its bar."""
+    models = list(dict.fromkeys(c.model for c in crossovers))
+    if len(models) < 2:
+        return "needs crossovers of at least two models"
+    groups = list(dict.fromkeys((c.slo, c.input_tokens, c.output_tokens) for c in crossovers))
+    several_outputs = len({g[2] for g in groups}) > 1
+    title = f"Streams per VM at the SLO, per model ({crossovers[0].rule}) — {run_title}"
+    fig, ax = _new(title)
+    width = 0.8 / len(models)
+    by_key = {(c.slo, c.input_tokens, c.output_tokens, c.model): c for c in crossovers}
+    for n, model in enumerate(models):
+        xs, values, intervals, marks = [], [], [], []
+        for g, key in enumerate(groups):
+            c = by_key.get((*key, model))
+            if c is None:
+                continue
+            value = float(c.max_tested if c.status == "all" else (c.threshold or 0))
+            xs.append(g - 0.4 + width * (n + 0.5))
+            values.append(value)
+            intervals.append(c.interval if c.status == "crossover" else None)
+            marks.append(c.threshold_text)          # "16", "≥ 64" or "none", as the answer table says it
+        ax.bar(xs, values, width, label=model_text(model), yerr=_bars(values, intervals), capsize=3)
+        for x, v, mark in zip(xs, values, marks, strict=True):
+            ax.annotate(mark, (x, v), xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=8)
+    ax.set_xticks(range(len(groups)), [f"{slo.title}\n{inp} in" + (f" / {out} out" if several_outputs else "")
+                                       for slo, inp, out in groups])
+    ax.set_ylabel("concurrent streams per VM at the threshold")
+    ax.set_ylim(bottom=0)
+    ax.legend(title="model", fontsize=8)
+    return fig, title, ("Each bar: the largest tested streams per VM that meets the SLO before the first failing "
+                        "load, for one model, labelled as the answer table says it; “≥”: every tested load met "
+                        "it (the bar is the largest tested), “none”: even the lowest failed. Whiskers: 95 % bootstrap intervals. Nodes for a peak "
+                        "follow by the sizing law from each bar.")
 
 
 def _bars(values, intervals):

@@ -68,6 +68,12 @@ class PredictionResult:
     predictions: list[Prediction]
     thresholds: list[Threshold]
     nodes: list[NodesAnswer] = field(default_factory=list)
+    model_name: str = ""      # the model predicted for, when the answer is one of several (or not the fitted one)
+
+    @property
+    def for_model(self) -> str:
+        """` for MODEL`, the tables' title suffix; "" when there is one model only."""
+        return f" for {self.model_name}" if self.model_name else ""
 
 
 def scenarios_of(observations: Iterable[Observation], batches: Sequence[int] | None = None,
@@ -84,7 +90,8 @@ PREDICTED_PERCENTILE = "p50"
 
 
 def predict_target(model: PerfModel, dims, target: Target, scenarios: Sequence[Scenario], slos: Sequence,
-                   peaks: Sequence[int] = (), headroom: float = 0.0) -> PredictionResult:
+                   peaks: Sequence[int] = (), headroom: float = 0.0, model_name: str = "") -> PredictionResult:
+    """The answer for one model shape (`dims`) on the target; model_name titles its tables."""
     preds = [predict(model, dims, target.rates, s) for s in scenarios]
     # The model predicts each cell's median (p50): its crossover is judged there, even for an
     # SLO with a percentile of its own, and its spread is the prediction interval, not a
@@ -100,7 +107,7 @@ def predict_target(model: PerfModel, dims, target: Target, scenarios: Sequence[S
     nodes = [NodesAnswer(size(t.crossover, peak, headroom), _nodes(t.optimistic, peak, headroom),
                          _nodes(t.pessimistic, peak, headroom))
              for peak in peaks for t in thresholds]
-    return PredictionResult(model, target, preds, thresholds, nodes)
+    return PredictionResult(model, target, preds, thresholds, nodes, model_name)
 
 
 def _key(c: Crossover) -> tuple:
@@ -141,7 +148,8 @@ def prediction_table(result: PredictionResult) -> Table:
         rows.append([str(s.input_tokens), str(s.batch), str(s.batch * ranks), _with_interval(p.ttft_s, p.ttft_interval, 2),
                      _with_interval(p.tpot_ms, p.tpot_interval, 1), fmt(1000.0 / p.tpot_ms if p.tpot_ms else None, 1),
                      _with_interval(p.rank_tps, p.rank_tps_interval, 1), "; ".join(p.flags) or "–"])
-    return Table(f"Predicted p50 per rank on {result.target.description} (95 % prediction interval)",
+    return Table(f"Predicted p50 per rank on {result.target.description}{result.for_model} "
+                 "(95 % prediction interval)",
                  ["input tokens", "batch/rank", "streams/VM", "TTFT s", "TPOT ms", "tok/s/user", "rank tok/s",
                   "extrapolation"], rows)
 
@@ -155,7 +163,7 @@ def _with_interval(value: float, interval: tuple[float, float] | None, digits: i
 def threshold_table(result: PredictionResult) -> Table:
     rows = [[t.crossover.slo.name, str(t.crossover.input_tokens), t.crossover.threshold_text, t.range_text,
              t.crossover.binding or "–"] for t in result.thresholds]
-    return Table("Predicted crossover (streams per VM still meeting the SLO at p50)",
+    return Table(f"Predicted crossover{result.for_model} (streams per VM still meeting the SLO at p50)",
                  ["SLO", "input tokens", "threshold", "interval", "binding"], rows)
 
 
@@ -166,7 +174,7 @@ def nodes_table(result: PredictionResult) -> Table:
         nodes = str(s.nodes) if s.nodes is not None else NOT_ACHIEVABLE
         span = "–" if n.low is None or n.high is None else (str(n.low) if n.low == n.high else f"{n.low} to {n.high}")
         rows.append([c.slo.name, str(c.input_tokens), str(s.peak_streams), nodes, span])
-    return Table(f"Predicted nodes ({law_formula()})",
+    return Table(f"Predicted nodes{result.for_model} ({law_formula()})",
                  ["SLO", "input tokens", "peak streams", "nodes", "interval"], rows)
 
 

@@ -23,11 +23,11 @@ import html
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from vcfslm.analysis.cells import Analysis, aggregate, load_runs
+from vcfslm.analysis.cells import Analysis, CellKey, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv
 from vcfslm.analysis.predict import ModelSection, model_section, model_table
 from vcfslm.analysis.serve import (
@@ -60,8 +60,9 @@ from vcfslm.results import RunMeta, atomic_write_text
 DEFAULT_PEAKS = (256,)
 
 # The figures that answer the question, shown right under the answer table, in this
-# order; the others (throughput, roofline) follow the detail tables.
-KEY_FIGURES = ("fig-3-tpot-slo", "fig-4-ttft-slo", "fig-2-matched-tpot")
+# order (the models side by side first, when the inputs hold several); the others
+# (throughput, roofline) follow the detail tables.
+KEY_FIGURES = ("fig-10-models", "fig-3-tpot-slo", "fig-4-ttft-slo", "fig-2-matched-tpot")
 
 
 @dataclass
@@ -99,20 +100,25 @@ class ReportFiles:
 
 def load_inputs(run_dirs: Sequence[str | os.PathLike[str]], csv_files: Sequence[str | os.PathLike[str]] = ()
                 ) -> tuple[Analysis, list[str]]:
-    """Cells of every run dir and CSV; the same cell from two inputs is refused."""
+    """Cells of every run dir and CSV; the same cell from two inputs is refused (a CSV that names
+    no model clashes with a cell of any model at the same point)."""
     if not run_dirs and not csv_files:
         raise UsageError("nothing to analyse: give a run dir or --csv FILE")
     analysis = aggregate(load_runs(run_dirs)) if run_dirs else Analysis(cells=[])
     sources = [str(p) for p in run_dirs]
-    origin = {c.key: (c.source or "run") for c in analysis.cells}
+    origin: dict[CellKey, dict[str, str]] = {}      # the point, model aside -> model -> source
+    for c in analysis.cells:
+        origin.setdefault(replace(c.key, model=""), {})[c.model] = c.source or "run"
     problems = []
     for path in csv_files:
         imported = import_csv(path)
         for cell in imported.cells:
-            if cell.key in origin:
-                problems.append(Problem(cell.source, None, None, "", f"same cell as in {origin[cell.key]}; "
+            here = origin.setdefault(replace(cell.key, model=""), {})
+            clash = [src for model, src in here.items() if model == cell.model or "" in (model, cell.model)]
+            if clash:
+                problems.append(Problem(cell.source, None, None, "", f"same cell as in {clash[0]}; "
                                         "analyse these inputs separately"))
-            origin[cell.key] = cell.source
+            here[cell.model] = cell.source
         analysis.cells.extend(imported.cells)
         sources.append(str(path))
     if problems:
@@ -196,7 +202,8 @@ def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
     them all) every series' thresholds. The nodes are in the answer table and the reasoning."""
     from vcfslm.analysis.serve import series_of
 
-    out = [serve_points_table(points, slos) for points in series_of(serving.points).values()]
+    several_models = len({p.key.model for p in serving.points}) > 1
+    out = [serve_points_table(points, slos, several_models) for points in series_of(serving.points).values()]
     if len(serving.thresholds) > len(serving.primaries):
         out.append(serve_thresholds_table(serving.thresholds))
     return out
@@ -232,7 +239,7 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     figures, skipped = ([], [])
     if has_static(report):
         figures, skipped = fig_module.render_all(analysis.cells, report.slos, out, report.title, report.percentile,
-                                                 report.model)
+                                                 report.model, report.crossovers)
     if report.serving is not None:
         more, more_skipped = fig_module.render_serving(report.serving, report.slos, out, report.title)
         figures, skipped = figures + more, skipped + more_skipped

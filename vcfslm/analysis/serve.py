@@ -38,7 +38,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcfslm import judging, serving
-from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, recompile_flag, scope_of
+from vcfslm.analysis.cells import (
+    CLUSTER,
+    SCOPE_TITLES,
+    SINGLE,
+    Cell,
+    model_text,
+    recompile_flag,
+    scope_of,
+)
 from vcfslm.analysis.slo import (
     Crossover,
     Slo,
@@ -74,6 +82,7 @@ class ServeKey:
     input_tokens: int
     output_tokens: int
     server: str = "vcfslm"         # who served (vcfslm.servers): series of different servers never mix
+    model: str = ""                # what was served (meta.json `model`): series of different models never mix
 
     @property
     def context(self) -> tuple[int, int]:
@@ -168,7 +177,7 @@ class ServePoint:
 def key_dict(key: ServeKey) -> dict[str, Any]:
     return {"scope": key.scope, "vms": key.vms, "ranks_per_vm": key.ranks_per_vm, "load_kind": key.load_kind,
             "arrival": key.arrival, "slots": key.slots, "input_tokens": key.input_tokens,
-            "output_tokens": key.output_tokens, "server": key.server}
+            "output_tokens": key.output_tokens, "server": key.server, "model": key.model}
 
 
 def _finite(value: float | None) -> float | None:
@@ -212,7 +221,7 @@ def serve_points(runs: Sequence[Any], slos: Sequence[Slo]) -> tuple[list[ServePo
         scope, vms = scope_of(meta), max(len(meta.nodes), 1)
         for r in records:
             key = (ServeKey(scope, vms, r.ranks_per_node, r.load_kind, r.arrival, r.slots, r.input_tokens,
-                            r.output_tokens, r.server), float(r.load))
+                            r.output_tokens, r.server, meta.model), float(r.load))
             groups[key].append(r)
             sources[key].add(meta.run_id)
         if not any(r.valid for r in records):
@@ -302,6 +311,12 @@ class ServeThreshold:
     # Per bootstrap replicate: its reading and its busy slots per load (what node counts resample).
     replicates: tuple[tuple[Replicate | None, Mapping[float, float]], ...] = ()
     few_samples: tuple[str, ...] = ()            # loads judged on too few requests
+    models: int = 1                              # how many models the answer holds: >1 names this one
+
+    @property
+    def model_label(self) -> str:
+        """The model as a sentence names it: only once the answer holds several."""
+        return (model_text(self.key.model) + ", ") if self.models > 1 else ""
 
     def point(self, load: float | None) -> ServePoint | None:
         return next((p for p in self.points if p.load == load), None)
@@ -485,7 +500,7 @@ def _tails(p: ServePoint) -> str:
 def threshold_reason(t: ServeThreshold) -> str:
     """One paragraph: where the threshold lies and why, bounds said plainly."""
     k, unit = t.key, t.key.unit
-    head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]} ({k.arrival}, {k.slots} slots per rank), "
+    head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]} ({k.arrival}, {k.slots} slots per rank), "
             f"{k.input_tokens}-token inputs / {k.output_tokens} output, {t.rule}")
     judged = t.judged
     if t.status == "unjudged":
@@ -525,13 +540,13 @@ def _conservative(t: ServeThreshold) -> tuple:
 
 
 def primary(all_thresholds: Sequence[ServeThreshold]) -> list[ServeThreshold]:
-    """Per SLO x context x load kind x server the threshold the answer reads: single-VM series
-    first, and of several the fewest streams per VM (a notes entry says so). Servers are never
-    pooled: vLLM's threshold and vcfslm's own stand side by side."""
+    """Per SLO x context x load kind x server x model the threshold the answer reads: single-VM
+    series first, and of several the fewest streams per VM (a notes entry says so). Servers and
+    models are never pooled: vLLM's threshold and vcfslm's own, or two models', stand side by side."""
     groups: dict[tuple, list[ServeThreshold]] = {}
     for t in all_thresholds:
-        groups.setdefault((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.load_kind, t.key.server),
-                          []).append(t)
+        groups.setdefault((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.load_kind, t.key.server,
+                           t.key.model), []).append(t)
     out = []
     for ts in groups.values():
         scope = SINGLE if any(t.key.scope == SINGLE for t in ts) else CLUSTER
@@ -603,7 +618,8 @@ class ServeComparison:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.static
-        return {"slo": self.threshold.slo.name, "input_tokens": self.threshold.key.input_tokens,
+        return {"model": self.threshold.key.model, "slo": self.threshold.slo.name,
+                "input_tokens": self.threshold.key.input_tokens,
                 "output_tokens": self.threshold.key.output_tokens, "load_kind": self.threshold.key.load_kind,
                 "serving_streams_per_vm": self.threshold.streams_per_vm, "serving_status": self.threshold.status,
                 "serving_rule": self.threshold.rule,
@@ -631,14 +647,14 @@ def compare(primaries: Sequence[ServeThreshold], cells: Sequence[Cell], rule: Ru
     """Each answer threshold beside the static crossover of the same SLO and context; the
     ratio only where the static percentile and the serving attainment are the same share."""
     statics, why = static_crossovers(cells, list(dict.fromkeys(t.slo for t in primaries)), rule)
-    index = {(c.slo, c.input_tokens, c.output_tokens): c for c in statics}
+    index = {(c.slo, c.input_tokens, c.output_tokens, c.model): c for c in statics}
     out = []
     for t in primaries:
-        c = index.get((t.slo, t.key.input_tokens, t.key.output_tokens))
+        c = index.get((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.model))
         note = why if c is None and why else ("no static crossover of this context" if c is None else "")
         if c is not None:
             ranks = {cell.ranks_per_vm for cell in cells if cell.scope == c.scope and cell.has_data
-                     and (cell.input_tokens, cell.output_tokens) == t.key.context}
+                     and (cell.input_tokens, cell.output_tokens) == t.key.context and cell.model == t.key.model}
             if ranks and ranks != {t.key.ranks_per_vm}:
                 note = (f"static cells have {', '.join(map(str, sorted(ranks)))} ranks per VM, the serving "
                         f"series {t.key.ranks_per_vm}")
@@ -736,7 +752,7 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
         raise UsageError("--peak-rps needs a serving threshold of a rate load (requests/s); this one is "
                          f"{t.key.load_kind}")
     k = t.key
-    head = (f"{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
+    head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
             f"{k.output_tokens} output, {t.rule}")
     if t.status in ("below", "unjudged"):
         why = ("even the smallest load tried fails; measure lower loads" if t.status == "below"
@@ -814,6 +830,9 @@ def analyse(runs: Sequence[Any], slos: Sequence[Slo], cells: Sequence[Cell] = ()
     points, warnings = serve_points(runs, slos)
     every = thresholds(points, slos, rule)
     answer = primary(every)
+    models = len({t.key.model for t in answer})
+    if models > 1:                      # every sentence of the answer names its model
+        answer = [replace(t, models=models) for t in answer]
     sizings = [size(t, peak, None, headroom) for t in answer for peak in peaks]
     return ServeAnalysis(points, every, answer, compare(answer, cells, rule), sizings, warnings, rule)
 

@@ -1,12 +1,14 @@
 """SLOs, the static Concurrency Crossover Point and the sizing law (pure functions).
 
-Crossover for (SLO, context): the largest tested streams-per-VM that meets the SLO
+Crossover for (SLO, context, model): the largest tested streams-per-VM that meets the SLO
 before the first failing load, each load judged by `vcfslm.judging` (the chosen
 percentile of its streams, default p90; an SLO may carry its own). A value exactly at
 the limit meets it (<=). When a load passes again after a failure the data are
 non-monotonic; the threshold stays below the first failure (the conservative reading)
 and the report says so. Each crossover carries its 95 % bootstrap interval (windows
-resampled within ranks) and flags loads judged on too few streams.
+resampled within ranks) and flags loads judged on too few streams. Cells of different
+models are never judged together: each model gets its own crossover, and once there
+are several every sentence names its model.
 
 Sizing: nodes = ceil(peak streams / threshold), with headroom h the threshold is
 derated to threshold x (1 - h) first (`sizing_law`, the one home of the law and its
@@ -24,7 +26,15 @@ from fractions import Fraction
 from typing import Any
 
 from vcfslm import contract, judging
-from vcfslm.analysis.cells import CLUSTER, PERCENTILES, SCOPE_TITLES, SINGLE, Cell
+from vcfslm.analysis.cells import (
+    CLUSTER,
+    PERCENTILES,
+    SCOPE_TITLES,
+    SINGLE,
+    Cell,
+    model_text,
+    models_of,
+)
 from vcfslm.errors import Problem, SloSpecError, UsageError
 from vcfslm.judging import Interval, Replicate, Rule
 
@@ -268,6 +278,13 @@ class Crossover:
     interval: Interval | None = None       # the threshold's bootstrap interval (None: no samples)
     replicates: tuple[Replicate | None, ...] = field(default=(), compare=False, repr=False)
     few_samples: tuple[str, ...] = ()      # the loads judged on too few streams, said plainly
+    model: str = ""                        # the model its cells measured ("" unknown)
+    models: int = 1                        # how many models the answer beside it holds: >1 names this one
+
+    @property
+    def model_label(self) -> str:
+        """The model as a sentence names it: only once the answer holds several."""
+        return (model_text(self.model) + ", ") if self.models > 1 else ""
 
     @property
     def max_tested(self) -> int:
@@ -298,8 +315,8 @@ class Crossover:
 
 def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_tokens: int | None = None,
               percentile: str = judging.DEFAULT_PERCENTILE, scope: str = SINGLE, notes: Sequence[str] = (),
-              replicates: Sequence[Replicate | None] = (), confidence: float = judging.DEFAULT_CONFIDENCE
-              ) -> Crossover:
+              replicates: Sequence[Replicate | None] = (), confidence: float = judging.DEFAULT_CONFIDENCE,
+              model: str = "", models: int = 1) -> Crossover:
     """The crossover of one SLO over the tested loads of one context (replicates: its bootstrap)."""
     if not points:
         raise ValueError("crossover needs at least one tested load")
@@ -321,7 +338,7 @@ def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_t
     thin = (f"{percentile} {thin} streams/VM",) if thin else ()
     return Crossover(slo, input_tokens, output_tokens, percentile, verdicts, status, threshold,
                      None if failing is None else int(failing), binding, later_passes, scope, tuple(notes),
-                     judging.interval(replicates, confidence), tuple(replicates), thin)
+                     judging.interval(replicates, confidence), tuple(replicates), thin, model, models)
 
 
 # One wording per meaning, for every table, line and JSON answer that says it: the
@@ -342,7 +359,7 @@ def threshold_text(c: Crossover) -> str:
 
 def crossover_text(c: Crossover) -> str:
     """One paragraph that says the crossover plainly, edge cases included."""
-    head = f"{c.slo.describe()}, {c.input_tokens}-token inputs, {c.rule}"
+    head = f"{c.model_label}{c.slo.describe()}, {c.input_tokens}-token inputs, {c.rule}"
     floor = c.floor
     floor_name = ("the single-stream floor" if floor.point.batch_per_rank == 1
                   else "the lowest tested load (no batch-1 data)")
@@ -406,9 +423,12 @@ def contexts(cells: Iterable[Cell]) -> list[tuple[int, int]]:
     return sorted({(c.input_tokens, c.output_tokens) for c in cells if c.has_data})
 
 
-def _context_cells(cells: Iterable[Cell], input_tokens: int, output_tokens: int) -> tuple[list[Cell], str, list[str]]:
-    """The cells one context's crossover reads (single-VM ones, else cluster ones), their scope, notes."""
-    everything = [c for c in cells if c.input_tokens == input_tokens and c.output_tokens == output_tokens]
+def _context_cells(cells: Iterable[Cell], input_tokens: int, output_tokens: int, model: str | None = None
+                   ) -> tuple[list[Cell], str, list[str]]:
+    """The cells one context's crossover reads (single-VM ones, else cluster ones), their scope, notes;
+    model: only that model's cells (None: every cell, for inputs of one model)."""
+    everything = [c for c in cells if c.input_tokens == input_tokens and c.output_tokens == output_tokens
+                  and (model is None or c.model == model)]
     ctx = [c for c in everything if c.has_data]
     scope = SINGLE if any(c.scope == SINGLE for c in ctx) else CLUSTER
     notes = []
@@ -421,8 +441,8 @@ def _context_cells(cells: Iterable[Cell], input_tokens: int, output_tokens: int)
     return [c for c in ctx if c.scope == scope], scope, notes
 
 
-def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pct: str = judging.DEFAULT_PERCENTILE
-                ) -> tuple[list[LoadPoint], str, list[str]]:
+def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pct: str = judging.DEFAULT_PERCENTILE,
+                model: str | None = None) -> tuple[list[LoadPoint], str, list[str]]:
     """Load points of one context from single-VM cells (cluster cells when there are none).
 
     Returns (points, scope used, notes). Two cells at the same streams/VM (e.g. runs
@@ -430,7 +450,7 @@ def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pc
     """
     if pct not in PERCENTILES:
         raise UsageError(f"percentile must be one of {', '.join(PERCENTILES)}, not {pct!r}")
-    mine, scope, notes = _context_cells(cells, input_tokens, output_tokens)
+    mine, scope, notes = _context_cells(cells, input_tokens, output_tokens, model)
     by_load: dict[int, list[Cell]] = defaultdict(list)
     for c in mine:
         by_load[c.streams_per_vm].append(c)
@@ -450,9 +470,10 @@ def load_points(cells: Iterable[Cell], input_tokens: int, output_tokens: int, pc
     return points, scope, notes
 
 
-def _strata(cells: Iterable[Cell], input_tokens: int, output_tokens: int) -> dict[float, list]:
+def _strata(cells: Iterable[Cell], input_tokens: int, output_tokens: int, model: str | None = None
+            ) -> dict[float, list]:
     """Per load, the ranks' windows the bootstrap resamples (loads without any are left out)."""
-    mine, _, _ = _context_cells(cells, input_tokens, output_tokens)
+    mine, _, _ = _context_cells(cells, input_tokens, output_tokens, model)
     by_load: dict[int, list[Cell]] = defaultdict(list)
     for c in mine:
         by_load[c.streams_per_vm].append(c)
@@ -465,20 +486,24 @@ def _strata(cells: Iterable[Cell], input_tokens: int, output_tokens: int) -> dic
 
 def crossovers(cells: Sequence[Cell], slos: Sequence[Slo], pct: str = judging.DEFAULT_PERCENTILE,
                rule: Rule | None = None) -> list[Crossover]:
-    """Crossover for every SLO x context with data, each at its SLO's percentile (else `pct`),
-    with its bootstrap interval when the cells hold their windows."""
+    """Crossover for every SLO x context x model with data, each at its SLO's percentile (else
+    `pct`), with its bootstrap interval when the cells hold their windows. The models of one
+    SLO and context stand next to each other, in the order of the cells."""
     rule = rule or Rule(percentile=pct)
+    models = models_of(c for c in cells if c.has_data)
     out = []
     for slo in slos:
         q = slo.percentile or pct
         for inp, outp in contexts(cells):
-            points, scope, notes = load_points(cells, inp, outp, q)
-            if not points:
-                continue
-            strata = _strata(cells, inp, outp) if rule.replicates else {}
-            reps = judging.static_replicates(strata, [(slo.tpot_ms, slo.ttft_s)], q, rule.replicates,
-                                             rule.seed)[0] if strata else []
-            out.append(crossover(points, slo, inp, outp, q, scope, notes, reps, rule.confidence))
+            for model in models:
+                points, scope, notes = load_points(cells, inp, outp, q, model)
+                if not points:
+                    continue
+                strata = _strata(cells, inp, outp, model) if rule.replicates else {}
+                reps = judging.static_replicates(strata, [(slo.tpot_ms, slo.ttft_s)], q, rule.replicates,
+                                                 rule.seed)[0] if strata else []
+                out.append(crossover(points, slo, inp, outp, q, scope, notes, reps, rule.confidence,
+                                     model, len(models)))
     return out
 
 
@@ -520,8 +545,8 @@ class Sizing:
     def to_dict(self) -> dict[str, Any]:
         c = self.crossover
         return {
-            "slo": c.slo.to_dict(), "input_tokens": c.input_tokens, "output_tokens": c.output_tokens,
-            "percentile": c.percentile, "rule": c.rule, "scope": c.scope, "status": c.status,
+            "model": c.model, "slo": c.slo.to_dict(), "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens, "percentile": c.percentile, "rule": c.rule, "scope": c.scope, "status": c.status,
             "threshold_streams_per_vm": c.threshold, "threshold_is_lower_bound": c.status == "all",
             "threshold_interval": None if c.interval is None else c.interval.to_dict(),
             "first_failing_streams_per_vm": c.first_failing, "binding": c.binding,
@@ -579,7 +604,7 @@ def law_formula(per_vm: str = "threshold", headroom: str | None = None, peak: st
 def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
     """Nodes for `peak_streams` under crossover `c`, with the reasoning as text."""
     _check_sizing_inputs(peak_streams, headroom)
-    head = f"{c.slo.describe()}, {c.input_tokens}-token inputs, {c.rule}"
+    head = f"{c.model_label}{c.slo.describe()}, {c.input_tokens}-token inputs, {c.rule}"
     span = judging.nodes_interval(c.replicates, lambda r: r.threshold, peak_streams, headroom,
                                   c.interval.confidence if c.interval else judging.DEFAULT_CONFIDENCE)
     if c.status == "none":

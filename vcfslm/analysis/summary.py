@@ -1,10 +1,11 @@
 """The report's opening answer and its reasoning, as data (pure: no rendering, no files).
 
-- `summary_rows`: one row per SLO x context — single-VM threshold, first failing
+- `summary_rows`: one row per SLO x context x model — the model, single-VM threshold, first failing
   load, binding indicator and nodes for each peak, each with its 95 % bootstrap interval
   (`8 [4–8]`, `32 [32–64]`). A bound is marked: "≥ 64" when every tested load met the
   SLO (the crossover lies above the tested range, so the node counts are "≤"), "none"
-  when even the lowest tested load fails.
+  when even the lowest tested load fails. Models are never folded into one row: the
+  rows of one SLO and context stand side by side, one per model.
 - `slo_reasons`: per SLO, what the rule is (said once) and one line per context
   saying why its row reads as it does.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vcfslm.analysis.cells import CLUSTER
+from vcfslm.analysis.cells import CLUSTER, model_text
 from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, Slo, Verdict, law_formula
 from vcfslm.analysis.tables import Table
 
@@ -31,6 +32,7 @@ class SummaryRow:
     binding: str                 # "TPOT", "TTFT", "TPOT and TTFT" or "–"
     nodes: tuple[str, ...]       # per peak: "16", "≤ 4" or "not achievable"
     note: str = ""
+    model: str = ""              # what the run benchmarked ("" unknown: a CSV without a model column)
 
 
 def threshold_text(c: Crossover) -> str:
@@ -72,14 +74,15 @@ def peaks_of(sizings: Sequence[Sizing]) -> list[int]:
 
 
 def summary_rows(crossovers: Sequence[Crossover], sizings: Sequence[Sizing]) -> list[SummaryRow]:
-    """The answer table's rows, in crossover order (SLO, then context)."""
+    """The answer table's rows, in crossover order (SLO, then context, then model)."""
     peaks = peaks_of(sizings)
     rows = []
     for c in crossovers:
         mine = {s.peak_streams: s for s in sizings_of(c, sizings)}
         rows.append(SummaryRow(c.slo.title, c.input_tokens, c.output_tokens, threshold_text(c),
                                first_failing_text(c), c.binding or "–",
-                               tuple(nodes_text(mine[p]) if p in mine else "–" for p in peaks), row_note(c)))
+                               tuple(nodes_text(mine[p]) if p in mine else "–" for p in peaks), row_note(c),
+                               c.model))
     return rows
 
 
@@ -90,12 +93,14 @@ def summary_table(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], pe
     peaks = peaks_of(sizings)
     several_outputs = len({r.output_tokens for r in rows}) > 1
     with_notes = any(r.note for r in rows)
-    cols = ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
+    # The model column is always there: an answer names what it sized, and two models'
+    # rows are told apart by it.
+    cols = ["model", "SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
     cols += ["threshold (streams/VM)", "first failing (streams/VM)", "binding"]
     cols += [f"nodes for {p} streams" for p in peaks] + (["note"] if with_notes else [])
     grid = []
     for r in rows:
-        line = [r.slo, str(r.input_tokens)] + ([str(r.output_tokens)] if several_outputs else [])
+        line = [model_text(r.model), r.slo, str(r.input_tokens)] + ([str(r.output_tokens)] if several_outputs else [])
         line += [r.threshold, r.first_failing, r.binding, *r.nodes] + ([r.note] if with_notes else [])
         grid.append(line)
     rules = ", ".join(dict.fromkeys(c.rule for c in crossovers)) or f"{percentile} of streams"
@@ -149,7 +154,7 @@ def slo_reasons(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], head
 
 
 def _ctx(c: Crossover, with_output: bool = False) -> str:
-    return f"{c.input_tokens} input tokens" + (f" / {c.output_tokens} output" if with_output else "")
+    return c.model_label + f"{c.input_tokens} input tokens" + (f" / {c.output_tokens} output" if with_output else "")
 
 
 def context_reason(c: Crossover, sizings: Sequence[Sizing], with_output: bool = False) -> str:

@@ -21,7 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, sort_key, spread
+from vcfslm.analysis.cells import (
+    CLUSTER,
+    SCOPE_TITLES,
+    SINGLE,
+    Cell,
+    model_text,
+    models_of,
+    sort_key,
+    spread,
+)
 from vcfslm.analysis.serve import (
     PCT,
     UNITS,
@@ -97,6 +106,8 @@ def fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
 def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Table:
     """One scope's cells; `tails` adds p90/p99 columns (shown when repeats exist)."""
     cells = [c for c in cells if c.scope == scope]
+    models = models_of(cells)
+    several_models = len(models) > 1
     configs = sorted({(c.vms, c.ranks_per_vm) for c in cells})
     outputs = sorted({c.output_tokens for c in cells})
     title = SCOPE_TITLES[scope]
@@ -105,7 +116,7 @@ def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Tab
         title += f" ({vms} VM{'s' if vms > 1 else ''} × {ranks} ranks per VM)"
     if len(outputs) == 1:
         title += f", {outputs[0]} output tokens"
-    cols = []
+    cols = ["model"] if several_models else []
     if len(configs) > 1:
         cols.append("VMs × ranks/VM")
     cols += ["input tokens"] + (["output tokens"] if len(outputs) > 1 else [])
@@ -120,9 +131,10 @@ def results_table(cells: Sequence[Cell], scope: str, tails: bool = False) -> Tab
     flagged = any(c.flags for c in cells)      # an empty flags column only widens the table
     cols += ["windows"] + (["flags"] if flagged else [])
     rows = []
-    for c in sorted(cells, key=lambda c: (c.vms, c.ranks_per_vm, c.input_tokens, c.output_tokens,
-                                          c.batch_per_rank)):
-        row = [f"{c.vms} × {c.ranks_per_vm}"] if len(configs) > 1 else []
+    for c in sorted(cells, key=lambda c: (models.index(c.model), c.vms, c.ranks_per_vm, c.input_tokens,
+                                          c.output_tokens, c.batch_per_rank)):
+        row = [model_text(c.model)] if several_models else []
+        row += [f"{c.vms} × {c.ranks_per_vm}"] if len(configs) > 1 else []
         row += [str(c.input_tokens)] + ([str(c.output_tokens)] if len(outputs) > 1 else [])
         row += [str(c.batch_per_rank), str(c.streams_per_vm), str(c.streams_cluster), fmt(c.ttft_s.p50, 2)]
         row += [fmt(c.ttft_s.p90, 2), fmt(c.ttft_s.p99, 2)] if tails else []
@@ -182,6 +194,7 @@ class Comparison:
     diff_pct: float                  # (cluster - single) / single x 100
     cluster_not_worse: bool
     within_spread: bool | None       # None: fewer than two repeats on a side
+    model: str = ""
 
     @property
     def verdict(self) -> str:
@@ -198,13 +211,15 @@ def _p50(cell: Cell, metric: str) -> float:
 
 
 def compare(cells: Sequence[Cell]) -> list[Comparison]:
-    """Single VM vs cluster at the same batch per rank, input and output length."""
-    singles = {(c.input_tokens, c.output_tokens, c.batch_per_rank): c for c in cells
+    """Single VM vs cluster at the same batch per rank, input and output length, of the same model."""
+    singles = {(c.model, c.input_tokens, c.output_tokens, c.batch_per_rank): c for c in cells
                if c.scope == SINGLE and c.has_data}
+    models = models_of(cells)
     out = []
     for cl in sorted((c for c in cells if c.scope == CLUSTER and c.has_data),
-                     key=lambda c: (c.input_tokens, c.output_tokens, c.batch_per_rank, c.vms)):
-        single = singles.get((cl.input_tokens, cl.output_tokens, cl.batch_per_rank))
+                     key=lambda c: (models.index(c.model), c.input_tokens, c.output_tokens, c.batch_per_rank,
+                                    c.vms)):
+        single = singles.get((cl.model, cl.input_tokens, cl.output_tokens, cl.batch_per_rank))
         if single is None:
             continue
         for label, metric, repeats_attr, higher_better, _ in METRICS:
@@ -215,17 +230,19 @@ def compare(cells: Sequence[Cell]) -> list[Comparison]:
             sa, sb = spread(getattr(single, repeats_attr)), spread(getattr(cl, repeats_attr))
             within = None if sa is None or sb is None else (sa[0] <= sb[1] and sb[0] <= sa[1])
             out.append(Comparison(cl.input_tokens, cl.output_tokens, cl.batch_per_rank, cl.vms, label,
-                                  a, b, (b - a) / a * 100.0, not_worse, within))
+                                  a, b, (b - a) / a * 100.0, not_worse, within, cl.model))
     return out
 
 
 def comparison_table(comparisons: Sequence[Comparison]) -> Table:
-    cols = ["input tokens", "batch/rank", "cluster VMs", "metric", "single VM", "cluster", "difference",
-            "verdict"]
+    several_models = len({c.model for c in comparisons}) > 1
+    cols = (["model"] if several_models else []) + [
+        "input tokens", "batch/rank", "cluster VMs", "metric", "single VM", "cluster", "difference", "verdict"]
     digits = {label: d for label, _, _, _, d in METRICS}
-    rows = [[str(c.input_tokens), str(c.batch_per_rank), str(c.cluster_vms), c.metric,
-             fmt(c.single, digits[c.metric]), fmt(c.cluster, digits[c.metric]), _pct(c.diff_pct),
-             c.verdict] for c in comparisons]
+    rows = [([model_text(c.model)] if several_models else [])
+            + [str(c.input_tokens), str(c.batch_per_rank), str(c.cluster_vms), c.metric,
+               fmt(c.single, digits[c.metric]), fmt(c.cluster, digits[c.metric]), _pct(c.diff_pct), c.verdict]
+            for c in comparisons]
     return Table("Matched per-rank load: single VM vs cluster", cols, rows, [comparison_summary(comparisons)])
 
 
@@ -261,8 +278,10 @@ def comparison_summary(comparisons: Sequence[Comparison]) -> str:
 
 
 def crossover_table(crossovers: Sequence[Crossover]) -> Table:
-    cols = ["SLO", "input tokens", "percentile", "threshold (streams/VM)", "95% interval",
-            "first failing (streams/VM)", "binding", "note"]
+    several_models = len({c.model for c in crossovers}) > 1
+    cols = (["model"] if several_models else []) + [
+        "SLO", "input tokens", "percentile", "threshold (streams/VM)", "95% interval",
+        "first failing (streams/VM)", "binding", "note"]
     rows = []
     for c in crossovers:
         note = {"none": f"{NOT_ACHIEVABLE} in this configuration",
@@ -273,22 +292,26 @@ def crossover_table(crossovers: Sequence[Crossover]) -> Table:
                 f"non-monotonic: passes again at {', '.join(map(str, c.non_monotonic))}"
         if c.few_samples:
             note = (note + "; " if note else "") + "few samples: " + "; ".join(c.few_samples)
-        rows.append([c.slo.describe(), str(c.input_tokens), c.percentile, c.threshold_text,
-                     c.interval_text or "–", "–" if c.first_failing is None else str(c.first_failing),
-                     c.binding or "–", note])
+        rows.append(([model_text(c.model)] if several_models else [])
+                    + [c.slo.describe(), str(c.input_tokens), c.percentile, c.threshold_text,
+                       c.interval_text or "–", "–" if c.first_failing is None else str(c.first_failing),
+                       c.binding or "–", note])
     return Table("Concurrency crossover point per SLO and context", cols, rows,
                  ["Threshold: the largest tested streams per VM that meets the SLO before the first "
                   "failing load; a value exactly at a limit meets it."])
 
 
 def sizing_table(sizings: Sequence[Sizing]) -> Table:
-    cols = ["SLO", "input tokens", "percentile", "peak streams", "threshold (streams/VM)", "headroom",
-            "nodes", "95% interval"]
+    several_models = len({s.crossover.model for s in sizings}) > 1
+    cols = (["model"] if several_models else []) + [
+        "SLO", "input tokens", "percentile", "peak streams", "threshold (streams/VM)", "headroom", "nodes",
+        "95% interval"]
     rows = []
     for s in sizings:
         c = s.crossover
-        rows.append([c.slo.describe(), str(c.input_tokens), c.percentile, str(s.peak_streams), c.threshold_text,
-                     f"{s.headroom:.0%}", s.nodes_text, s.interval_text or "–"])
+        rows.append(([model_text(c.model)] if several_models else [])
+                    + [c.slo.describe(), str(c.input_tokens), c.percentile, str(s.peak_streams), c.threshold_text,
+                       f"{s.headroom:.0%}", s.nodes_text, s.interval_text or "–"])
     return Table(f"Sizing: nodes = {law_formula(headroom='headroom')}", cols, rows,
                  ["“≤ n”: every tested load met the SLO, so fewer nodes may do."])
 
@@ -299,7 +322,7 @@ CSV_COLUMNS = ["scope", "vms", "ranks_per_vm", "batch_per_rank", "input_tokens",
                "streams_per_vm", "streams_cluster", "ttft_s", "ttft_p90_s", "ttft_p99_s", "tpot_ms",
                "tpot_p90_ms", "tpot_p99_ms", "per_user_tps", "rank_tps", "rank_tps_min", "rank_tps_max",
                "repeats", "roofline_tpot_ms", "roofline_efficiency", "roofline_ttft_s", "ttft_efficiency",
-               "windows", "invalid_windows", "flags", "source"]
+               "windows", "invalid_windows", "flags", "source", "model"]
 
 
 def cells_csv(cells: Sequence[Cell]) -> str:
@@ -317,7 +340,7 @@ def cells_csv(cells: Sequence[Cell]) -> str:
                     _raw(c.per_user_tps()), _raw(c.rank_tps), _raw(s[0] if s else None),
                     _raw(s[1] if s else None), c.repeats, _raw(c.roofline_tpot_ms),
                     _raw(c.roofline_efficiency), _raw(c.roofline_ttft_s), _raw(c.ttft_efficiency), c.windows,
-                    c.invalid_windows, "; ".join(c.flags), c.source])
+                    c.invalid_windows, "; ".join(c.flags), c.source, c.model])
     return buf.getvalue()
 
 
@@ -365,9 +388,11 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     peaks = list(dict.fromkeys(s.peak_streams for s in sizings if s.peak_streams is not None))
     several_outputs = len({c.threshold.key.output_tokens for c in comparisons}) > 1
     several_servers = len({c.threshold.key.server for c in comparisons}) > 1
+    several_models = len({c.threshold.key.model for c in comparisons}) > 1
     notes_of = {id(c): _serve_note(c) for c in comparisons}
     with_notes = any(notes_of.values())
-    cols = ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
+    cols = ["model"] if several_models else []
+    cols += ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
     cols += ["server"] if several_servers else []
     cols += ["load", "threshold (per VM)", "first failing (per VM)", "binding", "streams/VM at threshold",
              "static crossover (streams/VM)", "serving / static"]
@@ -376,7 +401,8 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     for c in comparisons:
         t = c.threshold
         mine = {s.peak_streams: s for s in sizings if s.threshold is t}
-        row = [t.slo.title, str(t.key.input_tokens)] + ([str(t.key.output_tokens)] if several_outputs else [])
+        row = [model_text(t.key.model)] if several_models else []
+        row += [t.slo.title, str(t.key.input_tokens)] + ([str(t.key.output_tokens)] if several_outputs else [])
         row += [t.key.server] if several_servers else []
         streams = t.streams_text + (f" {t.streams_interval.text(lambda v: f'{v:.1f}')}"
                                     if t.streams_interval and t.status in ("threshold", "above") else "")
@@ -415,8 +441,9 @@ def _serve_note(c: ServeComparison) -> str:
     return "; ".join(notes)
 
 
-def serve_points_table(points: Sequence[ServePoint], slos: Sequence) -> Table:
-    """One series' loads: latency tails, goodput per SLO, concurrency, requests, validity."""
+def serve_points_table(points: Sequence[ServePoint], slos: Sequence, with_model: bool = False) -> Table:
+    """One series' loads: latency tails, goodput per SLO, concurrency, requests, validity
+    (with_model: its title names the model, for inputs of several)."""
     key = points[0].key
     unit = key.unit
     cols = [f"load/rank ({unit})", f"load/VM ({unit})", "requests", "unfinished", "TTFT p50 (s)",
@@ -434,7 +461,7 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence) -> Table:
         row += [_attainment_text(p, s) for s in slos]
         row += [f"{p.windows - p.invalid_windows}/{p.windows}"] + (["; ".join(p.flags)] if flagged else [])
         rows.append(row)
-    title = f"Serving, {describe_key(key)}"
+    title = f"Serving, {model_text(key.model) + ', ' if with_model else ''}{describe_key(key)}"
     notes = ["Tails pool every counted request of every rank and valid window; ∞: the tail reaches an "
              "unfinished request. Goodput: requests per second per VM that met every limit of the SLO; "
              "attainment: the share of counted requests that did (unfinished ones met none)."]
@@ -449,10 +476,13 @@ def _attainment_text(p: ServePoint, slo) -> str:
 
 def serve_thresholds_table(thresholds: Sequence[ServeThreshold]) -> Table:
     """Every series x SLO (the answer reads one per SLO and context)."""
-    cols = ["SLO", "series", "rule", "threshold (per VM)", "95% interval", "first failing (per VM)", "binding",
-            "streams/VM at threshold"]
-    rows = [[t.slo.title, describe_key(t.key), t.rule, f"{t.threshold_text} {t.key.unit}", t.interval_text or "–",
-             t.first_failing_text, t.binding or "–", t.streams_text] for t in thresholds]
+    several_models = len({t.key.model for t in thresholds}) > 1
+    cols = (["model"] if several_models else []) + [
+        "SLO", "series", "rule", "threshold (per VM)", "95% interval", "first failing (per VM)", "binding",
+        "streams/VM at threshold"]
+    rows = [([model_text(t.key.model)] if several_models else [])
+            + [t.slo.title, describe_key(t.key), t.rule, f"{t.threshold_text} {t.key.unit}", t.interval_text or "–",
+               t.first_failing_text, t.binding or "–", t.streams_text] for t in thresholds]
     return Table("Serving threshold of every series", cols, rows)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..errors import Problem, UsageError
+from ..presets import PRESET_NAMES
 from .common import int_list, output_option, print_json
 from .report import latest_run
 
@@ -22,9 +23,10 @@ from .report import latest_run
               show_default=True, help="Where to look for the latest run.")
 @click.option("--measured-on", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Platform file (YAML or probe JSON) a CSV was measured on (runs carry their own probes).")
-@click.option("--model", "model_name", type=click.Choice(["phi-3-mini"]), default=None,
-              help="The model to predict for (default: the one measured; a CSV's is taken as phi-3-mini). "
-                   "Another shape than the fitted one is flagged as an extrapolation.")
+@click.option("--model", "model_name", type=click.Choice(PRESET_NAMES), default=None, metavar="PRESET",
+              help="A preset to predict for (" + ", ".join(PRESET_NAMES) + "). Default: each model measured, "
+                   "one answer per model (a CSV's is its model column's preset, else phi-3-mini). Another "
+                   "shape than the fitted ones is flagged as an extrapolation.")
 @click.option("--platform", "platform_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Target: a platform YAML (platforms/*.yaml, or a shipped one by name such as "
                    "vx650v4-6737p) or the JSON `vcfslm probe -o json` printed on the target.")
@@ -70,6 +72,8 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
       vcfslm predict --results runs/<id> --platform platforms/vx650v4-6737p.yaml --peak-streams 256 --slo B
       vcfslm predict --results runs/<id> --bandwidth-gbs 92 --gemm-tflops 4 --threads-per-rank 24
       vcfslm predict --results runs/<small-model run> --model phi-3-mini --platform vx650v4-6737p
+      vcfslm predict --results runs/<phi3> --model qwen2.5-7b --platform vx650v4-6737p --slo B
+      vcfslm predict --results runs/<phi3> --results runs/<llama3b> --peak-streams 256
       vcfslm predict --results brief.csv --measured-on platforms/vx650v4-6747p.yaml \\
           --platform platforms/vx650v4-6737p.yaml
       vcfslm predict --validate runs/<id> --fit-batches 1,4
@@ -85,7 +89,7 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
                                       ("--peak-streams", peaks)) if v]
         if given:
             raise UsageError(f"--validate checks the model on its runs' own cells; drop {', '.join(given)}")
-        inputs = load_measured(list(validate_runs), None, model_name)
+        inputs = load_measured(list(validate_runs), None)
         fit, held = P.split(inputs.observations, inputs.threads, fit_batches, fit_threads)
         reasons = P.check_validation(fit, held)
         if reasons:
@@ -110,7 +114,7 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
     if platform_file and bandwidth_gbs is not None:
         raise UsageError("give either --platform or --bandwidth-gbs/--gemm-tflops, not both")
     sources = list(results) or [latest_run(runs_dir)]
-    inputs = load_measured(sources, measured_on, model_name)
+    inputs = load_measured(sources, measured_on)
     model = _fit(fit_model, inputs.observations)
     target = build_target(inputs, platform_file, bandwidth_gbs, gemm_tflops, ranks_per_node, threads_per_rank,
                           vnuma_nodes)
@@ -119,16 +123,28 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
 
     known, _ = known_slos(inputs.metas)
     chosen = resolve_slos(slos, known)
-    scenarios = P.scenarios_of(inputs.observations, batch_sizes, input_tokens, output_tokens)
-    dims = KNOWN_DIMS[model_name] if model_name else inputs.dims
-    answer = P.predict_target(model, dims, target, scenarios, chosen, peaks, headroom)
-    notes = target_notes(inputs, target)
+    # One answer per model: the one asked for, else each measured model from its own cells' scenarios.
+    if model_name:
+        targets = [(model_name, KNOWN_DIMS[model_name], inputs.observations)]
+    else:
+        targets = [(name, dims, [o for o in inputs.observations if o.dims == dims])
+                   for name, dims in inputs.models.items()]
+    several = len(targets) > 1
+    answers = [P.predict_target(model, dims, target, P.scenarios_of(obs, batch_sizes, input_tokens, output_tokens),
+                                chosen, peaks, headroom, name if several or model_name else "")
+               for name, dims, obs in targets]
+    names = [name for name, _, _ in targets]
+    notes = target_notes(inputs, target) + model_notes(inputs, model_name)
     if output == "json":
         print_json({"results": [str(s) for s in sources], "target": target.description,
                     "target_basis": target.basis, "rank_rates": target.rates, "model": model.to_dict(),
-                    "predictions": [p.to_dict() for p in answer.predictions],
-                    "crossovers": [_threshold_dict(t) for t in answer.thresholds],
-                    "sizings": [{**n.sizing.to_dict(), "nodes_interval": [n.low, n.high]} for n in answer.nodes],
+                    "models": names,
+                    "predictions": [{"model": name, **p.to_dict()}
+                                    for name, a in zip(names, answers, strict=True) for p in a.predictions],
+                    "crossovers": [{"model": name, **_threshold_dict(t)}
+                                   for name, a in zip(names, answers, strict=True) for t in a.thresholds],
+                    "sizings": [{**n.sizing.to_dict(), "model": name, "nodes_interval": [n.low, n.high]}
+                                for name, a in zip(names, answers, strict=True) for n in a.nodes],
                     "notes": notes})
         return
     click.echo(f"fitted on {', '.join(map(str, sources))}: {model.observations} repeats, "
@@ -140,11 +156,12 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
     for n in notes:
         click.echo(f"note: {n}")
     click.echo("")
-    for table in (P.prediction_table(answer), P.threshold_table(answer)) + ((P.nodes_table(answer),)
-                                                                             if answer.nodes else ()):
-        for line in table.text():
-            click.echo(line)
-        click.echo("")
+    for answer in answers:
+        for table in (P.prediction_table(answer), P.threshold_table(answer)) + ((P.nodes_table(answer),)
+                                                                                 if answer.nodes else ()):
+            for line in table.text():
+                click.echo(line)
+            click.echo("")
 
 
 def _fit(fit_model, observations):
@@ -156,19 +173,32 @@ def _fit(fit_model, observations):
 
 @dataclass
 class Measured:
-    """The measured side: observations, the model's dims, the runs' metadata and calibrations."""
+    """The measured side: observations, each model's dims, the runs' metadata and calibrations."""
 
     observations: list = field(default_factory=list)
     threads: dict[str, int] = field(default_factory=dict)    # source -> threads per rank
     metas: list = field(default_factory=list)
     calibrations: list = field(default_factory=list)
-    dims: Any = None
+    models: dict[str, Any] = field(default_factory=dict)     # model name -> its dims, in the order measured
     measured_platform: Any = None                            # a CSV's --measured-on
 
+    def add_model(self, name: str, dims) -> None:
+        """A measured model; a shape already measured under another name keeps its first name."""
+        if dims not in self.models.values():
+            self.models[name] = dims
 
-def load_measured(sources: list[Path], measured_on: Path | None, model_name: str) -> Measured:
-    from ..analysis.calibration import KNOWN_DIMS, observations, rank_rates, run_calibration
-    from ..analysis.cells import aggregate, load_runs
+
+def load_measured(sources: list[Path], measured_on: Path | None) -> Measured:
+    """Observations of every run (each with its own model's facts) and CSV (each row with the
+    preset its model column names, else Phi-3-mini)."""
+    from ..analysis.calibration import (
+        CSV_DEFAULT_MODEL,
+        named_dims,
+        observations,
+        rank_rates,
+        run_calibration,
+    )
+    from ..analysis.cells import aggregate, load_runs, models_of
     from ..analysis.csv_import import import_csv
     from ..hardware import load_platform
 
@@ -182,22 +212,29 @@ def load_measured(sources: list[Path], measured_on: Path | None, model_name: str
         out.threads[cal.run_id] = cal.threads_per_rank
         out.metas.append(run.meta)
         out.calibrations.append(cal)
-        out.dims = out.dims or cal.dims
+        out.add_model(run.meta.model, cal.dims)
     if csvs:
         if measured_on is None:
             raise UsageError([Problem(str(csvs[0]), None, None, "", "a CSV carries no probe figures: give "
                                       "--measured-on PLATFORM (the platform file it was measured on)")])
         platform = load_platform(measured_on)
         out.measured_platform = platform
-        dims = KNOWN_DIMS[model_name or "phi-3-mini"]
         for path in csvs:
             cells = import_csv(path).cells
-            for ranks in sorted({c.ranks_per_vm for c in cells}):
-                rates = rank_rates(platform.with_changes(ranks_per_node=ranks))
-                out.observations += observations([c for c in cells if c.ranks_per_vm == ranks], dims, rates,
-                                                 str(path))
-                out.threads[str(path)] = platform.threads
-        out.dims = out.dims or dims
+            for model in models_of(cells):
+                name = model or CSV_DEFAULT_MODEL
+                dims = named_dims(name)
+                if dims is None:
+                    raise UsageError([Problem(str(path), None, None, "model",
+                                              f"{model!r} is not a shape known without a run's facts; name a "
+                                              f"preset ({', '.join(PRESET_NAMES)})")])
+                out.add_model(name, dims)
+                mine = [c for c in cells if c.model == model]
+                for ranks in sorted({c.ranks_per_vm for c in mine}):
+                    rates = rank_rates(platform.with_changes(ranks_per_node=ranks))
+                    out.observations += observations([c for c in mine if c.ranks_per_vm == ranks], dims, rates,
+                                                     str(path))
+                    out.threads[str(path)] = platform.threads
     if not out.observations:
         raise UsageError([Problem(", ".join(map(str, sources)), None, None, "", "no valid measured cells to fit on")])
     return out
@@ -236,6 +273,18 @@ def target_notes(inputs: Measured, target) -> list[str]:
         notes.append("the target has no decode-batch curve: its batch knee is the roofline's "
                      "max(bandwidth, GEMM rate), the fit's was probed")
     return notes
+
+
+def model_notes(inputs: Measured, model_name: str | None) -> list[str]:
+    """What `--model` asks of the fit: another shape than any measured one is an extrapolation."""
+    if not model_name or inputs.models.get(model_name) is not None:
+        return []
+    from ..analysis.calibration import KNOWN_DIMS
+
+    if KNOWN_DIMS[model_name] in inputs.models.values():
+        return []
+    return [f"{model_name} is predicted from a fit on {', '.join(inputs.models)}: another model shape, so every "
+            "figure is an extrapolation (flagged per row)"]
 
 
 def _threshold_dict(t) -> dict:

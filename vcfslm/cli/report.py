@@ -46,9 +46,12 @@ def _verbose() -> int:
 def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headroom) -> None:
     """Tables, figures, SLO crossover and sizing of one or more runs, as report.html/.md and CSV.
 
+    Runs of different models are never pooled: the answer has a row per model.
+
     \b
     Examples:
       vcfslm report runs/20250101-single runs/20250101-cluster
+      vcfslm report runs/phi3 runs/llama3b runs/qwen7b      # one answer row per model
       vcfslm report runs/<id> --slo 'strict:tpot<=110ms,ttft<=1s' --percentile p99
       vcfslm report runs/<id> --slo B --slo mlperf-server --attainment 0.95
       vcfslm report --csv published.csv --percentile p50 --out /tmp/published
@@ -195,7 +198,7 @@ def _size_static(analysis, names, sources, chosen, context, peak_streams, headro
         click.echo(f"- {a.reasoning}")
     for a in answers:
         c = a.crossover
-        click.echo(f"answer: {c.slo.title}, {c.input_tokens}-token inputs, {c.rule}: {a.answer_text()}"
+        click.echo(f"answer: {c.model_label}{c.slo.title}, {c.input_tokens}-token inputs, {c.rule}: {a.answer_text()}"
                    + (f", binding {c.binding}" if c.binding else ""))
     if len(answers) == 1:
         a = answers[0]
@@ -205,6 +208,7 @@ def _size_static(analysis, names, sources, chosen, context, peak_streams, headro
 def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output,
                   rule, rule_notes) -> None:
     """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
+    from ..analysis.cells import model_text
     from ..analysis.serve import UNITS, analyse, compare
     from ..analysis.serve import size as size_serving
     from ..analysis.tables import serve_sizing_table
@@ -254,9 +258,11 @@ def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_
             click.echo(f"  static crossover ({c.pairing}): {c.static_text} streams/VM; serving / static = "
                        f"{c.ratio_text}")
     which = "rate" if peak_rps is not None else "streams"
+    several_models = len({a.threshold.key.model for a in answers}) > 1
     for a in answers:
         t = a.threshold
-        click.echo(f"answer: {t.slo.title}, {t.key.input_tokens}-token inputs, {t.rule}: {a.answer_text(which)}"
+        model = f"{model_text(t.key.model)}, " if several_models else ""
+        click.echo(f"answer: {model}{t.slo.title}, {t.key.input_tokens}-token inputs, {t.rule}: {a.answer_text(which)}"
                    + (f", binding {t.binding}" if t.binding else ""))
     if len(answers) == 1:
         a = answers[0]
