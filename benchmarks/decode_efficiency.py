@@ -119,20 +119,6 @@ def cpu_line() -> str:
             f"AMX {'yes' if facts.get('amx') else 'no'} -> linears {plan.label}")
 
 
-def kernel_paths(model) -> list[str]:
-    """One line per (linear name, shape, kernel), with its count."""
-    groups: dict[tuple[str, int, int, str], int] = {}
-    for name, m in model.named_modules():
-        if isinstance(m, linear.PackedLinear):
-            key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features, m.kernel)
-        elif isinstance(m, torch.nn.Linear):
-            key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features, "torch.nn.Linear (unpacked)")
-        else:
-            continue
-        groups[key] = groups.get(key, 0) + 1
-    return [f"{n:>3} x {short:<12} {i:>5} -> {o:<6} {kernel}" for (short, i, o, kernel), n in groups.items()]
-
-
 # ------------------------------------------------------------------ child: memory and compile
 
 
@@ -247,7 +233,7 @@ def main() -> int:
     print(f"model: {replica.facts['params'] / 1e9:.3f}B params, {replica.weight_bytes / 1e9:.3f} GB bf16; "
           f"engine {engine.label}; pack check max relative error {engine.pack.max_rel_error:.2g}")
     print("kernel path of each linear:")
-    for line in kernel_paths(replica.model):
+    for line in linear.kernel_table(replica.model):
         print("  " + line)
 
     p1 = synthetic_prompt(1, args.prompt, config.vocab_size, seed=1)

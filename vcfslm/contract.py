@@ -30,6 +30,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from . import presets
 from .errors import InventoryError, Problem
 from .results import RunMeta
 from .servers import VLLM
@@ -140,11 +141,27 @@ def model_kind(model: str) -> str | None:
     return None
 
 
+def model_slug(model: str) -> str:
+    """A model source as one folder name (the guest's staged-model folders)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-")
+
+
+def synthetic_config_on_guest(models_dir: str, model: str) -> str:
+    """Where a `synthetic:config=PATH` source's config file is staged on a guest."""
+    return f"{models_dir.rstrip('/')}/{model_slug(model)}/config.json"
+
+
 def model_ref(inventory) -> str:
-    """The model as the worker on a guest names it: synthetic spec, hub id, or staged folder."""
+    """The model as the worker on a guest names it: synthetic spec (a config file at its
+    staged place), hub id, or staged folder."""
     model = inventory.guest.model
     if model_kind(model) == "dir":
         return f"{guest_paths(inventory).models_dir}/{Path(model).expanduser().name}"
+    if model_kind(model) == "synthetic":
+        spec = presets.parse_synthetic(model)
+        if spec.config_path is not None:
+            staged = synthetic_config_on_guest(guest_paths(inventory).models_dir, model)
+            return str(presets.SyntheticSpec(config_path=staged, layers=spec.layers))
     return model
 
 

@@ -1,13 +1,19 @@
 """Model memory footprint estimates (pure): weights and KV-cache bytes of known shapes.
 
-Used by inventory validation (will ranks_per_node replicas fit in the VM?) and by the
-roofline (bytes read per decode step). Unknown models (a local directory, an unlisted
+Used by inventory validation (will ranks_per_node replicas fit in the VM, and one vNUMA
+node's replicas in its memory?) and by the roofline (bytes read per decode step). A shape
+is known for every preset of `vcfslm.presets` (as `synthetic:NAME` or by its hub id), for
+a `synthetic:config=PATH` and for a local folder's config.json. Other models (an unlisted
 hub id) have no estimate: the checks that need one are skipped, never guessed.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from . import presets
 
 BF16_BYTES = 2
 
@@ -21,10 +27,18 @@ class ModelShape:
     hidden: int
     kv_heads: int
     head_dim: int
+    # The lm_head is the input embedding: the engine's oneDNN layout packs a second copy of
+    # it for the head (the embedding lookup needs the plain rows), so a replica holds it twice.
+    tied_embedding_params: int = 0
 
     @property
     def weight_bytes(self) -> int:
         return self.params * BF16_BYTES
+
+    @property
+    def held_weight_bytes(self) -> int:
+        """What a replica holds: the weights, and the packed head of a tied embedding."""
+        return (self.params + self.tied_embedding_params) * BF16_BYTES
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -32,20 +46,36 @@ class ModelShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * BF16_BYTES
 
 
-PHI3_MINI = ModelShape(params=3_821_079_552, layers=32, hidden=3072, kv_heads=32, head_dim=96)
-TINY = ModelShape(params=2_179_392, layers=2, hidden=64, kv_heads=4, head_dim=16)
+def shape_from_counts(c: presets.ShapeCounts) -> ModelShape:
+    return ModelShape(params=c.params, layers=c.layers, hidden=c.hidden, kv_heads=c.kv_heads,
+                      head_dim=c.head_dim, tied_embedding_params=c.embedding_params if c.tied else 0)
 
-KNOWN_SHAPES: dict[str, ModelShape] = {
-    "synthetic:phi-3-mini": PHI3_MINI,
-    "synthetic:tiny": TINY,
-    "microsoft/phi-3-mini-128k-instruct": PHI3_MINI,
-    "microsoft/phi-3-mini-4k-instruct": PHI3_MINI,
-}
+
+PHI3_MINI = shape_from_counts(presets.preset_counts("phi-3-mini"))
+# The test suite's synthetic:tiny (built by the engine, not a preset).
+TINY = ModelShape(params=2_179_392, layers=2, hidden=64, kv_heads=4, head_dim=16)
+_TEST_SHAPES = {"synthetic:tiny": TINY}
 
 
 def shape_of(model: str) -> ModelShape | None:
-    """The known shape of a model source, or None when it cannot be known without loading it."""
-    return KNOWN_SHAPES.get(model.lower())
+    """The shape of a model source when it is known without loading it (module docstring)."""
+    if model.lower() in _TEST_SHAPES:
+        return _TEST_SHAPES[model.lower()]
+    counts = presets.counts_of_source(model)
+    if counts is None and not model.startswith(presets.SYNTHETIC_PREFIX):
+        counts = _folder_counts(model)
+    return None if counts is None else shape_from_counts(counts)
+
+
+def _folder_counts(model: str) -> presets.ShapeCounts | None:
+    config = Path(model).expanduser() / "config.json"
+    try:
+        if not config.is_file():
+            return None
+        values = json.loads(config.read_text())
+        return presets.counts(values.get("text_config", values) if "num_hidden_layers" not in values else values)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 # What a rank holds beside its weights and KV cache: the Python/torch runtime, compiled
@@ -57,11 +87,23 @@ RANK_RUNTIME_BYTES = 1024**3
 
 def rank_memory_bytes(shape: ModelShape, batch: int, context_tokens: int) -> int:
     """One replica's resident bytes, as the engine holds them: one copy of the weights (the
-    engine packs each linear in place and keeps no second copy), a static KV cache of
-    batch x context tokens, and the runtime."""
-    return shape.weight_bytes + batch * context_tokens * shape.kv_bytes_per_token + RANK_RUNTIME_BYTES
+    engine packs each linear in place and keeps no second copy; a tied head is packed apart,
+    see ModelShape), a static KV cache of batch x context tokens, and the runtime."""
+    return shape.held_weight_bytes + batch * context_tokens * shape.kv_bytes_per_token + RANK_RUNTIME_BYTES
 
 
-def decode_step_bytes(shape: ModelShape, batch: int, context_tokens: int) -> int:
-    """Bytes one decode step reads: every weight once + the KV cache it attends over."""
-    return shape.weight_bytes + batch * context_tokens * shape.kv_bytes_per_token
+
+def replica_breakdown(shape: ModelShape, batch: int, context_tokens: int) -> str:
+    """rank_memory_bytes in words, for a refusal that shows its numbers."""
+    gib = 1024**3
+    kv = batch * context_tokens * shape.kv_bytes_per_token
+    return (f"{shape.held_weight_bytes / gib:.1f} GiB weights + {kv / gib:.1f} GiB KV cache at batch {batch} x "
+            f"{context_tokens} tokens + {RANK_RUNTIME_BYTES / gib:.1f} GiB runtime")
+
+
+def node_shortfall(shape: ModelShape, replicas_per_node: int, batch: int, context_tokens: int,
+                   node_bytes: float) -> int | None:
+    """The bytes one NUMA node's replicas need when they exceed `node_bytes`, else None: a
+    rank is bound to its node's memory, so what fits the machine may not fit a node."""
+    need = replicas_per_node * rank_memory_bytes(shape, batch, context_tokens)
+    return need if need > node_bytes else None

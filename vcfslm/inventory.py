@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from . import arrivals, contract, footprint, serving, topology, vm_settings
+from . import arrivals, contract, footprint, presets, serving, topology, vm_settings
 from .contract import LEGACY_COMPILE_MODES
 from .errors import InventoryError, Problem
 from .yamldoc import Key, load_mapping, pydantic_problems, read_document
@@ -169,7 +169,8 @@ class Guest(_Model):
                                         description="Index for torch (CPU wheels); null = default index.")
     wheelhouse: str | None = Field(None, description="Local folder of wheels pushed to offline guests.")
     model: str = Field("microsoft/Phi-3-mini-128k-instruct",
-                       description="Hub id | local dir | synthetic:phi-3-mini | synthetic:tiny.")
+                       description="Hub id | local dir | synthetic:PRESET[,layers=N] (phi-3-mini, llama-3.2-3b, "
+                                   "qwen2.5-7b, ...: `vcfslm model presets`) | synthetic:config=PATH | synthetic:tiny.")
     workdir: str = Field("/opt/vcfslm", description="Guest folder for the venv, model, scripts, runs.")
     venv: str | None = Field(None, description="Guest venv path; null = <workdir>/venv.")
     parallel: PositiveInt | None = Field(
@@ -387,6 +388,7 @@ def semantic_problems(inv: Inventory) -> list[tuple[Key, str]]:
             out.append((("nodes", i, "management_ip"),
                         f"{node.management_ip} is outside the management network {mgmt_net} "
                         f"(gateway {mgmt.gateway})"))
+    out.extend(_model_problems(inv))
     out.extend(_memory_problems(inv))
     return out
 
@@ -417,24 +419,48 @@ SERVER_NEEDS_FOLDER = ("bench.serve.server {server} serves a model folder, not {
 
 
 def _memory_problems(inv: Inventory) -> list[tuple[Key, str]]:
+    """Will the replicas fit: all of them in the VM, and each vNUMA node's in that node's
+    memory (a rank is bound to its node's memory; numactl --membind fails past it)?"""
     shape = footprint.shape_of(inv.guest.model)
     if shape is None:
         return []
     bench = inv.bench
     context = max(bench.input_tokens) + bench.output_tokens
-    per_rank = footprint.rank_memory_bytes(shape, max(bench.batch_sizes), context)
-    need = bench.ranks_per_node * per_rank + GUEST_OVERHEAD_BYTES
-    have = inv.vm.memory_gb * 1024**3
-    if need <= have:
-        return []
+    batch = max(bench.batch_sizes)
+    per_rank = footprint.rank_memory_bytes(shape, batch, context)
     gib = 1024**3
-    return [(("vm", "memory_gb"),
-             f"{inv.vm.memory_gb} GiB is too small: {bench.ranks_per_node} replicas x "
-             f"({shape.weight_bytes / gib:.1f} GiB weights + "
-             f"{(per_rank - shape.weight_bytes - footprint.RANK_RUNTIME_BYTES) / gib:.1f} GiB KV cache "
-             f"at batch {max(bench.batch_sizes)} x {context} tokens + "
-             f"{footprint.RANK_RUNTIME_BYTES / gib:.1f} GiB runtime) + {GUEST_OVERHEAD_BYTES // gib} GiB "
-             f"guest overhead = {need / gib:.1f} GiB")]
+    replica = footprint.replica_breakdown(shape, batch, context)
+    need = bench.ranks_per_node * per_rank + GUEST_OVERHEAD_BYTES
+    have = inv.vm.memory_gb * gib
+    if need > have:
+        return [(("vm", "memory_gb"),
+                 f"{inv.vm.memory_gb} GiB is too small: {bench.ranks_per_node} replicas x ({replica}) + "
+                 f"{GUEST_OVERHEAD_BYTES // gib} GiB guest overhead = {need / gib:.1f} GiB")]
+    nodes = inv.vm.vnuma_nodes
+    per_node = topology.ranks_per_vnuma_node(bench.ranks_per_node, nodes)
+    node_memory = (have - GUEST_OVERHEAD_BYTES) / nodes
+    short = footprint.node_shortfall(shape, per_node, batch, context, node_memory)
+    if short is None:
+        return []
+    return [(("guest", "model"),
+             f"{inv.guest.model} does not fit a vNUMA node: {per_node} replica(s) x ({replica}) = "
+             f"{short / gib:.1f} GiB, and a node holds {node_memory / gib:.1f} GiB "
+             f"(vm.memory_gb {inv.vm.memory_gb} less {GUEST_OVERHEAD_BYTES // gib} GiB guest overhead, "
+             f"over {nodes} vNUMA nodes)")]
+
+
+def _model_problems(inv: Inventory) -> list[tuple[Key, str]]:
+    """A synthetic source must name a preset (or a config file that reads as a decoder config)."""
+    model = inv.guest.model
+    if not model.startswith(presets.SYNTHETIC_PREFIX):
+        return []
+    try:
+        spec = presets.parse_synthetic(model)
+        if spec.config_path is not None:
+            presets.config_values(spec)
+    except presets.SyntheticSpecError as exc:
+        return [(("guest", "model"), str(exc))]
+    return []
 
 
 # --------------------------------------------------------------------- loading

@@ -167,7 +167,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                 bos_token_id=2, eos_token_id=1, pad_token_id=0)),
 )}
 PRESET_NAMES = tuple(PRESETS)
-HUB_IDS = {p.hub_id.lower(): p for p in PRESETS.values()}
+# Hub ids of the same shape as a preset (the 4k Phi-3-mini differs only in its rotary scaling).
+_SAME_SHAPE_HUB_IDS = {"microsoft/phi-3-mini-4k-instruct": "phi-3-mini"}
+HUB_IDS = {**{p.hub_id.lower(): p for p in PRESETS.values()},
+           **{hub: PRESETS[name] for hub, name in _SAME_SHAPE_HUB_IDS.items()}}
 
 
 # ------------------------------------------------------------------ synthetic sources

@@ -185,3 +185,47 @@ def test_probe_settings_reach_the_cluster_workers(flags, expected):
     [launch] = json.loads(result.stdout)
     argv = launch["torchrun"]
     assert argv[argv.index(expected[0]):argv.index(expected[0]) + len(expected)] == expected
+
+
+def _config_file(tmp_path, **changes) -> str:
+    from vcfslm import presets
+
+    values = {**presets.tiny_values("gemma-3-1b"), **changes}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(values))
+    return f"synthetic:config={path}"
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"model_type": "gemma2", "attn_logit_softcapping": 50.0}, "uses attn_logit_softcapping=50.0, which the engine"),
+    ({"model_type": "no-such-family"}, "cannot build model_type 'no-such-family'"),
+])
+def test_a_config_the_engine_cannot_run_exits_2(tmp_path, changes, message):
+    result = invoke("bench", "--local", "--model", _config_file(tmp_path, **changes), "--runs-dir", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not list(tmp_path.glob("*/meta.json"))   # nothing was started
+
+
+def test_a_model_too_big_for_this_machine_is_refused_before_a_rank_starts(tmp_path, monkeypatch):
+    from vcfslm.lab import generate
+
+    monkeypatch.setattr(generate, "machine_shape", lambda: generate.MachineShape(cpus=2, numa_nodes=2, memory_gib=24))
+    result = invoke("bench", "--local", "--model", "synthetic:qwen2.5-7b", "--ranks", "2", "--batch-sizes", "1,16",
+                    "--input-tokens", "128", "--output-tokens", "16", "--runs-dir", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert ("synthetic:qwen2.5-7b does not fit this machine: 1 replica(s) per NUMA node x (14.2 GiB weights + "
+            "0.1 GiB KV cache at batch 16 x 144 tokens + 1.0 GiB runtime) = 15.3 GiB, and a NUMA node has 12.0 GiB"
+            ) in " ".join(result.output.split())
+    assert not list(tmp_path.iterdir())
+
+
+def test_model_presets_lists_every_preset_as_json():
+    from vcfslm import presets
+
+    result = invoke("model", "presets", "-o", "json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["name"] for r in rows] == list(presets.PRESET_NAMES)
+    qwen = next(r for r in rows if r["name"] == "qwen2.5-7b")
+    assert (qwen["kv_heads"], qwen["head_dim"], qwen["tied"], qwen["params_b"]) == (4, 128, False, 7.62)

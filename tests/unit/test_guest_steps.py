@@ -166,3 +166,30 @@ def test_local_model_folder_is_pushed_then_unchanged(tmp_path, inventory):
     manifest = [op for op in step.plan(ctx, False) if isinstance(op, Upload) and op.remote == marker][0].data
     ctx = CaseContext({"facts": {f"content:{marker}": manifest.decode()}}, inventory, inventory.nodes[0])
     assert step.plan(ctx, False) == []
+
+
+def test_a_synthetic_config_is_staged_where_the_worker_reads_it(tmp_path, inventory):
+    """synthetic:config=PATH: the guest gets the file, and the worker's source names the
+    staged copy; once there (same sha256) nothing is sent again."""
+    from vcfslm.contract import model_ref
+
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama"}\n')
+    model = f"synthetic:config={config},layers=2"
+    step = STEP_TYPES["model"].model_validate(
+        {"model": model, "models_dir": "/opt/vcfslm/models", "python": "/opt/vcfslm/venv/bin/python"})
+    slug = "synthetic-config-" + str(config).strip("/").replace("/", "-") + "-layers-2"
+    marker, staged = f"/opt/vcfslm/models/{slug}/.vcfslm-model", f"/opt/vcfslm/models/{slug}/config.json"
+    ctx = CaseContext({"facts": {f"file:{marker}": None, f"file:{staged}": None}}, inventory, inventory.nodes[0])
+    uploads = [op for op in step.plan(ctx, False) if isinstance(op, Upload)]
+    assert [op.remote for op in uploads] == [marker, staged]
+    assert uploads[1].data == config.read_bytes()
+    moved = inventory.model_copy(update={"guest": inventory.guest.model_copy(update={"model": model})})
+    assert model_ref(moved) == f"synthetic:config={staged},layers=2"
+    sha = hashlib.sha256(config.read_bytes()).hexdigest()
+    ctx = CaseContext({"facts": {f"file:{marker}": None, f"file:{staged}": {"kind": "file", "sha256": sha}}},
+                      inventory, inventory.nodes[0])
+    assert [op.remote for op in step.plan(ctx, False) if isinstance(op, Upload)] == [marker]
+    config.unlink()
+    with pytest.raises(PlaybookError, match="does not exist on this machine"):
+        step.plan(ctx, False)

@@ -82,6 +82,15 @@ def test_error_names_file_line_column_and_key():
     (lambda d: d.pop("vm"), "vm", "required key is missing"),
     (lambda d: d.update(name="Phi3 Cluster"), "name", "pattern"),
     (lambda d: d.update(nodes=[]), "nodes", "at least 1"),
+    (lambda d: d["guest"].update(model="synthetic:qwen9-7b"), "guest.model", "unknown synthetic model 'qwen9-7b'"),
+    (lambda d: d["guest"].update(model="synthetic:llama-3.2-3b,layers=0"), "guest.model", "expected layers=N"),
+    (lambda d: d["guest"].update(model="synthetic:config=/no/such/config.json"), "guest.model",
+     "/no/such/config.json: cannot read the config"),
+    # 16.2 GiB per Qwen2.5-7B replica: the VM holds two (40.3 GiB of 48), but each replica is
+    # bound to one vNUMA node, and a node has 10 GiB.
+    (lambda d: (d["guest"].update(model="synthetic:qwen2.5-7b"), d["vm"].update(memory_gb=48),
+                d["bench"].update(ranks_per_node=2)),
+     "guest.model", r"does not fit a vNUMA node: 1 replica\(s\) x .* a node holds 10\.0 GiB"),
 ])
 def test_each_rule(mutate, key, pattern):
     data = brief_data()
@@ -101,6 +110,33 @@ def test_all_problems_at_once_sorted_by_line():
     assert len(msgs) == 3
     lines = [int(m.split(":")[1]) for m in msgs]
     assert lines == sorted(lines)
+
+
+def test_a_preset_is_sized_from_its_config():
+    """Qwen2.5-7B: 15.2 GB of weights (untied), KV of 4 heads x 128 (not hidden), so four
+    replicas need a bigger VM than four Phi-3-minis; a 1-layer config file shrinks it."""
+    data = brief_data()
+    data["guest"]["model"] = "synthetic:qwen2.5-7b"
+    data["vm"]["memory_gb"] = 64
+    [msg] = problems_of(data)
+    assert "vm.memory_gb: 64 GiB is too small: 4 replicas x (14.2 GiB weights + 1.0 GiB KV cache" in msg
+
+
+def test_a_synthetic_config_file_is_read(tmp_path):
+    import json
+
+    from vcfslm import presets
+
+    values = presets.config_values(presets.SyntheticSpec(preset="qwen2.5-7b", layers=1))
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    data = brief_data()
+    data["guest"]["model"] = f"synthetic:config={tmp_path / 'config.json'}"
+    data["vm"]["memory_gb"] = 64
+    inv = parse_inventory(yaml.safe_dump(data, sort_keys=False), "cluster.yaml")
+    assert inv.guest.model.endswith("config.json")
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2",\n "hidden_size": }')
+    [msg] = problems_of(data)
+    assert f"{tmp_path / 'config.json'}:2: not JSON" in msg
 
 
 def test_memory_message_gives_the_numbers():

@@ -187,11 +187,12 @@ class PackReport:
     linears: int
     weight_bytes: int
     max_rel_error: float
+    shapes: tuple[str, ...] = ()   # kernel_table of the packed model
 
     def to_dict(self) -> dict:
         return {"kernel": self.plan.kernel, "min_rows": self.plan.min_rows, "label": self.plan.label,
                 "linears": self.linears, "weight_bytes": self.weight_bytes,
-                "pack_check_max_rel_error": self.max_rel_error}
+                "pack_check_max_rel_error": self.max_rel_error, "shapes": list(self.shapes)}
 
 
 class PackCheckError(RuntimeError):
@@ -224,7 +225,7 @@ def pack_linears(model: torch.nn.Module, plan: KernelPlan, *, check: bool = True
         setattr(parent, child, packed)
         del original
     gc.collect()
-    return PackReport(plan, len(names), total, worst)
+    return PackReport(plan, len(names), total, worst, tuple(kernel_table(model)))
 
 
 def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator) -> float:
@@ -243,6 +244,22 @@ def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator
         raise PackCheckError(f"packed {packed.kernel} weight {tuple(w.shape)} differs from F.linear: "
                              f"max relative error {err:.3g} > {PACK_CHECK_RTOL}")
     return err
+
+
+def kernel_table(model: torch.nn.Module) -> list[str]:
+    """One line per distinct (linear name, in -> out, kernel), with how many there are: what
+    each shape of the model runs on (every family names its linears differently: Phi-3's
+    fused qkv_proj, Llama's q/k/v_proj, ...)."""
+    groups: dict[tuple[str, int, int, str], int] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, PackedLinear):
+            key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features, m.kernel)
+        elif isinstance(m, torch.nn.Linear):
+            key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features, "torch.nn.Linear (unpacked)")
+        else:
+            continue
+        groups[key] = groups.get(key, 0) + 1
+    return [f"{n:>3} x {short:<12} {i:>5} -> {o:<6} {kernel}" for (short, i, o, kernel), n in groups.items()]
 
 
 def packed_kernels(model: torch.nn.Module) -> dict[str, int]:

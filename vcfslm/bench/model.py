@@ -181,21 +181,49 @@ class LoadedModel:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of every weight the replica holds: its parameters, and the weights its
-        packed linears hold as buffers (vcfslm.bench.linear; `held_nbytes`)."""
-        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return params + sum(getattr(m, "held_nbytes", 0) for m in self.model.modules())
+        """Bytes of every weight the replica holds, each tensor once: its parameters (a tied
+        embedding once), and the weights its packed linears hold as buffers
+        (vcfslm.bench.linear; `held_nbytes`) unless they are a parameter's own storage (a
+        tied head on a kernel that reads the plain matrix)."""
+        params = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
+        held = 0
+        for m in self.model.modules():
+            weight = getattr(m, "packed_weight", None)
+            if weight is not None and _storage_ptr(weight) in params:
+                held += m.held_nbytes - m.weight_nbytes   # its bias only
+            else:
+                held += getattr(m, "held_nbytes", 0)
+        return sum(params.values()) + held
 
     @property
     def step_weight_bytes(self) -> int:
-        """Weight bytes one decode step reads: all but the input embedding (one row per token)."""
+        """Weight bytes one decode step reads: every matrix once, the lm_head included, but
+        not the input embedding (one row per token) unless it is the lm_head (tied)."""
         embed = self.model.get_input_embeddings().weight
-        return self.weight_bytes - embed.numel() * embed.element_size()
+        embed_bytes = embed.numel() * embed.element_size()
+        return self.weight_bytes - embed_bytes + (embed_bytes if self.head_reads_embedding else 0)
+
+    @property
+    def head_reads_embedding(self) -> bool:
+        """The lm_head's matrix is the input embedding's storage (tied, not packed apart)."""
+        head = self.model.get_output_embeddings()
+        weight = getattr(head, "packed_weight", None)
+        if weight is None:
+            weight = getattr(head, "weight", None)
+        return weight is not None and _storage_ptr(weight) == self.model.get_input_embeddings().weight.data_ptr()
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V bytes one token adds to the cache (every layer)."""
         return kv_bytes_per_token(self.config)
+
+
+def _storage_ptr(tensor) -> int | None:
+    """Where a tensor's data starts; None for an opaque (oneDNN-packed) one."""
+    try:
+        return tensor.data_ptr()
+    except RuntimeError:
+        return None
 
 
 def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
@@ -259,6 +287,9 @@ def build_random_model(config, *, seed: int = 0, attn_implementation: str = "sdp
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.to_empty(device="cpu")
+    # to_empty gives each parameter its own storage: a tied lm_head would become a second,
+    # different matrix (twice the memory, and not the model the config describes).
+    model.tie_weights()
     gen = torch.Generator().manual_seed(seed)
     bound = getattr(config, "initializer_range", 0.02) * 3 ** 0.5  # uniform with that std
     # Drawing 3.8B numbers one by one takes ~30 s on a small VM; tiling each weight from

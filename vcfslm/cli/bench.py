@@ -42,7 +42,8 @@ CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
               help="Run on this machine (torchrun standalone, numactl pinning), no VM needed.")
 @inventory_option
 @click.option("--model", default=None, metavar="SRC",
-              help="Model: folder, hub id, synthetic:phi-3-mini[,layers=N], synthetic:tiny "
+              help="Model: folder, hub id, synthetic:PRESET[,layers=N] (phi-3-mini, llama-3.2-3b, "
+                   "qwen2.5-7b, ...: `vcfslm model presets`), synthetic:config=PATH, synthetic:tiny "
                    "(local; default: the inventory's guest.model, else synthetic:tiny).")
 @click.option("--ranks", type=click.IntRange(min=1), default=None,
               help="Ranks (model replicas) on this machine (local; default 1 or the inventory's).")
@@ -153,7 +154,7 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
                  slos: dict[str, Any] | None = None) -> None:
     """Resolve the local run's settings (flags > resumed meta > inventory > defaults) and run it."""
     from ..bench.local import run_local
-    from ..bench.model import ModelSourceError, parse_model_spec
+    from ..bench.model import ModelSourceError, parse_model_spec, synthetic_config
     from ..guest.templates import render_template
 
     settings = _local_defaults()
@@ -171,11 +172,14 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
     if slos:
         settings["slos"] = slos
     try:
-        parse_model_spec(settings["model"])
+        spec = parse_model_spec(settings["model"])
+        if spec.kind == "synthetic":
+            synthetic_config(spec)  # the family is built and runnable, before anything starts
     except ModelSourceError as exc:
         raise UsageError([Problem("", None, None, "--model", str(exc))]) from None
     matrix = Matrix(tuple(settings["batch_sizes"]), tuple(settings["input_tokens"]),
                     settings["output_tokens"], settings["warmup"], settings["repeats"])
+    _refuse_what_does_not_fit(settings["model"], settings["ranks"], matrix)
     serve = server = None
     if opts["serve"] or settings.get("previous_serve"):
         serve = serve_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_serve"),
@@ -203,6 +207,28 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
     print_run_summary(run.meta, run.records, run.run_dir, opts["output"],
                       f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
                       f"{run.meta.threads_per_rank} thread(s), {run.meta.model}")
+
+
+def _refuse_what_does_not_fit(model: str, ranks: int, matrix: Matrix) -> None:
+    """A local run whose replicas cannot fit this machine's NUMA nodes is refused before a
+    rank starts (building a 15 GB replica only to be killed by the OOM killer helps no one)."""
+    from .. import footprint
+    from ..lab.generate import machine_shape
+
+    shape = footprint.shape_of(model)
+    machine = machine_shape()
+    if shape is None or not machine.memory_gib:
+        return
+    per_node = -(-ranks // machine.numa_nodes)
+    batch, context = max(matrix.batch_sizes), max(matrix.input_tokens) + matrix.output_tokens
+    node_bytes = machine.memory_gib * 1024**3 / machine.numa_nodes
+    short = footprint.node_shortfall(shape, per_node, batch, context, node_bytes)
+    if short is not None:
+        raise UsageError([Problem("", None, None, "--model",
+                                  f"{model} does not fit this machine: {per_node} replica(s) per NUMA node x "
+                                  f"({footprint.replica_breakdown(shape, batch, context)}) = "
+                                  f"{short / 1024**3:.1f} GiB, and a NUMA node has {node_bytes / 1024**3:.1f} GiB "
+                                  f"(fewer --ranks, smaller --batch-sizes or --input-tokens, or fewer layers)")])
 
 
 def _local_defaults() -> dict[str, Any]:

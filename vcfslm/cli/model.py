@@ -1,4 +1,5 @@
-"""`vcfslm model write`: a synthetic model as a checkpoint folder, for servers that load one."""
+"""`vcfslm model presets`: the shapes a synthetic source names; `vcfslm model write`: a synthetic
+model as a checkpoint folder, for servers that load one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,34 @@ from .common import output_option, print_json
 
 @click.group("model")
 def model() -> None:
-    """Model folders for the bench's servers."""
+    """Model shapes and folders: the presets a synthetic source names, checkpoints for servers."""
+
+
+@model.command("presets")
+@output_option
+def presets_command(output: str) -> None:
+    """The published model shapes `synthetic:NAME` builds (random bf16 weights of that exact
+    shape), with the numbers that size a replica.
+
+    \b
+    Examples:
+      vcfslm model presets
+      vcfslm bench --local --model synthetic:llama-3.2-3b --batch-sizes 1,16
+    """
+    from .. import presets
+
+    rows = [presets.describe_preset(p) for p in presets.PRESETS.values()]
+    if output == "json":
+        print_json(rows)
+        return
+    click.echo(f"{'synthetic:NAME':<16} {'family':<7} {'params':>7} {'weights':>8} {'layers':>6} "
+               f"{'heads/kv x dim':>15} {'tied':>4} {'KV/token':>9}  hub id")
+    for r in rows:
+        click.echo(f"{r['name']:<16} {r['family']:<7} {r['params_b']:>6.2f}B {r['weights_gib']:>5.1f} GiB "
+                   f"{r['layers']:>6} {r['heads']:>6}/{r['kv_heads']:<2} x {r['head_dim']:<3} "
+                   f"{'yes' if r['tied'] else 'no':>4} {r['kv_kib_per_token']:>5.0f} KiB  {r['hub_id']}")
+    click.echo("sources: the config.json of each hub id (vcfslm/presets.py names each); "
+               "any other shape: synthetic:config=PATH")
 
 
 @model.command("write")
@@ -21,7 +49,7 @@ def model() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Weights seed.")
 @output_option
 def write(source: str, folder: str, seed: int, output: str) -> None:
-    """Write SOURCE (synthetic:NAME[,layers=N]) to FOLDER as a Hugging Face checkpoint with a
+    """Write SOURCE (synthetic:NAME[,layers=N] or synthetic:config=PATH) to FOLDER as a Hugging Face checkpoint with a
     word-level tokenizer of its vocabulary: what `bench --serve --server vllm` serves.
 
     \b

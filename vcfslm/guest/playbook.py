@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ..contract import GuestPaths, guest_paths, model_ref
+from ..contract import GuestPaths, guest_paths, model_ref, model_slug
 from ..errors import (
     CommandFailed,
     PlaybookError,
@@ -43,7 +43,7 @@ from ..resources import resource_dir
 from ..servers import HTTP_BACKENDS
 from . import facts as F
 from . import vllm
-from .steps import STEP_TYPES, HostContext, Op, Shell, Upload, describe, execute, slug
+from .steps import STEP_TYPES, HostContext, Op, Shell, Upload, describe, execute
 
 COMMON_KEYS = {"name", "sudo", "timeout"}
 TOP_KEYS = {"name", "description", "steps"}
@@ -82,7 +82,7 @@ def host_variables(inventory, node) -> dict[str, Any]:
         "guest": g, "vm": inventory.vm, "bench": inventory.bench,
         **{k: getattr(paths, k) for k in GuestPaths.__dataclass_fields__},
         "guest_python": g.python,
-        "model": g.model, "model_ref": model_ref(inventory), "model_slug": slug(g.model),
+        "model": g.model, "model_ref": model_ref(inventory), "model_slug": model_slug(g.model),
         "torch_requirement": torch_requirement(g.torch),
         "offline": g.wheelhouse is not None,
         "wheelhouse": _local_path(inventory, g.wheelhouse),

@@ -11,7 +11,6 @@ host's facts for all its remaining steps in one round trip (guest/batch.py).
 from __future__ import annotations
 
 import hashlib
-import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..contract import model_kind as contract_model_kind
+from ..contract import model_slug, synthetic_config_on_guest
 from ..errors import CommandFailed, PlaybookError
+from ..presets import SyntheticSpecError, parse_synthetic
 from . import batch
 from . import facts as F
 from .facts import q
@@ -651,6 +652,19 @@ class ModelStep(Step):
     models_dir: str = Field(description="Remote folder of staged models.")
     python: str = Field(description="Guest python with huggingface_hub (the venv's).")
 
+    def _config_file(self) -> Path | None:
+        """The local config.json of a synthetic:config=PATH source (None for a preset)."""
+        try:
+            spec = parse_synthetic(self.model)
+        except SyntheticSpecError as exc:
+            raise PlaybookError(str(exc)) from None
+        if spec.config_path is None:
+            return None
+        path = Path(spec.config_path).expanduser()
+        if not path.is_file():
+            raise PlaybookError(f"model config {path} does not exist on this machine")
+        return path
+
     def _hub_probe(self) -> tuple[str, str]:
         code = ("import sys; from huggingface_hub import snapshot_download as s; "
                 "s(sys.argv[1], local_files_only=len(sys.argv) > 2)")
@@ -660,7 +674,10 @@ class ModelStep(Step):
         kind = contract_model_kind(self.model)
         root = self.models_dir.rstrip("/")
         if kind == "synthetic":
-            return [F.file_state(f"{root}/{slug(self.model)}/{MARKER_MODEL}", sudo=sudo)]
+            facts = [F.file_state(f"{root}/{model_slug(self.model)}/{MARKER_MODEL}", sudo=sudo)]
+            if self._config_file() is not None:
+                facts.append(F.file_state(synthetic_config_on_guest(root, self.model), sudo=sudo))
+            return facts
         if kind == "hub":
             return [F.command_succeeds(self._hub_probe()[1])]
         if kind == "dir":
@@ -671,8 +688,14 @@ class ModelStep(Step):
         kind = model_kind(self.model)
         root = self.models_dir.rstrip("/")
         if kind == "synthetic":
-            marker = f"{root}/{slug(self.model)}/{MARKER_MODEL}"
-            return content_ops(marker, (self.model + "\n").encode(), None, None, None, ctx, sudo)
+            marker = f"{root}/{model_slug(self.model)}/{MARKER_MODEL}"
+            ops = content_ops(marker, (self.model + "\n").encode(), None, None, None, ctx, sudo)
+            config = self._config_file()
+            if config is not None:
+                # The worker builds the shape from the config, so the guest needs the file.
+                ops += content_ops(synthetic_config_on_guest(root, self.model), config.read_bytes(),
+                                   None, None, None, ctx, sudo)
+            return ops
         if kind == "hub":
             code, probe = self._hub_probe()
             if ctx.fact(F.command_succeeds(probe)):
@@ -682,10 +705,6 @@ class ModelStep(Step):
         if not local.is_dir():
             raise PlaybookError(f"model folder {local} does not exist on this machine")
         return push_tree(ctx, local, f"{root}/{local.name}", sudo)
-
-
-def slug(model: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-")
 
 
 def push_tree(ctx: HostContext, local: Path, remote: str, sudo: bool) -> list[Op]:
