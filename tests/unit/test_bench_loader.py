@@ -304,3 +304,32 @@ def test_peak_rss_of_a_checkpoint_load_stays_within_its_bound(phi3_mini_one_laye
     assert got["hwm"] <= bound, (f"peak RSS {got['hwm'] / 1e6:.0f} MB > baseline {got['baseline'] / 1e6:.0f} MB "
                                  f"+ {PEAK_RATIO} x {weights / 1e6:.0f} MB of weights")
     assert got["rss"] >= got["baseline"] + 0.9 * weights  # the weights are really in memory
+
+
+def test_checkpoint_files_refuse_a_broken_index_or_header(tmp_path):
+    from vcfslm.bench.checkpoint_files import INDEX_NAME, CheckpointError, checkpoint_entries
+
+    folder = tmp_path / "sharded"
+    random_model(family_config("llama")).save_pretrained(folder, max_shard_size="100KB")
+    index = json.loads((folder / INDEX_NAME).read_text())
+    shard = sorted(set(index["weight_map"].values()))[0]
+    assert len(checkpoint_entries(folder)) == len(index["weight_map"])
+    (folder / shard).rename(folder / "elsewhere.bin")
+    with pytest.raises(CheckpointError, match=f"^{folder}: {INDEX_NAME} names shard {shard}, which is not in"):
+        checkpoint_entries(folder)
+    (folder / "elsewhere.bin").write_bytes(b"\x10\x00")
+    (folder / "elsewhere.bin").rename(folder / shard)
+    with pytest.raises(CheckpointError, match=f"^{folder / shard}: too short for a safetensors file"):
+        checkpoint_entries(folder)
+
+
+def test_a_synthetic_model_is_packed_by_load_model_when_given_a_plan():
+    from vcfslm.bench.loader import packed_report
+
+    seen = []
+    loaded = load_model("synthetic:tiny", plan=plan(), before_pack=lambda m: seen.append(
+        sum(type(x) is torch.nn.Linear for x in m.modules())))
+    assert seen == [2 * 4 + 1]  # called once, before any linear was packed
+    report = packed_report(loaded.model)
+    assert report is not None and report.linears == 2 * 4 + 1 and report.plan == plan()
+    assert loaded.facts["params"] == load_model("synthetic:tiny").facts["params"]
