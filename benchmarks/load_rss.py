@@ -8,6 +8,8 @@ transformers' from_pretrained, each in a fresh child process, one after the othe
 Ways:
 - loader: load_model(folder, plan=...): tensor by tensor from the mapped files, each
   linear packed as it arrives and its pages given back (vcfslm.bench.loader);
+- loader+hook: the same with a before_pack hook that runs one forward pass of 8 tokens on
+  the mapped, unpacked model (what a numerics gate's reference costs: every page is read);
 - loader+engine: load_model(folder) unpacked (every tensor copied, its pages given back),
   then DecodeEngine packs (the worker's call sequence when it passes no plan);
 - from_pretrained: AutoModelForCausalLM.from_pretrained(folder, dtype=bf16), then
@@ -30,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-WAYS = ("loader", "loader+engine", "from_pretrained")
+WAYS = ("loader", "loader+hook", "loader+engine", "from_pretrained")
 TARGET = 1.3
 
 
@@ -58,9 +60,17 @@ def child(way: str, folder: str) -> dict:
     pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 256, dtype=torch.bfloat16)), plan)
     baseline = _status("VmRSS:")
     started = time.perf_counter()
-    if way == "loader":
-        loaded = load_model(folder, plan=plan)
-        kernel = plan.label
+    if way in ("loader", "loader+hook"):
+        hook_s = []
+
+        def reference_forward(model):
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                model(torch.arange(1, 9).view(1, 8))
+            hook_s.append(time.perf_counter() - t0)
+
+        loaded = load_model(folder, plan=plan, before_pack=reference_forward if way == "loader+hook" else None)
+        kernel = plan.label + (f"; hook {hook_s[0]:.1f} s" if hook_s else "")
     elif way == "loader+engine":
         loaded = load_model(folder)
         kernel = DecodeEngine(loaded.model, "eager", plan=plan).plan.label

@@ -32,6 +32,8 @@ nothing again.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import gc
 import mmap
 import warnings
@@ -270,6 +272,7 @@ def _settle(model, groups, linears, files, plan, check) -> PackReport | None:
             waiting[name].discard(id(group))
             if not waiting[name]:
                 packed.append(_pack_one(model, name, linears[name], plan, check))
+                _trim_heap()
                 for part in linears[name]:
                     if part.mapped and all(not waiting[n] for n in part.linears):
                         files[part.entry.path].release(part.entry)
@@ -308,6 +311,23 @@ def _data_ptr(tensor: torch.Tensor) -> int | None:
     try:
         return tensor.data_ptr()
     except (RuntimeError, NotImplementedError):  # an opaque (oneDNN) tensor: memory of its own
+        return None
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free memory back to the system. A pack check's fp32 slices are
+    below glibc's mmap threshold, so they come from the heap, and freed they stay resident
+    (measured: the lm_head's check left ~0.4 GB of a Phi-3-mini load in RSS to its end)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
         return None
 
 
