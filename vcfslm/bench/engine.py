@@ -59,6 +59,7 @@ import torch
 
 from ..contract import MEASUREMENT_MODES, normalize_compile_mode
 from .linear import KernelPlan, PackReport, choose_plan, onednn_bf16, pack_linears
+from .loader import packed_report
 from .serve import Piece
 
 log = logging.getLogger(__name__)
@@ -296,8 +297,10 @@ class DecodeEngine:
     """Greedy generation with packed weights, one KV store and one compiled step family.
 
     model: a bf16 causal LM; its nn.Linear layers are replaced in place by packed ones
-    (the originals are dropped) and its attention by `vcfslm-flat`. mode: "compile" or
-    "eager". plan: the linear kernel (default: the best this CPU offers). Static windows
+    (the originals are dropped) and its attention by `vcfslm-flat`. A model its loader
+    already packed (vcfslm.bench.loader) is taken as it is, with the loader's PackReport
+    (each linear was checked as it was packed). mode: "compile" or "eager". plan: the
+    linear kernel (default: the best this CPU offers, or the loader's). Static windows
     call generate(); serving builds a TokenSlots on the engine.
     """
 
@@ -305,8 +308,15 @@ class DecodeEngine:
                  check_packing: bool = True):
         self.model = model
         self.mode = normalize_compile_mode(mode)
-        self.plan = plan or choose_plan(onednn_bf16())
-        self.pack: PackReport = pack_linears(model, self.plan, check=check_packing)
+        prepacked = packed_report(model)
+        if prepacked is not None:
+            if plan is not None and plan != prepacked.plan:
+                raise ValueError(f"the model's linears are packed as {prepacked.plan.label}; "
+                                 f"they cannot be repacked as {plan.label}")
+            self.plan, self.pack = prepacked.plan, prepacked
+        else:
+            self.plan = plan or choose_plan(onednn_bf16())
+            self.pack: PackReport = pack_linears(model, self.plan, check=check_packing)
         _register_attention()
         model.config._attn_implementation = ATTENTION
         self.counter = CompileCounter()

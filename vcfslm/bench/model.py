@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,30 +234,92 @@ def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
 
 
 def load_model(source: str | ModelSpec, *, seed: int = 0, max_context: int | None = None,
-               attn_implementation: str = "sdpa") -> LoadedModel:
+               attn_implementation: str = "sdpa", plan=None,
+               before_pack: Callable[[Any], None] | None = None) -> LoadedModel:
     """Load (or build) a bf16 causal LM in eval mode; pin LongRoPE's short factor when the
-    longest context of the run (`max_context`) fits the original window."""
-    import torch
+    longest context of the run (`max_context`) fits the original window.
 
+    A folder or hub id loads through vcfslm.bench.loader: tensor by tensor from the mapped
+    safetensors files, at about one copy of the weights. plan (a linear.KernelPlan): pack
+    every nn.Linear as it arrives (the engine then keeps that pack); without it the model
+    comes back unpacked, as transformers builds it. before_pack(model): called once with
+    the whole model loaded (for a checkpoint: zero-copy views of the mapped files) and not
+    yet packed. Raises ModelSourceError for a checkpoint the model does not match.
+    """
     spec = parse_model_spec(source) if isinstance(source, str) else source
     started = time.perf_counter()
+    pinned = False
+
+    def prepare(model) -> None:
+        nonlocal pinned
+        model.eval()
+        model.requires_grad_(False)
+        if max_context:
+            pinned = pin_short_rope(model, max_context)
+            drop_idle_sliding_window(model.config, max_context)
+        if before_pack is not None:
+            before_pack(model)
+
     if spec.kind == "synthetic":
         config = synthetic_config(spec)
         model = build_random_model(config, seed=seed, attn_implementation=attn_implementation)
-    else:
-        from transformers import AutoModelForCausalLM
+        prepare(model)
+        if plan is not None:
+            from .linear import pack_linears
+            from .loader import mark_packed
 
-        model = AutoModelForCausalLM.from_pretrained(spec.name, dtype=torch.bfloat16,
-                                                     attn_implementation=attn_implementation)
-    model.eval()
-    model.requires_grad_(False)
-    pinned = False
-    if max_context:
-        pinned = pin_short_rope(model, max_context)
-        drop_idle_sliding_window(model.config, max_context)
+            mark_packed(model, pack_linears(model, plan))
+    else:
+        model = load_checkpoint(checkpoint_folder(spec), plan=plan, prepare=prepare,
+                                attn_implementation=attn_implementation)
     loaded = LoadedModel(model, spec, time.perf_counter() - started, pinned)
     loaded.facts = describe(loaded)
     return loaded
+
+
+def checkpoint_folder(spec: ModelSpec) -> Path:
+    """The local folder of a "dir" or "hub" source; a hub id's config and safetensors files are
+    fetched into the Hugging Face cache first (once)."""
+    if spec.kind == "dir":
+        return Path(spec.name)
+    import json
+
+    from transformers.utils import cached_file
+
+    from .checkpoint_files import INDEX_NAME, SINGLE_NAME
+
+    folder = Path(cached_file(spec.name, "config.json")).parent
+    index = cached_file(spec.name, INDEX_NAME, _raise_exceptions_for_missing_entries=False)
+    shards = sorted(set(json.loads(Path(index).read_text())["weight_map"].values())) if index else [SINGLE_NAME]
+    for shard in shards:
+        cached_file(spec.name, shard)
+    return folder
+
+
+def load_checkpoint(folder: Path, *, plan=None, prepare: Callable[[Any], None] | None = None,
+                    attn_implementation: str = "sdpa"):
+    """The bf16 model of a save_pretrained folder: its skeleton built from config.json with
+    no weights, then filled (and packed, with a plan) by vcfslm.bench.loader. prepare(model)
+    runs once loaded and before packing."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .checkpoint_files import CheckpointError
+    from .loader import load_weights, parameters_on_meta
+
+    config = AutoConfig.from_pretrained(folder)
+    config._attn_implementation = attn_implementation
+    with parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    try:
+        load_weights(model, folder, plan=plan, before_pack=prepare)
+    except CheckpointError as exc:
+        raise ModelSourceError(str(exc)) from exc
+    return model
+
+
+# The files a saved tokenizer consists of (fast, sentencepiece, or BPE vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def load_tokenizer(source: str | ModelSpec):
@@ -264,6 +327,10 @@ def load_tokenizer(source: str | ModelSpec):
     source ships none (the numerics gate then records no text)."""
     spec = parse_model_spec(source) if isinstance(source, str) else source
     if spec.kind == "synthetic":
+        return None
+    if spec.kind == "dir" and not any((Path(spec.name) / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer from config.json's model type alone
+        # (Qwen2: a vocabulary of one token), which decodes nothing a person can read.
         return None
     from transformers import AutoTokenizer
 
@@ -395,13 +462,22 @@ def drop_idle_sliding_window(config, max_context: int) -> bool:
     return True
 
 
+def parameter_count(model) -> int:
+    """Parameters of the model, the weights its packed linears hold included; a tied lm_head
+    counts once (the embedding's), packed or not."""
+    tied = getattr(model.config, "tie_word_embeddings", False) and model.get_output_embeddings()
+    packed = sum(m.in_features * m.out_features + (0 if m.bias is None else m.bias.numel())
+                 for m in model.modules() if hasattr(m, "held_nbytes") and m is not tied)
+    return sum(p.numel() for p in model.parameters()) + packed
+
+
 def describe(loaded: LoadedModel) -> dict[str, Any]:
     """Shape facts for meta.json and the records: enough to rebuild the roofline (roofline.ModelDims)."""
     c = loaded.config
     return {
         "source": str(loaded.spec),
         "architecture": type(loaded.model).__name__,
-        "params": sum(p.numel() for p in loaded.model.parameters()),
+        "params": parameter_count(loaded.model),
         "layers": c.num_hidden_layers,
         "hidden": c.hidden_size,
         "heads": c.num_attention_heads,
