@@ -46,12 +46,16 @@ class Preset:
     name: str
     family: str
     hub_id: str
-    source: str
     config: Mapping[str, Any] = field(repr=False)
 
     @property
     def model_type(self) -> str:
         return self.config["model_type"]
+
+    @property
+    def source(self) -> str:
+        """Where the numbers come from: the model's own config.json on the Hugging Face hub."""
+        return f"https://huggingface.co/{self.hub_id}/blob/main/config.json"
 
 
 def _longrope(rotary_dims: int, short_step: float, long_step: float) -> dict[str, Any]:
@@ -81,7 +85,8 @@ _PHI3_MINI = dict(
     sliding_window=262144, tie_word_embeddings=False, bos_token_id=1, eos_token_id=32000, pad_token_id=32000)
 
 _QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, use_sliding_window=False,
-              sliding_window=None, bos_token_id=151643, eos_token_id=151645)
+              sliding_window=None, max_position_embeddings=32768, rope_parameters=_default_rope(1000000.0),
+              bos_token_id=151643, eos_token_id=151645)
 _QWEN3 = dict(model_type="qwen3", hidden_act="silu", rms_norm_eps=1e-6, use_sliding_window=False,
               sliding_window=None, head_dim=128, attention_bias=False, max_position_embeddings=40960,
               rope_parameters=_default_rope(1000000.0), bos_token_id=151643, eos_token_id=151645)
@@ -89,65 +94,50 @@ _LLAMA3 = dict(model_type="llama", vocab_size=128256, hidden_act="silu", rms_nor
                mlp_bias=False, max_position_embeddings=131072, bos_token_id=128000, eos_token_id=128009)
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("phi-3-mini", "phi3", "microsoft/Phi-3-mini-128k-instruct",
-           "https://huggingface.co/microsoft/Phi-3-mini-128k-instruct/blob/main/config.json", _PHI3_MINI),
+    Preset("phi-3-mini", "phi3", "microsoft/Phi-3-mini-128k-instruct", _PHI3_MINI),
     Preset("phi-3.5-mini", "phi3", "microsoft/Phi-3.5-mini-instruct",
-           "https://huggingface.co/microsoft/Phi-3.5-mini-instruct/blob/main/config.json",
            {**_PHI3_MINI, "rope_parameters": _longrope(96, 0.04, 50.0)}),
     # Phi-4-mini: GQA (24 heads, 8 KV), a 200k vocabulary tied to the embedding, and rotary
     # on 3/4 of each head (partial_rotary_factor 0.75: 96 of 128 dims, 48 factors).
     Preset("phi-4-mini", "phi3", "microsoft/Phi-4-mini-instruct",
-           "https://huggingface.co/microsoft/Phi-4-mini-instruct/blob/main/config.json",
            {**_PHI3_MINI, "vocab_size": 200064, "num_attention_heads": 24, "num_key_value_heads": 8,
             "rope_parameters": {**_longrope(96, 0.05, 40.0), "partial_rotary_factor": 0.75},
             "tie_word_embeddings": True, "bos_token_id": 199999, "eos_token_id": 199999, "pad_token_id": 199999}),
     Preset("llama-3.2-1b", "llama", "meta-llama/Llama-3.2-1B-Instruct",
-           "https://huggingface.co/meta-llama/Llama-3.2-1B-Instruct/blob/main/config.json",
            {**_LLAMA3, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
             "rope_parameters": _llama3_rope(32.0), "tie_word_embeddings": True}),
     Preset("llama-3.2-3b", "llama", "meta-llama/Llama-3.2-3B-Instruct",
-           "https://huggingface.co/meta-llama/Llama-3.2-3B-Instruct/blob/main/config.json",
            {**_LLAMA3, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
             "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
             "rope_parameters": _llama3_rope(32.0), "tie_word_embeddings": True}),
     Preset("llama-3.1-8b", "llama", "meta-llama/Llama-3.1-8B-Instruct",
-           "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json",
            {**_LLAMA3, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
             "rope_parameters": _llama3_rope(8.0), "tie_word_embeddings": False}),
     # Qwen2.5: biases on q, k and v (Qwen2's attention always has them), 2-4 KV heads.
     Preset("qwen2.5-1.5b", "qwen2", "Qwen/Qwen2.5-1.5B-Instruct",
-           "https://huggingface.co/Qwen/Qwen2.5-1.5B-Instruct/blob/main/config.json",
            {**_QWEN2, "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
             "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-            "max_position_embeddings": 32768, "rope_parameters": _default_rope(1000000.0),
             "tie_word_embeddings": True}),
     Preset("qwen2.5-3b", "qwen2", "Qwen/Qwen2.5-3B-Instruct",
-           "https://huggingface.co/Qwen/Qwen2.5-3B-Instruct/blob/main/config.json",
            {**_QWEN2, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008,
             "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
-            "max_position_embeddings": 32768, "rope_parameters": _default_rope(1000000.0),
             "tie_word_embeddings": True}),
     Preset("qwen2.5-7b", "qwen2", "Qwen/Qwen2.5-7B-Instruct",
-           "https://huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json",
            {**_QWEN2, "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-            "max_position_embeddings": 32768, "rope_parameters": _default_rope(1000000.0),
             "tie_word_embeddings": False}),
     # Qwen3: an RMSNorm on each head's q and k, head_dim 128 set apart from hidden / heads.
     Preset("qwen3-4b", "qwen3", "Qwen/Qwen3-4B",
-           "https://huggingface.co/Qwen/Qwen3-4B/blob/main/config.json",
            {**_QWEN3, "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
             "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
             "tie_word_embeddings": True}),
     Preset("qwen3-8b", "qwen3", "Qwen/Qwen3-8B",
-           "https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json",
            {**_QWEN3, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
             "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
             "tie_word_embeddings": False}),
     Preset("mistral-7b", "mistral", "mistralai/Mistral-7B-Instruct-v0.3",
-           "https://huggingface.co/mistralai/Mistral-7B-Instruct-v0.3/blob/main/config.json",
            dict(model_type="mistral", vocab_size=32768, hidden_size=4096, intermediate_size=14336,
                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                 hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-5,
@@ -156,7 +146,6 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     # Gemma 3 1B: one KV head of 256, a 262k vocabulary tied to the embedding, five
     # sliding-window layers (512 keys) to each global one, and norms around both blocks.
     Preset("gemma-3-1b", "gemma3", "google/gemma-3-1b-it",
-           "https://huggingface.co/google/gemma-3-1b-it/blob/main/config.json",
            dict(model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912,
                 num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
                 hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768, rms_norm_eps=1e-6,
