@@ -150,6 +150,13 @@ def slot_graph(lanes: int, piece_tokens: int) -> str:
             else f"slot step {tokens} tokens ({lanes} lanes)")
 
 
+def static_gate_fit(prompt_tokens: int, steps: int, context: int) -> tuple[int, int]:
+    """The (prompt tokens, forced steps) of a static gate within a scenario's `context` (pure):
+    the gate's store then has the scenario's shape, so it compiles the scenario's graph."""
+    steps = max(1, min(steps, context - 1))
+    return max(1, min(prompt_tokens, context - steps)), steps
+
+
 def gate_inputs(rows: int, steps: int, vocab: int, seed: int, prompt_tokens: int = GATE_PROMPT_TOKENS):
     """The gate's prompt [rows, prompt_tokens] and forced tokens [rows, steps]. Row by row
     from its own seed, so a row is the same whatever the batch: the reference, taken at

@@ -287,7 +287,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     max_context = max((i + o for _, i, o in scenarios), default=0)
     loaded = load_model(args.model, seed=args.seed, max_context=max_context or None)
     spec = ServeSpec.of_record(json.loads(args.serve)) if args.serve else None
-    gate = _gate_inputs(args, loaded.config.vocab_size, spec)
+    gate = _gate_inputs(args, loaded.config.vocab_size, spec, scenarios)
     # The unpacked model's logits, before the engine packs it in place (no room for two copies).
     reference = _reference(loaded.model, gate)
     engine = DecodeEngine(loaded.model, args.compile)
@@ -393,7 +393,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         graph_invalid = []
         if gate is not None:
             # Before the scenario's first window, by the compile its windows reuse.
-            checked = _static_gate(args, engine, loaded.config.vocab_size, scenario, reference)
+            checked = _static_gate(args, engine, loaded.config.vocab_size, gate, scenario, reference)
             gates.append(checked)
             progress({**where, "phase": "gated", "window": 0, **checked.progress()})
             graph_invalid = [checked.invalid_reason] if not checked.passed else []
@@ -472,17 +472,21 @@ def _greedy_text(args, engine) -> dict | None:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _gate_inputs(args, vocab: int, spec: ServeSpec | None):
+def _gate_inputs(args, vocab: int, spec: ServeSpec | None, scenarios):
     """The numerics gate's prompt and forced tokens (None: no gate). Static: REFERENCE_ROWS
-    rows, the first rows of every scenario's gate; serving: one row, sized so the slot
-    step's gate fits a slot's context (engine.slot_gate_fit)."""
+    rows, the first rows of every scenario's gate, within the smallest scenario's context
+    (a gate whose store outgrew its scenario's would compile a graph the windows never
+    run); serving: one row, sized so the slot step's gate fits a slot's context
+    (engine.slot_gate_fit)."""
     from .engine import slot_gate_fit
-    from .numerics import GATE_PROMPT_TOKENS, REFERENCE_ROWS, gate_inputs
+    from .numerics import GATE_PROMPT_TOKENS, REFERENCE_ROWS, gate_inputs, static_gate_fit
 
-    if args.gate_steps <= 0:
+    if args.gate_steps <= 0 or not (scenarios or spec):
         return None
     if spec is None:
-        return gate_inputs(REFERENCE_ROWS, args.gate_steps, vocab, args.seed)
+        prompt_tokens, steps = static_gate_fit(GATE_PROMPT_TOKENS, args.gate_steps,
+                                               min(i + o for _, i, o in scenarios))
+        return gate_inputs(REFERENCE_ROWS, steps, vocab, args.seed, prompt_tokens=prompt_tokens)
     prompt_tokens, steps = slot_gate_fit(GATE_PROMPT_TOKENS, args.gate_steps, spec.max_context)
     return gate_inputs(1, steps, vocab, args.seed, prompt_tokens=prompt_tokens) if steps else None
 
@@ -494,13 +498,13 @@ def _reference(model, gate):
     return None if gate is None else reference_logits(model, *gate)
 
 
-def _static_gate(args, engine, vocab: int, scenario: tuple[int, int, int], reference):
+def _static_gate(args, engine, vocab: int, gate, scenario: tuple[int, int, int], reference):
     """Gate the decode graph of one static scenario (its batch at its cache length): the
     graph its windows then run, compiled here once. Its first rows are the reference's."""
     from .numerics import gate_inputs, run_gate, static_graph
 
     batch, input_tokens, output_tokens = scenario
-    prompt, forced = gate_inputs(batch, args.gate_steps, vocab, args.seed)
+    prompt, forced = gate_inputs(batch, int(gate[1].shape[1]), vocab, args.seed, prompt_tokens=int(gate[0].shape[1]))
     return run_gate(engine, prompt, forced, max_len=input_tokens + output_tokens,
                     reference=reference, graph=static_graph(batch, input_tokens),
                     shape={"batch": batch, "input_tokens": input_tokens, "output_tokens": output_tokens,
