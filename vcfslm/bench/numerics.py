@@ -218,8 +218,9 @@ def slot_gates(checks: dict, reference=None, *, rtol: float = DEFAULT_RTOL,
 
 
 def rank_numerics(gates: list[GraphGate], greedy: dict | None = None) -> dict:
-    """A rank's numerics facts: one result per graph, and `passed` when every graph passed."""
-    return {"passed": all(g.passed for g in gates), "graphs": [g.to_dict() for g in gates],
+    """A rank's numerics facts: one result per graph, and `passed` when every graph passed
+    (None before any graph was gated)."""
+    return {"passed": all(g.passed for g in gates) if gates else None, "graphs": [g.to_dict() for g in gates],
             "failed": [g.graph for g in gates if not g.passed], "greedy": greedy}
 
 
