@@ -9,17 +9,19 @@ dependency-free: the analysis imports it too (docs/ARCHITECTURE.md).
 
 from __future__ import annotations
 
-# A rank whose compiled step disagrees with the eager model measured another computation:
-# every one of its windows carries this prefix and the gate's own explanation after it.
+# A compiled graph that disagrees with the eager model measured another computation:
+# every window that ran it carries this prefix, the graph's name and the gate's own
+# explanation after it.
 NUMERICS_GATE_PREFIX = "numerics gate: "
 # Recognised without the trailing space and in any case, as records written by hand or
 # by earlier versions spell it.
 _NUMERICS_GATE_MARK = NUMERICS_GATE_PREFIX.strip().lower()
 
 
-def numerics_gate_failed(detail: str) -> str:
-    """The reason every window of a rank whose numerics gate failed is invalid."""
-    return NUMERICS_GATE_PREFIX + detail
+def numerics_gate_failed(detail: str, graph: str | None = None) -> str:
+    """The reason a window whose compiled graph (`graph`, when named) failed the numerics
+    gate is invalid."""
+    return NUMERICS_GATE_PREFIX + (f"{graph}: {detail}" if graph else detail)
 
 
 def is_numerics_gate(reason: str) -> bool:

@@ -86,6 +86,21 @@ def test_a_failed_numerics_gate_invalidates_every_window_of_that_rank_only(tmp_p
     assert all(r.roofline_ttft_s and r.roofline_ttft_s > 0 and r.rss_bytes > 0 for r in recs)
 
 
+def test_a_failed_gate_of_one_shape_invalidates_that_shapes_windows_only(tmp_path):
+    # rank 0's step at 2 tokens (the batch-2 decode graph) is wrong; its batch-1 graph is not
+    rc, lines = finish(torchrun(tmp_path, env_extra={"VCFSLM_FAULT_NUMERICS": "0:0.5:2"}))
+    assert rc == 0, "\n".join(lines[-30:])
+    recs = results.read_records(tmp_path / "results.jsonl")
+    bad = {(r.rank, r.batch_per_rank) for r in recs if not r.valid}
+    assert bad == {(0, 2)}
+    assert all(r.invalid_reasons[0].startswith("numerics gate: static 2x8: ") for r in recs if not r.valid)
+    facts = {f["rank"]: f["numerics"] for f in json.loads((tmp_path / "ranks.json").read_text())}
+    assert facts[1]["passed"] and not facts[0]["passed"] and facts[0]["failed"] == ["static 2x8"]
+    gated = sorted((e["rank"], e["graph"], e["passed"]) for e in events(lines) if e["phase"] == "gated")
+    assert gated == [(0, "static 1x8", True), (0, "static 2x8", False), (1, "static 1x8", True),
+                     (1, "static 2x8", True)]
+
+
 def test_resume_after_a_killed_rank(tmp_path):
     proc = torchrun(tmp_path)
     seen, done_first, pids = [], set(), {}

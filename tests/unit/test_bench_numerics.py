@@ -10,8 +10,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.bench.engine import DecodeEngine, synthetic_prompt  # noqa: E402
-from vcfslm.bench.numerics import compare_logits, run_gate  # noqa: E402
+from vcfslm.bench.engine import DecodeEngine, TokenSlots, slot_gate_fit, synthetic_prompt  # noqa: E402
+from vcfslm.bench.numerics import (  # noqa: E402
+    REFERENCE_ROWS,
+    compare_logits,
+    gate_inputs,
+    rank_numerics,
+    reference_logits,
+    run_gate,
+    slot_gates,
+)
 from vcfslm.verdicts import NUMERICS_GATE_PREFIX, is_numerics_gate  # noqa: E402
 
 
@@ -43,6 +51,21 @@ def test_wrong_logits_fail_with_a_reason(bad, reason):
     assert is_numerics_gate(result.invalid_reason)
 
 
+def perturb_compiled(engine, scale=0.5, tokens=None):
+    """Noise of `scale` x the largest logit on the engine's compiled step (at `tokens` tokens
+    only, when given): what a wrong graph looks like to the gate."""
+    step = engine.run_step
+    gen = torch.Generator().manual_seed(0)
+
+    def perturbed(tok, *args, eager=False, **kwargs):
+        nxt, out = step(tok, *args, eager=eager, **kwargs)
+        if not eager and (tokens is None or tok.shape[1] == tokens):
+            out = out + scale * float(out.abs().max()) * torch.randn(out.shape, generator=gen).to(out.dtype)
+        return nxt, out
+
+    engine.run_step = perturbed
+
+
 def test_gate_on_the_compiled_tiny_model_passes_and_a_perturbed_step_fails():
     from vcfslm.bench.model import load_model
 
@@ -50,12 +73,15 @@ def test_gate_on_the_compiled_tiny_model_passes_and_a_perturbed_step_fails():
     engine = DecodeEngine(tiny.model, "compile")
     prompt = synthetic_prompt(2, 8, 16384, seed=1)
     forced = synthetic_prompt(2, 6, 16384, seed=2)
-    good = run_gate(engine, prompt, forced, max_len=32)
+    good = run_gate(engine, prompt, forced, max_len=32, graph="static 2x8")
     assert good.passed, good.reason
-    assert good.steps == 6 and good.batch == 2 and good.top1_agreement >= 0.75
+    assert good.compiled.steps == 6 and good.compiled.batch == 2 and good.compiled.top1_agreement >= 0.75
+    assert good.reference is None and good.invalid_reason is None
     compiles = engine.compiles
-    bad = run_gate(engine, prompt, forced, max_len=32, perturb=0.5)
-    assert not bad.passed and math.isfinite(bad.max_abs_diff)
+    perturb_compiled(engine)
+    bad = run_gate(engine, prompt, forced, max_len=32, graph="static 2x8")
+    assert not bad.passed and math.isfinite(bad.compiled.max_abs_diff)
+    assert bad.invalid_reason.startswith(NUMERICS_GATE_PREFIX + "static 2x8: against eager: ")
     assert engine.compiles == compiles  # the same (batch, cache length) graph was reused
 
 
@@ -71,3 +97,68 @@ def test_a_batch_one_gate_compiles_the_graph_its_windows_use():
                     max_len=24)
     assert gate.passed and engine.compiles == 1
     assert engine.generate(synthetic_prompt(1, 16, 16384, seed=3), 8).compiles == 0
+
+
+def test_the_unpacked_models_reference_agrees_with_every_static_shape_and_a_packing_bug_fails():
+    """The reference is taken before packing; its rows are the first rows of any shape's
+    gate, so one reference checks every static graph. A packed weight that is wrong passes
+    compiled-against-eager (both run it) and fails against the unpacked model."""
+    from vcfslm.bench.linear import PackedLinear
+    from vcfslm.bench.model import load_model
+
+    tiny = load_model("synthetic:tiny", seed=0, max_context=64)
+    prompt, forced = gate_inputs(REFERENCE_ROWS, 6, 16384, seed=3)
+    reference = reference_logits(tiny.model, prompt, forced)
+    assert tuple(reference.shape) == (REFERENCE_ROWS, 6, 16384) and reference.dtype == torch.float32
+    wider = gate_inputs(3, 6, 16384, seed=3)
+    assert torch.equal(wider[0][:REFERENCE_ROWS], prompt) and torch.equal(wider[1][:REFERENCE_ROWS], forced)
+    engine = DecodeEngine(tiny.model, "eager")
+    for batch, context in ((1, 24), (3, 40)):
+        rows = gate_inputs(batch, 6, 16384, seed=3)
+        good = run_gate(engine, *rows, max_len=context, reference=reference, graph=f"static {batch}x8")
+        assert good.passed and good.reference.passed, good.reason
+        assert good.reference.batch == min(batch, REFERENCE_ROWS) and good.reference.steps == 6
+    # the packing bug: one linear packed from the wrong weight
+    mlp = engine.model.model.layers[0].mlp
+    wrong = torch.randn(mlp.down_proj.out_features, mlp.down_proj.in_features,
+                        generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    mlp.down_proj = PackedLinear(wrong * 0.5, None, engine.plan)
+    bad = run_gate(engine, prompt, forced, max_len=24, reference=reference, graph="static 2x8")
+    assert bad.compiled.passed and not bad.reference.passed and not bad.passed
+    assert bad.invalid_reason.startswith(NUMERICS_GATE_PREFIX + "static 2x8: against the unpacked model: ")
+    facts = rank_numerics([good, bad])
+    assert not facts["passed"] and facts["failed"] == ["static 2x8"] and len(facts["graphs"]) == 2
+
+
+def test_priming_gates_every_slot_graph_with_the_compiles_the_windows_need():
+    """TokenSlots.prime with forced tokens runs each slot graph's gate on the way: one result
+    per graph (lanes, alone or with a piece), the one-lane decode also against the unpacked
+    model, and no compile beyond the primed graphs. A perturbed graph fails alone."""
+    from vcfslm.bench.model import load_model
+
+    tiny = load_model("synthetic:tiny", seed=0, max_context=64)
+    prompt_tokens, steps = slot_gate_fit(8, 6, 40)
+    assert (prompt_tokens, steps) == (8, 6) and slot_gate_fit(8, 6, 9) == (2, 3)
+    prompt, forced = gate_inputs(1, steps, 16384, seed=4, prompt_tokens=prompt_tokens)
+    reference = reference_logits(tiny.model, prompt, forced)
+    engine = DecodeEngine(tiny.model, "compile")
+    slots = TokenSlots(engine, 2, 40, 4, 16)
+    checks = slots.prime(prompt[0], forced[0])
+    assert engine.compiles == len(slots.buckets()) == 4 and sorted(checks) == [(1, 0), (1, 4), (2, 0), (2, 4)]
+    assert checks[(1, 0)][0].shape == (steps, 16384)       # slot 0's forced decode, step by step
+    gates = slot_gates(checks, reference)
+    assert [g.graph for g in gates] == ["slot step 1 tokens (1 lanes)", "slot step 5 tokens (1 lanes + a 4-token piece)",
+                                        "slot step 2 tokens (2 lanes)", "slot step 6 tokens (2 lanes + a 4-token piece)"]
+    assert all(g.passed for g in gates), [g.reason for g in gates]
+    assert gates[0].reference is not None and gates[0].reference.passed
+    assert all(g.reference is None for g in gates[1:])
+    # A step that reads the shifted reference is far off: the reference comparison can fail.
+    shifted = torch.cat([reference[:, 1:], reference[:, :1]], dim=1)
+    assert not slot_gates({(1, 0): checks[(1, 0)]}, shifted)[0].passed
+    perturb_compiled(engine, tokens=6)
+    again = slot_gates(slots.prime(prompt[0], forced[0]), reference)
+    assert engine.compiles == 4                              # priming again compiled nothing
+    assert [g.passed for g in again] == [True, True, True, False]
+    assert again[3].invalid_reason.startswith(NUMERICS_GATE_PREFIX + "slot step 6 tokens")
+    with pytest.raises(ValueError, match="do not fit max_context 40"):
+        slots.prime(synthetic_prompt(1, 30, 16384, seed=5)[0], forced[0])

@@ -192,3 +192,18 @@ def test_meta_problems_name_the_line_of_their_key(tmp_path):
     with pytest.raises(RunFolderError) as err:
         read_run(run)
     assert [str(p) for p in err.value.problems] == [f"{path}:{top}: nodes[1]: expected a string, got int"]
+
+
+def test_rank_numerics_load_rank_wide_from_old_runs_and_per_graph_from_new_ones():
+    from vcfslm.results.runs import rank_summaries
+
+    old = {"passed": True, "steps": 8, "batch": 1, "max_abs_diff": 0.1, "max_rel_diff": 0.01,
+           "top1_agreement": 1.0, "rtol": 0.15, "min_top1": 0.75, "reason": "", "greedy": None}
+    new = {"passed": False, "failed": ["static 4x128"], "greedy": None, "graphs": [
+        {"graph": "static 1x128", "passed": True, "reason": "", "compiled": old, "reference": old},
+        {"graph": "static 4x128", "passed": False, "reason": "against eager: top-1 agreement 0.50 < 0.75",
+         "compiled": {**old, "passed": False}, "reference": None}]}
+    ranks = rank_summaries([{"rank": 0, "numerics": old}, {"rank": 1, "numerics": new}])
+    assert meta_findings(meta_dict(ranks=ranks)) == []
+    meta = RunMeta.from_dict(meta_dict(ranks=ranks))
+    assert meta.ranks["0"]["numerics"]["passed"] and meta.ranks["1"]["numerics"]["failed"] == ["static 4x128"]

@@ -265,7 +265,7 @@ def aggregate(runs: Sequence[RunFile | tuple[RunMeta, Sequence[WindowRecord]]]) 
         explained = numerics_flag(groups.get(key, []))
         # A cell whose only invalid windows are a gate-failed rank's is already said per rank.
         warnings.extend(f"{describe(cell, several_models)}: {flag}" for flag in cell.flags if flag != explained)
-    # A failed numerics gate voids a rank's every number: say it before anything else.
+    # A failed numerics gate voids the numbers of the graphs it failed: say it before anything else.
     return Analysis(cells=cells, metas=[m for m, _ in runs], warnings=numerics + warnings,
                     runs=[r for r in runs if isinstance(r, RunFile)])
 

@@ -502,6 +502,7 @@ class TokenSlots:
         self._occupied = [False] * slots
         self._last = [0] * slots             # each occupied slot's last token
         self.last_logits: dict[int, torch.Tensor] = {}
+        self.twin_logits: tuple[tuple[int, int], torch.Tensor, torch.Tensor] | None = None
 
     @property
     def compiles(self) -> int:
@@ -530,12 +531,14 @@ class TokenSlots:
 
     @torch.inference_mode()
     def step(self, pieces: Piece | list[Piece] | tuple[Piece, ...] | None = None,
-             forced: dict[int, int] | None = None) -> StepOut:
+             forced: dict[int, int] | None = None, *, twin: bool = False) -> StepOut:
         """One step: every occupied slot decodes a token; pieces of prompts ride along.
 
         forced: feed these tokens to the listed slots instead of their last ones (teacher
-        forcing, for numerics checks). Nothing runs when no slot is occupied and no piece
-        is given."""
+        forcing, for numerics checks). twin: a primed step also runs eagerly on the same
+        inputs, and `twin_logits` keeps (graph, compiled, eager) logits of its real tokens
+        (the busy lanes, then the pieces), for the numerics gate. Nothing runs when no slot
+        is occupied and no piece is given."""
         pieces = [] if pieces is None else [pieces] if isinstance(pieces, Piece) else list(pieces)
         self._check_pieces(pieces)
         active = self.active
@@ -575,6 +578,14 @@ class TokenSlots:
         nxt, logits = self.engine.run_step(tokens, positions, rows, live, torch.tensor(keep), lanes=lanes,
                                            prompt_rows=prompt_rows, prompt_spans=tuple(spans),
                                            eager=not primed)
+        if twin and primed:
+            # The eager twin rewrites the same K/V at the same places: the next step sees
+            # one history whichever ran last.
+            _, again = self.engine.run_step(tokens, positions, rows, live, torch.tensor(keep), lanes=lanes,
+                                            prompt_rows=prompt_rows, prompt_spans=tuple(spans), eager=True)
+            real = torch.tensor([*active, *range(lanes, lanes + len(pieces))], dtype=torch.long)
+            graph = (lanes, self.chunk_tokens if pieces else 0)
+            self.twin_logits = (graph, logits[real].float().clone(), again[real].float().clone())
         values = nxt.tolist()
         decoded, firsts = {}, {}
         self.last_logits = {}
@@ -636,29 +647,69 @@ class TokenSlots:
         self._occupied = [False] * self.slots
         self._length = [0] * self.slots
 
-    def prime(self, prompt: torch.Tensor) -> None:
+    def prime(self, prompt: torch.Tensor, forced: torch.Tensor | None = None
+              ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
         """Compile every bucket before a window: at each lane count a decode step and a step
         with a prompt piece (one that does not finish its prompt), then all slots free.
         (Batched steps run eagerly: nothing to compile.)
 
         Lane count b is reached with slot b-1 alone busy, so a slot below it is free for
-        the piece (with one slot, the admission's own pieces ran at one lane)."""
-        prompt = prompt[: max(1, min(prompt.numel(), self.max_context - 3))]
+        the piece (with one slot, the admission's own pieces ran at one lane).
+
+        forced: 1-D teacher-forced tokens; with them priming is also the numerics gate's
+        run (the compiles the windows need, nothing more): at each lane count the busy slot
+        decodes each forced token, alone and then beside a piece, and every primed step runs
+        its eager twin. Returned, per graph (lanes, piece tokens: 0 or the chunk), the
+        logits of its real tokens, compiled and eager, [positions, vocab] each; lane count
+        1's are slot 0's forced decode, position by position. The prompt and the forced
+        tokens must then fit (slot_gate_fit); without forced the prompt is cut to fit."""
+        gate = forced is not None
+        steps = forced.numel() if gate else 1
+        room = self.max_context - 1 - 2 * steps
+        if gate and (forced.dim() != 1 or steps < 1 or not 1 <= prompt.numel() <= room):
+            raise ValueError(f"a {prompt.numel()}-token prompt and {steps} forced tokens do not fit "
+                             f"max_context {self.max_context} (slot_gate_fit)")
+        prompt = prompt[: max(1, min(prompt.numel(), room))]
         probe = prompt[:2] if prompt.numel() >= 2 else torch.cat([prompt, prompt])
+        feeds = [None] if not gate else [[int(t)] for t in forced]
+        pairs: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+        def run(slot: int, piece: Piece | None = None, feed: list[int] | None = None) -> None:
+            out = self.step(piece, forced=None if feed is None else {slot: feed[0]}, twin=gate)
+            if gate and out.compiled and out.bucket:
+                graph, compiled, eager = self.twin_logits
+                pairs.setdefault(graph, []).append((compiled, eager))
+
         for bucket in decode_buckets(self.slots, self.growth):
             self.reset()
-            self.admit(bucket - 1, prompt)
-            self.step()
+            slot = bucket - 1
+            for start in range(0, prompt.numel(), self.chunk_tokens):
+                run(slot, Piece(slot, prompt, start, min(prompt.numel(), start + self.chunk_tokens),
+                                prompt.numel()))
+            for feed in feeds:
+                run(slot, None, feed)
             free = self.free()
             if free:
-                self.step(Piece(free[0], probe, 0, 1, 2))
+                for feed in feeds:
+                    run(slot, Piece(free[0], probe, 0, 1, 2), feed)
         self.reset()
+        self.twin_logits = None
+        return {graph: (torch.cat([c for c, _ in got]), torch.cat([e for _, e in got]))
+                for graph, got in pairs.items()}
 
     def release(self) -> None:
         """Drop the store and every compiled graph (like DecodeEngine.release)."""
         self.reset()
         self.last_logits = {}
         self.engine.release()
+
+
+def slot_gate_fit(prompt_tokens: int, steps: int, max_context: int) -> tuple[int, int]:
+    """The (prompt tokens, forced steps) of a slot gate within `max_context` (pure): the
+    gate's slot decodes `steps` tokens alone and `steps` beside a piece after its prompt,
+    and keeps one position spare; steps shrink only when a 1-token prompt does not fit."""
+    steps = max(0, min(steps, (max_context - 2) // 2))
+    return max(1, min(prompt_tokens, max_context - 1 - 2 * steps)), steps
 
 
 def synthetic_prompt(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:

@@ -1,10 +1,20 @@
-"""The numerics gate: does the compiled decode step compute what the eager model computes?
+"""The numerics gate: does every compiled graph compute what the model computes?
 
-Every rank runs it once at start, before any window: a short teacher-forced sequence
-goes through the compiled step and through the same modules eagerly, and their logits
-are compared position by position. Teacher forcing feeds both the same tokens, so the
-comparison is exact up to rounding; free-running greedy tokens would diverge on
-near-ties (random weights have top-2 logit gaps of ~0.1) and prove nothing.
+Every graph a window runs is gated before that graph's first window, by the run that
+compiles it (no compile of its own): a static scenario's decode step (its batch rows at
+its cache length) in the worker's scenario loop, and each of the serving slot step's
+graphs (lane count, alone or with a prompt piece) while TokenSlots.prime compiles them.
+A short teacher-forced sequence goes through the compiled graph and through the same
+packed modules eagerly, and their logits are compared position by position. Teacher
+forcing feeds both the same tokens, so the comparison is exact up to rounding;
+free-running greedy tokens would diverge on near-ties (random weights have top-2 logit
+gaps of ~0.1) and prove nothing.
+
+Compiled against eager on the same packed modules cannot see a packing bug, so the gate
+also compares against the unpacked model: `reference_logits`, transformers' own eager
+forward over the same prompt and forced tokens, taken before the engine packs the weights
+(a replica cannot hold two copies). Its first rows are compared at every static shape
+(they do not depend on the shape) and with the slot step's one-lane decode.
 
 The tolerance is stated, not tuned per run: the largest logit difference may be at most
 `rtol` of the largest eager logit (bf16 keeps 8 bits of mantissa; fused kernels round
@@ -14,9 +24,10 @@ with random weights: a correct compiled step differs by 0.025 of the largest log
 8 layers and 0.053 with 32; decode positions off by one differ by 0.60 and 0.86, and
 logits one step off by 1.25. 0.15 sits ~3x above the first and ~4x below the second.
 
-A failed gate does not stop the run: every window of that rank is recorded as invalid
-with the gate's reason, so the report names the rank (vcfslm/verdicts.py writes that
-reason and recognises it again for the report).
+A failed gate does not stop the run: the windows of that graph are recorded as invalid
+with the gate's reason (a serving window runs every slot graph, so a failed slot graph
+invalidates every serving window of the rank), and the report names the rank
+(vcfslm/verdicts.py writes that reason and recognises it again for the report).
 
 With real weights (a model folder or hub id that has a tokenizer) the rank also records
 a short greedy continuation of a fixed prompt as text: a person can read whether the
@@ -26,13 +37,17 @@ replica is the model it claims to be, which no logit comparison can tell.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..verdicts import numerics_gate_failed
 
 DEFAULT_RTOL = 0.15
 DEFAULT_MIN_TOP1 = 0.75
 DEFAULT_STEPS = 8
+# The gate's prompt, and the rows of the unpacked model's reference: a few seconds on a
+# full Phi-3-mini, before the engine packs it.
+GATE_PROMPT_TOKENS = 8
+REFERENCE_ROWS = 2
 GREEDY_PROMPT = "The capital of France is"
 GREEDY_TOKENS = 16
 
@@ -56,7 +71,7 @@ class GateResult:
 
     @property
     def invalid_reason(self) -> str | None:
-        """The reason every window of the rank is invalid, None when the gate passed."""
+        """The reason the compared graph's windows are invalid, None when the gate passed."""
         return None if self.passed else numerics_gate_failed(self.reason)
 
 
@@ -82,20 +97,131 @@ def compare_logits(compiled, eager, *, rtol: float = DEFAULT_RTOL,
                       "; ".join(problems))
 
 
+@dataclass(frozen=True)
+class GraphGate:
+    """One compiled graph's gate: compiled against eager on the same packed modules, and
+    (where a reference was given) compiled against the unpacked model."""
+
+    graph: str                          # what identifies the graph (static_graph, slot_graph)
+    compiled: GateResult
+    reference: GateResult | None = None
+    shape: dict = field(default_factory=dict)   # the graph's shape, as fields
+
+    @property
+    def passed(self) -> bool:
+        return self.compiled.passed and (self.reference is None or self.reference.passed)
+
+    @property
+    def reason(self) -> str:
+        parts = [] if self.compiled.passed else [f"against eager: {self.compiled.reason}"]
+        if self.reference is not None and not self.reference.passed:
+            parts.append(f"against the unpacked model: {self.reference.reason}")
+        return "; ".join(parts)
+
+    @property
+    def invalid_reason(self) -> str | None:
+        """The reason this graph's windows are invalid, None when the gate passed."""
+        return None if self.passed else numerics_gate_failed(self.reason, graph=self.graph)
+
+    def to_dict(self) -> dict:
+        return {"graph": self.graph, **self.shape, "passed": self.passed, "reason": self.reason,
+                "compiled": self.compiled.to_dict(),
+                "reference": None if self.reference is None else self.reference.to_dict()}
+
+    def progress(self) -> dict:
+        """The fields of its `gated` progress line."""
+        out = {"graph": self.graph, "passed": self.passed, "max_rel_diff": round(self.compiled.max_rel_diff, 5),
+               "top1_agreement": round(self.compiled.top1_agreement, 3), "reason": self.reason}
+        if self.reference is not None:
+            out["reference_rel_diff"] = round(self.reference.max_rel_diff, 5)
+        return out
+
+
+def static_graph(batch: int, input_tokens: int) -> str:
+    """The key of a static scenario's decode graph: its batch rows and its input length
+    (with the output length, the cache length the graph is compiled at)."""
+    return f"static {batch}x{input_tokens}"
+
+
+def slot_graph(lanes: int, piece_tokens: int) -> str:
+    """The key of a serving slot-step graph: its lane count, and the chunk it carries (0: none)."""
+    tokens = lanes + piece_tokens
+    return (f"slot step {tokens} tokens ({lanes} lanes + a {piece_tokens}-token piece)" if piece_tokens
+            else f"slot step {tokens} tokens ({lanes} lanes)")
+
+
+def static_gate_fit(prompt_tokens: int, steps: int, context: int) -> tuple[int, int]:
+    """The (prompt tokens, forced steps) of a static gate within a scenario's `context` (pure):
+    the gate's store then has the scenario's shape, so it compiles the scenario's graph."""
+    steps = max(1, min(steps, context - 1))
+    return max(1, min(prompt_tokens, context - steps)), steps
+
+
+def gate_inputs(rows: int, steps: int, vocab: int, seed: int, prompt_tokens: int = GATE_PROMPT_TOKENS):
+    """The gate's prompt [rows, prompt_tokens] and forced tokens [rows, steps]. Row by row
+    from its own seed, so a row is the same whatever the batch: the reference, taken at
+    REFERENCE_ROWS before packing, is the first rows of every static shape's gate."""
+    import torch
+
+    from .engine import synthetic_prompt
+
+    prompt = torch.cat([synthetic_prompt(1, prompt_tokens, vocab, seed=seed * 7919 + 2 * i + 1)
+                        for i in range(rows)])
+    forced = torch.cat([synthetic_prompt(1, steps, vocab, seed=seed * 7919 + 2 * i + 2) for i in range(rows)])
+    return prompt, forced
+
+
+def reference_logits(model, prompt, forced):
+    """Teacher-forced logits of the model as transformers runs it (eager, its own attention,
+    unpacked weights): at each forced token, the logits after it, float32 [rows, steps, vocab].
+    Call it before the engine packs the model."""
+    import torch
+
+    steps = int(forced.shape[1])
+    with torch.inference_mode():
+        out = model(input_ids=torch.cat([prompt, forced], dim=1), use_cache=False, logits_to_keep=steps)
+    return out.logits[:, -steps:, :].float()
+
+
+def _against_reference(compiled, reference, *, rtol: float, min_top1: float) -> GateResult | None:
+    if reference is None:
+        return None
+    rows = min(int(compiled.shape[0]), int(reference.shape[0]))
+    return compare_logits(compiled[:rows], reference[:rows], rtol=rtol, min_top1=min_top1)
+
+
 def run_gate(engine, prompt, forced, *, max_len: int | None = None, rtol: float = DEFAULT_RTOL,
-             min_top1: float = DEFAULT_MIN_TOP1, perturb: float = 0.0) -> GateResult:
+             min_top1: float = DEFAULT_MIN_TOP1, reference=None, graph: str = "",
+             shape: dict | None = None) -> GraphGate:
     """Teacher-force `forced` [batch, steps] after `prompt` through the engine's compiled step
-    and its eager modules; compare. perturb: add this many eager-logit scales of noise to
-    the compiled logits (fault injection: proves the gate can fail)."""
+    and its eager modules at a store of `max_len` (a scenario's context: its graph); compare,
+    and compare the first rows with `reference` (reference_logits of the same rows) if given."""
     compiled = engine.step_logits(prompt, forced, compiled=True, max_len=max_len)
     eager = engine.step_logits(prompt, forced, compiled=False, max_len=max_len)
-    if perturb:
-        import torch
+    return GraphGate(graph, compare_logits(compiled, eager, rtol=rtol, min_top1=min_top1),
+                     _against_reference(compiled, reference, rtol=rtol, min_top1=min_top1), shape or {})
 
-        gen = torch.Generator().manual_seed(0)
-        compiled = compiled + perturb * float(eager.abs().max()) * torch.randn(
-            compiled.shape, generator=gen)
-    return compare_logits(compiled, eager, rtol=rtol, min_top1=min_top1)
+
+def slot_gates(checks: dict, reference=None, *, rtol: float = DEFAULT_RTOL,
+               min_top1: float = DEFAULT_MIN_TOP1) -> list[GraphGate]:
+    """The gate of every slot-step graph from TokenSlots.prime's compiled and eager logits;
+    the one-lane decode graph is also compared with `reference` [1, steps, vocab] (the
+    unpacked model on the prime's prompt and forced tokens)."""
+    out = []
+    for (lanes, piece), (compiled, eager) in sorted(checks.items()):
+        against = reference if (lanes, piece) == (1, 0) else None
+        out.append(GraphGate(slot_graph(lanes, piece),
+                             compare_logits(compiled[None], eager[None], rtol=rtol, min_top1=min_top1),
+                             _against_reference(compiled[None], against, rtol=rtol, min_top1=min_top1),
+                             {"lanes": lanes, "piece_tokens": piece, "tokens": lanes + piece}))
+    return out
+
+
+def rank_numerics(gates: list[GraphGate], greedy: dict | None = None) -> dict:
+    """A rank's numerics facts: one result per graph, and `passed` when every graph passed
+    (None before any graph was gated)."""
+    return {"passed": all(g.passed for g in gates) if gates else None, "graphs": [g.to_dict() for g in gates],
+            "failed": [g.graph for g in gates if not g.passed], "greedy": greedy}
 
 
 def greedy_text(engine, tokenizer, prompt: str = GREEDY_PROMPT, tokens: int = GREEDY_TOKENS) -> dict:

@@ -43,16 +43,27 @@ class SlotDriver:
     """The in-process backend: vcfslm's own engine (TokenSlots) under bench/serve.py's scheduler.
 
     chunk_tokens: the most prompt tokens a step takes beside running streams (the spec's, else
-    the probes'); batched_tokens: under a backlog (the worker's, at least the chunk)."""
+    the probes'); batched_tokens: under a backlog (the worker's, at least the chunk).
+    gate: (prompt, forced tokens, the unpacked model's logits on them or None), 1-D, 1-D and
+    [1, steps, vocab]: priming then gates every slot graph it compiles (`gates`, one per
+    graph), the one-lane decode also against the unpacked model. None: no gate."""
 
-    def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int, batched_tokens: int):
+    def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int, batched_tokens: int,
+                 gate: tuple | None = None):
         from .engine import TokenSlots, synthetic_prompt
+        from .numerics import slot_gates
 
-        engine.release()                  # the gate's static store and graph are not used here
+        engine.release()                  # a static store and its graph are not used here
         self.slots = TokenSlots(engine, spec.slots, spec.max_context, chunk_tokens, batched_tokens)
         self.vocab, self._prompt = vocab, synthetic_prompt
-        # Compile every token count before any window (a compile inside one marks it invalid).
-        self.slots.prime(synthetic_prompt(1, min(spec.input_tokens), vocab, seed=spec.seed + 11)[0])
+        # Compile every token count before any window (a compile inside one marks it invalid),
+        # and gate each graph on the way.
+        if gate is None:
+            self.slots.prime(synthetic_prompt(1, min(spec.input_tokens), vocab, seed=spec.seed + 11)[0])
+            self.gates = []
+        else:
+            prompt, forced, reference = gate
+            self.gates = slot_gates(self.slots.prime(prompt, forced), reference)
 
     @property
     def compiles(self) -> int:

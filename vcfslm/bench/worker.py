@@ -251,13 +251,28 @@ def _default_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def _injected_perturbation(rank: int) -> float:
-    """Fault injection for tests: VCFSLM_FAULT_NUMERICS="RANK:SCALE" perturbs that rank's
-    compiled logits by SCALE x the largest logit in the numerics gate (it must fail)."""
-    who, _, scale = os.environ.get("VCFSLM_FAULT_NUMERICS", "").partition(":")
-    if who.strip().isdigit() and int(who) == rank and scale:
-        return float(scale)
-    return 0.0
+def _inject_numerics_fault(rank: int, engine) -> None:
+    """Fault injection for tests: VCFSLM_FAULT_NUMERICS="RANK:SCALE[:TOKENS]" adds noise of
+    SCALE x the largest logit to the logits of that rank's compiled step (the step the
+    windows run), at every token count or only at TOKENS: the gate of those graphs must
+    fail and invalidate their windows only."""
+    who, _, rest = os.environ.get("VCFSLM_FAULT_NUMERICS", "").partition(":")
+    scale, _, tokens = rest.partition(":")
+    if not (who.strip().isdigit() and int(who) == rank and scale):
+        return
+    import torch
+
+    step, amount, only = engine.run_step, float(scale), int(tokens) if tokens.strip() else None
+    gen = torch.Generator().manual_seed(rank)
+
+    def perturbed(tok, *args, eager=False, **kwargs):
+        nxt, logits = step(tok, *args, eager=eager, **kwargs)
+        if not eager and (only is None or tok.shape[1] == only):
+            noise = torch.randn(logits.shape, generator=gen).to(logits.dtype)
+            logits = logits + amount * float(logits.abs().max()) * noise
+        return nxt, logits
+
+    engine.run_step = perturbed
 
 
 def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
@@ -271,7 +286,12 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     scenarios = args.matrix.scenarios(args.scenarios)
     max_context = max((i + o for _, i, o in scenarios), default=0)
     loaded = load_model(args.model, seed=args.seed, max_context=max_context or None)
+    spec = ServeSpec.of_record(json.loads(args.serve)) if args.serve else None
+    gate = _gate_inputs(args, loaded.config.vocab_size, spec, scenarios)
+    # The unpacked model's logits, before the engine packs it in place (no room for two copies).
+    reference = _reference(loaded.model, gate)
     engine = DecodeEngine(loaded.model, args.compile)
+    _inject_numerics_fault(env.rank, engine)
     progress({**base, "phase": "loaded", "model": loaded.facts["source"], "load_s": loaded.facts["load_s"],
               "params": loaded.facts["params"], "engine": engine.label})
 
@@ -292,21 +312,22 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     placement["compile_mode"] = engine.mode
     placement["measurement_mode"] = engine.is_measurement_mode
     placement["linear_kernel"] = engine.plan.kernel
-    greedy = _greedy_text(args, engine)  # before the gate: its eager cache shape drops graphs
-    numerics = _numerics_gate(args, env, engine, scenarios, loaded.config.vocab_size)
-    if numerics is not None:
-        progress({**base, "phase": "gated", "passed": numerics.passed,
-                  "max_rel_diff": round(numerics.max_rel_diff, 5),
-                  "top1_agreement": round(numerics.top1_agreement, 3), "reason": numerics.reason})
-    rank_invalid = [r for r in (numerics and numerics.invalid_reason,) if r]
-    rank_invalid += placement["problems"]
+    greedy = _greedy_text(args, engine)  # before any gate: its eager cache shape drops graphs
+    gates: list = []   # every graph's gate, as each graph is compiled
+
+    def numerics_facts() -> dict | None:
+        from .numerics import rank_numerics
+
+        return rank_numerics(gates, greedy) if gate is not None else None
+
+    rank_invalid = list(placement["problems"])
     facts = {"rank": env.rank, "local_rank": env.local_rank, "node": args.node,
              "node_rank": env.group_rank, "placement": placement, "model": loaded.facts,
              "probe": bandwidth.to_dict() if bandwidth else None,
              "gemm": gemm.to_dict() if gemm else None,
              "decode_linears": decode_linears.to_dict() if decode_linears else None, "engine": engine.label,
              "pack": engine.pack.to_dict(),
-             "numerics": {**numerics.to_dict(), "greedy": greedy} if numerics else None,
+             "numerics": numerics_facts(),
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
     results.atomic_write_json(facts_file(out, env.rank), facts)
     if args.serve:
@@ -315,7 +336,6 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         facts["sweep"] = []
         from .engine import chunk_for_probes
 
-        spec = ServeSpec.of_record(json.loads(args.serve))
         chunk = spec.chunk_tokens or chunk_for_probes(
             loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None,
             decode_linears.rows if decode_linears else None, decode_linears.gbs if decode_linears else None)
@@ -324,7 +344,15 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         facts["chunk_tokens"], facts["batched_tokens"] = chunk, batched
         progress({**base, "phase": "chunked", "chunk_tokens": chunk, "batched_tokens": batched,
                   "from": "the inventory/flag" if spec.chunk_tokens else "the probes"})
-        driver = SlotDriver(engine, spec, loaded.config.vocab_size, chunk, batched)
+        driver = SlotDriver(engine, spec, loaded.config.vocab_size, chunk, batched,
+                            gate=None if gate is None else (gate[0][0], gate[1][0], reference))
+        gates.extend(driver.gates)
+        for g in driver.gates:
+            progress({**base, "phase": "gated", **g.progress()})
+        # Every serving window runs every slot graph: one that failed invalidates them all.
+        rank_invalid += [g.invalid_reason for g in driver.gates if not g.passed]
+        facts["numerics"] = numerics_facts()
+        results.atomic_write_json(facts_file(out, env.rank), facts)
         try:
             mine = serve_windows(args, env, out, base, driver, placement, rank_invalid, dist, progress,
                                  binding.get("cpus"), stops=facts["sweep"])
@@ -362,6 +390,15 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, input_tokens,
             output_tokens, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
         allowed = binding.get("cpus")
+        graph_invalid = []
+        if gate is not None:
+            # Before the scenario's first window, by the compile its windows reuse.
+            checked = _static_gate(args, engine, loaded.config.vocab_size, gate, scenario, reference)
+            gates.append(checked)
+            progress({**where, "phase": "gated", "window": 0, **checked.progress()})
+            graph_invalid = [checked.invalid_reason] if not checked.passed else []
+            facts["numerics"] = numerics_facts()
+            results.atomic_write_json(facts_file(out, env.rank), facts)
         phases = [("warmup", w) for w in range(args.matrix.warmup)] + [("measure", w) for w in range(args.matrix.repeats)]
         for phase, window in phases:
             _injected_delay(env.rank)
@@ -379,7 +416,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                                    skew_s=skew, roofline_ms=tpot_floor, placement=placement,
                                    peak_rss=peak_rss_bytes(), rss=current_rss_bytes(),
                                    roofline_ttft=ttft_floor,
-                                   extra_invalid=rank_invalid + moved)
+                                   extra_invalid=graph_invalid + rank_invalid + moved)
             if phase == "measure":
                 results.append_record(my_file, record)
             progress({**where, "phase": phase, "window": window,
@@ -435,22 +472,43 @@ def _greedy_text(args, engine) -> dict | None:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _numerics_gate(args, env: TorchrunEnv, engine, scenarios, vocab: int):
-    """Compare the compiled step with the eager model before any window (None: no gate).
+def _gate_inputs(args, vocab: int, spec: ServeSpec | None, scenarios):
+    """The numerics gate's prompt and forced tokens (None: no gate). Static: REFERENCE_ROWS
+    rows, the first rows of every scenario's gate, within the smallest scenario's context
+    (a gate whose store outgrew its scenario's would compile a graph the windows never
+    run); serving: one row, sized so the slot step's gate fits a slot's context
+    (engine.slot_gate_fit)."""
+    from .engine import slot_gate_fit
+    from .numerics import GATE_PROMPT_TOKENS, REFERENCE_ROWS, gate_inputs, static_gate_fit
 
-    It runs at the first scenario's batch and cache length, so the graph it compiles is
-    the one that scenario's windows use: the gate costs no extra compile.
-    """
-    from .engine import synthetic_prompt
-    from .numerics import run_gate
-
-    if args.gate_steps <= 0 or not scenarios:
+    if args.gate_steps <= 0 or not (scenarios or spec):
         return None
-    batch, input_tokens, output_tokens = scenarios[0]
-    prompt = synthetic_prompt(batch, 8, vocab, seed=args.seed * 7 + 1)
-    forced = synthetic_prompt(batch, args.gate_steps, vocab, seed=args.seed * 7 + 2)
+    if spec is None:
+        prompt_tokens, steps = static_gate_fit(GATE_PROMPT_TOKENS, args.gate_steps,
+                                               min(i + o for _, i, o in scenarios))
+        return gate_inputs(REFERENCE_ROWS, steps, vocab, args.seed, prompt_tokens=prompt_tokens)
+    prompt_tokens, steps = slot_gate_fit(GATE_PROMPT_TOKENS, args.gate_steps, spec.max_context)
+    return gate_inputs(1, steps, vocab, args.seed, prompt_tokens=prompt_tokens) if steps else None
+
+
+def _reference(model, gate):
+    """The unpacked model's teacher-forced logits on the gate's inputs (call before packing)."""
+    from .numerics import reference_logits
+
+    return None if gate is None else reference_logits(model, *gate)
+
+
+def _static_gate(args, engine, vocab: int, gate, scenario: tuple[int, int, int], reference):
+    """Gate the decode graph of one static scenario (its batch at its cache length): the
+    graph its windows then run, compiled here once. Its first rows are the reference's."""
+    from .numerics import gate_inputs, run_gate, static_graph
+
+    batch, input_tokens, output_tokens = scenario
+    prompt, forced = gate_inputs(batch, int(gate[1].shape[1]), vocab, args.seed, prompt_tokens=int(gate[0].shape[1]))
     return run_gate(engine, prompt, forced, max_len=input_tokens + output_tokens,
-                    perturb=_injected_perturbation(env.rank))
+                    reference=reference, graph=static_graph(batch, input_tokens),
+                    shape={"batch": batch, "input_tokens": input_tokens, "output_tokens": output_tokens,
+                           "context": input_tokens + output_tokens, "decode_rows": batch})
 
 
 if __name__ == "__main__":  # pragma: no cover
