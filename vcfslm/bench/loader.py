@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint_files import CheckpointError, TensorEntry, checkpoint_entries
-from .linear import DENSE_BF16, KernelPlan, PackReport, pack_linears
+from .linear import DENSE_BF16, KernelPlan, PackReport, kernel_table, pack_linears
 
 PACK_REPORT_ATTR = "vcfslm_pack_report"
 TORCH_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
@@ -280,7 +280,7 @@ def _settle(model, groups, linears, files, plan, check) -> PackReport | None:
     if plan is None:
         return None
     return PackReport(plan, sum(r.linears for r in packed), sum(r.weight_bytes for r in packed),
-                      max((r.max_rel_error for r in packed), default=0.0))
+                      max((r.max_rel_error for r in packed), default=0.0), tuple(kernel_table(model)))
 
 
 def _current(model: torch.nn.Module, group: _Group) -> torch.Tensor:

@@ -280,17 +280,26 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     from .. import roofline
     from . import probe as probe_mod
     from .engine import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
+    from .linear import choose_plan, onednn_bf16
     from .model import load_model
     from .placement import placement_facts, placement_problems, thread_cpus
 
     scenarios = args.matrix.scenarios(args.scenarios)
     max_context = max((i + o for _, i, o in scenarios), default=0)
-    loaded = load_model(args.model, seed=args.seed, max_context=max_context or None)
     spec = ServeSpec.of_record(json.loads(args.serve)) if args.serve else None
-    gate = _gate_inputs(args, loaded.config.vocab_size, spec, scenarios)
-    # The unpacked model's logits, before the engine packs it in place (no room for two copies).
-    reference = _reference(loaded.model, gate)
-    engine = DecodeEngine(loaded.model, args.compile)
+    gate = reference = None
+
+    def before_pack(model) -> None:
+        # The unpacked model's logits, taken before its linears are packed in place (there is
+        # no room for two copies; a checkpoint is then still its mapped files).
+        nonlocal gate, reference
+        gate = _gate_inputs(args, model.config.vocab_size, spec, scenarios)
+        reference = _reference(model, gate)
+
+    # Packed as it loads: a checkpoint's tensors go one by one into the kernel's layout.
+    loaded = load_model(args.model, seed=args.seed, max_context=max_context or None,
+                        plan=choose_plan(onednn_bf16()), before_pack=before_pack)
+    engine = DecodeEngine(loaded.model, args.compile)   # keeps the load's pack
     _inject_numerics_fault(env.rank, engine)
     progress({**base, "phase": "loaded", "model": loaded.facts["source"], "load_s": loaded.facts["load_s"],
               "params": loaded.facts["params"], "engine": engine.label})
