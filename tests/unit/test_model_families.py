@@ -94,3 +94,19 @@ def test_counts_are_transformers_counts(name):
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config_from_values(values, name))
         assert sum(p.numel() for p in model.parameters()) == presets.counts(values).params
+
+
+def test_every_linear_is_packed_and_each_distinct_shape_listed():
+    """Whatever the family calls its linears, each is packed, and the pack report lists each
+    (name, in -> out, kernel) once with its count: Qwen2's GQA k/v are narrower than q."""
+    from vcfslm.bench.engine import DecodeEngine
+    from vcfslm.bench.linear import packed_kernels
+
+    model = tiny_model("qwen2.5-7b")
+    engine = DecodeEngine(model, "eager")
+    assert "torch.nn.Linear" not in packed_kernels(model)
+    table = {line.split()[2]: line.split() for line in engine.pack.shapes}
+    assert set(table) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
+    assert table["k_proj"][:6] == ["2", "x", "k_proj", "64", "->", str(model.config.num_key_value_heads * 16)]
+    assert table["lm_head"][:6] == ["1", "x", "lm_head", "64", "->", "512"]
+    assert engine.pack.to_dict()["shapes"] == list(engine.pack.shapes)
