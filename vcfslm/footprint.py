@@ -9,7 +9,6 @@ hub id) have no estimate: the checks that need one are skipped, never guessed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,13 +67,14 @@ def shape_of(model: str) -> ModelShape | None:
 
 
 def _folder_counts(model: str) -> presets.ShapeCounts | None:
+    """A local folder's config.json, read as a synthetic config is (a multimodal config's
+    text decoder included); None for anything else."""
     config = Path(model).expanduser() / "config.json"
+    if not config.is_file():
+        return None
     try:
-        if not config.is_file():
-            return None
-        values = json.loads(config.read_text())
-        return presets.counts(values.get("text_config", values) if "num_hidden_layers" not in values else values)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return presets.counts(presets.read_config(config))
+    except (presets.SyntheticSpecError, KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
 

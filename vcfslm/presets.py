@@ -49,10 +49,6 @@ class Preset:
     config: Mapping[str, Any] = field(repr=False)
 
     @property
-    def model_type(self) -> str:
-        return self.config["model_type"]
-
-    @property
     def source(self) -> str:
         """Where the numbers come from: the model's own config.json on the Hugging Face hub."""
         return f"https://huggingface.co/{self.hub_id}/blob/main/config.json"
@@ -352,21 +348,6 @@ def counts_of_source(model: str) -> ShapeCounts | None:
             return None
     preset = HUB_IDS.get(model.lower())
     return preset_counts(preset.name) if preset else None
-
-
-def sliding_layers(values: Mapping[str, Any]) -> int:
-    """How many layers attend over a sliding window (0 when the window is off)."""
-    window = values.get("sliding_window")
-    if not window or values.get("use_sliding_window") is False:
-        return 0
-    types = values.get("layer_types")
-    if isinstance(types, list):
-        return sum(t == "sliding_attention" for t in types)
-    pattern = values.get("sliding_window_pattern")
-    layers = int(values["num_hidden_layers"])
-    if pattern:
-        return layers - layers // int(pattern)
-    return layers
 
 
 def describe_preset(preset: Preset) -> dict[str, Any]:
