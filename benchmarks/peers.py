@@ -1,27 +1,38 @@
-"""vcfslm's engine beside OpenVINO GenAI and llama.cpp: one model shape, one machine, one run.
+"""vcfslm's engine beside OpenVINO GenAI, llama.cpp and vLLM: one model, one machine, one run.
 
-    make peers                                             # once: the peers' venv, .venv-peers
+    make peers                                             # once: .venv-peers (OpenVINO, llama.cpp) and .venv-vllm
     .venv/bin/python benchmarks/peers.py --layers 4        # quick: 4 of Phi-3-mini's 32 layers
     .venv/bin/python benchmarks/peers.py --layers 32       # the full shape (~7.6 GB bf16 per engine)
-    .venv/bin/python benchmarks/peers.py --engines vcfslm,llama.cpp
+    .venv/bin/python benchmarks/peers.py --engines vcfslm,llama.cpp --rounds 3
+    .venv/bin/python benchmarks/peers.py --equivalence-only --break-rope llama.cpp   # the check, caught
 
 Model: the synthetic Phi-3-mini-128k shape with random bf16 weights from one seed
 (vcfslm.bench.model), saved once as a Hugging Face checkpoint under `--cache`; that
-checkpoint is the only source of the other two formats: an OpenVINO IR exported by
+checkpoint is the only source of the other formats: an OpenVINO IR exported by
 optimum-intel with bf16 constants (not the int8 weight compression optimum applies by
-itself above 1B parameters) and a bf16 GGUF written here with the `gguf` package.
-vcfslm loads the same checkpoint. The peers run in their own venv (transformers < 5.6
-for optimum-intel); a peer that is not installed there is reported as missing.
+itself above 1B parameters) and a bf16 GGUF written here with the `gguf` package. vcfslm
+and vLLM load the checkpoint itself. The peers run in their own venvs (transformers < 5.6
+for optimum-intel; vLLM's pins); a peer that is not installed is reported as missing.
+
+Equivalence first (peer_equivalence): on a `--equivalence-layers` checkpoint from the same
+seed, every engine's greedy continuation of the same prompt ids is compared with HF
+eager's (float32): top-1 agreement, and logit correlation where the engine exposes logits.
+A peer that is not equivalent is reported so, and neither timed nor ranked.
 
 Alternation: at most one engine is resident at a time. Each round starts one child
-process per engine, in order (A B C, A B C, ...); a child loads its model from disk,
-runs a discarded warm-up window and `--windows` measured windows at batch 1, then the
-same at batch `--big-batch` where the engine supports it, reports, and exits. The read
-probe runs in this process before every round; the fastest read gives the floors.
+process per engine, in order (A B C, A B C, ...), every child pinned to the same CPUs
+(`taskset -c --cpus`; vLLM's OMP threads bound to them too); a child loads its model from
+disk, runs a discarded warm-up window and `--windows` measured windows at batch 1, then
+the same at batch `--big-batch`, reports, and exits. The read probe runs in this process
+before every round; the fastest read gives the floors. OpenVINO's ranked row keeps a bf16
+KV cache like the others; its default u8 KV cache is an extra row, never ranked. llama.cpp
+decodes all sequences of a batch in one `llama_decode` (its multi-sequence batch API).
 
 TPOT = (last token - first token) / (tokens - 1) per step of the batch; TTFT = request
 start -> first token; decode tok/s = batch / TPOT. Greedy, EOS ignored, the same prompt
-token ids for every engine. Ratios are vcfslm / peer; nothing here asserts.
+token ids for every engine. Cells are medians with 95 % intervals and ratios (vcfslm /
+peer) carry theirs, by bootstrap over rounds (peer_stats); a ratio whose interval spans 1
+is printed "even". Nothing here asserts.
 """
 
 from __future__ import annotations
@@ -30,7 +41,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import struct
 import subprocess
 import sys
@@ -40,12 +50,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-ENGINES = ("vcfslm", "openvino", "llama.cpp")
-PEER_MODULES = {"openvino": "openvino_genai", "llama.cpp": "llama_cpp"}
-NO_BATCH = {"llama.cpp": "not supported (llama-cpp-python's high-level API decodes one sequence)"}
+ENGINES = ("vcfslm", "openvino", "openvino-u8kv", "llama.cpp", "vllm")
+# An extra row, timed and checked but never ranked: OpenVINO with its default u8 KV cache
+# (the ranked OpenVINO row keeps bf16 KV, as the others do).
+UNRANKED = {"openvino-u8kv"}
+PEER_MODULES = {"openvino": "openvino_genai", "openvino-u8kv": "openvino_genai", "llama.cpp": "llama_cpp",
+                "vllm": "vllm"}
+OPENVINO_KV = {"openvino": "bf16", "openvino-u8kv": None}
 DEFAULT_CACHE = ROOT / ".vcfslm" / "peers"
 DEFAULT_PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+DEFAULT_VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SEED = 0
+EQUIVALENCE_PROMPTS = 4
 
 
 def engine_list(text: str) -> list[str]:
@@ -65,24 +81,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     ap.add_argument("--tokens", type=int, default=32, help="generated tokens per window")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of one child per engine")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of one child per engine")
     ap.add_argument("--windows", type=int, default=2, help="measured windows per batch per round")
     ap.add_argument("--big-batch", type=int, default=16, help="the second batch size (0: batch 1 only)")
     ap.add_argument("--probe-mib", type=int, default=1024)
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the three model formats are kept")
     ap.add_argument("--peers-python", type=Path, default=DEFAULT_PEERS_PYTHON,
                     help="the interpreter of the peers' venv (benchmarks/peers-setup.sh)")
+    ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
+                    help="the interpreter of vLLM's venv (make vllm)")
+    ap.add_argument("--cpus", default=cpu_list(sorted(os.sched_getaffinity(0))),
+                    help="the CPUs every child is pinned to (taskset -c; vLLM's OMP threads too)")
+    ap.add_argument("--equivalence-layers", type=int, default=2,
+                    help="layers of the checkpoint the equivalence check runs on (0: skip the check)")
+    ap.add_argument("--equivalence-only", action="store_true", help="run the equivalence check, then stop")
+    ap.add_argument("--break-rope", type=str, default="", metavar="ENGINE",
+                    help="give ENGINE a model whose rope theta is changed (the check must call it not equivalent)")
     ap.add_argument("--build-only", action="store_true", help="build the model formats the engines need, then stop")
-    ap.add_argument("--child", choices=("checkpoint", "openvino-ir", "gguf", *ENGINES), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("checkpoint", "openvino-ir", "gguf", "reference", *ENGINES), help=argparse.SUPPRESS)
     ap.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.layers < 1 or args.tokens < 2 or args.rounds < 1 or args.windows < 1:
-        ap.error("--layers >= 1, --tokens >= 2, --rounds >= 1 and --windows >= 1")
+    if args.layers < 1 or args.tokens < 2 or args.rounds < 1 or args.windows < 1 or args.equivalence_layers < 0:
+        ap.error("--layers >= 1, --tokens >= 2, --rounds >= 1, --windows >= 1 and --equivalence-layers >= 0")
+    if args.break_rope and args.break_rope not in ENGINES[1:]:
+        ap.error(f"--break-rope takes a peer: {', '.join(ENGINES[1:])}")
     return args
 
 
-def model_dir(args) -> Path:
-    return args.cache / f"phi-3-mini-L{args.layers}-seed{SEED}"
+def cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (taskset's and VLLM_CPU_OMP_THREADS_BIND's form)."""
+    parts, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            parts.append(f"{start}" if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(parts)
+
+
+def model_dir(args, layers: int | None = None) -> Path:
+    return args.cache / f"phi-3-mini-L{layers or args.layers}-seed{SEED}"
 
 
 def batches(args) -> list[int]:
@@ -265,15 +304,25 @@ def child_vcfslm(job: dict) -> dict:
     return out
 
 
+def openvino_pipeline(job: dict):
+    """LLMPipeline with the bf16 hint; KV cache bf16 unless the job keeps OpenVINO's default
+    (u8 on CPU: the extra, unranked row)."""
+    import openvino_genai as og
+
+    config = {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": job["threads"]}
+    if job.get("kv") == "bf16":
+        config["KV_CACHE_PRECISION"] = "bf16"
+    return config, og.LLMPipeline(job["ov"], "CPU", **config)
+
+
 def child_openvino(job: dict) -> dict:
     """OpenVINO GenAI's LLMPipeline on the IR, bf16 inference hint (runs in the peers' venv)."""
     import numpy as np
     import openvino as ov
     import openvino_genai as og
 
-    config = {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": job["threads"]}
     started = time.perf_counter()
-    pipe = og.LLMPipeline(job["ov"], "CPU", **config)
+    config, pipe = openvino_pipeline(job)
     load_s = time.perf_counter() - started
     gen = og.GenerationConfig()
     gen.max_new_tokens = gen.min_new_tokens = job["tokens"]
@@ -295,13 +344,13 @@ def child_openvino(job: dict) -> dict:
 
     core = ov.Core()
     facts = [f"OpenVINO {ov.get_version()}", "device CPU"]
-    for key in ("FULL_DEVICE_NAME", "OPTIMIZATION_CAPABILITIES", "KV_CACHE_PRECISION"):
+    for key in ("FULL_DEVICE_NAME", "OPTIMIZATION_CAPABILITIES"):
         try:
             facts.append(f"{key} {core.get_property('CPU', key)}")
         except Exception:  # a property this version does not report
             pass
-    facts.append(f"INFERENCE_PRECISION_HINT {config['INFERENCE_PRECISION_HINT']}, "
-                 f"INFERENCE_NUM_THREADS {job['threads']} (given to LLMPipeline)")
+    facts.append(", ".join(f"{k} {v}" for k, v in config.items()) + " (given to LLMPipeline)"
+                 + ("" if "KV_CACHE_PRECISION" in config else "; KV cache at OpenVINO's default"))
     batches_out = {}
     for b in job["batches"]:
         try:
@@ -311,40 +360,163 @@ def child_openvino(job: dict) -> dict:
     return {"load_s": load_s, "kernel": "; ".join(facts), "batches": batches_out}
 
 
-def child_llama(job: dict) -> dict:
-    """llama-cpp-python on the bf16 GGUF, greedy over its logits (runs in the peers' venv)."""
-    import llama_cpp
-    import numpy as np
+class LlamaBatched:
+    """llama.cpp decoding many sequences in one `llama_decode`, as its batched-bench does:
+    a context of its own with one KV sequence per row (llama-cpp-python's high-level
+    `Llama` holds one sequence; it is used here only to load the GGUF)."""
 
+    def __init__(self, path: str, rows: int, prompt: int, tokens: int, threads: int):
+        import llama_cpp
+        from llama_cpp import _internals
+
+        self.lib = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=path, n_ctx=prompt + tokens + 8, n_threads=threads,
+                                   n_threads_batch=threads, verbose=False)
+        params = llama_cpp.llama_context_default_params()
+        params.n_seq_max = rows
+        params.n_ctx = rows * (prompt + tokens + 8)   # split evenly: each sequence holds its own
+        params.n_batch = params.n_ubatch = max(rows * prompt, 32)  # the whole prefill in one decode
+        params.n_threads = params.n_threads_batch = threads
+        self.ctx = _internals.LlamaContext(model=self.llm._model, params=params, verbose=False)
+        self.batch = _internals.LlamaBatch(n_tokens=params.n_batch, embd=0, n_seq_max=1, verbose=False)
+        self.vocab = self.llm.n_vocab()
+
+    def _logits(self, index: int):
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx.ctx, index), shape=(self.vocab,))
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        b = self.batch.batch
+        for n, (token, pos, seq, logits) in enumerate(entries):
+            b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, pos, 1, logits
+            b.seq_id[n][0] = seq
+        b.n_tokens = len(entries)
+        self.ctx.decode(self.batch)
+
+    def generate(self, rows: list[list[int]], tokens: int, keep_first_logits: bool = False):
+        """Greedy `tokens` per row; (tokens [rows][tokens], first logits or None, TTFT s, TPOT ms)."""
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx.ctx), True)
+        t0 = time.perf_counter()
+        entries, last = [], []
+        for seq, ids in enumerate(rows):
+            entries += [(t, p, seq, p == len(ids) - 1) for p, t in enumerate(ids)]
+            last.append(len(entries) - 1)
+        self._decode(entries)
+        first = [self._logits(i).copy() for i in last] if keep_first_logits else None
+        token = [int(self._logits(i).argmax()) for i in last]
+        out = [[t] for t in token]
+        t1 = time.perf_counter()
+        for step in range(tokens - 1):
+            self._decode([(t, len(rows[s]) + step, s, True) for s, t in enumerate(token)])
+            token = [int(self._logits(s).argmax()) for s in range(len(rows))]
+            for s, t in enumerate(token):
+                out[s].append(t)
+        tpot = (time.perf_counter() - t1) / max(tokens - 1, 1) * 1000
+        return out, first, t1 - t0, tpot
+
+    def kernel(self) -> str:
+        info = self.lib.llama_print_system_info().decode().strip()
+        return (f"llama-cpp-python {self.lib.__version__}, bf16 GGUF, one llama_decode per step for all "
+                f"sequences (n_seq_max {self.lib.llama_n_seq_max(self.ctx.ctx)}); {info}")
+
+
+def child_llama(job: dict) -> dict:
+    """llama.cpp on the bf16 GGUF, greedy over its logits (runs in the peers' venv)."""
     started = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=job["prompt"] + job["tokens"] + 8,
-                          n_batch=max(job["prompt"], 32), n_threads=job["threads"],
-                          n_threads_batch=job["threads"], logits_all=False, verbose=False)
+    engine = LlamaBatched(job["gguf"], max(job["batches"]), job["prompt"], job["tokens"], job["threads"])
     load_s = time.perf_counter() - started
 
-    vocab = llm.n_vocab()
-
-    def next_token() -> int:
-        # Without logits_all, Llama.eval keeps no scores: read the last output's logits.
-        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))))
-
     def window(batch, i):
-        (ids,) = job["prompts"][str(batch)][i]
-        llm.reset()  # the next eval drops the cache past position 0
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        token = next_token()
-        t1 = time.perf_counter()
-        for _ in range(job["tokens"] - 1):
-            llm.eval([token])
-            token = next_token()
-        return (time.perf_counter() - t1) / (job["tokens"] - 1) * 1000, t1 - t0
+        _, _, ttft, tpot = engine.generate(job["prompts"][str(batch)][i], job["tokens"])
+        return tpot, ttft
 
-    info = llama_cpp.llama_print_system_info().decode().strip()
-    out = {str(b): run_windows(window, b, job["windows"]) if b == 1 else {"unsupported": NO_BATCH["llama.cpp"]}
-           for b in job["batches"]}
-    return {"load_s": load_s, "kernel": f"llama-cpp-python {llama_cpp.__version__}, bf16 GGUF; {info}",
-            "batches": out}
+    out = {str(b): run_windows(window, b, job["windows"]) for b in job["batches"]}
+    return {"load_s": load_s, "kernel": engine.kernel(), "batches": out}
+
+
+# ------------------------------------------------------------------ equivalence children
+# Each writes the greedy continuation of job["prompts"] (and its logits where the engine
+# exposes them) to job["out"] (.npz); peer_equivalence.compare judges it.
+
+
+def equivalence_reference(job: dict) -> dict:
+    """HF eager in float32 on the bf16 checkpoint: tokens and logits at every position (.venv)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(job["threads"])
+    model = AutoModelForCausalLM.from_pretrained(job["hf"], dtype=torch.float32, attn_implementation="eager").eval()
+    prompt = torch.tensor(job["prompts"])
+    with torch.inference_mode():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                             max_new_tokens=job["tokens"], min_new_tokens=job["tokens"], output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=model.config.eos_token_id)
+    np.savez(job["out"], tokens=out.sequences[:, prompt.shape[1]:].numpy(),
+             logits=torch.stack(out.logits, dim=1).float().numpy())
+    return {"kernel": f"transformers eager, float32, torch {torch.__version__}"}
+
+
+def equivalence_vcfslm(job: dict) -> dict:
+    """vcfslm's packed, compiled engine, the way it is timed (.venv)."""
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+    import torch
+
+    from vcfslm.bench.engine import DecodeEngine
+    from vcfslm.bench.linear import choose_plan, onednn_bf16
+    from vcfslm.bench.model import load_model
+
+    torch.set_num_threads(job["threads"])
+    prompt = torch.tensor(job["prompts"])
+    loaded = load_model(job["hf"], seed=SEED, max_context=prompt.shape[1] + job["tokens"],
+                        plan=choose_plan(onednn_bf16()))
+    engine = DecodeEngine(loaded.model, "compile")
+    with torch.inference_mode():
+        first = engine.prefill(prompt, engine.store_for(*prompt.shape)).float().numpy()
+    tokens = engine.generate(prompt, job["tokens"]).tokens.numpy()
+    np.savez(job["out"], tokens=tokens, first_logits=first)
+    return {"kernel": f"vcfslm {engine.label}, linears {engine.plan.label}"}
+
+
+def equivalence_openvino(job: dict) -> dict:
+    """OpenVINO GenAI's greedy tokens (its pipeline exposes no logits) (peers' venv)."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as og
+
+    _, pipe = openvino_pipeline(job)
+    gen = og.GenerationConfig()
+    gen.max_new_tokens = gen.min_new_tokens = job["tokens"]
+    gen.ignore_eos, gen.do_sample = True, False
+    ids = np.asarray(job["prompts"], dtype=np.int64)
+    result = pipe.generate(og.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), gen)
+    np.savez(job["out"], tokens=np.asarray(result.tokens, dtype=np.int64))
+    return {"kernel": f"OpenVINO GenAI {ov.get_version()}, KV {job.get('kv') or 'default'}"}
+
+
+def equivalence_llama(job: dict) -> dict:
+    """llama.cpp's greedy tokens and its full logits at the first position (peers' venv)."""
+    import numpy as np
+
+    rows = job["prompts"]
+    engine = LlamaBatched(job["gguf"], len(rows), len(rows[0]), job["tokens"], job["threads"])
+    tokens, first, _, _ = engine.generate(rows, job["tokens"], keep_first_logits=True)
+    np.savez(job["out"], tokens=np.asarray(tokens, dtype=np.int64), first_logits=np.stack(first))
+    return {"kernel": engine.kernel()}
+
+
+def child_vllm(job: dict) -> dict:
+    import peer_vllm
+
+    return peer_vllm.child_timing(job, run_windows)
+
+
+def equivalence_vllm(job: dict) -> dict:
+    import peer_vllm
+
+    return peer_vllm.child_equivalence(job)
 
 
 def run_windows(window, batch: int, count: int) -> dict:
@@ -356,7 +528,11 @@ def run_windows(window, batch: int, count: int) -> dict:
     return {"tpot_ms": list(tpot), "ttft_s": list(ttft), "peak_rss": peak_rss_bytes()}
 
 
-CHILDREN = {"vcfslm": child_vcfslm, "openvino": child_openvino, "llama.cpp": child_llama}
+CHILDREN = {"vcfslm": child_vcfslm, "openvino": child_openvino, "openvino-u8kv": child_openvino,
+            "llama.cpp": child_llama, "vllm": child_vllm}
+EQUIVALENCE = {"reference": equivalence_reference, "vcfslm": equivalence_vcfslm,
+               "openvino": equivalence_openvino, "openvino-u8kv": equivalence_openvino,
+               "llama.cpp": equivalence_llama, "vllm": equivalence_vllm}
 
 
 def child_main(args) -> int:
@@ -368,6 +544,8 @@ def child_main(args) -> int:
     elif args.child == "gguf":
         write_gguf(Path(job["hf"]), Path(job["gguf"]))
         result = {}
+    elif job.get("equivalence"):
+        result = EQUIVALENCE[args.child](job)
     else:
         result = CHILDREN[args.child](job)
     result["peak_rss"] = peak_rss_bytes()
@@ -378,12 +556,28 @@ def child_main(args) -> int:
 # ------------------------------------------------------------------ the run
 
 
-def run_child(python: Path | str, kind: str, job: dict, env: dict | None = None) -> dict:
-    """Run this file as a `kind` child under `python`; its CHILD line, parsed."""
+def engine_python(args, name: str) -> Path | str:
+    return {"vcfslm": sys.executable, "vllm": args.vllm_python}.get(name, args.peers_python)
+
+
+def child_env(args, name: str, kv_gib: int = 2) -> dict:
+    """What every child of `name` runs under, beside taskset: the compile cache for vcfslm,
+    the CPU binding and the in-process engine core for vLLM."""
+    if name == "vcfslm":
+        return {"TORCHINDUCTOR_CACHE_DIR": str(args.cache / "inductor")}
+    if name == "vllm":
+        return {"VLLM_CPU_OMP_THREADS_BIND": args.cpus, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return {}
+
+
+def run_child(python: Path | str, kind: str, job: dict, env: dict | None = None, cpus: str | None = None) -> dict:
+    """Run this file as a `kind` child under `python`, pinned to `cpus`; its CHILD line, parsed."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(job, fh)
+    pin = ["taskset", "-c", cpus] if cpus else []
     try:
-        done = subprocess.run([str(python), __file__, "--child", kind, "--job", fh.name], capture_output=True,
+        done = subprocess.run([*pin, str(python), __file__, "--child", kind, "--job", fh.name], capture_output=True,
                               text=True, env={**os.environ, **(env or {})}, check=False)
     finally:
         os.unlink(fh.name)
@@ -399,48 +593,110 @@ def peer_status(args) -> dict[str, str | None]:
     status: dict[str, str | None] = {}
     for name in args.engines:
         module = PEER_MODULES.get(name)
+        python = Path(engine_python(args, name))
+        setup = "make vllm" if name == "vllm" else "make peers"
         if module is None:
             status[name] = None
-        elif not args.peers_python.exists():
-            status[name] = f"missing: no {args.peers_python} (run benchmarks/peers-setup.sh)"
+        elif not python.exists():
+            status[name] = f"missing: no {python} ({setup})"
         else:
-            probe = subprocess.run([str(args.peers_python), "-c", f"import {module}"], capture_output=True,
-                                   text=True, check=False)
-            status[name] = None if probe.returncode == 0 else f"missing: `import {module}` fails in {args.peers_python}"
+            probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, text=True, check=False)
+            status[name] = None if probe.returncode == 0 else f"missing: `import {module}` fails in {python} ({setup})"
     return status
 
 
-def ensure_formats(args, ready: list[str]) -> dict:
-    """Build whatever model format a ready engine needs and the cache lacks; paths + facts."""
-    root = model_dir(args)
+def ensure_formats(args, ready: list[str], layers: int | None = None, rope_theta: float | None = None,
+                   root: Path | None = None) -> dict:
+    """Build whatever model format a ready engine needs and the cache lacks; paths + facts.
+    rope_theta: a deliberately broken copy (under `root`) whose rope theta is changed in
+    every format, its weights linked to the good checkpoint's."""
+    layers = layers or args.layers
+    good = model_dir(args, layers)
+    root = root or good
     paths = {"hf": str(root / "hf"), "ov": str(root / "openvino"), "gguf": str(root / "model-bf16.gguf")}
-    steps = [("checkpoint", sys.executable, root / "hf" / "facts.json", True),
-             ("openvino-ir", args.peers_python, root / "openvino" / "openvino_model.xml", "openvino" in ready),
+    if rope_theta is not None:
+        ensure_formats(args, [], layers)
+        broken_checkpoint(good / "hf", root / "hf", rope_theta)
+    steps = [("checkpoint", sys.executable, root / "hf" / "facts.json", rope_theta is None),
+             ("openvino-ir", args.peers_python, root / "openvino" / "openvino_model.xml",
+              bool({"openvino", "openvino-u8kv"} & set(ready))),
              ("gguf", args.peers_python, root / "model-bf16.gguf", "llama.cpp" in ready)]
     for kind, python, marker, wanted in steps:
         if not wanted or marker.exists():
             continue
         started = time.perf_counter()
         partial = marker.with_name(marker.name + ".partial") if kind == "gguf" else None
-        job = {**paths, "layers": args.layers, **({"gguf": str(partial)} if partial else {})}
+        job = {**paths, "layers": layers, **({"gguf": str(partial)} if partial else {})}
         result = run_child(python, kind, job)
         if partial:
             partial.rename(marker)
         extra = "".join(f"; {k} {v}" for k, v in result.items() if k != "peak_rss")
         print(f"built {kind} {marker.parent if kind != 'gguf' else marker} in {time.perf_counter() - started:.0f} s "
               f"(peak RSS {result['peak_rss'] / 1e9:.1f} GB{extra})", flush=True)
-    return {**paths, "facts": json.loads((root / "hf" / "facts.json").read_text())}
+    return {**paths, "facts": json.loads((good / "hf" / "facts.json").read_text())}
 
 
-def summarize(runs: list[dict], batch: int) -> dict | None:
-    """Every window of every round of one engine at one batch, pooled."""
+def broken_checkpoint(good: Path, out: Path, rope_theta: float) -> None:
+    """`good` with config.json's rope theta changed; every other file a link to good's."""
+    out.mkdir(parents=True, exist_ok=True)
+    for src in good.iterdir():
+        dst = out / src.name
+        if src.name != "config.json" and not dst.exists():
+            dst.symlink_to(src)
+    config = json.loads((good / "config.json").read_text())
+    for holder in (config, config.get("rope_parameters") or {}, config.get("rope_scaling") or {}):
+        if "rope_theta" in holder:
+            holder["rope_theta"] = rope_theta
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def check_equivalence(args, ready: list[str]) -> dict:
+    """Every ready engine's greedy continuation on the small checkpoint, against HF eager's;
+    engine -> peer_equivalence.Verdict. --break-rope gives one engine a broken conversion."""
+    import numpy as np
+    import peer_equivalence
+
+    layers = args.equivalence_layers
+    paths = ensure_formats(args, ready, layers)
+    broken = {}
+    if args.break_rope in ready:
+        theta = json.loads(Path(paths["hf"], "config.json").read_text())
+        theta = (theta.get("rope_parameters") or theta.get("rope_scaling") or theta).get("rope_theta", 10000.0)
+        broken = ensure_formats(args, [args.break_rope], layers, rope_theta=theta * 100,
+                                root=model_dir(args, layers) / "broken-rope")
+        print(f"equivalence: {args.break_rope} is given a broken conversion: rope theta {theta:g} -> {theta * 100:g}")
+    vocab = json.loads(Path(paths["hf"], "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(7)
+    prompts = rng.integers(3, vocab - 1, size=(EQUIVALENCE_PROMPTS, args.prompt)).tolist()
+    verdicts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(name):
+            out = Path(tmp, f"{name}.npz")
+            job = {**(broken if name == args.break_rope else paths), "prompts": prompts, "tokens": args.tokens,
+                   "threads": args.threads, "equivalence": True, "out": str(out), "kv": OPENVINO_KV.get(name)}
+            python = sys.executable if name == "reference" else engine_python(args, name)
+            result = run_child(python, name, job, child_env(args, name), args.cpus)
+            return dict(np.load(out)), result["kernel"]
+
+        ref, kernel = run("reference")
+        print(f"equivalence reference: {kernel}; {EQUIVALENCE_PROMPTS} prompts x {args.prompt} tokens, "
+              f"{args.tokens} generated, {layers}-layer checkpoint {model_dir(args, layers)}")
+        for name in ready:
+            got, kernel = run(name)
+            verdicts[name] = peer_equivalence.compare(
+                name, ref["tokens"], ref["logits"], got["tokens"], got.get("first_logits"),
+                got.get("topk_ids"), got.get("topk_logprobs"))
+            print(f"EQUIVALENCE {verdicts[name].line()}", flush=True)
+    return verdicts
+
+
+def cell_rounds(runs: list[dict], batch: int, key: str) -> list[list[float]] | str | None:
+    """One list of window samples per round (rounds are the bootstrap's unit), or why there are none."""
     cells = [r["batches"].get(str(batch)) for r in runs]
-    if any(c is None or "unsupported" in c for c in cells):
-        return next((c for c in cells if c and "unsupported" in c), None)
-    tpot = [x for c in cells for x in c["tpot_ms"]]
-    ttft = [x for c in cells for x in c["ttft_s"]]
-    return {"tpot": tpot, "ttft": statistics.median(ttft), "tok_s": batch * 1000 / statistics.median(tpot),
-            "peak_rss": max(r["peak_rss"] for r in runs)}
+    bad = next((c["unsupported"] for c in cells if c and "unsupported" in c), None)
+    if bad or not cells or any(c is None for c in cells):
+        return bad
+    return [c[key] for c in cells]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,10 +715,21 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load0 = os.getloadavg()[0]
     print(cpu_line())
-    print(f"threads {args.threads}; prompt {args.prompt} tokens; {args.tokens} generated; model {spec_for(args.layers)}, "
-          f"seed {SEED}; engines {', '.join(args.engines)}", flush=True)
+    print(f"threads {args.threads}; every child pinned with taskset -c {args.cpus}; prompt {args.prompt} tokens; "
+          f"{args.tokens} generated; model {spec_for(args.layers)}, seed {SEED}; engines {', '.join(args.engines)}",
+          flush=True)
     status = peer_status(args)
     ready = [e for e in args.engines if status[e] is None]
+    for name in args.engines:
+        if status[name]:
+            print(f"{name}: {status[name]}")
+    verdicts = check_equivalence(args, ready) if args.equivalence_layers and not args.build_only else {}
+    for name, verdict in verdicts.items():
+        if not verdict.equivalent:
+            status[name] = "not equivalent (not timed, not ranked): " + "; ".join(verdict.reasons)
+    if args.equivalence_only:
+        return 0 if all(v.equivalent for n, v in verdicts.items() if n != args.break_rope) else 1
+    ready = [e for e in ready if status[e] is None]
     paths = ensure_formats(args, ready)
     facts = paths["facts"]
     config = AutoConfig.from_pretrained(paths["hf"])
@@ -474,8 +741,8 @@ def main(argv: list[str] | None = None) -> int:
                         for i in range(args.windows + 1)] for b in batches(args)}
     job = {**paths, "threads": args.threads, "prompt": args.prompt, "tokens": args.tokens, "windows": args.windows,
            "batches": batches(args), "prompts": prompts}
-    # Later rounds of vcfslm find its compiled step in Inductor's FX graph cache.
-    inductor = {"TORCHINDUCTOR_CACHE_DIR": str(args.cache / "inductor")}
+    kv_gib = max(1, math.ceil(max(batches(args)) * (args.prompt + args.tokens + 8) * facts["kv_bytes_per_token"]
+                              * 2 / 2**30))
 
     gemm = probe.measure_gemm(args.threads)
     reads: list[float] = []
@@ -483,8 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         reads.append(probe.measure_bandwidth(args.threads, args.probe_mib, repeats=2).read_gbs)
         for name in ready:
-            python = sys.executable if name == "vcfslm" else args.peers_python
-            result = run_child(python, name, job, inductor if name == "vcfslm" else None)
+            result = run_child(engine_python(args, name), name, {**job, "kv": OPENVINO_KV.get(name)},
+                               child_env(args, name, kv_gib), args.cpus)
             runs[name].append(result)
             b1 = result["batches"]["1"]
             load_peak = (f" (peak RSS {result['load_peak_rss'] / 1e9:.2f} GB = "
@@ -494,11 +761,13 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{t:.1f}" for t in b1["tpot_ms"]) + " ms", flush=True)
     reads.append(probe.measure_bandwidth(args.threads, args.probe_mib, repeats=2).read_gbs)
     read_gbs = max(reads)
-    print_report(args, config, facts, runs, status, read_gbs, reads, gemm, started, load0)
+    print_report(args, config, facts, runs, status, verdicts, read_gbs, reads, gemm, started, load0)
     return 0
 
 
-def print_report(args, config, facts, runs, status, read_gbs, reads, gemm, started, load0) -> None:
+def print_report(args, config, facts, runs, status, verdicts, read_gbs, reads, gemm, started, load0) -> None:
+    from peer_stats import median_interval, ratio_interval, ratio_text
+
     from vcfslm import roofline
 
     context = roofline.mean_decode_context(args.prompt, args.tokens)
@@ -506,7 +775,7 @@ def print_report(args, config, facts, runs, status, read_gbs, reads, gemm, start
     print()
     print(f"alternation: {args.rounds} rounds of {' '.join(runs) or '(none)'}, one child process per engine per "
           f"round (one engine resident at a time), each: load from disk, 1 discarded + {args.windows} measured "
-          f"windows per batch; read probe before each round")
+          f"windows per batch; read probe before each round; every child on CPUs {args.cpus}")
     for b in batches(args):
         step_bytes = roofline.decode_step_bytes(facts["step_weight_bytes"], facts["kv_bytes_per_token"], b, context)
         flops = roofline.decode_step_flops(config, b, context)
@@ -520,32 +789,37 @@ def print_report(args, config, facts, runs, status, read_gbs, reads, gemm, start
               f"TTFT floor {ttft:.3f} s")
     print(f"probe: read {min(reads):.1f}-{read_gbs:.1f} GB/s over {len(reads)} probes; bf16 GEMM {gemm.tflops:.3f} "
           f"TFLOP/s ({gemm.kernel}, M={gemm.rows})")
+    print("cells: median over every window of every round, (95 % interval: bootstrap over rounds)")
     print()
-    print(f"{'engine':<10} {'batch':>5}  {'TPOT ms median':>14} {'min':>7} {'max':>7}  {'TTFT s':>7}  "
+    print(f"{'engine':<13} {'batch':>5}  {'TPOT ms (95 % interval)':>26}  {'TTFT s (95 % interval)':>24}  "
           f"{'decode tok/s':>12}  {'peak RSS GB':>11}  {'roofline/TPOT':>13}")
-    table = {}
+    samples = {}
     for b in batches(args):
         for name in args.engines:
             if status[name]:
-                print(f"{name:<10} {b:>5}  {status[name]}")
+                print(f"{name:<13} {b:>5}  {status[name]}")
                 continue
-            cell = table[name, b] = summarize(runs[name], b)
-            if cell is None or "unsupported" in cell:
-                print(f"{name:<10} {b:>5}  {(cell or {}).get('unsupported', 'no windows')}")
+            tpot, ttft = cell_rounds(runs[name], b, "tpot_ms"), cell_rounds(runs[name], b, "ttft_s")
+            if not isinstance(tpot, list):
+                print(f"{name:<13} {b:>5}  {tpot or 'no windows'}")
                 continue
-            tp = cell["tpot"]
-            print(f"{name:<10} {b:>5}  {statistics.median(tp):14.1f} {min(tp):7.1f} {max(tp):7.1f}  {cell['ttft']:7.3f}  "
-                  f"{cell['tok_s']:12.2f}  {cell['peak_rss'] / 1e9:11.2f}  {floors[b] / statistics.median(tp):13.2f}")
+            samples[name, b] = tpot, ttft
+            tp, tt = median_interval(tpot), median_interval(ttft)
+            rss = max(r["peak_rss"] for r in runs[name])
+            tag = "  (extra row, not ranked)" if name in UNRANKED else ""
+            print(f"{name:<13} {b:>5}  {tp.median:9.1f} ({tp.low:7.1f}-{tp.high:7.1f})  "
+                  f"{tt.median:8.3f} ({tt.low:6.3f}-{tt.high:6.3f})  {b * 1000 / tp.median:12.2f}  {rss / 1e9:11.2f}  "
+                  f"{floors[b] / tp.median:13.2f}{tag}")
     print()
+    print("ratios vcfslm/peer, median (95 % interval, bootstrap over rounds); 'even' when the interval spans 1:")
     for b in batches(args):
-        mine = table.get(("vcfslm", b))
-        for peer in (n for n in args.engines if n != "vcfslm"):
-            theirs = table.get((peer, b))
-            if not mine or "tpot" not in mine or not theirs or "tpot" not in theirs:
-                continue
-            print(f"RATIO vcfslm/{peer} batch {b}: TPOT {statistics.median(mine['tpot']) / statistics.median(theirs['tpot']):.2f}"
-                  f"  TTFT {mine['ttft'] / theirs['ttft']:.2f}  decode tok/s {mine['tok_s'] / theirs['tok_s']:.2f}"
-                  f"  peak RSS {mine['peak_rss'] / theirs['peak_rss']:.2f}  (below 1 for TPOT and TTFT, above 1 for tok/s: vcfslm faster)")
+        if ("vcfslm", b) not in samples:
+            continue
+        mine = samples["vcfslm", b]
+        for peer in (n for n in args.engines if n != "vcfslm" and n not in UNRANKED and (n, b) in samples):
+            theirs = samples[peer, b]
+            print(f"RATIO vcfslm/{peer} batch {b}: TPOT {ratio_text(ratio_interval(mine[0], theirs[0]))}; "
+                  f"TTFT {ratio_text(ratio_interval(mine[1], theirs[1]))}")
     loads = [r for r in runs.get("vcfslm", []) if "load_peak_rss" in r]
     if loads:
         worst = max(r["load_peak_rss"] for r in loads)
@@ -553,12 +827,15 @@ def print_report(args, config, facts, runs, status, read_gbs, reads, gemm, start
               f"of weights = {worst / loads[0]['weight_bytes']:.2f} x (target <= 1.3 x; the whole child's peak is "
               f"in the table)")
     print()
+    if verdicts:
+        print("equivalence (checked before timing; a peer not equivalent is neither timed nor ranked):")
+        for verdict in verdicts.values():
+            print(f"  {verdict.line()}")
     print("kernel path of each engine:")
     for name, results in runs.items():
         print(f"  {name}: {results[0]['kernel']}")
     print(f"noise: load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs); "
           f"wall {time.perf_counter() - started:.0f} s")
-
 
 if __name__ == "__main__":
     sys.exit(main())
