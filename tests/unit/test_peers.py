@@ -22,10 +22,32 @@ def test_engines_parse_in_order_and_unknown_ones_are_refused(capsys):
     assert peers.parse_args([]).engines == list(peers.ENGINES)
     assert peers.batches(peers.parse_args(["--big-batch", "0"])) == [1]
     with pytest.raises(SystemExit):
-        peers.parse_args(["--engines", "vllm"])
-    assert "unknown engine(s) vllm" in capsys.readouterr().err
+        peers.parse_args(["--engines", "vllm,tgi"])
+    assert "unknown engine(s) tgi" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        peers.parse_args(["--break-rope", "vcfslm"])
+    assert "--break-rope takes a peer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         peers.parse_args(["--tokens", "1"])
+
+
+def test_cpu_lists_are_written_as_taskset_reads_them():
+    assert peers.cpu_list([0, 1, 2, 5]) == "0-2,5"
+    assert peers.cpu_list([3]) == "3"
+    assert peers.cpu_list([0, 2, 3, 4, 7, 8]) == "0,2-4,7-8"
+
+
+def test_a_broken_checkpoint_changes_rope_theta_alone(tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    config = {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "longrope"}, "hidden_size": 8}
+    (good / "config.json").write_text(json.dumps(config))
+    (good / "model.safetensors").write_bytes(b"weights")
+    peers.broken_checkpoint(good, bad, 1e6)
+    assert json.loads((bad / "config.json").read_text()) == {
+        "rope_parameters": {"rope_theta": 1e6, "rope_type": "longrope"}, "hidden_size": 8}
+    assert (bad / "model.safetensors").is_symlink() and (bad / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((good / "config.json").read_text()) == config
 
 
 def test_gguf_names_follow_llama_cpp_phi3():
