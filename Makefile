@@ -60,9 +60,10 @@ lint: venv
 demo: setup
 	DEMO_MODEL=$(DEMO_MODEL) DEMO_FRESH=$(DEMO_FRESH) VCFSLM=$(VENV)/bin/vcfslm PYTHON=$(PY) bash scripts/demo.sh
 
-# The peer engines benchmarks/peers.py measures beside vcfslm, in .venv-peers (not for
-# make test or CI: llama-cpp-python builds from source, ~9 minutes on 2 cores).
-peers: venv
+# The peer engines benchmarks/peers.py measures beside vcfslm: OpenVINO GenAI and llama.cpp
+# in .venv-peers (not for make test or CI: llama-cpp-python builds from source, ~9 minutes
+# on 2 cores), and vLLM CPU in its own venv (.venv-vllm, which make test has too).
+peers: venv vllm
 	bash benchmarks/peers-setup.sh
 
 lab-down: venv

@@ -98,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--break-rope", type=str, default="", metavar="ENGINE",
                     help="give ENGINE a model whose rope theta is changed (the check must call it not equivalent)")
     ap.add_argument("--build-only", action="store_true", help="build the model formats the engines need, then stop")
+    ap.add_argument("--save", type=Path, metavar="JSON",
+                    help="also write every window of every round, the probes and the verdicts to JSON")
     ap.add_argument("--child", choices=("checkpoint", "openvino-ir", "gguf", "reference", *ENGINES), help=argparse.SUPPRESS)
     ap.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -360,6 +362,10 @@ def child_openvino(job: dict) -> dict:
     return {"load_s": load_s, "kernel": "; ".join(facts), "batches": batches_out}
 
 
+# ggml's type numbers for a KV cache (llama-cpp-python names no BF16 constant).
+GGML_KV_TYPES = {0: "f32", 1: "f16", 30: "bf16"}
+
+
 class LlamaBatched:
     """llama.cpp decoding many sequences in one `llama_decode`, as its batched-bench does:
     a context of its own with one KV sequence per row (llama-cpp-python's high-level
@@ -378,6 +384,7 @@ class LlamaBatched:
         params.n_batch = params.n_ubatch = max(rows * prompt, 32)  # the whole prefill in one decode
         params.n_threads = params.n_threads_batch = threads
         self.ctx = _internals.LlamaContext(model=self.llm._model, params=params, verbose=False)
+        self.kv_types = (params.type_k, params.type_v)
         self.batch = _internals.LlamaBatch(n_tokens=params.n_batch, embd=0, n_seq_max=1, verbose=False)
         self.vocab = self.llm.n_vocab()
 
@@ -417,8 +424,10 @@ class LlamaBatched:
 
     def kernel(self) -> str:
         info = self.lib.llama_print_system_info().decode().strip()
-        return (f"llama-cpp-python {self.lib.__version__}, bf16 GGUF, one llama_decode per step for all "
-                f"sequences (n_seq_max {self.lib.llama_n_seq_max(self.ctx.ctx)}); {info}")
+        # llama.cpp's default KV type is f16: two bytes a value, as the others' bf16.
+        kv = "/".join(GGML_KV_TYPES.get(t, f"ggml type {t}") for t in self.kv_types)
+        return (f"llama-cpp-python {self.lib.__version__}, bf16 GGUF, KV cache {kv} (K/V), one llama_decode per step "
+                f"for all sequences (n_seq_max {self.lib.llama_n_seq_max(self.ctx.ctx)}); {info}")
 
 
 def child_llama(job: dict) -> dict:
@@ -761,8 +770,26 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{t:.1f}" for t in b1["tpot_ms"]) + " ms", flush=True)
     reads.append(probe.measure_bandwidth(args.threads, args.probe_mib, repeats=2).read_gbs)
     read_gbs = max(reads)
+    if args.save:
+        save_samples(args, runs, status, verdicts, reads, gemm)
     print_report(args, config, facts, runs, status, verdicts, read_gbs, reads, gemm, started, load0)
     return 0
+
+
+def save_samples(args, runs, status, verdicts, reads, gemm) -> None:
+    """The raw material of the report: every window of every round per engine, so that a
+    cell or a ratio can be recomputed (peer_stats) without running the engines again."""
+    from dataclasses import asdict
+
+    payload = {"argv": sys.argv[1:], "cpus": args.cpus, "threads": args.threads, "layers": args.layers,
+               "prompt": args.prompt, "tokens": args.tokens, "read_gbs": reads,
+               "gemm_tflops": gemm.tflops, "status": status,
+               "verdicts": {name: asdict(v) for name, v in verdicts.items()}, "rounds": runs}
+    args.save.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.save.with_name(args.save.name + ".partial")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.rename(args.save)
+    print(f"samples saved to {args.save}", flush=True)
 
 
 def print_report(args, config, facts, runs, status, verdicts, read_gbs, reads, gemm, started, load0) -> None:

@@ -114,3 +114,25 @@ def test_gguf_writer_on_a_one_layer_model(tmp_path):
             ref = model(torch.tensor([prompt])).logits[0, -1].float()
         ours = torch.tensor(got["logits"], dtype=torch.float32)
         assert torch.corrcoef(torch.stack([ref, ours]))[0, 1] > 0.99
+
+
+def test_saved_samples_hold_every_window_of_every_round_and_recompute_the_cells(tmp_path):
+    import argparse
+
+    import numpy as np
+    from peer_equivalence import compare
+    from peer_stats import median_interval
+
+    args = argparse.Namespace(cpus="0-1", threads=2, layers=1, prompt=32, tokens=4, save=tmp_path / "out" / "s.json")
+    runs = {"vcfslm": [{"batches": {"1": {"tpot_ms": [10.0, 12.0], "ttft_s": [0.5, 0.6]}}},
+                       {"batches": {"1": {"tpot_ms": [11.0, 13.0], "ttft_s": [0.4, 0.7]}}}]}
+    tokens = np.zeros((1, 4), dtype=np.int64)
+    verdicts = {"vcfslm": compare("vcfslm", tokens, np.zeros((1, 4, 8)), tokens)}
+    gemm = argparse.Namespace(tflops=0.4)
+    peers.save_samples(args, runs, {"vcfslm": None}, verdicts, [30.0, 31.0], gemm)
+    saved = json.loads(args.save.read_text())
+    assert not args.save.with_name("s.json.partial").exists()
+    assert saved["rounds"] == runs and saved["read_gbs"] == [30.0, 31.0] and saved["gemm_tflops"] == 0.4
+    assert saved["verdicts"]["vcfslm"]["equivalent"] is True
+    rounds = [r["batches"]["1"]["tpot_ms"] for r in saved["rounds"]["vcfslm"]]
+    assert median_interval(rounds).median == 11.5
