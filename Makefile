@@ -15,7 +15,7 @@ DEMO_MODEL ?= synthetic:tiny
 DEMO_FRESH ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv vllm test demo lint clean lab-down peers
+.PHONY: setup apt venv vllm test demo lint clean lab-down peers peers-wheels
 
 setup: apt venv
 
@@ -51,7 +51,7 @@ $(VLLM_VENV)/.installed: constraints-vllm.txt
 	$(VLLM_VENV)/bin/python templates/vllm-entry.py --version
 	touch $@
 
-test: setup vllm
+test: setup vllm peers-wheels
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -61,13 +61,18 @@ demo: setup
 	DEMO_MODEL=$(DEMO_MODEL) DEMO_FRESH=$(DEMO_FRESH) VCFSLM=$(VENV)/bin/vcfslm PYTHON=$(PY) bash scripts/demo.sh
 
 # The peer engines benchmarks/peers.py measures beside vcfslm: OpenVINO GenAI and llama.cpp
-# in .venv-peers (not for make test or CI: llama-cpp-python builds from source, ~9 minutes
-# on 2 cores), and vLLM CPU in its own venv (.venv-vllm, which make test has too).
+# in .venv-peers (llama-cpp-python builds from source, ~9 minutes on 2 cores: not for make
+# test or CI), and vLLM CPU in its own venv (.venv-vllm, which make test has too).
 peers: venv vllm
 	bash benchmarks/peers-setup.sh
+
+# The peers that install from wheels alone (OpenVINO GenAI, gguf): make test checks their
+# equivalence; llama.cpp's build stays in make peers.
+peers-wheels: venv
+	bash benchmarks/peers-setup.sh --wheels
 
 lab-down: venv
 	$(VENV)/bin/vcfslm lab down
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build dist .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-peers build dist .pytest_cache

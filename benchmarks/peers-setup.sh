@@ -2,8 +2,10 @@
 # Installs the peer engines that benchmarks/peers.py measures beside vcfslm,
 # in their own virtualenv (.venv-peers, ignored by git): OpenVINO GenAI with
 # optimum-intel for the IR export, and llama-cpp-python built from its sdist
-# with native CPU flags. Never part of `make test` or CI.
-# Usage: bash benchmarks/peers-setup.sh   (or: make peers)
+# with native CPU flags. `make test` installs the first part alone (prebuilt wheels, about a
+# minute), so CI checks OpenVINO's equivalence; llama.cpp's ~9-minute build is `make peers` only.
+# Usage: bash benchmarks/peers-setup.sh            (or: make peers)
+#        bash benchmarks/peers-setup.sh --wheels   (OpenVINO GenAI and gguf, no llama.cpp build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +18,12 @@ PINS=(torch==2.13.0 "transformers>=5.5,<5.6" optimum-intel==2.2.0
       openvino==2026.4.1 openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0
       gguf==0.19.0 tokenizers safetensors numpy)
 LLAMA=llama-cpp-python==0.3.36
+WHEELS_ONLY=
+case "${1:-}" in
+  "") ;;
+  --wheels) WHEELS_ONLY=1 ;;
+  *) echo "usage: $0 [--wheels]" >&2; exit 2 ;;
+esac
 
 start=$(date +%s)
 test -x "$PY" || "$PYTHON" -m venv "$VENV"
@@ -28,7 +36,7 @@ if [ ! -f "$VENV/.python-peers" ]; then
   "$PY" -m pip uninstall -q -y torchvision 2>/dev/null || true
   touch "$VENV/.python-peers"
 fi
-if [ ! -f "$VENV/.llama-cpp" ]; then
+if [ -z "$WHEELS_ONLY" ] && [ ! -f "$VENV/.llama-cpp" ]; then
   echo "peers: building $LLAMA from its sdist with native CPU flags (about 9 minutes on 2 cores)"
   CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
     "$PY" -m pip install -q --no-binary llama-cpp-python --no-cache-dir "$LLAMA"
@@ -38,6 +46,9 @@ fi
 import importlib.metadata as md
 for name in ("torch", "transformers", "optimum-intel", "openvino", "openvino-genai",
              "gguf", "llama-cpp-python"):
-    print(f"peers: {name} {md.version(name)}")
+    try:
+        print(f"peers: {name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"peers: {name} not installed (bash benchmarks/peers-setup.sh builds it)")
 PY
 echo "peers: ready in $VENV ($(( $(date +%s) - start )) s)"
