@@ -781,14 +781,13 @@ def save_samples(args, runs, status, verdicts, reads, gemm) -> None:
     cell or a ratio can be recomputed (peer_stats) without running the engines again."""
     from dataclasses import asdict
 
+    from vcfslm.results import atomic_write_json
+
     payload = {"argv": sys.argv[1:], "cpus": args.cpus, "threads": args.threads, "layers": args.layers,
                "prompt": args.prompt, "tokens": args.tokens, "read_gbs": reads,
                "gemm_tflops": gemm.tflops, "status": status,
                "verdicts": {name: asdict(v) for name, v in verdicts.items()}, "rounds": runs}
-    args.save.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.save.with_name(args.save.name + ".partial")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.rename(args.save)
+    atomic_write_json(args.save, payload)
     print(f"samples saved to {args.save}", flush=True)
 
 
