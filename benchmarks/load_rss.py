@@ -52,11 +52,11 @@ def child(way: str, folder: str) -> dict:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.linear import choose_plan, onednn_bf16, pack_linears
+    from vcfslm.bench.linear import default_plan, pack_linears
     from vcfslm.bench.model import LoadedModel, load_model, parse_model_spec
 
     MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(folder))]  # import its modeling code
-    plan = choose_plan(onednn_bf16())
+    plan = default_plan()
     pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 256, dtype=torch.bfloat16)), plan)
     baseline = _status("VmRSS:")
     started = time.perf_counter()

@@ -282,7 +282,7 @@ def child_vcfslm(job: dict) -> dict:
     from decode_efficiency import engine_window
 
     from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.linear import choose_plan, onednn_bf16
+    from vcfslm.bench.linear import default_plan
     from vcfslm.bench.model import load_model
 
     torch.set_num_threads(job["threads"])
@@ -290,7 +290,7 @@ def child_vcfslm(job: dict) -> dict:
     # The checkpoint loader packs each linear as it arrives (vcfslm.bench.loader): the load's
     # peak is read before anything else runs.
     loaded = load_model(job["hf"], seed=SEED, max_context=job["prompt"] + job["tokens"],
-                        plan=choose_plan(onednn_bf16()))
+                        plan=default_plan())
     load_peak = peak_rss_bytes()
     engine = DecodeEngine(loaded.model, "compile")
     out = {"load_s": time.perf_counter() - started, "load_peak_rss": load_peak, "weight_bytes": loaded.weight_bytes,
@@ -474,13 +474,13 @@ def equivalence_vcfslm(job: dict) -> dict:
     import torch
 
     from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.linear import choose_plan, onednn_bf16
+    from vcfslm.bench.linear import default_plan
     from vcfslm.bench.model import load_model
 
     torch.set_num_threads(job["threads"])
     prompt = torch.tensor(job["prompts"])
     loaded = load_model(job["hf"], seed=SEED, max_context=prompt.shape[1] + job["tokens"],
-                        plan=choose_plan(onednn_bf16()))
+                        plan=default_plan())
     engine = DecodeEngine(loaded.model, "compile")
     with torch.inference_mode():
         first = engine.prefill(prompt, engine.store_for(*prompt.shape)).float().numpy()

@@ -34,7 +34,7 @@ def cpu_line() -> str:
     code = ("from vcfslm.bench import linear, placement;"
             "flags = placement.parse_cpu_flags(open('/proc/cpuinfo').read());"
             "print(sorted(f for f in flags if f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')),"
-            " linear.choose_plan(linear.onednn_bf16()))")
+            " linear.default_plan())")
     plan = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), "unknown CPU")

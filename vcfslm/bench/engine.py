@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..contract import MEASUREMENT_MODES, normalize_compile_mode
-from .linear import KernelPlan, PackReport, choose_plan, onednn_bf16, pack_linears
+from .linear import KernelPlan, PackReport, default_plan, pack_linears
 from .loader import packed_report
 from .serve import Piece
 
@@ -315,7 +315,7 @@ class DecodeEngine:
                                  f"they cannot be repacked as {plan.label}")
             self.plan, self.pack = prepacked.plan, prepacked
         else:
-            self.plan = plan or choose_plan(onednn_bf16())
+            self.plan = plan or default_plan()
             self.pack: PackReport = pack_linears(model, self.plan, check=check_packing)
         _register_attention()
         model.config._attn_implementation = ATTENTION

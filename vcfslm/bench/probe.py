@@ -100,9 +100,9 @@ def _engine_read_s(elements: int, repeats: int) -> float:
 
     from . import linear
 
-    plan = linear.choose_plan(linear.onednn_bf16())
+    plan = linear.default_plan()
     slices = _engine_slices(elements, plan)
-    x = torch.ones(plan.min_rows, slices[0].in_features, dtype=torch.bfloat16)
+    x = torch.ones(plan.rows_computed(1), slices[0].in_features, dtype=torch.bfloat16)
     with torch.inference_mode():
         return _best(lambda: [layer(x) for layer in slices], repeats)
 
@@ -162,15 +162,15 @@ def measure_decode_linears(threads: int | None = None, rows: tuple[int, ...] = D
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
-    plan = plan or linear.choose_plan(linear.onednn_bf16())
+    plan = plan or linear.default_plan()
     elements = max(mib * 1024 * 1024 // 2, 3072)
     slices = _engine_slices(elements, plan)
     weight_bytes = sum(layer.weight_nbytes for layer in slices)
     rates = []
     with torch.inference_mode():
         for m in rows:
-            # The engine pads a batch below the kernel's minimum rows the same way.
-            x = torch.ones(max(m, plan.min_rows), slices[0].in_features, dtype=torch.bfloat16)
+            # The engine computes the rows it would for a batch this size (padded or not).
+            x = torch.ones(plan.rows_computed(m), slices[0].in_features, dtype=torch.bfloat16)
             rates.append(weight_bytes / _best(lambda x=x: [layer(x) for layer in slices], repeats) / 1e9)
     return DecodeLinears(rows=tuple(rows), gbs=tuple(round(r, 3) for r in rates), kernel=plan.kernel,
                          threads=torch.get_num_threads(), buffer_bytes=weight_bytes,
@@ -212,7 +212,7 @@ def measure_gemm(threads: int | None = None, rows: tuple[int, ...] = GEMM_ROWS, 
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
-    plan = plan or linear.choose_plan(linear.onednn_bf16())
+    plan = plan or linear.default_plan()
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
     packed = linear.PackedLinear(weight, None, plan)

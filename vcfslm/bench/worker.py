@@ -280,7 +280,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     from .. import roofline
     from . import probe as probe_mod
     from .engine import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
-    from .linear import choose_plan, onednn_bf16
+    from .linear import default_plan
     from .model import load_model
     from .placement import placement_facts, placement_problems, thread_cpus
 
@@ -298,7 +298,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
 
     # Packed as it loads: a checkpoint's tensors go one by one into the kernel's layout.
     loaded = load_model(args.model, seed=args.seed, max_context=max_context or None,
-                        plan=choose_plan(onednn_bf16()), before_pack=before_pack)
+                        plan=default_plan(), before_pack=before_pack)
     engine = DecodeEngine(loaded.model, args.compile)   # keeps the load's pack
     _inject_numerics_fault(env.rank, engine)
     progress({**base, "phase": "loaded", "model": loaded.facts["source"], "load_s": loaded.facts["load_s"],

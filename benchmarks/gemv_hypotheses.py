@@ -1,0 +1,249 @@
+"""What keeps a decode linear from reading its weight as fast as the machine reads memory:
+each hypothesis timed on the same weight set, side by side, round after round.
+
+    .venv/bin/python benchmarks/gemv_hypotheses.py                  # 4 Phi-3-mini layers + lm_head (~1 GB)
+    .venv/bin/python benchmarks/gemv_hypotheses.py --layers 2 --rounds 5 --no-autotune
+
+The weight set is Phi-3-mini's four linear shapes (qkv 3072->9216, o 3072->3072, gate_up
+3072->16384, down 8192->3072) repeated `--layers` times, and its lm_head: far larger than
+any cache, so every pass streams it from memory as a decode step does. Every row runs the
+whole set once per round; rows take turns within a round, and each row is reported as the
+median of its per-round ratio to the plain read of the same round (`sum` over fp32), so
+the host's bandwidth drift (1.5x within seconds here) hits every row alike.
+
+Rows:
+- the read kernels the probe takes its bandwidth from (sum, MKL SGEMV), and sum over random
+  values (is a buffer of ones read faster? it must not be);
+- oneDNN's packed weight at 1 row and padded to 4 rows, and packed for 16 rows (the block
+  layout it picks; its verbose log names it AB16b64a2b on AVX512-BF16);
+- the unpacked weight through ATen's F.linear and torch.ops.mkldnn._linear_pointwise;
+- an Inductor-compiled reduction over a [N/16, K, 16] blocked copy, and Inductor's own C++
+  micro-GEMM (max-autotune, frozen weights: a second copy per compiled shape, so not
+  something a replica can hold);
+- an N split: two Python threads, each running oneDNN on half the rows with one thread;
+- vcfslm's GEMV (vcfslm.bench.gemv) on oneDNN's packed bytes: at 1 and 4 rows, with one
+  thread against the plain read with one thread, with software prefetch 512 to 4096 bytes
+  ahead, and on a copy of the packed bytes in 2 MiB transparent huge pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import mmap
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from vcfslm.bench import gemv, linear  # noqa: E402
+
+SHAPES = ((9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192))
+LM_HEAD = (32064, 3072)
+
+
+@dataclass
+class Row:
+    name: str
+    tests: str
+    fn: object
+    times: list
+    threads: int = 0   # 0: the run's threads
+
+
+def _mkldnn(x, packed):
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def _thp_copy(packed_list, sizes):
+    """Copies of the packed bytes in anonymous memory advised to use 2 MiB pages; the
+    mappings stay referenced by the returned list."""
+    maps, addresses = [], []
+    for packed, size in zip(packed_list, sizes, strict=True):
+        m = mmap.mmap(-1, size + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(mmap.MADV_HUGEPAGE)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        start = (base + (2 << 20) - 1) & ~((2 << 20) - 1)
+        ctypes.memmove(start, torch.ops.mkldnn.data_ptr(packed), size)
+        maps.append(m)
+        addresses.append(start)
+    return maps, addresses
+
+
+def anon_huge_kb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], int, list]:
+    gen = torch.Generator().manual_seed(0)
+    shapes = [*SHAPES * layers, LM_HEAD]
+    ws = [(torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16) for n, k in shapes]
+    nbytes = sum(w.numel() * 2 for w in ws)
+    x1 = {k: torch.randn(1, k, generator=gen).to(torch.bfloat16) for k in (3072, 8192)}
+    x4 = {k: torch.randn(4, k, generator=gen).to(torch.bfloat16) for k in (3072, 8192)}
+    keep: list = []
+    rows: list[Row] = []
+
+    def add(name, tests, fn, threads_=0):
+        rows.append(Row(name, tests, fn, [], threads_))
+
+    ones = torch.ones(nbytes // 4)
+    noise = torch.randn(nbytes // 4, generator=gen)
+    vec = torch.ones(4096)
+    keep += [ones, noise, vec]
+    add("sum fp32 (read probe)", "the plain read, every ratio's reference", ones.sum)
+    add("sum fp32, 1 thread", "what one core reads", ones.sum, 1)
+    add("sum fp32 over random values", "a buffer of ones is not read faster", noise.sum)
+    add("MKL SGEMV fp32 (read probe)", "the probe's other read kernel", lambda: torch.mv(ones.view(-1, 4096), vec))
+
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in ws]
+    keep.append(packed)
+    add("oneDNN packed, 1 row", "oneDNN's one-row path", lambda: [_mkldnn(x1[w.shape[1]], p) for w, p in zip(ws, packed, strict=True)])
+    add("oneDNN packed, padded to 4 rows", "the padding the plan used", lambda: [_mkldnn(x4[w.shape[1]], p)
+                                                                              for w, p in zip(ws, packed, strict=True)])
+    add("F.linear, unpacked, 1 row", "no packing at all (ATen)", lambda: [F.linear(x1[w.shape[1]], w) for w in ws])
+    add("mkldnn._linear_pointwise, unpacked, 1 row", "a torch.ops.mkldnn variant on the plain weight",
+        lambda: [_mkldnn(x1[w.shape[1]], w) for w in ws])
+
+    with torch.no_grad():
+        blocked = [w.view(w.shape[0] // 16, 16, w.shape[1]).transpose(1, 2).contiguous() for w in ws]
+        keep.append(blocked)
+
+        def reduce16(x, b):
+            return (x[:, None, :, None].float() * b[None].float()).sum(2).reshape(1, -1).to(torch.bfloat16)
+
+        add("Inductor reduction, [N/16,K,16] copy, 1 row", "a compiled loop on a 16-wide block layout",
+            torch.compile(lambda: [reduce16(x1[b.shape[1]], b) for b in blocked], dynamic=False))
+
+    if autotune:
+        import torch._inductor.config as inductor_config
+
+        class Stack(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ls = torch.nn.ModuleList(torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16)
+                                              for w in ws)
+                for lin, w in zip(self.ls, ws, strict=True):
+                    lin.weight.data = w
+
+            def forward(self, a, b):
+                return [lin(a if lin.in_features == 3072 else b) for lin in self.ls]
+
+        with inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP,ATEN"), torch.no_grad():
+            stack = Stack().eval()
+            micro = torch.compile(stack, mode="max-autotune", dynamic=False)
+            micro(x1[3072], x1[8192])
+        keep.append(micro)
+        add("Inductor C++ micro-GEMM (max-autotune, frozen)", "Inductor's template; a copy per compiled shape",
+            lambda: micro(x1[3072], x1[8192]))
+
+    halves = [(torch.ops.mkldnn._reorder_linear_weight(w[: w.shape[0] // 2].contiguous(), 4),
+               torch.ops.mkldnn._reorder_linear_weight(w[w.shape[0] // 2:].contiguous(), 4)) for w in ws]
+    keep.append(halves)
+
+    def n_split():
+        def half(i):
+            for w, h in zip(ws, halves, strict=True):
+                _mkldnn(x4[w.shape[1]], h[i])
+        t = threading.Thread(target=half, args=(1,))
+        t.start()
+        half(0)
+        t.join()
+
+    add("N split: 2 threads x oneDNN on half the rows", "splitting N across threads by hand", n_split, 1)
+
+    status = gemv.status()
+    if status.usable:
+        lib = gemv._library()
+        add("vcfslm GEMV on oneDNN's packed bytes, 1 row", "the engine's few-row kernel",
+            lambda: [gemv.run(x1[w.shape[1]], p, w.shape[0]) for w, p in zip(ws, packed, strict=True)])
+        add("vcfslm GEMV, 4 rows", "4 rows cost the same reads",
+            lambda: [gemv.run(x4[w.shape[1]], p, w.shape[0]) for w, p in zip(ws, packed, strict=True)])
+        add("vcfslm GEMV, 1 thread", "one core's share (against sum, 1 thread)",
+            lambda: [gemv.run_at(torch.ops.mkldnn.data_ptr(p), x1[w.shape[1]], w.shape[0], lib, threads=1)
+                     for w, p in zip(ws, packed, strict=True)], 1)
+        for distance in (512, 1024, 4096):
+            add(f"vcfslm GEMV, prefetch {distance} B ahead", "software prefetch distance",
+                lambda d=distance: [gemv.run_at(torch.ops.mkldnn.data_ptr(p), x1[w.shape[1]], w.shape[0], lib,
+                                                prefetch=d) for w, p in zip(ws, packed, strict=True)])
+        before = anon_huge_kb()
+        maps, addresses = _thp_copy(packed, [w.numel() * 2 for w in ws])
+        keep.append(maps)
+        huge_mib = (anon_huge_kb() - before) // 1024
+        add(f"vcfslm GEMV, weight in 2 MiB pages ({huge_mib} MiB huge)", "page size (TLB reach)",
+            lambda: [gemv.run_at(a, x1[w.shape[1]], w.shape[0], lib) for w, a in zip(ws, addresses, strict=True)])
+    else:
+        print(f"vcfslm GEMV: not run here ({status.reason})")
+    return rows, nbytes, keep
+
+
+def measure(rows: list[Row], rounds: int, threads: int) -> None:
+    with torch.inference_mode():
+        for row in rows:   # warm every code path once
+            torch.set_num_threads(row.threads or threads)
+            row.fn()
+        for _ in range(rounds):
+            for row in rows:
+                torch.set_num_threads(row.threads or threads)
+                t0 = time.perf_counter()
+                row.fn()
+                row.times.append(time.perf_counter() - t0)
+    torch.set_num_threads(threads)
+
+
+def table(rows: list[Row], nbytes: int, threads: int) -> list[str]:
+    ref = rows[0].times
+    ref1 = next((r.times for r in rows if r.name == "sum fp32, 1 thread"), ref)
+    out = [f"{'hypothesis':<58} {'GB/s':>6} {'of sum':>7}  tests"]
+    for row in rows:
+        base = ref1 if row.threads == 1 and "1 thread" in row.name and not row.name.startswith("sum") else ref
+        ratio = statistics.median(b / t for b, t in zip(base, row.times, strict=True))
+        gbs = statistics.median(nbytes / t / 1e9 for t in row.times)
+        threads_note = "" if not row.threads or row.threads == threads else f" [{row.threads} thread]"
+        out.append(f"{row.name + threads_note:<58} {gbs:6.1f} {ratio:7.2f}  {row.tests}")
+    return out
+
+
+def run(layers: int = 4, rounds: int = 7, threads: int | None = None, autotune: bool = True) -> list[str]:
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    rows, nbytes, keep = build_rows(layers, threads, autotune)
+    measure(rows, rounds, threads)
+    lines = [f"GEMV hypotheses: {nbytes / 1e9:.2f} GB of bf16 weights ({layers} Phi-3-mini layers + lm_head), "
+             f"{threads} threads, {rounds} rounds; GB/s median, 'of sum' = median per-round ratio to the plain read "
+             f"(1-thread rows: to the 1-thread read)"]
+    lines += table(rows, nbytes, threads)
+    del keep
+    return lines
+
+
+def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode_efficiency import cpu_line
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--no-autotune", action="store_true", help="skip Inductor's max-autotune micro-GEMM (slow to compile)")
+    args = ap.parse_args()
+    print(cpu_line())
+    print(f"vcfslm GEMV: {gemv.status().reason}; plan {linear.default_plan().label}")
+    for line in run(args.layers, args.rounds, args.threads, not args.no_autotune):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""vcfslm's GEMV: when it runs and why not, a library rebuilt when what built it changes,
+the same numbers as F.linear at 1-4 rows on oneDNN's packed weight, and a wrong layout or
+a broken loop caught before any window is measured."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from vcfslm.bench import gemv, linear  # noqa: E402
+from vcfslm.bench.linear import (  # noqa: E402
+    DENSE_BF16,
+    ONEDNN_PACKED,
+    KernelPlan,
+    PackCheckError,
+    PackedLinear,
+    choose_plan,
+    pack_linears,
+)
+
+
+def _cpu_runs_it() -> bool:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return gemv.cpu_has_avx512_bf16(fh.read()) and linear.onednn_bf16()
+    except OSError:
+        return False
+
+
+needs_avx512_bf16 = pytest.mark.skipif(not _cpu_runs_it(), reason="the CPU has no AVX512-BF16: the GEMV cannot "
+                                       "run here (its decisions and build are tested above)")
+needs_compiler = pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV")
+
+FLAGS = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
+
+
+# ------------------------------------------------------------------ decisions
+
+
+def test_the_cpu_flags_decide():
+    assert gemv.cpu_has_avx512_bf16("processor\t: 0\n" + FLAGS)
+    assert not gemv.cpu_has_avx512_bf16("flags\t\t: fpu sse2 avx2 fma\n")
+    assert not gemv.cpu_has_avx512_bf16("flags\t\t: avx512_bf16\n")  # no avx512f
+    assert not gemv.cpu_has_avx512_bf16("")
+
+
+@pytest.mark.parametrize("value,off", [("off", True), ("0", True), ("OFF", True), ("on", False), ("", False)])
+def test_the_switch(value, off):
+    assert gemv.switched_off({gemv.ENV_SWITCH: value}) is off
+    assert not gemv.switched_off({})
+
+
+def test_what_built_the_library_names_it():
+    base = gemv.library_name(b"source", "g++ 12")
+    assert base == gemv.library_name(b"source", "g++ 12")
+    assert base != gemv.library_name(b"source 2", "g++ 12")
+    assert base != gemv.library_name(b"source", "g++ 13")
+    assert base != gemv.library_name(b"source", "g++ 12", flags=("-O2",))
+
+
+@pytest.mark.parametrize("n,k,nbytes,rows,fits", [
+    (9216, 3072, 9216 * 3072 * 2, 1, True),
+    (32064, 3072, 32064 * 3072 * 2, 4, True),
+    (9216, 3072, 9216 * 3072 * 2, 5, False),      # more rows: oneDNN
+    (9216, 3072, 9216 * 3072 * 2, 0, False),
+    (160, 96, 192 * 96 * 2, 1, False),            # n not whole blocks (oneDNN padded it)
+    (128, 48, 128 * 48 * 2, 1, False),            # k not whole pairs of 16
+    (128, 96, 128 * 96 * 2 + 64, 1, False),       # a buffer of another size: another layout
+])
+def test_which_weights_fit(n, k, nbytes, rows, fits):
+    assert gemv.fits(n, k, nbytes, rows) is fits
+
+
+def test_cache_folder(tmp_path):
+    assert gemv.cache_dir({"VCFSLM_KERNEL_DIR": str(tmp_path)}) == tmp_path
+    assert gemv.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "vcfslm" / "kernels"
+
+
+def test_plan_carries_the_gemv():
+    plan = choose_plan(True, gemv_rows=4)
+    assert plan == KernelPlan(ONEDNN_PACKED, linear.DEFAULT_MIN_ROWS, 4)
+    assert "1-4 rows: " + gemv.LABEL in plan.label
+    assert [plan.rows_computed(r) for r in (1, 3, 4, 5, 16)] == [1, 3, 4, 5, 16]
+    without = choose_plan(True)
+    assert [without.rows_computed(r) for r in (1, 3, 4, 5)] == [4, 4, 4, 5]
+    assert choose_plan(False, gemv_rows=4) == KernelPlan(DENSE_BF16)
+    with pytest.raises(ValueError, match="needs onednn-packed"):
+        KernelPlan(DENSE_BF16, gemv_rows=4)
+    with pytest.raises(ValueError, match="within 0-4"):
+        KernelPlan(ONEDNN_PACKED, 4, 5)
+
+
+def test_switched_off_it_does_not_run(monkeypatch):
+    monkeypatch.setenv(gemv.ENV_SWITCH, "off")
+    gemv.status.cache_clear()
+    try:
+        assert gemv.status() == gemv.GemvStatus(False, "VCFSLM_GEMV=off")
+        assert gemv.usable_rows() == 0
+        assert linear.default_plan().gemv_rows == 0
+    finally:
+        monkeypatch.delenv(gemv.ENV_SWITCH)
+        gemv.status.cache_clear()
+
+
+# ------------------------------------------------------------------ build
+
+
+def test_a_failing_compiler_is_a_build_error(tmp_path, monkeypatch):
+    fake = tmp_path / "fake-g++"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'fake 1.0'; exit 0; }\necho 'no such flag' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CXX", str(fake))
+    with pytest.raises(gemv.GemvBuildError, match="failed on gemv_avx512bf16.cpp: no such flag"):
+        gemv.build(tmp_path / "cache")
+    assert not list((tmp_path / "cache").iterdir())   # no half-written library left behind
+    monkeypatch.setenv("CXX", str(tmp_path / "missing"))
+    with pytest.raises(gemv.GemvBuildError, match="no C\\+\\+ compiler"):
+        gemv.build(tmp_path / "cache")
+
+
+@needs_compiler
+def test_the_library_builds_once(tmp_path):
+    first = gemv.build(tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert first.name.startswith("vcfslm-gemv-") and first.suffix == ".so"
+    assert gemv.build(tmp_path) == first and first.stat().st_mtime_ns == mtime
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]
+
+
+# ------------------------------------------------------------------ numbers
+
+
+@needs_avx512_bf16
+@needs_compiler
+@pytest.mark.parametrize("n,k", [(128, 96), (192, 64), (1024, 3072), (64, 8192)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_same_numbers_as_f_linear(n, k, rows):
+    lib = gemv.load(gemv.build())
+    gen = torch.Generator().manual_seed(n + k + rows)
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
+    got = gemv.run(x, packed, n, lib).float()
+    want = F.linear(x.float(), w.float())
+    assert got.shape == (rows, n)
+    assert (got - want).abs().max().item() <= 0.01 * want.abs().max().item()
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_rows_beyond_the_loop_are_refused():
+    lib = gemv.load(gemv.build())
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(128, 96).to(torch.bfloat16), 4)
+    with pytest.raises(ValueError, match="refused rows=5"):
+        gemv.run(torch.randn(5, 96).to(torch.bfloat16), packed, 128, lib)
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_a_layout_other_than_the_assumed_one_is_caught(monkeypatch):
+    lib = gemv.load(gemv.build())
+    assert gemv.layout_matches(lib) == (True, "layout AB16b64a2b checked")
+    real = gemv.run
+    # A loop reading another layout puts each output's sum in another output's place.
+    monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: real(x, p, n, lib).roll(1, dims=1))
+    ok, why = gemv.layout_matches(lib)
+    assert not ok and "layout other than AB16b64a2b" in why
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_packed_linear_takes_the_gemv_for_few_rows_only(monkeypatch):
+    assert gemv.status().usable, gemv.status().reason
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(96, 128, bias=True, dtype=torch.bfloat16)
+    fitting = PackedLinear(plain.weight, plain.bias, KernelPlan(ONEDNN_PACKED, 4, 4))
+    odd = PackedLinear(torch.randn(160, 96).to(torch.bfloat16), None, KernelPlan(ONEDNN_PACKED, 4, 4))
+    assert (fitting.gemv_rows, odd.gemv_rows) == (4, 0)   # 160 outputs: not whole blocks
+    calls = []
+    real = gemv.run
+    monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: calls.append(x.shape[0]) or real(x, p, n, lib))
+    with torch.inference_mode():
+        for rows in (1, 4, 5, 16):
+            x = torch.randn(rows, 96).to(torch.bfloat16)
+            want = F.linear(x.float(), plain.weight.float(), plain.bias.float())
+            got = fitting(x).float()
+            assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
+        odd(torch.randn(1, 96).to(torch.bfloat16))
+    assert calls == [1, 4]
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_a_broken_gemv_fails_the_pack_check(monkeypatch):
+    monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: torch.zeros(x.shape[0], n, dtype=torch.bfloat16))
+    m = torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16))
+    with pytest.raises(PackCheckError, match=r"at 3 rows \(vcfslm GEMV\)"):
+        pack_linears(m, KernelPlan(ONEDNN_PACKED, 4, 4))
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_compiled_and_eager_agree_through_the_gemv():
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 192, dtype=torch.bfloat16), torch.nn.SiLU(),
+                            torch.nn.Linear(192, 64, dtype=torch.bfloat16))
+    pack_linears(m, KernelPlan(ONEDNN_PACKED, 4, 4))
+    assert all(p.gemv_rows == 4 for p in m.modules() if isinstance(p, PackedLinear))
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        eager = m(x)
+        compiled = torch.compile(m, fullgraph=True, dynamic=False)(x)
+    assert torch.equal(eager, compiled)
+
+
+def test_a_plan_asking_for_the_gemv_where_it_cannot_run_is_refused(monkeypatch):
+    if not linear.onednn_bf16():
+        pytest.skip("oneDNN has no bf16 here: no onednn-packed weight to build")
+    monkeypatch.setattr(gemv, "status", lambda: gemv.GemvStatus(False, "the CPU has no AVX512-BF16"))
+    with pytest.raises(ValueError, match="does not run here: the CPU has no AVX512-BF16"):
+        PackedLinear(torch.randn(128, 96).to(torch.bfloat16), None, KernelPlan(ONEDNN_PACKED, 4, 4))
+
+
+def test_the_command_prints_its_status(capsys):
+    assert gemv.main([]) == 0
+    out = capsys.readouterr().out
+    import json
+
+    doc = json.loads(out)
+    assert set(doc) >= {"usable", "reason", "library"}
+    assert doc["usable"] == gemv.status().usable
+    if doc["library"]:
+        assert os.path.exists(doc["library"])

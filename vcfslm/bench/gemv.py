@@ -1,0 +1,251 @@
+"""vcfslm's GEMV for 1-4 bf16 rows, reading oneDNN's packed weight in place.
+
+Decode at small batch is a weight stream: every byte of every linear once per step. oneDNN's
+kernel for a few rows reads its own packed layout at ~0.7 of the read probe on the CPUs
+measured (benchmarks/gemv_hypotheses.py prints the comparison). The loop in
+`gemv_avx512bf16.cpp` reads the same bytes, in the same layout, at ~0.9: nothing is copied
+or repacked, so a replica still holds one copy of its weights, prefill and batches above 4
+rows stay on oneDNN, and only the few-row calls change kernel.
+
+It is used only where all of these hold, and `status()` says which one did not:
+- the CPU has AVX512-BF16 (`vdpbf16ps`) and oneDNN packs bf16 weights (the engine's
+  onednn-packed plan);
+- a C++ compiler built the library (once per source and compiler, into a cache folder;
+  `make setup` builds it, a guest without a compiler keeps oneDNN's kernel);
+- oneDNN packed a test weight in the layout the loop reads (AB16b64a2b): the loop's output
+  must match F.linear on it, or the layout is not the one assumed;
+- `VCFSLM_GEMV` is not `off`.
+Each packed weight is checked again when it is packed (vcfslm.bench.linear's pack check).
+
+`python -m vcfslm.bench.gemv` builds the library and prints the status as JSON.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("gemv_avx512bf16.cpp")
+ABI = 2
+MAX_ROWS = 4
+BLOCK_N, BLOCK_K = 64, 32   # the layout's blocks: a weight qualifies when both divide it
+FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bf16")
+LABEL = "vcfslm AVX512-BF16 GEMV on oneDNN's packed weight"
+ENV_SWITCH = "VCFSLM_GEMV"
+# The loop's output against F.linear in fp32: bf16 output rounding (2^-8) plus another
+# accumulation order, as the pack check allows.
+LAYOUT_RTOL = 2e-2
+
+
+@dataclass(frozen=True)
+class GemvStatus:
+    """Whether the GEMV runs in this process, and if not, why."""
+
+    usable: bool
+    reason: str
+    library: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class GemvBuildError(RuntimeError):
+    """The compiler failed on the kernel source."""
+
+
+# ------------------------------------------------------------------ decisions (pure)
+
+
+def cpu_has_avx512_bf16(cpuinfo_text: str) -> bool:
+    """Whether /proc/cpuinfo's first flags line lists avx512f and avx512_bf16."""
+    for line in cpuinfo_text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return {"avx512f", "avx512_bf16"} <= flags
+    return False
+
+
+def switched_off(environ) -> bool:
+    return str(environ.get(ENV_SWITCH, "")).strip().lower() in ("0", "off", "no", "false")
+
+
+def library_name(source: bytes, compiler_version: str, flags=FLAGS) -> str:
+    """The library's file name: a digest of what built it, so a changed source, compiler or
+    flag builds a new one instead of loading a stale one."""
+    digest = hashlib.sha256(source + b"\0" + compiler_version.encode() + b"\0" + " ".join(flags).encode())
+    return f"vcfslm-gemv-{digest.hexdigest()[:16]}.so"
+
+
+def fits(n: int, k: int, packed_nbytes: int, rows: int) -> bool:
+    """Whether a [n, k] weight packed into `packed_nbytes` bytes, at `rows` rows, is one the
+    loop covers: whole blocks (oneDNN pads other shapes) and at most MAX_ROWS rows."""
+    return 1 <= rows <= MAX_ROWS and n % BLOCK_N == 0 and k % BLOCK_K == 0 and packed_nbytes == n * k * 2
+
+
+def cache_dir(environ=os.environ) -> Path:
+    if environ.get("VCFSLM_KERNEL_DIR"):
+        return Path(environ["VCFSLM_KERNEL_DIR"])
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vcfslm" / "kernels"
+
+
+# ------------------------------------------------------------------ build and load
+
+
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def build(folder: Path | None = None) -> Path:
+    """The library for this source and compiler, compiled into `folder` when missing. Ranks
+    starting together each compile to a file of their own and rename it into place."""
+    cxx = compiler()
+    if cxx is None:
+        raise GemvBuildError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    version = version.splitlines()[0] if version else cxx
+    source = SOURCE.read_bytes()
+    folder = folder or cache_dir()
+    target = folder / library_name(source, version)
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise GemvBuildError(f"{cxx} failed on {SOURCE.name}: {done.stderr.strip()[-600:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.vcfslm_gemv_abi.restype = ctypes.c_int
+    if lib.vcfslm_gemv_abi() != ABI:
+        raise GemvBuildError(f"{path} implements ABI {lib.vcfslm_gemv_abi()}, not {ABI}")
+    fn = lib.vcfslm_gemv_bf16
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int64]
+    return lib
+
+
+# ------------------------------------------------------------------ the call
+
+_state: dict = {}
+
+
+def run(x2, packed, n: int, lib: ctypes.CDLL | None = None):
+    """y [rows, n] bf16 = x2 [rows, k] (contiguous bf16) times the oneDNN-packed weight."""
+    import torch
+
+    return run_at(torch.ops.mkldnn.data_ptr(packed), x2, n, lib or _library())
+
+
+def run_at(address: int, x2, n: int, lib: ctypes.CDLL, *, threads: int | None = None, prefetch: int = 0):
+    """The loop on packed bytes at `address` (a copy of them elsewhere, say): the benchmark's
+    hypotheses vary the threads, the prefetch distance and the pages under the weight."""
+    import torch
+
+    rows, k = x2.shape
+    y = torch.empty(rows, n, dtype=torch.bfloat16)
+    rc = lib.vcfslm_gemv_bf16(address, x2.data_ptr(), y.data_ptr(), rows, n, k,
+                              threads or torch.get_num_threads(), prefetch)
+    if rc != 0:
+        raise ValueError(f"vcfslm GEMV refused rows={rows} n={n} k={k}")
+    return y
+
+
+def layout_matches(lib: ctypes.CDLL) -> tuple[bool, str]:
+    """Whether the loop, on a weight oneDNN just packed, gives F.linear's output at 1-4 rows."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(0)
+    n, k = 2 * BLOCK_N, 3 * BLOCK_K
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, MAX_ROWS)
+    if torch.ops.mkldnn._nbytes(packed) != n * k * 2:
+        return False, "oneDNN's packed weight is not n x k bf16 (padded or another layout)"
+    for rows in range(1, MAX_ROWS + 1):
+        x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+        want = F.linear(x.float(), w.float())
+        got = run(x, packed, n, lib).float()
+        err = (got - want).abs().max().item() / (want.abs().max().item() or 1.0)
+        if not err <= LAYOUT_RTOL:
+            return False, (f"oneDNN packed a test weight in a layout other than AB16b64a2b "
+                           f"(max relative error {err:.3g} at {rows} rows)")
+    return True, "layout AB16b64a2b checked"
+
+
+def _library() -> ctypes.CDLL:
+    if "lib" not in _state and not status().usable:
+        raise RuntimeError(f"vcfslm's GEMV does not run here: {status().reason}")
+    return _state["lib"]
+
+
+@functools.cache
+def status() -> GemvStatus:
+    """This process's verdict (once): usable, or the first condition that failed."""
+    from .linear import onednn_bf16
+
+    if switched_off(os.environ):
+        return GemvStatus(False, f"{ENV_SWITCH}=off")
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    if not cpu_has_avx512_bf16(cpuinfo):
+        return GemvStatus(False, "the CPU has no AVX512-BF16")
+    if not onednn_bf16():
+        return GemvStatus(False, "oneDNN has no bf16 on this CPU")
+    try:
+        path = build()
+        lib = load(path)
+    except (GemvBuildError, OSError) as exc:
+        return GemvStatus(False, f"not built: {exc}")
+    ok, why = layout_matches(lib)
+    if not ok:
+        return GemvStatus(False, why, str(path))
+    _state["lib"] = lib
+    return GemvStatus(True, why, str(path))
+
+
+def usable_rows() -> int:
+    """Rows up to which the GEMV runs in this process (0: never)."""
+    return MAX_ROWS if status().usable else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m vcfslm.bench.gemv",
+                                     description="Build vcfslm's GEMV library and print whether it runs here.")
+    parser.parse_args(argv)
+    out = status().to_dict()
+    if out["library"] is None and compiler() is not None:
+        # Build even where it will not run (an AVX2 host building for its guests' cache).
+        try:
+            out["library"] = str(build())
+        except GemvBuildError as exc:
+            out["build_error"] = str(exc)
+    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
