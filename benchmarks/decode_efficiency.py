@@ -45,6 +45,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vcfslm.bench.pages import HUGE_PAGES_ENV, huge_pages_facts  # noqa: E402
+
+# The rank's environment (rank.sh): weights on 2 MiB pages. Read at torch's first allocation.
+for _key, _value in HUGE_PAGES_ENV.items():
+    os.environ.setdefault(_key, _value)
+
 import torch  # noqa: E402
 
 from vcfslm import roofline  # noqa: E402
@@ -215,7 +221,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     print(cpu_line())
     print(f"threads {args.threads}; prompt {args.prompt} tokens; {args.tokens} generated; model {spec_for(args.layers)}")
-    print(f"vcfslm GEMV: {gemv.status().reason}")
+    print(f"vcfslm GEMV: {gemv.status().reason}; huge pages {huge_pages_facts()}")
     hypotheses: list[str] = []
     if not args.no_hypotheses:
         import gemv_hypotheses

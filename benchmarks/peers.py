@@ -573,7 +573,10 @@ def child_env(args, name: str, kv_gib: int = 2) -> dict:
     """What every child of `name` runs under, beside taskset: the compile cache for vcfslm,
     the CPU binding and the in-process engine core for vLLM."""
     if name == "vcfslm":
-        return {"TORCHINDUCTOR_CACHE_DIR": str(args.cache / "inductor")}
+        from vcfslm.bench.pages import HUGE_PAGES_ENV
+
+        # The rank's environment: its weights on 2 MiB pages, as rank.sh sets.
+        return {"TORCHINDUCTOR_CACHE_DIR": str(args.cache / "inductor"), **HUGE_PAGES_ENV}
     if name == "vllm":
         return {"VLLM_CPU_OMP_THREADS_BIND": args.cpus, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -237,3 +237,30 @@ def test_the_command_prints_its_status(capsys):
     assert doc["usable"] == gemv.status().usable
     if doc["library"]:
         assert os.path.exists(doc["library"])
+
+
+# ------------------------------------------------------------------ pages under the weights
+
+
+def test_huge_pages_facts(monkeypatch):
+    from vcfslm.bench import pages
+
+    assert pages.thp_mode("always [madvise] never\n") == "madvise"
+    assert pages.thp_mode("[always] madvise never") == "always"
+    assert pages.thp_mode("garbled") is None
+    monkeypatch.setattr(pages, "thp_mode", lambda text=None: "never")
+    assert pages.huge_pages_facts({"THP_MEM_ALLOC_ENABLE": "1"}) == {
+        "thp_mem_alloc": True, "thp_mode": "never", "huge_pages": False}
+    monkeypatch.setattr(pages, "thp_mode", lambda text=None: "madvise")
+    assert pages.huge_pages_facts({"THP_MEM_ALLOC_ENABLE": "1"})["huge_pages"]
+    assert not pages.huge_pages_facts({})["huge_pages"]
+
+
+def test_rank_script_puts_weights_on_huge_pages():
+    from pathlib import Path
+
+    from vcfslm.bench.pages import HUGE_PAGES_ENV
+
+    text = (Path(__file__).resolve().parents[2] / "templates" / "rank.sh.j2").read_text()
+    for key, value in HUGE_PAGES_ENV.items():
+        assert f"\nexport {key}={value}\n" in text

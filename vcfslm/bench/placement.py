@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..topology import format_cpu_list, parse_cpu_list
+from .pages import huge_pages_facts
 
 BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "avx512_vnni")
 _NUMA_MAPS_NODE = re.compile(r"\bN(\d+)=(\d+)\b")
@@ -268,6 +269,7 @@ def placement_facts(torch_module: Any | None = None, binding: dict[str, str] | N
         "intended_cpus": os.environ.get("VCFSLM_CPUS"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        **huge_pages_facts(),
         "versions": versions(torch_module),
     }
     if torch_module is not None:
