@@ -133,6 +133,57 @@ def test_the_library_builds_once(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [first.name]
 
 
+def _fresh_status(monkeypatch, packaged_dir, cxx):
+    """status() as a new process with this wheel folder and compiler would give it."""
+    monkeypatch.setattr(gemv, "PACKAGED_DIR", packaged_dir)
+    monkeypatch.setattr(gemv.packaged_library, "__defaults__", (packaged_dir,))
+    monkeypatch.setenv("CXX", cxx)
+    monkeypatch.delenv(gemv.ENV_SWITCH, raising=False)
+    gemv.status.cache_clear()
+    gemv._state.clear()
+    try:
+        return gemv.status()
+    finally:
+        gemv.status.cache_clear()
+        gemv._state.clear()
+
+
+def test_the_wheels_name_follows_the_source_alone():
+    assert gemv.packaged_name(b"a") == gemv.packaged_name(b"a") != gemv.packaged_name(b"b")
+    assert gemv.packaged_library(gemv.PACKAGED_DIR.with_name("no-such-folder")) is None
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_a_guest_without_a_compiler_runs_the_wheels_library(tmp_path, monkeypatch):
+    wheel_dir = tmp_path / "kernels"
+    prebuilt = gemv.build(wheel_dir, gemv.packaged_name(gemv.SOURCE.read_bytes()))
+    monkeypatch.setenv("VCFSLM_KERNEL_DIR", str(tmp_path / "cache"))
+    got = _fresh_status(monkeypatch, wheel_dir, str(tmp_path / "no-compiler"))
+    if not got.usable and "layout" in got.reason:
+        pytest.skip(f"oneDNN packs another layout on this CPU: {got.reason}")
+    assert got == gemv.GemvStatus(True, "layout AB16b64a2b checked", str(prebuilt), "wheel")
+    assert not (tmp_path / "cache").exists()   # nothing compiled
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_a_wheels_library_that_does_not_load_falls_back_to_a_build(tmp_path, monkeypatch):
+    wheel_dir = tmp_path / "kernels"
+    wheel_dir.mkdir()
+    (wheel_dir / gemv.packaged_name(gemv.SOURCE.read_bytes())).write_bytes(b"not an ELF file")
+    monkeypatch.setenv("VCFSLM_KERNEL_DIR", str(tmp_path / "cache"))
+    got = _fresh_status(monkeypatch, wheel_dir, gemv.compiler())
+    if not got.usable and "layout" in got.reason:
+        pytest.skip(f"oneDNN packs another layout on this CPU: {got.reason}")
+    assert got.usable and got.origin == "built here"
+    assert got.library.startswith(str(tmp_path / "cache"))
+    # Neither a loadable library nor a compiler: oneDNN's kernel, and the reason names both.
+    got = _fresh_status(monkeypatch, wheel_dir, str(tmp_path / "no-compiler"))
+    assert not got.usable
+    assert "did not load" in got.reason and "no C++ compiler" in got.reason
+
+
 # ------------------------------------------------------------------ numbers
 
 

@@ -1,7 +1,9 @@
-"""The wheel carries templates/, playbooks/, inventories/ and platforms/, found at run time from it."""
+"""The wheel carries templates/, playbooks/, inventories/ and platforms/, found at run time from
+it, and the GEMV library built for it, so a guest without a compiler runs the kernel."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from vcfslm.bench import gemv
 from vcfslm.resources import resource_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,11 +24,7 @@ def test_resources_found_in_checkout():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(ROOT)], check=True)
-    [whl] = out.glob("vcfslm-*.whl")
-    return whl
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_wheel_contains_data_folders(wheel):
@@ -44,3 +43,27 @@ def test_installed_wheel_finds_its_data(wheel, tmp_path):
                           env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(tmp_path / "vcfslm" / "_data" / "inventories")
+
+
+def _build_wheel(out: Path, env: dict | None = None) -> Path:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(ROOT)], check=True, env=env)
+    [whl] = out.glob("vcfslm-*.whl")
+    return whl
+
+
+@pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV into the wheel")
+def test_wheel_carries_the_gemv_library_for_its_source(wheel, tmp_path):
+    name = f"vcfslm/bench/kernels/{gemv.packaged_name(gemv.SOURCE.read_bytes())}"
+    assert name in zipfile.ZipFile(wheel).namelist()
+    # A binary inside: the wheel says which platform it is for (no Python ABI in the library).
+    assert wheel.name.endswith("-py3-none-linux_x86_64.whl")
+    zipfile.ZipFile(wheel).extract(name, tmp_path)
+    assert gemv.load(tmp_path / name).vcfslm_gemv_abi() == gemv.ABI
+
+
+def test_wheel_without_a_compiler_is_pure_and_still_builds(tmp_path):
+    env = dict(os.environ, CXX=str(tmp_path / "no-compiler"), VCFSLM_KERNEL_DIR=str(tmp_path / "cache"))
+    whl = _build_wheel(tmp_path / "out", env)
+    assert whl.name.endswith("-py3-none-any.whl")
+    assert not [n for n in zipfile.ZipFile(whl).namelist() if "/kernels/" in n]

@@ -10,8 +10,9 @@ rows stay on oneDNN, and only the few-row calls change kernel.
 It is used only where all of these hold, and `status()` says which one did not:
 - the CPU has AVX512-BF16 (`vdpbf16ps`), so oneDNN packs bf16 weights (the engine's
   onednn-packed plan);
-- a C++ compiler built the library (once per source and compiler, into a cache folder;
-  `make setup` builds it, a guest without a compiler keeps oneDNN's kernel);
+- the library is there: the project's wheel carries one built with it (so a guest needs no
+  compiler), or else a C++ compiler here builds it once per source and compiler into a cache
+  folder (`make setup` does, for a source checkout); with neither, oneDNN's kernel stays;
 - oneDNN packed a test weight in the layout the loop reads (AB16b64a2b): the loop's output
   must match F.linear on it, or the layout is not the one assumed;
 - `VCFSLM_GEMV` is not `off`.
@@ -38,6 +39,7 @@ SOURCE = Path(__file__).with_name("gemv_avx512bf16.cpp")
 ABI = 2
 MAX_ROWS = 4
 BLOCK_N, BLOCK_K = 64, 32   # the layout's blocks: a weight qualifies when both divide it
+PACKAGED_DIR = Path(__file__).with_name("kernels")   # where the wheel puts its prebuilt library
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bf16")
 LABEL = "vcfslm AVX512-BF16 GEMV on oneDNN's packed weight"
 ENV_SWITCH = "VCFSLM_GEMV"
@@ -53,6 +55,7 @@ class GemvStatus:
     usable: bool
     reason: str
     library: str | None = None
+    origin: str | None = None   # "wheel" (prebuilt by the project's install) or "built here"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +88,13 @@ def library_name(source: bytes, compiler_version: str, flags=FLAGS) -> str:
     return f"vcfslm-gemv-{digest.hexdigest()[:16]}.so"
 
 
+def packaged_name(source: bytes) -> str:
+    """The library's name inside the wheel: a digest of the source alone (a guest without a
+    compiler cannot name the compiler that built it), so a library built from another source
+    is never loaded; its flags are FLAGS, and the ABI check stands behind them."""
+    return f"vcfslm-gemv-src-{hashlib.sha256(source).hexdigest()[:16]}.so"
+
+
 def fits(n: int, k: int, packed_nbytes: int, rows: int) -> bool:
     """Whether a [n, k] weight packed into `packed_nbytes` bytes, at `rows` rows, is one the
     loop covers: whole blocks (oneDNN pads other shapes) and at most MAX_ROWS rows."""
@@ -105,9 +115,16 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "g++"))
 
 
-def build(folder: Path | None = None) -> Path:
-    """The library for this source and compiler, compiled into `folder` when missing. Ranks
-    starting together each compile to a file of their own and rename it into place."""
+def packaged_library(folder: Path = PACKAGED_DIR) -> Path | None:
+    """The wheel's prebuilt library for this very source, if the wheel carries one."""
+    path = folder / packaged_name(SOURCE.read_bytes())
+    return path if path.is_file() else None
+
+
+def build(folder: Path | None = None, name: str | None = None) -> Path:
+    """The library for this source and compiler, compiled into `folder` (as `name`) when
+    missing. Ranks starting together each compile to a file of their own and rename it into
+    place."""
     cxx = compiler()
     if cxx is None:
         raise GemvBuildError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
@@ -115,7 +132,7 @@ def build(folder: Path | None = None) -> Path:
     version = version.splitlines()[0] if version else cxx
     source = SOURCE.read_bytes()
     folder = folder or cache_dir()
-    target = folder / library_name(source, version)
+    target = folder / (name or library_name(source, version))
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -211,15 +228,31 @@ def status() -> GemvStatus:
     if not cpu_has_avx512_bf16(cpuinfo):
         return GemvStatus(False, "the CPU has no AVX512-BF16")
     try:
-        path = build()
-        lib = load(path)
+        path, origin, lib = _find_library()
     except (GemvBuildError, OSError) as exc:
         return GemvStatus(False, f"not built: {exc}")
     ok, why = layout_matches(lib)
     if not ok:
-        return GemvStatus(False, why, str(path))
+        return GemvStatus(False, why, str(path), origin)
     _state["lib"] = lib
-    return GemvStatus(True, why, str(path))
+    return GemvStatus(True, why, str(path), origin)
+
+
+def _find_library() -> tuple[Path, str, ctypes.CDLL]:
+    """The wheel's prebuilt library first (no compile on a rank's start, no compiler on a
+    guest), else one built here; a prebuilt one that does not load falls back to a build."""
+    packaged = packaged_library()
+    if packaged is not None:
+        try:
+            return packaged, "wheel", load(packaged)
+        except (GemvBuildError, OSError) as exc:
+            try:
+                path = build()
+            except GemvBuildError as build_exc:
+                raise GemvBuildError(f"the wheel's {packaged.name} did not load ({exc}); {build_exc}") from exc
+            return path, "built here", load(path)
+    path = build()
+    return path, "built here", load(path)
 
 
 def usable_rows() -> int:
