@@ -1,5 +1,5 @@
 """vcfslm's GEMV: when it runs and why not, a library rebuilt when what built it changes,
-the same numbers as F.linear at 1-4 rows on oneDNN's packed weight, and a wrong layout or
+the same numbers as F.linear at 1-16 rows on oneDNN's packed weight, and a wrong layout or
 a broken loop caught before any window is measured."""
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def test_what_built_the_library_names_it():
 @pytest.mark.parametrize("n,k,nbytes,rows,fits", [
     (9216, 3072, 9216 * 3072 * 2, 1, True),
     (32064, 3072, 32064 * 3072 * 2, 4, True),
-    (9216, 3072, 9216 * 3072 * 2, 5, False),      # more rows: oneDNN
+    (9216, 3072, 9216 * 3072 * 2, 16, True),      # batch-16 decode: the chunked loop
+    (9216, 3072, 9216 * 3072 * 2, 17, False),     # more rows: oneDNN
     (9216, 3072, 9216 * 3072 * 2, 0, False),
     (160, 96, 192 * 96 * 2, 1, False),            # n not whole blocks (oneDNN padded it)
     (128, 48, 128 * 48 * 2, 1, False),            # k not whole pairs of 16
@@ -92,8 +93,9 @@ def test_plan_carries_the_gemv():
     assert choose_plan(False, gemv_rows=4) == KernelPlan(DENSE_BF16)
     with pytest.raises(ValueError, match="needs onednn-packed"):
         KernelPlan(DENSE_BF16, gemv_rows=4)
-    with pytest.raises(ValueError, match="within 0-4"):
-        KernelPlan(ONEDNN_PACKED, 4, 5)
+    assert "1-16 rows: " + gemv.LABEL in choose_plan(True, gemv_rows=16).label
+    with pytest.raises(ValueError, match="within 0-16"):
+        KernelPlan(ONEDNN_PACKED, 4, 17)
 
 
 def test_switched_off_it_does_not_run(monkeypatch):
@@ -203,7 +205,7 @@ def lib():
 @needs_avx512_bf16
 @needs_compiler
 @pytest.mark.parametrize("n,k", [(128, 96), (192, 64), (1024, 3072), (64, 8192)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 16])
 def test_same_numbers_as_f_linear(lib, n, k, rows):
     gen = torch.Generator().manual_seed(n + k + rows)
     w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
@@ -219,8 +221,8 @@ def test_same_numbers_as_f_linear(lib, n, k, rows):
 @needs_compiler
 def test_rows_beyond_the_loop_are_refused(lib):
     packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(128, 96).to(torch.bfloat16), 4)
-    with pytest.raises(ValueError, match="refused rows=5"):
-        gemv.run(torch.randn(5, 96).to(torch.bfloat16), packed, 128, lib)
+    with pytest.raises(ValueError, match="refused rows=17"):
+        gemv.run(torch.randn(17, 96).to(torch.bfloat16), packed, 128, lib)
 
 
 @needs_avx512_bf16
@@ -247,13 +249,19 @@ def test_packed_linear_takes_the_gemv_for_few_rows_only(lib, monkeypatch):
     real = gemv.run
     monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: calls.append(x.shape[0]) or real(x, p, n, lib))
     with torch.inference_mode():
-        for rows in (1, 4, 5, 16):
+        for rows in (1, 4, 5, 17):
             x = torch.randn(rows, 96).to(torch.bfloat16)
             want = F.linear(x.float(), plain.weight.float(), plain.bias.float())
             got = fitting(x).float()
             assert (got - want).abs().max().item() <= 0.02 * want.abs().max().item()
         odd(torch.randn(1, 96).to(torch.bfloat16))
     assert calls == [1, 4]
+    batch = PackedLinear(plain.weight, plain.bias, KernelPlan(ONEDNN_PACKED, 4, 16))
+    calls.clear()
+    with torch.inference_mode():
+        for rows in (1, 5, 16, 17):
+            batch(torch.randn(rows, 96).to(torch.bfloat16))
+    assert calls == [1, 5, 16]   # batch-16 decode on the chunked loop, 17 rows on oneDNN
 
 
 @needs_avx512_bf16
@@ -263,6 +271,18 @@ def test_a_broken_gemv_fails_the_pack_check(lib, monkeypatch):
     m = torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16))
     with pytest.raises(PackCheckError, match=r"at 3 rows \(vcfslm GEMV\)"):
         pack_linears(m, KernelPlan(ONEDNN_PACKED, 4, 4))
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_a_broken_chunked_loop_fails_the_pack_check_at_batch_rows(lib, monkeypatch):
+    real = gemv.run
+    # Right at 1-4 rows (the streaming loop), wrong above (the chunked one).
+    monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: real(x, p, n, lib) * (1 if x.shape[0] <= 4 else 1.5))
+    with pytest.raises(PackCheckError, match=r"at 7 rows \(vcfslm GEMV\)"):
+        pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)), KernelPlan(ONEDNN_PACKED, 4, 16))
+    # A plan that keeps 5+ rows on oneDNN never runs the chunked loop: the same module packs.
+    pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)), KernelPlan(ONEDNN_PACKED, 4, 4))
 
 
 @needs_avx512_bf16

@@ -18,7 +18,8 @@ The kernel plan, chosen once per process from what the CPU offers:
   one-row path is slower than its few-row one, and extra rows add no weight reads.
   Where vcfslm's own GEMV runs (vcfslm.bench.gemv: AVX512-BF16 and a compiler), calls of
   at most `gemv_rows` rows read the same packed bytes through it instead, unpadded: decode
-  at small batch is a weight stream, and that loop streams faster than oneDNN's.
+  at small batch is a weight stream, and that loop streams faster than oneDNN's (and at
+  5-16 rows, batch-16 decode, computes faster than oneDNN's small-M GEMM).
 - `dense-bf16` (no bf16 in oneDNN, e.g. AVX2 only): the weight stays a plain bf16
   matrix. Few rows (decode) go through ATen's bf16 GEMV one row at a time (it streams
   the weight once per row with fp32 accumulation); more rows (prefill, big batches)
@@ -243,8 +244,9 @@ class PackCheckError(RuntimeError):
 # Packing must not change what a linear computes beyond bf16 output rounding (2^-8
 # relative) plus a different accumulation order.
 PACK_CHECK_RTOL = 2e-2
-# 3 rows: the few-row path (vcfslm's GEMV where it runs); 7: oneDNN's many-row one.
-_CHECK_ROWS = (3, 7)
+# 3 and 7 rows: vcfslm's GEMV where it runs (its streaming and its chunked loop), else
+# oneDNN's few-row path; 17: oneDNN's many-row one.
+_CHECK_ROWS = (3, 7, 17)
 _CHECK_SLICE = 1024
 
 
