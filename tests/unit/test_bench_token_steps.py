@@ -9,8 +9,12 @@ context as its store length. Greedy tokens must be equal, and teacher-forced log
 a prompt token goes through the same kernels as a lone stream (the packed linear computes
 each row alike; attention is per request over its own row). On another kernel plan a
 row's rounding may depend on the row count; the 0.02 still separates a right answer from
-a wrong position (logits one step off fail it, tested), and exact tokens are asked of the
-tiny model only, whose top-2 gaps are wide.
+a wrong position (logits one step off fail it, tested). Exact tokens are asked where a
+request runs the same kernels as its reference (the eager tests). A compiled step fuses
+its own way (the query in fp32 or bf16, sums in another order), and the tiny model has
+top-2 gaps of 0-2 bf16 steps at some positions: there the greedy tokens must be equal up to
+a first divergence, which must fall on a near-tie of the reference's logits (within TIE of
+the largest, the runner-up taken), the rule the peers' equivalence check applies.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ SLOTS = 3
 CONTEXT = 40
 VOCAB = 16384
 RTOL = 0.02
+TIE = 0.01   # of the largest logit: ~2.5 bf16 steps
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -174,8 +179,43 @@ def test_compiled_steps_generate_the_same_and_never_recompile_after_priming(tiny
     assert engine.store.layers[0][0].data_ptr() == keys
     reference = DecodeEngine(tiny.model, "eager", check_packing=False)
     for name, tokens in got.items():
-        want = alone(reference, prompt(*PROMPTS[name]))
-        assert tokens == want[:len(tokens)] and batched[name] == want[:len(batched[name])], name
+        p = prompt(*PROMPTS[name])
+        want = alone(reference, p)
+        for run in (tokens, batched[name]):
+            assert same_or_diverging_at_a_near_tie(reference, p, run, want) is None, (name, run, want)
+
+
+def same_or_diverging_at_a_near_tie(reference, p, tokens, want) -> str | None:
+    """None when `tokens` are `want`, or leave it first where the reference's top two
+    logits are within TIE of its largest and `tokens` took the runner-up; else why not."""
+    first = next((i for i, (a, b) in enumerate(zip(tokens, want, strict=False)) if a != b), None)  # want is longer
+    if first is None:
+        return None
+    if first == 0:
+        return "the first token (the prefill's) differs"
+    logits = reference.step_logits(p[None], torch.tensor(want[:first])[None], max_len=CONTEXT)[0, first - 1]
+    top = logits.topk(2)
+    gap = (top.values[0] - top.values[1]).item() / logits.abs().max().item()
+    if gap > TIE or tokens[first] != int(top.indices[1]):
+        return f"token {first}: {tokens[first]} for {want[first]}, top-2 gap {gap:.4f} of the largest logit"
+    return None
+
+
+def test_a_divergence_counts_only_at_a_near_tie(eager):
+    p = prompt(*PROMPTS["d"])
+    want = alone(eager, p)
+    assert same_or_diverging_at_a_near_tie(eager, p, want[:10], want) is None
+    logits = eager.step_logits(p[None], torch.tensor(want[:10])[None], max_len=CONTEXT)[0]
+    gaps = [(lg.topk(2).values[0] - lg.topk(2).values[1]).item() / lg.abs().max().item() for lg in logits]
+    near = next(i for i, g in enumerate(gaps) if g <= TIE) + 1      # a step the tiny model nearly ties
+    wide = next(i for i, g in enumerate(gaps) if g > 5 * TIE) + 1   # and one it does not
+    for at, ok in ((near, True), (wide, False)):
+        runner_up = int(logits[at - 1].topk(2).indices[1])
+        diverged = want[:at] + [runner_up] + want[at + 1:10]
+        assert (same_or_diverging_at_a_near_tie(eager, p, diverged, want) is None) is ok, at
+    third = int(logits[near - 1].topk(3).indices[2])              # not the runner-up: a wrong token
+    assert same_or_diverging_at_a_near_tie(eager, p, want[:near] + [third], want) is not None
+    assert same_or_diverging_at_a_near_tie(eager, p, [want[0] + 1] + want[1:10], want) is not None
 
 
 def test_teacher_forced_logits_match_the_prompt_run_alone(eager):
