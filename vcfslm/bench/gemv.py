@@ -245,17 +245,16 @@ def status() -> GemvStatus:
 def _find_library() -> tuple[Path, str, ctypes.CDLL]:
     """The wheel's prebuilt library first (no compile on a rank's start, no compiler on a
     guest), else one built here; a prebuilt one that does not load falls back to a build."""
-    packaged = packaged_library()
+    packaged, failed = packaged_library(), ""
     if packaged is not None:
         try:
             return packaged, "wheel", load(packaged)
         except (GemvBuildError, OSError) as exc:
-            try:
-                path = build()
-            except GemvBuildError as build_exc:
-                raise GemvBuildError(f"the wheel's {packaged.name} did not load ({exc}); {build_exc}") from exc
-            return path, "built here", load(path)
-    path = build()
+            failed = f"the wheel's {packaged.name} did not load ({exc}); "
+    try:
+        path = build()
+    except GemvBuildError as exc:
+        raise GemvBuildError(f"{failed}{exc}") from exc
     return path, "built here", load(path)
 
 

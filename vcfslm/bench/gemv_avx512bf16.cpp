@@ -20,6 +20,19 @@ namespace {
 constexpr int64_t kBlock = 64;  // outputs per block
 constexpr int64_t kRow = 128;   // bf16 per row of a block: 64 outputs x 2 k
 
+// One k-pair row of a block (64 outputs x 2 k, four vdpbf16ps operands) into M rows'
+// accumulators: the step both loops below repeat.
+template <int M>
+__attribute__((always_inline)) inline void pair_step(const uint16_t* row, const uint32_t* xp, int64_t pairs,
+                                                     int64_t r, __m512 (&acc)[M][4]) {
+  __m512bh wv[4];
+  for (int z = 0; z < 4; ++z) wv[z] = (__m512bh)_mm512_loadu_si512(row + 32 * z);
+  for (int m = 0; m < M; ++m) {
+    const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * pairs + r]));
+    for (int z = 0; z < 4; ++z) acc[m][z] = _mm512_dpbf16_ps(acc[m][z], wv[z], xb);
+  }
+}
+
 template <int M>
 inline void block(const uint16_t* w, const uint16_t* x, int64_t k, uint16_t* y, int64_t n, int64_t prefetch) {
   __m512 acc[M][4];
@@ -31,12 +44,7 @@ inline void block(const uint16_t* w, const uint16_t* x, int64_t k, uint16_t* y, 
     const uint16_t* row = w + r * kRow;
     if (prefetch)  // a software prefetch this many bytes ahead (0 in use: measured slower)
       for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(row) + prefetch + 64 * l, _MM_HINT_T0);
-    __m512bh wv[4];
-    for (int z = 0; z < 4; ++z) wv[z] = (__m512bh)_mm512_loadu_si512(row + 32 * z);
-    for (int m = 0; m < M; ++m) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * pairs + r]));
-      for (int z = 0; z < 4; ++z) acc[m][z] = _mm512_dpbf16_ps(acc[m][z], wv[z], xb);
-    }
+    pair_step<M>(row, xp, pairs, r, acc);
   }
   for (int m = 0; m < M; ++m)
     for (int z = 0; z < 4; ++z)
@@ -65,12 +73,7 @@ inline void tile(const uint16_t* w, const uint32_t* xp, int64_t pairs, int64_t r
     const uint16_t* row = w + r * kRow;
     if (prefetch)  // past the weight's end is harmless: a prefetch never faults
       for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(row) + kTiledPrefetch + 64 * l, _MM_HINT_T1);
-    __m512bh wv[4];
-    for (int z = 0; z < 4; ++z) wv[z] = (__m512bh)_mm512_loadu_si512(row + 32 * z);
-    for (int m = 0; m < M; ++m) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xp[m * pairs + r]));
-      for (int z = 0; z < 4; ++z) acc[m][z] = _mm512_dpbf16_ps(acc[m][z], wv[z], xb);
-    }
+    pair_step<M>(row, xp, pairs, r, acc);
   }
   for (int m = 0; m < M; ++m)
     for (int z = 0; z < 4; ++z) _mm512_storeu_ps(part + m * kBlock + 16 * z, acc[m][z]);
