@@ -202,6 +202,16 @@ def lib():
     return built
 
 
+@pytest.fixture
+def settled(lib):
+    """The process's verdict, settled before a test breaks the kernel: the verdict's layout
+    check runs through gemv.run too, and a test that patches it must break the kernel the
+    pack check sees, not the verdict."""
+    verdict = gemv.status()
+    assert verdict.usable, verdict.reason
+    return verdict
+
+
 @needs_avx512_bf16
 @needs_compiler
 @pytest.mark.parametrize("n,k", [(128, 96), (192, 64), (1024, 3072), (64, 8192)])
@@ -239,7 +249,7 @@ def test_a_layout_other_than_the_assumed_one_is_caught(lib, monkeypatch):
 @needs_avx512_bf16
 @needs_compiler
 def test_packed_linear_takes_the_gemv_for_few_rows_only(lib, monkeypatch):
-    assert gemv.status().usable, gemv.status().reason
+    gemv.status()
     torch.manual_seed(0)
     plain = torch.nn.Linear(96, 128, bias=True, dtype=torch.bfloat16)
     fitting = PackedLinear(plain.weight, plain.bias, KernelPlan(ONEDNN_PACKED, 4, 4))
@@ -266,7 +276,7 @@ def test_packed_linear_takes_the_gemv_for_few_rows_only(lib, monkeypatch):
 
 @needs_avx512_bf16
 @needs_compiler
-def test_a_broken_gemv_fails_the_pack_check(lib, monkeypatch):
+def test_a_broken_gemv_fails_the_pack_check(settled, monkeypatch):
     monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: torch.zeros(x.shape[0], n, dtype=torch.bfloat16))
     m = torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16))
     with pytest.raises(PackCheckError, match=r"at 3 rows \(vcfslm GEMV\)"):
@@ -275,7 +285,7 @@ def test_a_broken_gemv_fails_the_pack_check(lib, monkeypatch):
 
 @needs_avx512_bf16
 @needs_compiler
-def test_a_broken_chunked_loop_fails_the_pack_check_at_batch_rows(lib, monkeypatch):
+def test_a_broken_chunked_loop_fails_the_pack_check_at_batch_rows(settled, monkeypatch):
     real = gemv.run
     # Right at 1-4 rows (the streaming loop), wrong above (the chunked one).
     monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: real(x, p, n, lib) * (1 if x.shape[0] <= 4 else 1.5))
@@ -283,6 +293,22 @@ def test_a_broken_chunked_loop_fails_the_pack_check_at_batch_rows(lib, monkeypat
         pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)), KernelPlan(ONEDNN_PACKED, 4, 16))
     # A plan that keeps 5+ rows on oneDNN never runs the chunked loop: the same module packs.
     pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)), KernelPlan(ONEDNN_PACKED, 4, 4))
+
+
+@needs_avx512_bf16
+@needs_compiler
+def test_a_broken_many_row_path_fails_the_pack_check_under_the_gemv_plan(settled, monkeypatch):
+    """Under a plan whose GEMV takes 1-16 rows, prefill's rows still run oneDNN: the check
+    runs 17 rows too."""
+    real = linear._run
+
+    def wrong_above_16(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
+        y = real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features)
+        return y if x2.shape[0] <= gemv_rows else y.flip(1)
+
+    monkeypatch.setattr(linear, "_run", wrong_above_16)
+    with pytest.raises(PackCheckError, match=r"at 17 rows \(onednn-packed\)"):
+        pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)), KernelPlan(ONEDNN_PACKED, 4, 16))
 
 
 @needs_avx512_bf16

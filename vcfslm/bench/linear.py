@@ -245,10 +245,8 @@ class PackCheckError(RuntimeError):
 # relative) plus a different accumulation order.
 PACK_CHECK_RTOL = 2e-2
 # 3 and 7 rows: vcfslm's GEMV where it runs (its streaming and its chunked loop), else
-# oneDNN's few-row and many-row paths. (A 17-row check of oneDNN under the GEMV plan cost
-# the loader a few MB of peak RSS, past its 1.3x bound on a 1-layer checkpoint; prefill's
-# oneDNN path is left to the numerics gate, which runs it against the unpacked model.)
-_CHECK_ROWS = (3, 7)
+# oneDNN's few-row path; 17: oneDNN's many-row one (prefill's, under any plan).
+_CHECK_ROWS = (3, 7, 17)
 _CHECK_SLICE = 1024
 
 
@@ -274,6 +272,7 @@ def pack_linears(model: torch.nn.Module, plan: KernelPlan, *, check: bool = True
     return PackReport(plan, len(names), total, worst, tuple(kernel_table(model)))
 
 
+@torch.no_grad()
 def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator) -> float:
     """Relative max error of the packed kernel against F.linear on a few random rows, on
     both the few-row and the many-row path."""
@@ -281,9 +280,7 @@ def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator
     worst = 0.0
     for count in _CHECK_ROWS:
         x = torch.randn(count, w.shape[1], generator=gen).to(w.dtype)
-        # The fp32 reference is built a slice of rows at a time: a whole fp32 copy of the
-        # lm_head would be the largest allocation of the replica's life.
-        want = torch.cat([F.linear(x.float(), rows.float()) for rows in w.split(_CHECK_SLICE)], dim=1)
+        want = _fp32_reference(x, w)
         if original.bias is not None:
             want += original.bias.float()
         got = packed(x).float()
@@ -297,6 +294,25 @@ def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator
                                  f"at {count} rows ({path}): max relative error {err:.3g} > {PACK_CHECK_RTOL}")
         worst = max(worst, err)
     return worst
+
+
+def _fp32_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T in fp32, built a slice of weight rows at a time into one output and through
+    one slice buffer: a whole fp32 copy of the lm_head would be the largest allocation of
+    the replica's life. A fresh fp32 slice per step, each followed by its small output,
+    left the heap a row of holes a few bytes too small for the next slice (measured: ~360 MB
+    resident after the lm_head's check, most of a 1-layer checkpoint load's peak headroom)."""
+    n, k = w.shape
+    x32t = x.float().t()
+    out_t = torch.empty(n, x.shape[0], dtype=torch.float32)
+    step = min(n, _CHECK_SLICE)
+    slice32 = torch.empty(step, k, dtype=torch.float32)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        rows = slice32[:stop - start]
+        rows.copy_(w[start:stop])
+        torch.mm(rows, x32t, out=out_t[start:stop])
+    return out_t.t()
 
 
 def kernel_table(model: torch.nn.Module) -> list[str]:
