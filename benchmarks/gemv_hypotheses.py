@@ -23,7 +23,12 @@ Rows:
 - an N split: two Python threads, each running oneDNN on half the rows with one thread;
 - vcfslm's GEMV (vcfslm.bench.gemv) on oneDNN's packed bytes: at 1 and 4 rows, with one
   thread against the plain read with one thread, with software prefetch 512 to 4096 bytes
-  ahead, and on a copy of the packed bytes in 2 MiB transparent huge pages.
+  ahead, and on a copy of the packed bytes in 2 MiB transparent huge pages;
+- the call path around the GEMV: the eager PackedLinear's function, the vcfslm::linear op
+  through the dispatcher (what a compiled graph calls), and the same kernel registered
+  through torch.library.custom_op.
+
+Like a rank (rank.sh), the run puts large allocations on 2 MiB pages (THP_MEM_ALLOC_ENABLE).
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vcfslm.bench.pages import HUGE_PAGES_ENV  # noqa: E402
+
+# The rank's environment (rank.sh): weights on 2 MiB pages. Read at torch's first
+# allocation. On 4 KiB pages the same packed bytes read at 0.67-0.92 of the probe from one
+# allocation to the next on the same machine: which memory they got decided it.
+for _key, _value in HUGE_PAGES_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -77,6 +90,16 @@ def _thp_copy(packed_list, sizes):
         maps.append(m)
         addresses.append(start)
     return maps, addresses
+
+
+def _custom_op_twin():
+    """vcfslm::linear's kernel registered the other way, through torch.library.custom_op."""
+    @torch.library.custom_op("vcfslm_hypotheses::linear", mutates_args=())
+    def twin(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, kernel: str,
+             min_rows: int, gemv_rows: int) -> torch.Tensor:
+        return linear.linear_eager(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
+
+    return twin
 
 
 def anon_huge_kb() -> int:
@@ -169,6 +192,19 @@ def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], in
         lib = gemv._library()
         add("vcfslm GEMV on oneDNN's packed bytes, 1 row", "the engine's few-row kernel",
             lambda: [gemv.run(x1[w.shape[1]], p, w.shape[0]) for w, p in zip(ws, packed, strict=True)])
+        # The call path around the kernel: a decode step makes 129 of these calls, each
+        # starting with caches the weight stream has just flushed.
+        gemv_rows = linear.default_plan().gemv_rows or gemv.MAX_ROWS
+        add("vcfslm GEMV via linear_eager (an eager PackedLinear)", "the engine's eager call path",
+            lambda: [linear.linear_eager(x1[w.shape[1]], p, None, w.shape[0], linear.ONEDNN_PACKED, 4, gemv_rows)
+                     for w, p in zip(ws, packed, strict=True)])
+        add("vcfslm GEMV via the vcfslm::linear op", "the dispatcher call a compiled graph makes",
+            lambda: [torch.ops.vcfslm.linear.default(x1[w.shape[1]], p, None, w.shape[0], linear.ONEDNN_PACKED, 4,
+                                                     gemv_rows) for w, p in zip(ws, packed, strict=True)])
+        twin = _custom_op_twin()
+        add("vcfslm GEMV via a torch.library.custom_op twin", "custom_op's wrappers around the same kernel",
+            lambda: [twin(x1[w.shape[1]], p, None, w.shape[0], linear.ONEDNN_PACKED, 4, gemv_rows)
+                     for w, p in zip(ws, packed, strict=True)])
         add("vcfslm GEMV, 4 rows", "4 rows cost the same reads",
             lambda: [gemv.run(x4[w.shape[1]], p, w.shape[0]) for w, p in zip(ws, packed, strict=True)])
         add("vcfslm GEMV, 1 thread", "one core's share (against sum, 1 thread)",

@@ -223,16 +223,25 @@ def flat_attention(module, query, key, value, attention_mask, scaling=None, drop
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), None
 
 
-@torch.library.custom_op("vcfslm::materialize", mutates_args=())
-def materialize(x: torch.Tensor) -> torch.Tensor:
-    """A copy of x that Inductor cannot fuse through: what produced x is computed once, into
-    a buffer, and never inlined into the consumer (see decode_attention)."""
+def _materialize_kernel(x: torch.Tensor) -> torch.Tensor:
     return x.clone()
 
 
-@materialize.register_fake
+# A copy of x that Inductor cannot fuse through: what produced x is computed once, into a
+# buffer, and never inlined into the consumer (see decode_attention). A plain Library
+# registration, like vcfslm::linear: custom_op's wrappers cost more than the copy.
+_OPS = torch.library.Library("vcfslm", "FRAGMENT")
+_OPS.define("materialize(Tensor x) -> Tensor")
+_OPS.impl("materialize", _materialize_kernel, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("vcfslm::materialize", lib=_OPS)
 def _materialize_fake(x):
     return torch.empty_like(x)
+
+
+def materialize(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.vcfslm.materialize.default(x)
 
 
 def decode_attention(query, keys, values, mask, scaling: float):

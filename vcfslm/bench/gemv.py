@@ -169,11 +169,22 @@ def load(path: Path) -> ctypes.CDLL:
 _state: dict = {}
 
 
+# Each packed weight's address, looked up once and kept on the tensor object:
+# torch.ops.mkldnn.data_ptr is a dispatcher call, and a decode step makes 129 GEMV calls,
+# each with caches the weight stream has just flushed (the call path's cost shows in
+# benchmarks/gemv_hypotheses.py). An opaque oneDNN tensor's memory never moves.
+_ADDRESS_ATTR = "_vcfslm_gemv_address"
+
+
 def run(x2, packed, n: int, lib: ctypes.CDLL | None = None):
     """y [rows, n] bf16 = x2 [rows, k] (contiguous bf16) times the oneDNN-packed weight."""
-    import torch
+    address = getattr(packed, _ADDRESS_ATTR, None)
+    if address is None:
+        import torch
 
-    return run_at(torch.ops.mkldnn.data_ptr(packed), x2, n, lib or _library())
+        address = torch.ops.mkldnn.data_ptr(packed)
+        setattr(packed, _ADDRESS_ATTR, address)
+    return run_at(address, x2, n, lib or _library())
 
 
 def run_at(address: int, x2, n: int, lib: ctypes.CDLL, *, threads: int | None = None, prefetch: int = 0):

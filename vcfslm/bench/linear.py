@@ -4,7 +4,8 @@ and decode alike.
 `pack_linears(model)` swaps each `nn.Linear` of a model for a `PackedLinear` that holds
 only its weight in that layout, dropping the original as it goes (the peak stays near one
 copy of the weights). Both phases then call one opaque op, `vcfslm::linear`; under
-`torch.compile` it is a custom op, so Inductor fuses what lies between the linears (norms,
+`torch.compile` it is an extern call Inductor cannot see into, so it fuses what lies
+between the linears (norms,
 rotary, activations, the cache update) while the matrix products stay on the chosen kernel,
 and the graph holds no frozen constants (no second copy; the FX graph cache works).
 
@@ -166,9 +167,8 @@ def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kern
     return out.to(x2.dtype).contiguous()
 
 
-@torch.library.custom_op("vcfslm::linear", mutates_args=())
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-           kernel: str, min_rows: int, gemv_rows: int) -> torch.Tensor:
+def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                 kernel: str, min_rows: int, gemv_rows: int) -> torch.Tensor:
     """x [..., in] -> [..., out_features] through a weight held by `kernel`'s layout."""
     lead = x.shape[:-1]
     # A contiguous 2-D input: a strided one (HF's last-position slice for batch > 1) would
@@ -177,9 +177,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out
     return _run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features).view(*lead, out_features)
 
 
-@linear.register_fake
+# The op a compiled graph calls: opaque to Inductor, which fuses what lies between the
+# linears. Defined on a torch.library.Library with one CompositeExplicitAutograd kernel
+# rather than through torch.library.custom_op: custom_op's Python autograd and dispatch
+# wrappers ran on every call, and with a decode step's 129 calls each starting with cold
+# caches behind a weight stream, that read the weights ~6% slower than the same kernel
+# called through a plain registration (benchmarks/gemv_hypotheses.py).
+_OPS = torch.library.Library("vcfslm", "FRAGMENT")
+_OPS.define("linear(Tensor x, Tensor weight, Tensor? bias, int out_features, str kernel, int min_rows, "
+            "int gemv_rows) -> Tensor")
+_OPS.impl("linear", linear_eager, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("vcfslm::linear", lib=_OPS)
 def _linear_fake(x, weight, bias, out_features, kernel, min_rows, gemv_rows):
     return x.new_empty(*x.shape[:-1], out_features)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+           kernel: str, min_rows: int, gemv_rows: int) -> torch.Tensor:
+    """The op under torch.compile; eager, its kernel called directly (no dispatcher)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.vcfslm.linear.default(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
+    return linear_eager(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
 
 
 # ------------------------------------------------------------------ modules
