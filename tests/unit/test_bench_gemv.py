@@ -1,5 +1,5 @@
 """vcfslm's GEMV: when it runs and why not, a library rebuilt when what built it changes,
-the same numbers as F.linear at 1-16 rows on oneDNN's packed weight, and a wrong layout or
+the same numbers as F.linear at 1-32 rows on oneDNN's packed weight, and a wrong layout or
 a broken loop caught before any window is measured."""
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def test_what_built_the_library_names_it():
     (9216, 3072, 9216 * 3072 * 2, 1, True),
     (32064, 3072, 32064 * 3072 * 2, 4, True),
     (9216, 3072, 9216 * 3072 * 2, 16, True),      # batch-16 decode: the chunked loop
-    (9216, 3072, 9216 * 3072 * 2, 17, False),     # more rows: oneDNN
+    (9216, 3072, 9216 * 3072 * 2, 32, True),      # a 32-token prompt's prefill too
+    (9216, 3072, 9216 * 3072 * 2, 33, False),     # more rows: oneDNN
     (9216, 3072, 9216 * 3072 * 2, 0, False),
     (160, 96, 192 * 96 * 2, 1, False),            # n not whole blocks (oneDNN padded it)
     (128, 48, 128 * 48 * 2, 1, False),            # k not whole pairs of 16
@@ -94,8 +95,8 @@ def test_plan_carries_the_gemv():
     with pytest.raises(ValueError, match="needs onednn-packed"):
         KernelPlan(DENSE_BF16, gemv_rows=4)
     assert "1-16 rows: " + gemv.LABEL in choose_plan(True, gemv_rows=16).label
-    with pytest.raises(ValueError, match="within 0-16"):
-        KernelPlan(ONEDNN_PACKED, 4, 17)
+    with pytest.raises(ValueError, match="within 0-32"):
+        KernelPlan(ONEDNN_PACKED, 4, 33)
 
 
 def test_switched_off_it_does_not_run(monkeypatch):
@@ -215,7 +216,7 @@ def settled(lib):
 @needs_avx512_bf16
 @needs_compiler
 @pytest.mark.parametrize("n,k", [(128, 96), (192, 64), (1024, 3072), (64, 8192)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 16, 17, 23, 32])
 def test_same_numbers_as_f_linear(lib, n, k, rows):
     gen = torch.Generator().manual_seed(n + k + rows)
     w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
@@ -231,8 +232,8 @@ def test_same_numbers_as_f_linear(lib, n, k, rows):
 @needs_compiler
 def test_rows_beyond_the_loop_are_refused(lib):
     packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(128, 96).to(torch.bfloat16), 4)
-    with pytest.raises(ValueError, match="refused rows=17"):
-        gemv.run(torch.randn(17, 96).to(torch.bfloat16), packed, 128, lib)
+    with pytest.raises(ValueError, match="refused rows=33"):
+        gemv.run(torch.randn(33, 96).to(torch.bfloat16), packed, 128, lib)
 
 
 @needs_avx512_bf16
@@ -272,6 +273,12 @@ def test_packed_linear_takes_the_gemv_for_few_rows_only(lib, monkeypatch):
         for rows in (1, 5, 16, 17):
             batch(torch.randn(rows, 96).to(torch.bfloat16))
     assert calls == [1, 5, 16]   # batch-16 decode on the chunked loop, 17 rows on oneDNN
+    full = PackedLinear(plain.weight, plain.bias, KernelPlan(ONEDNN_PACKED, 4, gemv.MAX_ROWS))
+    calls.clear()
+    with torch.inference_mode():
+        for rows in (17, 32, 33):
+            full(torch.randn(rows, 96).to(torch.bfloat16))
+    assert calls == [17, 32]     # a 32-token prefill on the chunked loop, 33 rows on oneDNN
 
 
 @needs_avx512_bf16
@@ -298,8 +305,8 @@ def test_a_broken_chunked_loop_fails_the_pack_check_at_batch_rows(settled, monke
 @needs_avx512_bf16
 @needs_compiler
 def test_a_broken_many_row_path_fails_the_pack_check_under_the_gemv_plan(settled, monkeypatch):
-    """Under a plan whose GEMV takes 1-16 rows, prefill's rows still run oneDNN: the check
-    runs 17 rows too."""
+    """Under a plan whose GEMV takes 1-32 rows, longer prefills still run oneDNN: the check
+    runs 33 rows too."""
     real = linear._run
 
     def wrong_above_16(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
@@ -307,8 +314,9 @@ def test_a_broken_many_row_path_fails_the_pack_check_under_the_gemv_plan(settled
         return y if x2.shape[0] <= gemv_rows else y.flip(1)
 
     monkeypatch.setattr(linear, "_run", wrong_above_16)
-    with pytest.raises(PackCheckError, match=r"at 17 rows \(onednn-packed\)"):
-        pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)), KernelPlan(ONEDNN_PACKED, 4, 16))
+    with pytest.raises(PackCheckError, match=r"at 33 rows \(onednn-packed\)"):
+        pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)),
+                     KernelPlan(ONEDNN_PACKED, 4, gemv.MAX_ROWS))
 
 
 @needs_avx512_bf16

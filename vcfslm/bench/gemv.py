@@ -1,13 +1,14 @@
-"""vcfslm's GEMV for 1-16 bf16 rows, reading oneDNN's packed weight in place.
+"""vcfslm's GEMV for 1-32 bf16 rows, reading oneDNN's packed weight in place.
 
 Decode at small batch is a weight stream: every byte of every linear once per step. oneDNN's
 kernel for a few rows reads its own packed layout at ~0.7 of the read probe on the CPUs
 measured (benchmarks/gemv_hypotheses.py prints the comparison). The loop in
 `gemv_avx512bf16.cpp` reads the same bytes, in the same layout, at ~0.9 for 1-4 rows; for
-5-16 rows (decode at batch 16) it runs the weight in L1-sized chunks with an L2 prefetch
-ahead and does ~1.1-1.3x oneDNN's FLOP rate at the same rows. Nothing is copied or
-repacked, so a replica still holds one copy of its weights; prefill and batches above 16
-rows stay on oneDNN, and only the few-row calls change kernel.
+5-32 rows (decode at batch 16, a short prompt's prefill) it runs the weight in L1-sized
+chunks with an L2 prefetch ahead and does ~1.05-1.3x oneDNN's FLOP rate at the same rows
+(at 48-64 rows the two are even, so longer prefills stay on oneDNN). Nothing is copied or
+repacked, so a replica still holds one copy of its weights; only the few-row calls change
+kernel.
 
 It is used only where all of these hold, and `status()` says which one did not:
 - the CPU has AVX512-BF16 (`vdpbf16ps`), so oneDNN packs bf16 weights (the engine's
@@ -38,8 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("gemv_avx512bf16.cpp")
-ABI = 3
-MAX_ROWS = 16
+ABI = 4
+MAX_ROWS = 32
 STREAM_ROWS = 4   # up to here each block streams once; above, the L1-chunked loop
 BLOCK_N, BLOCK_K = 64, 32   # the layout's blocks: a weight qualifies when both divide it
 PACKAGED_DIR = Path(__file__).with_name("kernels")   # where the wheel puts its prebuilt library
@@ -203,7 +204,7 @@ def run_at(address: int, x2, n: int, lib: ctypes.CDLL, *, threads: int | None = 
 
 def layout_matches(lib: ctypes.CDLL) -> tuple[bool, str]:
     """Whether the loop, on a weight oneDNN just packed, gives F.linear's output at 1-4 rows
-    (the streaming loop) and at 5, 8 and 16 rows (the chunked one, over a chunk boundary)."""
+    (the streaming loop) and at 5, 8, 16 and 32 rows (the chunked one, over a chunk boundary)."""
     import torch
     import torch.nn.functional as F
 
@@ -213,7 +214,7 @@ def layout_matches(lib: ctypes.CDLL) -> tuple[bool, str]:
     packed = torch.ops.mkldnn._reorder_linear_weight(w, STREAM_ROWS)
     if torch.ops.mkldnn._nbytes(packed) != n * k * 2:
         return False, "oneDNN's packed weight is not n x k bf16 (padded or another layout)"
-    for rows in (*range(1, STREAM_ROWS + 1), 5, 8, MAX_ROWS):
+    for rows in (*range(1, STREAM_ROWS + 1), 5, 8, 16, MAX_ROWS):
         x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
         want = F.linear(x.float(), w.float())
         got = run(x, packed, n, lib).float()

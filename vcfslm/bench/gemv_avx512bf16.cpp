@@ -1,4 +1,4 @@
-// y[rows, n] = x[rows, k] . W^T for 1-16 rows of bf16, with W read in place from the buffer
+// y[rows, n] = x[rows, k] . W^T for 1-32 rows of bf16, with W read in place from the buffer
 // oneDNN packed it into (vcfslm.bench.gemv builds this file and checks the layout first).
 //
 // oneDNN's bf16 inner product on AVX512-BF16 CPUs packs a [n, k] weight as AB16b64a2b:
@@ -52,7 +52,7 @@ inline void block(const uint16_t* w, const uint16_t* x, int64_t k, uint16_t* y, 
                           (__m256i)_mm512_cvtneps_pbh(acc[m][z]));
 }
 
-// 5-16 rows: each weight byte now serves several rows, so the loop is bound by vdpbf16ps
+// 5-32 rows: each weight byte now serves several rows, so the loop is bound by vdpbf16ps
 // more than by the read. A block's k is cut into chunks that stay in L1 (kChunk pairs x
 // 256 B = 16 KiB), and each chunk is run for the rows six at a time (6 rows x 64 outputs = 24
 // accumulators, 4 weight registers and a broadcast: 29 of 32 zmm); partial sums wait in
@@ -80,7 +80,7 @@ inline void tile(const uint16_t* w, const uint32_t* xp, int64_t pairs, int64_t r
 }
 
 inline void block_tiled(const uint16_t* w, const uint16_t* x, int64_t k, uint16_t* y, int64_t n, int64_t rows) {
-  alignas(64) float part[16 * kBlock];
+  alignas(64) float part[32 * kBlock];
   const int64_t pairs = k / 2;
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
   for (int64_t r0 = 0; r0 < pairs; r0 += kChunk) {
@@ -112,15 +112,15 @@ extern "C" {
 
 
 // The ABI this file implements; the loader refuses a library that answers otherwise.
-int vcfslm_gemv_abi(void) { return 3; }
+int vcfslm_gemv_abi(void) { return 4; }
 
 // 0 on success; -1 when the shape is outside what the layout and the loop cover.
-// 1-4 rows stream each block once; 5-16 rows run the L1-chunked loop above.
+// 1-4 rows stream each block once; 5-32 rows run the L1-chunked loop above.
 // prefetch: bytes ahead to prefetch at 1-4 rows (0: none; the benchmark's hypothesis table
 // varies it).
 int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t rows, int64_t n,
                      int64_t k, int threads, int64_t prefetch) {
-  if (rows < 1 || rows > 16 || n % kBlock != 0 || k % 32 != 0 || threads < 1 || prefetch < 0) return -1;
+  if (rows < 1 || rows > 32 || n % kBlock != 0 || k % 32 != 0 || threads < 1 || prefetch < 0) return -1;
   const int64_t blocks = n / kBlock;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
