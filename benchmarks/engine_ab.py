@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
 
+sys.path.insert(0, str(ROOT))
+from vcfslm.bench.pages import HUGE_PAGES_ENV  # noqa: E402
+
 CHILD = r"""
 import json, statistics, sys
 sys.path.insert(0, sys.argv[1])
@@ -57,7 +60,7 @@ print("RESULT " + json.dumps(out))
 def child(tree: Path, args) -> dict:
     cmd = [sys.executable, "-c", CHILD, str(tree), str(args.layers), str(args.prompt), str(args.tokens),
            str(args.big_batch), str(args.windows)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env={**os.environ, **HUGE_PAGES_ENV, "PYTHONPATH": str(tree)})  # a rank's environment (rank.sh)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if done.returncode or line is None:
         sys.exit(f"child in {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
