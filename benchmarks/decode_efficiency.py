@@ -45,11 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vcfslm.bench.pages import HUGE_PAGES_ENV, huge_pages_facts  # noqa: E402
+from vcfslm.bench.pages import ask_for_huge_pages, huge_pages_facts  # noqa: E402
 
-# The rank's environment (rank.sh): weights on 2 MiB pages. Read at torch's first allocation.
-for _key, _value in HUGE_PAGES_ENV.items():
-    os.environ.setdefault(_key, _value)
+ask_for_huge_pages()  # the rank's environment (rank.sh): weights on 2 MiB pages
 
 import torch  # noqa: E402
 

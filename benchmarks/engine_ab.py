@@ -60,7 +60,8 @@ print("RESULT " + json.dumps(out))
 def child(tree: Path, args) -> dict:
     cmd = [sys.executable, "-c", CHILD, str(tree), str(args.layers), str(args.prompt), str(args.tokens),
            str(args.big_batch), str(args.windows)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env={**os.environ, **HUGE_PAGES_ENV, "PYTHONPATH": str(tree)})  # a rank's environment (rank.sh)
+    env = {**os.environ, **HUGE_PAGES_ENV, "PYTHONPATH": str(tree)}   # a rank's environment (rank.sh)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if done.returncode or line is None:
         sys.exit(f"child in {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")

@@ -46,13 +46,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vcfslm.bench.pages import HUGE_PAGES_ENV  # noqa: E402
+from vcfslm.bench.pages import ask_for_huge_pages  # noqa: E402
 
-# The rank's environment (rank.sh): weights on 2 MiB pages. Read at torch's first
-# allocation. On 4 KiB pages the same packed bytes read at 0.67-0.92 of the probe from one
-# allocation to the next on the same machine: which memory they got decided it.
-for _key, _value in HUGE_PAGES_ENV.items():
-    os.environ.setdefault(_key, _value)
+# The rank's environment (rank.sh): weights on 2 MiB pages. On 4 KiB pages the same packed
+# bytes read at 0.67-0.92 of the probe from one allocation to the next on the same machine:
+# which memory they got decided it.
+ask_for_huge_pages()
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

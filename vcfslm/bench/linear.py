@@ -40,7 +40,6 @@ import gc
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from . import gemv
 
@@ -151,21 +150,32 @@ def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kern
         for i in range(rows):
             torch.mv(weight, x2[i], out=out[i])
         return out if bias is None else out + bias
-    x32t = x2.float().t()
     n, k = weight.shape
-    # Computed transposed, [out, rows]: each slice then writes contiguous output rows
-    # (a column slice of [rows, out] would be strided: ~2x slower at decode-sized rows).
-    out_t = torch.empty(n, rows, dtype=torch.float32)
-    step = max(1, DENSE_CHUNK_ELEMENTS // k)
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        w32 = _fp32_scratch((stop - start) * k).view(stop - start, k)
-        w32.copy_(weight[start:stop])
-        torch.mm(w32, x32t, out=out_t[start:stop])
-    out = out_t.t()
+    step = min(n, max(1, DENSE_CHUNK_ELEMENTS // k))
+    out = _fp32_product_t(x2, weight, _fp32_scratch(step * k).view(step, k)).t()
     if bias is not None:
         out = out + bias.float()
     return out.to(x2.dtype).contiguous()
+
+
+def _fp32_product_t(x2: torch.Tensor, weight: torch.Tensor, slice32: torch.Tensor) -> torch.Tensor:
+    """(x2 @ weight.T).T in fp32, [out, rows]: a slice of weight rows at a time, each converted
+    into `slice32` ([slice rows, k], reused) and multiplied into one preallocated output. The
+    weight is never converted whole, and nothing is allocated per slice: a fresh fp32 slice
+    per step, each followed by its small output, left the heap a row of holes a few bytes too
+    small for the next slice (measured: ~360 MB resident after the lm_head's pack check).
+    Transposed, so each slice writes contiguous output rows (a column slice of [rows, out]
+    would be strided: ~2x slower at decode-sized rows)."""
+    n = weight.shape[0]
+    x32t = x2.float().t()
+    out_t = torch.empty(n, x2.shape[0], dtype=torch.float32)
+    step = slice32.shape[0]
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        rows = slice32[:stop - start]
+        rows.copy_(weight[start:stop])
+        torch.mm(rows, x32t, out=out_t[start:stop])
+    return out_t
 
 
 def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
@@ -301,7 +311,8 @@ def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator
     worst = 0.0
     for count in _CHECK_ROWS:
         x = torch.randn(count, w.shape[1], generator=gen).to(w.dtype)
-        want = _fp32_reference(x, w)
+        # The fp32 reference through a slice buffer of its own, freed after the check.
+        want = _fp32_product_t(x, w, torch.empty(min(w.shape[0], _CHECK_SLICE), w.shape[1])).t()
         if original.bias is not None:
             want += original.bias.float()
         got = packed(x).float()
@@ -315,25 +326,6 @@ def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator
                                  f"at {count} rows ({path}): max relative error {err:.3g} > {PACK_CHECK_RTOL}")
         worst = max(worst, err)
     return worst
-
-
-def _fp32_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T in fp32, built a slice of weight rows at a time into one output and through
-    one slice buffer: a whole fp32 copy of the lm_head would be the largest allocation of
-    the replica's life. A fresh fp32 slice per step, each followed by its small output,
-    left the heap a row of holes a few bytes too small for the next slice (measured: ~360 MB
-    resident after the lm_head's check, most of a 1-layer checkpoint load's peak headroom)."""
-    n, k = w.shape
-    x32t = x.float().t()
-    out_t = torch.empty(n, x.shape[0], dtype=torch.float32)
-    step = min(n, _CHECK_SLICE)
-    slice32 = torch.empty(step, k, dtype=torch.float32)
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        rows = slice32[:stop - start]
-        rows.copy_(w[start:stop])
-        torch.mm(rows, x32t, out=out_t[start:stop])
-    return out_t.t()
 
 
 def kernel_table(model: torch.nn.Module) -> list[str]:

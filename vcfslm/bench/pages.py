@@ -21,6 +21,13 @@ HUGE_PAGES_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
+def ask_for_huge_pages(environ=os.environ) -> None:
+    """Put this process's large allocations on 2 MiB pages, as rank.sh does for a rank (a
+    value already set wins). Call before torch is imported: torch reads it once."""
+    for key, value in HUGE_PAGES_ENV.items():
+        environ.setdefault(key, value)
+
+
 def thp_mode(text: str | None = None) -> str | None:
     """The bracketed choice of the kernel's THP setting ("always [madvise] never" -> "madvise")."""
     if text is None:
