@@ -23,7 +23,10 @@ What runs, in order:
      bandwidth drifts within seconds); the fastest read of the run gives the other
      floors. Then the engine at batch `--big-batch`;
   3. "linears alone": every packed linear of the engine's replica, back to back at batch 1,
-     with nothing in between: the weight reads of a step in the replica's own memory.
+     with nothing in between: the weight reads of a step in the replica's own memory;
+  4. a batch-1 step split from inside: its linears' kernels timed within the step, the rest,
+     and the same step with those kernels skipped (its own code in warm caches). What the
+     rest takes beyond that is time spent waiting on caches the weight stream emptied.
 
 TPOT = (last token - first token) / (tokens - 1); TTFT = request start -> first token.
 Floors: TPOT >= max(bytes read per step / read bandwidth, step FLOPs / GEMM rate);
@@ -34,6 +37,7 @@ with its target; nothing here asserts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -182,6 +186,60 @@ def linears_alone_ms(model, rows: int, repeats: int = 5) -> float:
     return best * 1000
 
 
+@contextlib.contextmanager
+def linear_kernels(skip: bool):
+    """Every linear's kernel (vcfslm.bench.linear._run, which the compiled graph's op and the
+    eager module both call) timed while `timing["on"]`; with `skip`, replaced by an empty
+    output of its shape. Yields that dict; its "s" collects the seconds."""
+    real = linear._run
+    timing = {"s": 0.0, "on": True}
+
+    def run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
+        started = time.perf_counter()
+        try:
+            if skip:
+                return torch.empty(x2.shape[0], out_features, dtype=x2.dtype)
+            return real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features)
+        finally:
+            if timing["on"]:
+                timing["s"] += time.perf_counter() - started
+
+    linear._run = run
+    try:
+        yield timing
+    finally:
+        linear._run = real
+
+
+def step_split(engine, prompt, tokens: int, windows: int = 2) -> dict:
+    """Where a batch-1 decode step's time goes: the linears' kernels timed inside the step
+    (the prefill's are not counted), the rest of the step, and the same step with the kernels
+    skipped (its own code, Inductor kernels and call paths without the weight stream, in warm
+    caches). Medians over `windows`, ms per step."""
+    out = {"tpot": [], "linears": [], "skipped": []}
+    real_prefill = engine.prefill
+    for _ in range(windows):
+        with linear_kernels(skip=False) as timing:
+            def prefill(*a, **k):
+                timing["on"] = False
+                try:
+                    return real_prefill(*a, **k)
+                finally:
+                    timing["on"] = True
+
+            engine.prefill = prefill
+            try:
+                gen = engine.generate(prompt, tokens)
+            finally:
+                del engine.prefill   # the instance attribute: the method shows through again
+        with linear_kernels(skip=True):
+            bare = engine_window(engine, prompt, tokens)
+        out["tpot"].append(gen.decode_s / (tokens - 1) * 1000)
+        out["linears"].append(timing["s"] / (tokens - 1) * 1000)
+        out["skipped"].append(bare["tpot_ms"])
+    return {k: median(v) for k, v in out.items()}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -279,6 +337,7 @@ def main() -> int:
         reads += [before, after]
         alone_paired.append((before + after) / 2)
     alone_ms = min(alone)
+    split = step_split(engine, p1, args.tokens)
     if args.profile:
         from torch.profiler import profile
 
@@ -321,6 +380,11 @@ def main() -> int:
           f"{ttft_floor(big):6.3f}")
     print(f"linears alone at batch 1 (the step's weight reads, nothing else): {alone_ms:.1f} ms "
           f"= {replica.step_weight_bytes / alone_ms / 1e6:.1f} GB/s; rest of the step {median(e1_tpot) - alone_ms:.1f} ms")
+    rest_in_step = split["tpot"] - split["linears"]
+    print(f"a batch-1 step, timed inside (2 windows): {split['tpot']:.1f} ms = the linears' kernels "
+          f"{split['linears']:.1f} ms + the rest {rest_in_step:.1f} ms; the same step with the kernels skipped "
+          f"(its own code in warm caches) {split['skipped']:.1f} ms, so {rest_in_step - split['skipped']:.1f} ms "
+          f"of each step waits on the caches the weight stream emptied")
     print(f"read bandwidth: {len(reads)} probes, {min(reads):.1f}-{read_gbs:.1f} GB/s; around each batch-1 "
           f"engine window " + ", ".join(f"{g:.1f}" for g in paired) + " GB/s")
     print(f"recompiles inside measured windows: {bad}")

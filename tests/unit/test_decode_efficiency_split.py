@@ -1,0 +1,91 @@
+"""benchmarks/decode_efficiency.py's split of a decode step: the linears' kernels timed inside
+the step (never the prefill's), and the same step with those kernels skipped."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    # The module asks for 2 MiB pages through the environment at import, for torch and
+    # its children: keep the environment of this test process as it was.
+    saved = dict(os.environ)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import decode_efficiency
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        os.environ.clear()
+        os.environ.update(saved)
+    return decode_efficiency
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from vcfslm.bench.engine import DecodeEngine
+    from vcfslm.bench.model import load_model
+
+    loaded = load_model("synthetic:tiny", seed=0, max_context=32)
+    return DecodeEngine(loaded.model, "eager"), loaded.config
+
+
+def test_the_kernels_are_timed_only_while_on_and_skipped_ones_keep_their_shape(bench, monkeypatch):
+    from vcfslm.bench import linear
+
+    calls = []
+
+    def real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
+        calls.append(out_features)
+        return torch.ones(x2.shape[0], out_features, dtype=x2.dtype)
+
+    monkeypatch.setattr(linear, "_run", real)
+    x2 = torch.zeros(3, 8, dtype=torch.bfloat16)
+    with bench.linear_kernels(skip=False) as timing:
+        assert linear._run(x2, None, None, "k", 1, 0, 5).sum() == 15
+        counted = timing["s"]
+        timing["on"] = False
+        linear._run(x2, None, None, "k", 1, 0, 5)
+        assert timing["s"] == counted > 0
+    assert linear._run is real and calls == [5, 5]
+    with bench.linear_kernels(skip=True):
+        y = linear._run(x2, None, None, "k", 1, 0, 7)
+    assert y.shape == (3, 7) and y.dtype == torch.bfloat16 and calls == [5, 5]
+    assert linear._run is real
+
+
+def test_a_step_splits_into_its_linears_and_the_rest_and_the_prefill_is_not_counted(bench, engine, monkeypatch):
+    from vcfslm.bench import linear
+    from vcfslm.bench.engine import synthetic_prompt
+
+    eng, config = engine
+    prompt = synthetic_prompt(1, 6, config.vocab_size, seed=3)
+    rows_seen = []
+    real = linear._run
+
+    def watched(x2, *rest):
+        rows_seen.append(x2.shape[0])
+        if x2.shape[0] == 6:
+            time.sleep(0.05)   # a slow prefill linear: it must not show in the step's share
+        return real(x2, *rest)
+
+    monkeypatch.setattr(linear, "_run", watched)
+    split = bench.step_split(eng, prompt, tokens=4, windows=1)
+    assert set(split) == {"tpot", "linears", "skipped"}
+    assert 0 < split["linears"] < split["tpot"] and split["skipped"] > 0
+    # Counted, the prefill's 8 sleeping linears would add 8 x 50 ms over 3 steps to each.
+    assert split["linears"] < 50
+    # The timed window ran the real kernels for its prefill (6 rows; the lm_head at the last
+    # position only) and its 3 steps (1 row); the skipped window never reached them.
+    linears = sum(isinstance(m, linear.PackedLinear) for m in eng.model.modules())
+    assert rows_seen.count(6) == linears - 1 and rows_seen.count(1) == 1 + 3 * linears
+    assert len(rows_seen) == 4 * linears
+    assert linear._run is watched and "prefill" not in vars(eng)
