@@ -26,7 +26,9 @@ What runs, in order:
      with nothing in between: the weight reads of a step in the replica's own memory;
   4. a batch-1 step split from inside: its linears' kernels timed within the step, the rest,
      and the same step with those kernels skipped (its own code in warm caches). What the
-     rest takes beyond that is time spent waiting on caches the weight stream emptied.
+     rest takes beyond that is time spent waiting on caches the weight stream emptied;
+  5. each batch-1 step against a pass of the linears alone run right after it, step by
+     step: the step's overhead over its weight reads, free of the drift between windows.
 
 TPOT = (last token - first token) / (tokens - 1); TTFT = request start -> first token.
 Floors: TPOT >= max(bytes read per step / read bandwidth, step FLOPs / GEMM rate);
@@ -240,6 +242,41 @@ def step_split(engine, prompt, tokens: int, windows: int = 2) -> dict:
     return {k: median(v) for k, v in out.items()}
 
 
+def step_against_linears(engine, prompt, tokens: int, windows: int = 3) -> dict:
+    """A batch-1 decode step against a pass of every linear alone, run right after it, step
+    by step through `windows` generations: adjacent in time, so the host's bandwidth drift
+    (2x within seconds here) hits both alike, which two separate windows cannot promise.
+    Per pair: step / pass, and the linears' kernels timed inside the step / the same pass.
+    Medians, with the number of pairs."""
+    layers = [m for m in engine.model.modules() if isinstance(m, linear.PackedLinear)]
+    inputs = {m.in_features: torch.randn(1, m.in_features).to(torch.bfloat16) for m in layers}
+    real_step = engine.run_step
+    step_over, kernels_over = [], []
+    with linear_kernels(skip=False) as timing:
+        def run_step(*a, **k):
+            timing["s"], timing["on"] = 0.0, True   # what the prefill added is dropped here
+            started = time.perf_counter()
+            out = real_step(*a, **k)
+            step = time.perf_counter() - started
+            kernels = timing["s"]
+            timing["on"] = False
+            started = time.perf_counter()
+            for m in layers:
+                m(inputs[m.in_features])
+            alone = time.perf_counter() - started
+            step_over.append(step / alone)
+            kernels_over.append(kernels / alone)
+            return out
+
+        engine.run_step = run_step
+        try:
+            for _ in range(windows):
+                engine.generate(prompt, tokens)
+        finally:
+            del engine.run_step   # the instance attribute: the method shows through again
+    return {"step": median(step_over), "kernels": median(kernels_over), "pairs": len(step_over)}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -338,6 +375,7 @@ def main() -> int:
         alone_paired.append((before + after) / 2)
     alone_ms = min(alone)
     split = step_split(engine, p1, args.tokens)
+    paired_split = step_against_linears(engine, p1, args.tokens)
     if args.profile:
         from torch.profiler import profile
 
@@ -385,6 +423,9 @@ def main() -> int:
           f"{split['linears']:.1f} ms + the rest {rest_in_step:.1f} ms; the same step with the kernels skipped "
           f"(its own code in warm caches) {split['skipped']:.1f} ms, so {rest_in_step - split['skipped']:.1f} ms "
           f"of each step waits on the caches the weight stream emptied")
+    print(f"a batch-1 step against its linears alone, run step by step right after it ({paired_split['pairs']} "
+          f"pairs, so drift hits both alike): the step takes {paired_split['step']:.3f}x the pass, its linears' "
+          f"kernels {paired_split['kernels']:.3f}x; floor/TPOT is about linears alone/probe divided by the first")
     print(f"read bandwidth: {len(reads)} probes, {min(reads):.1f}-{read_gbs:.1f} GB/s; around each batch-1 "
           f"engine window " + ", ".join(f"{g:.1f}" for g in paired) + " GB/s")
     print(f"recompiles inside measured windows: {bad}")

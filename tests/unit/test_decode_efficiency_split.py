@@ -89,3 +89,46 @@ def test_a_step_splits_into_its_linears_and_the_rest_and_the_prefill_is_not_coun
     assert rows_seen.count(6) == linears - 1 and rows_seen.count(1) == 1 + 3 * linears
     assert len(rows_seen) == 4 * linears
     assert linear._run is watched and "prefill" not in vars(eng)
+
+
+class _Sleeping(torch.nn.Module):
+    """An activation that takes `seconds` longer: work of the step outside its linears."""
+
+    def __init__(self, inner, seconds: float):
+        super().__init__()
+        self.inner, self.seconds = inner, seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.inner(x)
+
+
+def test_each_step_is_paired_with_a_pass_of_its_linears_alone(bench, engine, monkeypatch):
+    from vcfslm.bench import linear
+    from vcfslm.bench.engine import synthetic_prompt
+
+    eng, config = engine
+    prompt = synthetic_prompt(1, 6, config.vocab_size, seed=4)
+    real = linear._run
+
+    def slow_kernels(x2, *rest):
+        # 1-row kernels slow in the step and in the pass alike; the prefill's (6 rows) far
+        # slower, which must not count in any step.
+        time.sleep(0.05 if x2.shape[0] == 6 else 0.004)
+        return real(x2, *rest)
+
+    monkeypatch.setattr(linear, "_run", slow_kernels)
+    even = bench.step_against_linears(eng, prompt, tokens=4, windows=2)
+    assert even["pairs"] == 2 * 3
+    assert 0.8 < even["kernels"] < 1.25 and 0.8 < even["step"] < 1.6
+    assert "run_step" not in vars(eng)
+
+    # The same kernels, and 5 ms more per layer outside them: only the step grows.
+    layers = eng.model.model.layers
+    for layer in layers:
+        monkeypatch.setattr(layer.mlp, "activation_fn", _Sleeping(layer.mlp.activation_fn, 0.005))
+    slowed = bench.step_against_linears(eng, prompt, tokens=4, windows=2)
+    assert slowed["pairs"] == 6 and 0.8 < slowed["kernels"] < 1.25
+    linears = sum(isinstance(m, linear.PackedLinear) for m in eng.model.modules())
+    # Each step sleeps 5 ms per layer beyond a pass of >= 4 ms per linear.
+    assert slowed["step"] > even["step"] + 0.6 * len(layers) * 0.005 / (linears * 0.004 + 0.002)
