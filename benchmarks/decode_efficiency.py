@@ -174,16 +174,27 @@ def run_child(args, cache_dir: str) -> dict:
 # ------------------------------------------------------------------ main
 
 
-def linears_alone_ms(model, rows: int, repeats: int = 5) -> float:
-    """Every packed linear of `model` at `rows` rows, back to back: the best pass, in ms."""
+def linears_pass(model, rows: int):
+    """A function that runs every packed linear of `model` once at `rows` rows, back to back,
+    with nothing in between: the weight reads of a step."""
     layers = [m for m in model.modules() if isinstance(m, linear.PackedLinear)]
     inputs = {m.in_features: torch.randn(rows, m.in_features).to(torch.bfloat16) for m in layers}
+
+    def run() -> None:
+        for m in layers:
+            m(inputs[m.in_features])
+
+    return run
+
+
+def linears_alone_ms(model, rows: int, repeats: int = 5) -> float:
+    """Every packed linear of `model` at `rows` rows, back to back: the best pass, in ms."""
+    run = linears_pass(model, rows)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats):
             t0 = time.perf_counter()
-            for m in layers:
-                m(inputs[m.in_features])
+            run()
             best = min(best, time.perf_counter() - t0)
     return best * 1000
 
@@ -248,8 +259,7 @@ def step_against_linears(engine, prompt, tokens: int, windows: int = 3) -> dict:
     (2x within seconds here) hits both alike, which two separate windows cannot promise.
     Per pair: step / pass, and the linears' kernels timed inside the step / the same pass.
     Medians, with the number of pairs."""
-    layers = [m for m in engine.model.modules() if isinstance(m, linear.PackedLinear)]
-    inputs = {m.in_features: torch.randn(1, m.in_features).to(torch.bfloat16) for m in layers}
+    run_linears = linears_pass(engine.model, rows=1)
     real_step = engine.run_step
     step_over, kernels_over = [], []
     with linear_kernels(skip=False) as timing:
@@ -261,8 +271,7 @@ def step_against_linears(engine, prompt, tokens: int, windows: int = 3) -> dict:
             kernels = timing["s"]
             timing["on"] = False
             started = time.perf_counter()
-            for m in layers:
-                m(inputs[m.in_features])
+            run_linears()
             alone = time.perf_counter() - started
             step_over.append(step / alone)
             kernels_over.append(kernels / alone)
