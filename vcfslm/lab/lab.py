@@ -48,7 +48,7 @@ VLLM_VENV_ENV = "VCFSLM_VLLM_VENV"
 VLLM_VENV_DIR = ".venv-vllm"      # in the checkout, beside .venv
 DEFAULT_DIR = "~/.vcfslm/lab"
 DEFAULT_NODES = 4
-DEFAULT_BENCH_PORT = 29500
+DEFAULT_BENCH_PORT = 29500       # what a state file written before bench_port was recorded used
 STATE_VERSION = 1
 
 
@@ -198,7 +198,7 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
             dir=directory, nodes=nodes, vcsim=previous.vcsim if previous else None,
             guests=list(previous.guests) if previous else [],
             inventory=directory / "inventory.yaml", env_file=directory / "lab.env",
-            bench_port=previous.bench_port if previous else _free_port(DEFAULT_BENCH_PORT),
+            bench_port=previous.bench_port if previous else _free_port(),
             fresh=previous.fresh if previous and fresh_guests else None,
             wheelhouse=previous.wheelhouse if previous and fresh_guests else None))
         if previous and previous.fresh and not fresh_guests:
@@ -483,14 +483,11 @@ def down(directory: Path, reporter: Reporter | None = None) -> list[str]:
         return stopped
 
 
-def _free_port(preferred: int) -> int:
-    """`preferred` when nothing listens on it (any address), else a kernel-picked port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", preferred))
-            return preferred
-        except OSError:
-            pass
+def _free_port() -> int:
+    """A port nothing listens on, picked by the kernel. Not 29500, the port torchrun's
+    static rendezvous and vLLM's data-parallel master default to, which other processes
+    on the machine may take; and the lab's rendezvous binds its port only when
+    a bench starts, long after `lab up` found it free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
