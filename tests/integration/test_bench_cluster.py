@@ -1,7 +1,9 @@
 """`vcfslm bench --nodes N` on the lab: real sshd guests, real torchrun, synthetic:tiny.
 
 Lab guests share this machine, so the remote run folders are visible here too: the
-dead-rank test reads a rank's pid file and kills that worker like a crash would.
+dead-rank test reads a rank's pid file and kills that worker like a crash would. The
+complete 1-node (compiled) and 4-node runs are the README walkthrough's own
+(tests/integration/test_e2e_readme.py), checked there with the same assert_complete.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_checks import assert_complete, run_processes
 
 from vcfslm.contract import process_group_timeout_s, rendezvous_timeout_s
 from vcfslm.results import load_run, read_run
@@ -33,45 +36,6 @@ def bench(lab, *args, timeout=600):
                           timeout=timeout)
 
 
-def run_processes(run_id: str) -> list[str]:
-    """Command lines of live processes that belong to this run (torchrun or worker)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (proc / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if f"--run-id {run_id}" in cmd and "vcfslm.cli" not in cmd and state != "Z":
-            out.append(cmd)
-    return out
-
-
-def assert_complete(run_dir: Path, nodes: int, ranks_per_node: int, scenarios: int, repeats: int):
-    meta, records = load_run(run_dir)
-    assert meta.complete and meta.failure is None
-    assert len(meta.nodes) == nodes
-    ranks = set(range(nodes * ranks_per_node))
-    assert {r.rank for r in records} == ranks
-    per_rank_scenario = {}
-    for r in records:
-        per_rank_scenario.setdefault((r.rank, r.scenario), set()).add(r.window)
-    assert len(per_rank_scenario) == len(ranks) * scenarios
-    assert all(len(w) == repeats for w in per_rank_scenario.values())
-    assert all(r.rank_tps > 0 and len(r.tpot_ms) == r.batch_per_rank for r in records)
-    # every window of every rank records how far it left the barrier after the first rank
-    assert all(r.start_skew_s >= 0 for r in records)
-    if nodes * ranks_per_node == 1:
-        assert all(r.start_skew_s == 0 for r in records)
-    assert {r.node for r in records} == set(meta.nodes)
-    assert (run_dir / "logs" / meta.nodes[0] / "torchrun.log").exists()
-    # every rank's facts came back: the engine it ran and its numerics gate
-    assert set(meta.ranks) == {str(r.rank) for r in records}
-    assert all(f["numerics"]["passed"] and f["pack"]["linears"] == 9 for f in meta.ranks.values())
-
-
 def test_dry_run_prints_each_nodes_command(provisioned_lab, tmp_path):
     proc = bench(provisioned_lab, "--nodes", "4", "--dry-run", "--output", "json", "--runs-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
@@ -87,23 +51,6 @@ def test_dry_run_prints_each_nodes_command(provisioned_lab, tmp_path):
         assert argv[argv.index("--rdzv-conf") + 1] == f"timeout={rendezvous_timeout_s(4, inv.bench.ranks_per_node)}"
         assert argv[argv.index("--timeout") + 1] == str(process_group_timeout_s(4, inv.bench.ranks_per_node))
     assert not list(tmp_path.iterdir())  # nothing launched, nothing written
-
-
-def test_single_vm_and_cluster_runs_are_complete(provisioned_lab, tmp_path):
-    inv = provisioned_lab.load_inventory()
-    ranks = inv.bench.ranks_per_node
-    one = bench(provisioned_lab, "--nodes", "1", "--run-id", "t-1n", "--runs-dir", str(tmp_path),
-                "--scenarios", "*x16", "--repeats", "1", *SMALL_PROBE)
-    assert one.returncode == 0, one.stdout + one.stderr
-    assert_complete(tmp_path / "t-1n", 1, ranks, len(inv.bench.batch_sizes), 1)
-    # The single-VM run above compiles the decode step as the lab inventory says; the
-    # cluster run checks the orchestration of 8 ranks, eager, to stay quick on 2 cores.
-    four = bench(provisioned_lab, "--nodes", "4", "--run-id", "t-4n", "--runs-dir", str(tmp_path),
-                 "--scenarios", "*x16", "--repeats", "1", "--compile", "eager", *SMALL_PROBE)
-    assert four.returncode == 0, four.stdout + four.stderr
-    assert_complete(tmp_path / "t-4n", 4, ranks, len(inv.bench.batch_sizes), 1)
-    assert "vcfslm report" in four.stdout
-    assert not run_processes("t-4n")
 
 
 def test_dead_rank_stops_everything_and_resume_completes(provisioned_lab, tmp_path):

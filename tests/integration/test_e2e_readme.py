@@ -3,7 +3,8 @@
 Every command of the README's "The local lab" block runs as written (the benches get a
 smaller matrix so CI stays quick), then the outputs are checked: the VMs in vcsim carry
 the inventory's configuration, the guests pass verification, both run directories are
-complete, the report holds the crossover table, and `lab down` leaves nothing running.
+complete (tests/run_checks.py: every rank, window and gate; nothing left running), the
+report holds the crossover table, and `lab down` leaves nothing running.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from run_checks import assert_complete, run_processes
 
 from vcfslm.lab import generate
 from vcfslm.results import load_run
@@ -135,10 +137,13 @@ def test_both_runs_complete_and_the_report_answers(walkthrough):
     inv = yaml.safe_load(Path(env["VCFSLM_INVENTORY"]).read_text())
     ranks = inv["bench"]["ranks_per_node"]
     for run, nodes in (("lab-1n", 1), ("lab-4n", 4)):
+        # every rank, every scenario, every window, its skew, its numerics gate and its log
+        assert_complete(work / "runs" / run, nodes, ranks, len(inv["bench"]["batch_sizes"]), 1)
         meta, records = load_run(work / "runs" / run)
-        assert meta.complete, meta.failure
-        assert {r.rank for r in records} == set(range(nodes * ranks))
         assert {(r.batch_per_rank, r.input_tokens) for r in records} == {(b, 16) for b in inv["bench"]["batch_sizes"]}
+        assert not run_processes(run)
+    cluster = next(p.stdout for c, p in outputs.items() if "--run-id lab-4n" in c)
+    assert "vcfslm report" in cluster   # the run tells what to do with it next
     report_dir = work / "runs" / "lab-1n"
     for name in ("report.html", "report.md", "tables.csv"):
         assert (report_dir / name).stat().st_size > 0, name
