@@ -24,9 +24,13 @@ needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists() and not os.environ.get(
                                 reason="vLLM's venv is absent (make vllm); CI always has it")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("peers-cache")
+@pytest.fixture
+def cache(tmp_path):
+    """Each test's own checkpoint folder: building the 1-layer checkpoint takes seconds, and
+    without a shared one the tests (each a minute or more) run on separate workers at once."""
+    folder = tmp_path / "peers-cache"
+    folder.mkdir()
+    return folder
 
 
 def check(cache: Path, *extra: str) -> tuple[int, dict[str, str], str]:
