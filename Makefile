@@ -14,6 +14,10 @@ DEMO_MODEL ?= synthetic:tiny
 # DEMO_FRESH=1: the demo on fresh Debian guests in namespaces of their own (root only).
 DEMO_FRESH ?=
 PYTEST_ARGS ?=
+# The suite runs on this many pytest-xdist workers: in one process it leaves about a third
+# of two cores idle while tests wait on subprocesses (torchrun ranks, sshd guests, vcsim,
+# a vLLM server); three keep both cores busy.
+TEST_WORKERS ?= 3
 
 .PHONY: setup apt venv vllm test demo lint clean lab-down peers peers-wheels
 
@@ -53,8 +57,11 @@ $(VLLM_VENV)/.installed: constraints-vllm.txt
 	$(VLLM_VENV)/bin/python templates/vllm-entry.py --version
 	touch $@
 
-test: setup vllm peers-wheels
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The three virtualenvs install side by side (each mostly waits on downloads), after the
+# Debian packages; tests that share a fixture run on one worker (tests/conftest.py).
+test: apt
+	$(MAKE) --no-print-directory -j3 --output-sync=target venv vllm peers-wheels
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check vcfslm tests benchmarks
@@ -70,7 +77,7 @@ peers: venv vllm
 
 # The peers that install from wheels alone (OpenVINO GenAI, gguf): make test checks their
 # equivalence; llama.cpp's build stays in make peers.
-peers-wheels: venv
+peers-wheels:
 	bash benchmarks/peers-setup.sh --wheels
 
 lab-down: venv

@@ -1,0 +1,40 @@
+"""The parallel suite's grouping (tests/conftest.py): shared fixtures stay on one worker."""
+
+from conftest import xdist_group_for
+
+
+def test_lab_users_share_one_group_whatever_else_they_use():
+    assert xdist_group_for([("tmp_path", "function"), ("provisioned_lab", "session")]) == "lab"
+    assert xdist_group_for([("walkthrough", "module"), ("ssh_guests", "session")]) == "lab"
+
+
+def test_a_module_scoped_fixture_keeps_its_module_together():
+    assert xdist_group_for([("tmp_path", "function"), ("engine", "module")]) == "module"
+
+
+def test_tests_with_function_fixtures_only_go_wherever_a_worker_is_free():
+    assert xdist_group_for([("tmp_path", "function"), ("monkeypatch", "function")]) is None
+    assert xdist_group_for([]) is None
+
+
+def test_xdist_keeps_a_marked_group_on_one_worker(tmp_path):
+    """The mechanism make test relies on, run for real: a module-scoped fixture's tests land
+    on one worker under `-n 2 --dist loadgroup` (a pytest or xdist release that drops the
+    group spreads them, and every worker would build the fixture again)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_shared.py").write_text(
+        "import os, pytest\n"
+        "@pytest.fixture(scope='module')\ndef shared():\n    return 1\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_one(shared, i):\n    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
+                           "no:cacheprovider", str(tmp_path / "test_shared.py")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = {line.split()[0] for line in done.stdout.splitlines() if " PASSED " in line}
+    assert len(workers) == 1, done.stdout
