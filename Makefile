@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # a vLLM server); three keep both cores busy.
 TEST_WORKERS ?= 3
 
-.PHONY: setup apt venv vllm test demo lint clean lab-down peers peers-wheels
+.PHONY: setup apt apt-then-venv venv vllm test demo lint clean lab-down peers peers-wheels
 
 setup: apt venv
 
@@ -57,11 +57,16 @@ $(VLLM_VENV)/.installed: constraints-vllm.txt
 	$(VLLM_VENV)/bin/python templates/vllm-entry.py --version
 	touch $@
 
-# The three virtualenvs install side by side (each mostly waits on downloads), after the
-# Debian packages; tests that share a fixture run on one worker (tests/conftest.py).
-test: apt
-	$(MAKE) --no-print-directory -j3 --output-sync=target venv vllm peers-wheels
+# The Debian packages and the three virtualenvs install side by side (each mostly waits on
+# downloads); tests that share a fixture run on one worker (tests/conftest.py).
+test:
+	$(MAKE) --no-print-directory -j3 --output-sync=target apt-then-venv vllm peers-wheels
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# .venv after the Debian packages: its install compiles the GEMV with g++. vLLM's and the
+# peers' venvs take wheels only, so they need not wait.
+apt-then-venv: apt
+	$(MAKE) --no-print-directory venv
 
 lint: venv
 	$(VENV)/bin/ruff check vcfslm tests benchmarks
