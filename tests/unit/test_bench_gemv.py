@@ -230,6 +230,27 @@ def test_same_numbers_as_f_linear(lib, n, k, rows):
 
 @needs_avx512_bf16
 @needs_compiler
+def test_a_library_builds_from_another_source(tmp_path, lib):
+    """What benchmarks/gemv_rows.py --base does: the loop of another revision, built and
+    loaded beside this one; a source that does not compile is named in the error."""
+    other = tmp_path / "other.cpp"
+    other.write_text(gemv.SOURCE.read_text().replace("kNearPrefetch = 2 * 1024", "kNearPrefetch = 4 * 1024"))
+    older = gemv.load(gemv.build(tmp_path, "other.so", source=other))
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(128, 96, generator=gen).to(torch.bfloat16)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
+    for rows in (3, 9):
+        x = torch.randn(rows, 96, generator=gen).to(torch.bfloat16)
+        assert torch.equal(gemv.run(x, packed, 128, older), gemv.run(x, packed, 128, lib))
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    with pytest.raises(gemv.GemvBuildError, match="failed on broken.cpp"):
+        gemv.build(tmp_path, "broken.so", source=broken)
+    assert not (tmp_path / "broken.so").exists()
+
+
+@needs_avx512_bf16
+@needs_compiler
 def test_rows_beyond_the_loop_are_refused(lib):
     packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(128, 96).to(torch.bfloat16), 4)
     with pytest.raises(ValueError, match="refused rows=33"):
@@ -294,8 +315,8 @@ def test_a_broken_gemv_fails_the_pack_check(settled, monkeypatch):
 @needs_compiler
 def test_a_broken_chunked_loop_fails_the_pack_check_at_batch_rows(settled, monkeypatch):
     real = gemv.run
-    # Right at 1-4 rows (the streaming loop), wrong above (the chunked one).
-    monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: real(x, p, n, lib) * (1 if x.shape[0] <= 4 else 1.5))
+    # Right at 1-6 rows (the streaming loop), wrong above (the chunked one).
+    monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: real(x, p, n, lib) * (1 if x.shape[0] <= gemv.STREAM_ROWS else 1.5))
     with pytest.raises(PackCheckError, match=r"at 7 rows \(vcfslm GEMV\)"):
         pack_linears(torch.nn.Sequential(torch.nn.Linear(96, 128, dtype=torch.bfloat16)), KernelPlan(ONEDNN_PACKED, 4, 16))
     # A plan that keeps 5+ rows on oneDNN never runs the chunked loop: the same module packs.

@@ -3,9 +3,10 @@
 Decode at small batch is a weight stream: every byte of every linear once per step. oneDNN's
 kernel for a few rows reads its own packed layout at ~0.7 of the read probe on the CPUs
 measured (benchmarks/gemv_hypotheses.py prints the comparison). The loop in
-`gemv_avx512bf16.cpp` reads the same bytes, in the same layout, at ~0.9 for 1-4 rows; for
-5-32 rows (decode at batch 16, a short prompt's prefill) it runs the weight in L1-sized
-chunks with an L2 prefetch ahead and does ~1.05-1.3x oneDNN's FLOP rate at the same rows
+`gemv_avx512bf16.cpp` reads the same bytes, in the same layout, at ~0.9 for 1-6 rows; for
+7-32 rows (decode at batch 16, a short prompt's prefill) it runs the weight in L1-sized
+chunks with L2 and L1 prefetches ahead and does ~1.05-1.3x oneDNN's FLOP rate at the same rows
+(benchmarks/gemv_rows.py prints both, row count by row count)
 (at 48-64 rows the two are even, so longer prefills stay on oneDNN). Nothing is copied or
 repacked, so a replica still holds one copy of its weights; only the few-row calls change
 kernel.
@@ -41,7 +42,8 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("gemv_avx512bf16.cpp")
 ABI = 4
 MAX_ROWS = 32
-STREAM_ROWS = 4   # up to here each block streams once; above, the L1-chunked loop
+STREAM_ROWS = 6   # up to here each block streams once; above, the L1-chunked loop
+PACKED_FOR_ROWS = 4   # the batch hint weights are packed with (vcfslm.bench.linear's min_rows)
 BLOCK_N, BLOCK_K = 64, 32   # the layout's blocks: a weight qualifies when both divide it
 PACKAGED_DIR = Path(__file__).with_name("kernels")   # where the wheel puts its prebuilt library
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bf16")
@@ -125,27 +127,26 @@ def packaged_library(folder: Path = PACKAGED_DIR) -> Path | None:
     return path if path.is_file() else None
 
 
-def build(folder: Path | None = None, name: str | None = None) -> Path:
+def build(folder: Path | None = None, name: str | None = None, source: Path = SOURCE) -> Path:
     """The library for this source and compiler, compiled into `folder` (as `name`) when
     missing. Ranks starting together each compile to a file of their own and rename it into
-    place."""
+    place. source: another revision's loop, for a benchmark to set beside this one."""
     cxx = compiler()
     if cxx is None:
         raise GemvBuildError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     version = version.splitlines()[0] if version else cxx
-    source = SOURCE.read_bytes()
     folder = folder or cache_dir()
-    target = folder / (name or library_name(source, version))
+    target = folder / (name or library_name(source.read_bytes(), version))
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False)
+        done = subprocess.run([cxx, *FLAGS, str(source), "-o", tmp], capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise GemvBuildError(f"{cxx} failed on {SOURCE.name}: {done.stderr.strip()[-600:]}")
+            raise GemvBuildError(f"{cxx} failed on {source.name}: {done.stderr.strip()[-600:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -203,18 +204,18 @@ def run_at(address: int, x2, n: int, lib: ctypes.CDLL, *, threads: int | None = 
 
 
 def layout_matches(lib: ctypes.CDLL) -> tuple[bool, str]:
-    """Whether the loop, on a weight oneDNN just packed, gives F.linear's output at 1-4 rows
-    (the streaming loop) and at 5, 8, 16 and 32 rows (the chunked one, over a chunk boundary)."""
+    """Whether the loop, on a weight oneDNN just packed, gives F.linear's output at 1-6 rows
+    (the streaming loop) and at 7, 8, 16 and 32 rows (the chunked one, over a chunk boundary)."""
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(0)
     n, k = 2 * BLOCK_N, 5 * BLOCK_K   # 80 k-pairs: one chunk of 64 and a partial one
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, STREAM_ROWS)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, PACKED_FOR_ROWS)
     if torch.ops.mkldnn._nbytes(packed) != n * k * 2:
         return False, "oneDNN's packed weight is not n x k bf16 (padded or another layout)"
-    for rows in (*range(1, STREAM_ROWS + 1), 5, 8, 16, MAX_ROWS):
+    for rows in (*range(1, STREAM_ROWS + 1), STREAM_ROWS + 1, 8, 16, MAX_ROWS):
         x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
         want = F.linear(x.float(), w.float())
         got = run(x, packed, n, lib).float()

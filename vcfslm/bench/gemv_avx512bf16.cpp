@@ -52,16 +52,19 @@ inline void block(const uint16_t* w, const uint16_t* x, int64_t k, uint16_t* y, 
                           (__m256i)_mm512_cvtneps_pbh(acc[m][z]));
 }
 
-// 5-32 rows: each weight byte now serves several rows, so the loop is bound by vdpbf16ps
-// more than by the read. A block's k is cut into chunks that stay in L1 (kChunk pairs x
-// 256 B = 16 KiB), and each chunk is run for the rows six at a time (6 rows x 64 outputs = 24
-// accumulators, 4 weight registers and a broadcast: 29 of 32 zmm); partial sums wait in
-// `part`. The first group's pass prefetches into L2 what comes kTiledPrefetch bytes later,
-// so the DRAM read of the next chunks overlaps the compute of this one (the hardware
-// prefetcher alone left ~20% on the table; 16-64 KiB ahead measured alike, T0 slower).
+// 7-32 rows: each weight byte now serves more rows than one pass can hold (6 rows x 64
+// outputs = 24 accumulators, 4 weight registers and a broadcast: 29 of 32 zmm), so the loop
+// is bound by vdpbf16ps more than by the read. A block's k is cut into chunks that stay in L1
+// (kChunk pairs x 256 B = 16 KiB), and each chunk is run for the rows six at a time; partial
+// sums wait in `part`. The first group's pass reads the chunk from memory and prefetches:
+// into L2 what comes kTiledPrefetch bytes later, so the DRAM read of the next chunks overlaps
+// the compute of this one (the hardware prefetcher alone left ~20% on the table; 16-64 KiB
+// ahead measured alike), and into L1 what it reads kNearPrefetch bytes later (2-6% faster at
+// 8-32 rows on AVX512-BF16 EPYC; 1-4 KiB measured alike). The other groups find it in L1.
 constexpr int64_t kChunk = 64;
 constexpr int kGroup = 6;
 constexpr int64_t kTiledPrefetch = 64 * 1024;
+constexpr int64_t kNearPrefetch = 2 * 1024;
 
 template <int M>
 inline void tile(const uint16_t* w, const uint32_t* xp, int64_t pairs, int64_t r0, int64_t rn,
@@ -72,7 +75,10 @@ inline void tile(const uint16_t* w, const uint32_t* xp, int64_t pairs, int64_t r
   for (int64_t r = r0; r < r0 + rn; ++r) {
     const uint16_t* row = w + r * kRow;
     if (prefetch)  // past the weight's end is harmless: a prefetch never faults
-      for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(row) + kTiledPrefetch + 64 * l, _MM_HINT_T1);
+      for (int l = 0; l < 4; ++l) {
+        _mm_prefetch(reinterpret_cast<const char*>(row) + kTiledPrefetch + 64 * l, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(row) + kNearPrefetch + 64 * l, _MM_HINT_T0);
+      }
     pair_step<M>(row, xp, pairs, r, acc);
   }
   for (int m = 0; m < M; ++m)
@@ -115,8 +121,9 @@ extern "C" {
 int vcfslm_gemv_abi(void) { return 4; }
 
 // 0 on success; -1 when the shape is outside what the layout and the loop cover.
-// 1-4 rows stream each block once; 5-32 rows run the L1-chunked loop above.
-// prefetch: bytes ahead to prefetch at 1-4 rows (0: none; the benchmark's hypothesis table
+// 1-6 rows stream each block once (at 5-6 rows 1.25-1.4x the chunked loop: one pass holds
+// them all, so nothing is stored and read back); 7-32 rows run the L1-chunked loop above.
+// prefetch: bytes ahead to prefetch at 1-6 rows (0: none; the benchmark's hypothesis table
 // varies it).
 int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t rows, int64_t n,
                      int64_t k, int threads, int64_t prefetch) {
@@ -126,7 +133,7 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
   for (int64_t b = 0; b < blocks; ++b) {
     const uint16_t* wb = w + b * kBlock * k;
     uint16_t* yb = y + b * kBlock;
-    if (rows > 4) {
+    if (rows > 6) {
       block_tiled(wb, x, k, yb, n, rows);
       continue;
     }
@@ -134,7 +141,9 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
       case 1: block<1>(wb, x, k, yb, n, prefetch); break;
       case 2: block<2>(wb, x, k, yb, n, prefetch); break;
       case 3: block<3>(wb, x, k, yb, n, prefetch); break;
-      default: block<4>(wb, x, k, yb, n, prefetch); break;
+      case 4: block<4>(wb, x, k, yb, n, prefetch); break;
+      case 5: block<5>(wb, x, k, yb, n, prefetch); break;
+      default: block<6>(wb, x, k, yb, n, prefetch); break;
     }
   }
   return 0;

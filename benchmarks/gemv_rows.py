@@ -1,0 +1,162 @@
+"""vcfslm's GEMV against oneDNN's kernel on the same packed weights, row count by row count
+(decode at batch 1-32, a short prompt's prefill), and against another revision's GEMV, side
+by side in one run.
+
+    .venv/bin/python benchmarks/gemv_rows.py                     # 4 Phi-3-mini layers, 9 rounds
+    .venv/bin/python benchmarks/gemv_rows.py --base HEAD~1       # this tree's loop against that revision's
+    .venv/bin/python benchmarks/gemv_rows.py --rows 5,6,8 --rounds 15
+
+The weight set is Phi-3-mini's four linear shapes (qkv 3072->9216, o 3072->3072, gate_up
+3072->16384, down 8192->3072) repeated `--layers` times: far larger than any cache, so every
+pass streams it from memory, as a step does. The weights are packed once, as a replica packs
+them. For each row count, every round runs the whole set once per kernel, the kernels taking
+turns, so the host's drift (bandwidth and clock both swing within seconds on shared hosts)
+hits them alike. Kernels:
+- oneDNN's inner product on its packed weight, fewer rows padded up to the plan's min_rows,
+  as the engine calls it;
+- vcfslm's GEMV (vcfslm.bench.gemv), this tree's source;
+- with `--base REV`: the same loop built from REV's source (same compiler and flags).
+Each kernel's TFLOP/s and weight GB/s are medians over rounds; each ratio is the median of
+its per-round time ratio (below 1: the first is faster). Like a rank (rank.sh), the run puts
+large allocations on 2 MiB pages. Nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vcfslm.bench.pages import ask_for_huge_pages  # noqa: E402
+
+ask_for_huge_pages()   # before torch allocates: weights on 2 MiB pages, as in a rank
+
+import torch  # noqa: E402
+from decode_efficiency import cpu_line  # noqa: E402  (one CPU line for every benchmark)
+from gemv_hypotheses import SHAPES  # noqa: E402  (one weight set for the GEMV benchmarks)
+
+from vcfslm.bench import gemv, linear  # noqa: E402
+
+DEFAULT_ROWS = (1, 2, 4, 5, 6, 7, 8, 12, 16, 24, 32)
+
+
+def base_library(rev: str, folder: Path):
+    """vcfslm's GEMV built from revision `rev`'s source, loaded (its ABI must be this tree's)."""
+    rel = gemv.SOURCE.relative_to(ROOT).as_posix()
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], capture_output=True, check=False)
+    if shown.returncode != 0:
+        raise SystemExit(f"--base {rev}: git show {rev}:{rel} failed: {shown.stderr.decode().strip()}")
+    source = folder / f"base-{gemv.SOURCE.name}"
+    source.write_bytes(shown.stdout)
+    return gemv.load(gemv.build(folder, "base.so", source=source))
+
+
+def weight_set(layers: int, min_rows: int) -> list[tuple[int, int, torch.Tensor, int]]:
+    """(n, k, oneDNN-packed weight, its address) for each linear of `layers` layers."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for n, k in SHAPES * layers:
+        w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, min_rows)
+        out.append((n, k, packed, torch.ops.mkldnn.data_ptr(packed)))
+    return out
+
+
+def kernels(weights, lib, base_lib, min_rows: int) -> dict:
+    """name -> a function of the inputs {k: x [rows, k]} that runs the whole weight set once."""
+
+    def onednn(xs):
+        for _n, k, packed, _ in weights:
+            x = xs[k]
+            if x.shape[0] < min_rows:   # the engine pads few rows for oneDNN (linear.KernelPlan)
+                x = torch.nn.functional.pad(x, (0, 0, 0, min_rows - x.shape[0]))
+            torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+    def loop(library):
+        def run(xs):
+            for n, k, _, address in weights:
+                gemv.run_at(address, xs[k], n, library)
+        return run
+
+    out = {"oneDNN": onednn, "vcfslm": loop(lib)}
+    if base_lib is not None:
+        out["base"] = loop(base_lib)
+    return out
+
+
+def measure(fns: dict, rows: int, rounds: int) -> dict[str, list[float]]:
+    gen = torch.Generator().manual_seed(rows)
+    xs = {k: torch.randn(rows, k, generator=gen).to(torch.bfloat16) for k in (3072, 8192)}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    with torch.inference_mode():
+        for fn in fns.values():   # warm each code path once
+            fn(xs)
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                started = time.perf_counter()
+                fn(xs)
+                times[name].append(time.perf_counter() - started)
+    return times
+
+
+def ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4, help="Phi-3-mini layers' linears in the weight set")
+    ap.add_argument("--rows", default=",".join(map(str, DEFAULT_ROWS)), help=f"row counts, 1-{gemv.MAX_ROWS}")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--base", metavar="REV", help="also time the GEMV built from this revision's source")
+    args = ap.parse_args()
+    row_counts = [int(r) for r in args.rows.split(",")]
+    if not all(1 <= r <= gemv.MAX_ROWS for r in row_counts):
+        ap.error(f"--rows: each must be within 1-{gemv.MAX_ROWS}")
+    torch.set_num_threads(args.threads)
+    print(cpu_line())
+    status = gemv.status()
+    if not status.usable:
+        print(f"vcfslm GEMV does not run here ({status.reason}): nothing to compare")
+        return 1
+    min_rows = linear.DEFAULT_MIN_ROWS
+    with tempfile.TemporaryDirectory(prefix="vcfslm-gemv-base-") as folder:
+        base_lib = base_library(args.base, Path(folder)) if args.base else None
+        weights = weight_set(args.layers, min_rows)
+        nbytes = sum(n * k * 2 for n, k, _, _ in weights)
+        fns = kernels(weights, gemv._library(), base_lib, min_rows)
+        print(f"vcfslm GEMV: {status.reason}; {nbytes / 1e9:.2f} GB of bf16 weights ({args.layers} Phi-3-mini "
+              f"layers' linears), {args.threads} threads, {args.rounds} rounds"
+              + (f"; base: the loop at {args.base}" if args.base else ""))
+        head = "| rows | oneDNN TFLOP/s | vcfslm TFLOP/s | vcfslm GB/s | vcfslm / oneDNN time |"
+        rule = "|---|---|---|---|---|"
+        if base_lib is not None:
+            head += f" {args.base} TFLOP/s | this tree / {args.base} time |"
+            rule += "---|---|"
+        print(head)
+        print(rule)
+        for rows in row_counts:
+            times = measure(fns, rows, args.rounds)
+            flops = 2 * rows * nbytes / 2
+            rate = {name: statistics.median(flops / t / 1e12 for t in ts) for name, ts in times.items()}
+            gbs = statistics.median(nbytes / t / 1e9 for t in times["vcfslm"])
+            line = (f"| {rows} | {rate['oneDNN']:.3f} | {rate['vcfslm']:.3f} | {gbs:.1f} "
+                    f"| {ratio(times['vcfslm'], times['oneDNN']):.2f} |")
+            if base_lib is not None:
+                line += f" {rate['base']:.3f} | {ratio(times['vcfslm'], times['base']):.2f} |"
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
