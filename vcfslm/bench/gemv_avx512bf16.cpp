@@ -56,11 +56,16 @@ inline void block(const uint16_t* w, const uint16_t* x, int64_t k, uint16_t* y, 
 // outputs = 24 accumulators, 4 weight registers and a broadcast: 29 of 32 zmm), so the loop
 // is bound by vdpbf16ps more than by the read. A block's k is cut into chunks that stay in L1
 // (kChunk pairs x 256 B = 16 KiB), and each chunk is run for the rows six at a time; partial
-// sums wait in `part`. The first group's pass reads the chunk from memory and prefetches:
-// into L2 what comes kTiledPrefetch bytes later, so the DRAM read of the next chunks overlaps
-// the compute of this one (the hardware prefetcher alone left ~20% on the table; 16-64 KiB
-// ahead measured alike), and into L1 what it reads kNearPrefetch bytes later (2-6% faster at
-// 8-32 rows on AVX512-BF16 EPYC; 1-4 KiB measured alike). The other groups find it in L1.
+// sums wait in `part`. The first group's pass reads the chunk from memory; the other groups
+// find it in L1. Two software prefetches keep the memory busy meanwhile:
+// - into L2, what comes kTiledPrefetch bytes later, so the DRAM read of the next chunks
+//   overlaps the compute of this one (the hardware prefetcher alone left ~20% on the table;
+//   16-64 KiB ahead measured alike). Every group's pass issues its share of these, row r by
+//   group r % groups: issued by the first group alone they came in a burst, and the memory
+//   idled through the other groups' passes (spread: 1.05-1.2x at 8-32 rows on AVX512-BF16
+//   EPYC);
+// - into L1, by the first group, what it reads kNearPrefetch bytes later (2-6% at 8-32 rows;
+//   1-4 KiB measured alike).
 constexpr int64_t kChunk = 64;
 constexpr int kGroup = 6;
 constexpr int64_t kTiledPrefetch = 64 * 1024;
@@ -68,18 +73,21 @@ constexpr int64_t kNearPrefetch = 2 * 1024;
 
 template <int M>
 inline void tile(const uint16_t* w, const uint32_t* xp, int64_t pairs, int64_t r0, int64_t rn,
-                 float* part, bool first, bool prefetch) {
+                 float* part, bool first, int64_t group, int64_t groups) {
   __m512 acc[M][4];
   for (int m = 0; m < M; ++m)
     for (int z = 0; z < 4; ++z) acc[m][z] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + m * kBlock + 16 * z);
+  int64_t mine = r0 + (group - r0 % groups + groups) % groups;   // the first row whose L2 prefetch is this group's
   for (int64_t r = r0; r < r0 + rn; ++r) {
-    const uint16_t* row = w + r * kRow;
-    if (prefetch)  // past the weight's end is harmless: a prefetch never faults
-      for (int l = 0; l < 4; ++l) {
-        _mm_prefetch(reinterpret_cast<const char*>(row) + kTiledPrefetch + 64 * l, _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(row) + kNearPrefetch + 64 * l, _MM_HINT_T0);
-      }
-    pair_step<M>(row, xp, pairs, r, acc);
+    const char* row = reinterpret_cast<const char*>(w + r * kRow);
+    // Past the weight's end is harmless: a prefetch never faults.
+    if (r == mine) {
+      for (int l = 0; l < 4; ++l) _mm_prefetch(row + kTiledPrefetch + 64 * l, _MM_HINT_T1);
+      mine += groups;
+    }
+    if (group == 0)
+      for (int l = 0; l < 4; ++l) _mm_prefetch(row + kNearPrefetch + 64 * l, _MM_HINT_T0);
+    pair_step<M>(w + r * kRow, xp, pairs, r, acc);
   }
   for (int m = 0; m < M; ++m)
     for (int z = 0; z < 4; ++z) _mm512_storeu_ps(part + m * kBlock + 16 * z, acc[m][z]);
@@ -88,20 +96,21 @@ inline void tile(const uint16_t* w, const uint32_t* xp, int64_t pairs, int64_t r
 inline void block_tiled(const uint16_t* w, const uint16_t* x, int64_t k, uint16_t* y, int64_t n, int64_t rows) {
   alignas(64) float part[32 * kBlock];
   const int64_t pairs = k / 2;
+  const int64_t groups = (rows + kGroup - 1) / kGroup;
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(x);
   for (int64_t r0 = 0; r0 < pairs; r0 += kChunk) {
     const int64_t rn = pairs - r0 < kChunk ? pairs - r0 : kChunk;
-    for (int64_t g = 0; g < rows; g += kGroup) {
-      const int64_t m = rows - g < kGroup ? rows - g : kGroup;
-      const uint32_t* xg = xp + g * pairs;
-      float* pg = part + g * kBlock;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t m = rows - g * kGroup < kGroup ? rows - g * kGroup : kGroup;
+      const uint32_t* xg = xp + g * kGroup * pairs;
+      float* pg = part + g * kGroup * kBlock;
       switch (m) {
-        case 1: tile<1>(w, xg, pairs, r0, rn, pg, r0 == 0, g == 0); break;
-        case 2: tile<2>(w, xg, pairs, r0, rn, pg, r0 == 0, g == 0); break;
-        case 3: tile<3>(w, xg, pairs, r0, rn, pg, r0 == 0, g == 0); break;
-        case 4: tile<4>(w, xg, pairs, r0, rn, pg, r0 == 0, g == 0); break;
-        case 5: tile<5>(w, xg, pairs, r0, rn, pg, r0 == 0, g == 0); break;
-        default: tile<6>(w, xg, pairs, r0, rn, pg, r0 == 0, g == 0); break;
+        case 1: tile<1>(w, xg, pairs, r0, rn, pg, r0 == 0, g, groups); break;
+        case 2: tile<2>(w, xg, pairs, r0, rn, pg, r0 == 0, g, groups); break;
+        case 3: tile<3>(w, xg, pairs, r0, rn, pg, r0 == 0, g, groups); break;
+        case 4: tile<4>(w, xg, pairs, r0, rn, pg, r0 == 0, g, groups); break;
+        case 5: tile<5>(w, xg, pairs, r0, rn, pg, r0 == 0, g, groups); break;
+        default: tile<6>(w, xg, pairs, r0, rn, pg, r0 == 0, g, groups); break;
       }
     }
   }
