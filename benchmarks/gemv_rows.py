@@ -5,6 +5,7 @@ by side in one run.
     .venv/bin/python benchmarks/gemv_rows.py                     # 4 Phi-3-mini layers, 9 rounds
     .venv/bin/python benchmarks/gemv_rows.py --base HEAD~1       # this tree's loop against that revision's
     .venv/bin/python benchmarks/gemv_rows.py --rows 5,6,8 --rounds 15
+    .venv/bin/python benchmarks/gemv_rows.py --base HEAD~1 --engine-layers 8   # and the engine's TPOT/TTFT on each loop
 
 The weight set is Phi-3-mini's four linear shapes (qkv 3072->9216, o 3072->3072, gate_up
 3072->16384, down 8192->3072) repeated `--layers` times: far larger than any cache, so every
@@ -17,8 +18,16 @@ hits them alike. Kernels:
 - vcfslm's GEMV (vcfslm.bench.gemv), this tree's source;
 - with `--base REV`: the same loop built from REV's source (same compiler and flags).
 Each kernel's TFLOP/s and weight GB/s are medians over rounds; each ratio is the median of
-its per-round time ratio (below 1: the first is faster). Like a rank (rank.sh), the run puts
-large allocations on 2 MiB pages. Nothing here asserts.
+its per-round time ratio (below 1: the first is faster).
+
+With `--base` and `--engine-layers N`, the engine itself is then timed on both loops: one
+process loads synthetic:phi-3-mini with N of its 32 layers, packed and compiled as a rank
+runs it, and for each of `--engine-batches` runs generation windows (`--prompt` tokens in,
+16 out) with the two libraries taking turns (gemv.library_in_use), the order flipping every
+round. Same graphs, same weights, same process: only the loop differs. The table gives TPOT
+and TTFT per loop (medians) and the median per-round ratio this tree / base, with its range.
+
+Like a rank (rank.sh), the run puts large allocations on 2 MiB pages. Nothing here asserts.
 """
 
 from __future__ import annotations
@@ -112,6 +121,42 @@ def ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
+def engine_table(layers: int, batches: list[int], prompt: int, rounds: int, lib, base_lib, base: str) -> None:
+    """Prints the engine's TPOT and TTFT on this tree's loop and on `base`'s, taking turns in
+    one process (see the module's docstring), a row per batch as it is measured."""
+    from decode_efficiency import engine_window, spec_for
+
+    from vcfslm.bench.engine import DecodeEngine, synthetic_prompt
+    from vcfslm.bench.model import load_model
+
+    tokens = 16
+    replica = load_model(spec_for(layers), seed=0, max_context=prompt + tokens)
+    engine = DecodeEngine(replica.model, "compile")
+    print(f"engine: {spec_for(layers)}, {engine.label}; prompt {prompt}, {tokens} generated, "
+          f"{rounds} rounds per batch")
+    print(f"| batch | {base} TPOT ms | this tree TPOT ms | TPOT this / {base} (range) "
+          f"| {base} TTFT s | this tree TTFT s | TTFT this / {base} (range) |")
+    print("|---|---|---|---|---|---|---|", flush=True)
+    with torch.inference_mode():
+        for batch in batches:
+            p = synthetic_prompt(batch, prompt, replica.config.vocab_size, seed=batch)
+            engine_window(engine, p, tokens)   # this shape's compile, discarded
+            got: dict[str, list[dict]] = {"this": [], "base": []}
+            for r in range(rounds):
+                turns = [("base", base_lib), ("this", lib)]
+                for name, library in turns if r % 2 == 0 else turns[::-1]:
+                    with gemv.library_in_use(library):
+                        got[name].append(engine_window(engine, p, tokens))
+            cells = []
+            for key, digits in (("tpot_ms", 1), ("ttft_s", 3)):
+                b = [w[key] for w in got["base"]]
+                t = [w[key] for w in got["this"]]
+                per_round = [x / y for x, y in zip(t, b, strict=True)]
+                cells += [f"{statistics.median(b):.{digits}f}", f"{statistics.median(t):.{digits}f}",
+                          f"{statistics.median(per_round):.3f} ({min(per_round):.2f}-{max(per_round):.2f})"]
+            print(f"| {batch} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=4, help="Phi-3-mini layers' linears in the weight set")
@@ -119,7 +164,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--base", metavar="REV", help="also time the GEMV built from this revision's source")
+    ap.add_argument("--engine-layers", type=int, default=0,
+                    help="with --base: then time the engine on both loops, this many Phi-3-mini layers (0: not)")
+    ap.add_argument("--engine-batches", default="1,8,16")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens of the engine's windows")
+    ap.add_argument("--engine-rounds", type=int, default=6)
     args = ap.parse_args()
+    if args.engine_layers and not args.base:
+        ap.error("--engine-layers compares two loops: it needs --base")
     row_counts = [int(r) for r in args.rows.split(",")]
     if not all(1 <= r <= gemv.MAX_ROWS for r in row_counts):
         ap.error(f"--rows: each must be within 1-{gemv.MAX_ROWS}")
@@ -155,6 +207,10 @@ def main() -> int:
             if base_lib is not None:
                 line += f" {rate['base']:.3f} | {ratio(times['vcfslm'], times['base']):.2f} |"
             print(line, flush=True)
+        if args.engine_layers:
+            del weights, fns
+            engine_table(args.engine_layers, [int(b) for b in args.engine_batches.split(",")],
+                         args.prompt, args.engine_rounds, gemv._library(), base_lib, args.base)
     return 0
 
 

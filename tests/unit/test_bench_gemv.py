@@ -230,9 +230,10 @@ def test_same_numbers_as_f_linear(lib, n, k, rows):
 
 @needs_avx512_bf16
 @needs_compiler
-def test_a_library_builds_from_another_source(tmp_path, lib):
+def test_a_library_builds_from_another_source_and_stands_in(tmp_path, settled, lib):
     """What benchmarks/gemv_rows.py --base does: the loop of another revision, built and
-    loaded beside this one; a source that does not compile is named in the error."""
+    loaded beside this one, and run in its place for a block; a source that does not compile
+    is named in the error."""
     other = tmp_path / "other.cpp"
     other.write_text(gemv.SOURCE.read_text().replace("kNearPrefetch = 2 * 1024", "kNearPrefetch = 4 * 1024"))
     older = gemv.load(gemv.build(tmp_path, "other.so", source=other))
@@ -242,6 +243,11 @@ def test_a_library_builds_from_another_source(tmp_path, lib):
     for rows in (3, 9):
         x = torch.randn(rows, 96, generator=gen).to(torch.bfloat16)
         assert torch.equal(gemv.run(x, packed, 128, older), gemv.run(x, packed, 128, lib))
+    own = gemv._library()
+    with pytest.raises(KeyError), gemv.library_in_use(older):
+        assert gemv._library() is older   # what every PackedLinear call now runs
+        raise KeyError("a failing window")
+    assert gemv._library() is own         # and after the block, even a failed one, this tree's again
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     with pytest.raises(gemv.GemvBuildError, match="failed on broken.cpp"):

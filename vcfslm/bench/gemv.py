@@ -5,7 +5,7 @@ kernel for a few rows reads its own packed layout at ~0.7 of the read probe on t
 measured (benchmarks/gemv_hypotheses.py prints the comparison). The loop in
 `gemv_avx512bf16.cpp` reads the same bytes, in the same layout, at ~0.9 for 1-6 rows; for
 7-32 rows (decode at batch 16, a short prompt's prefill) it runs the weight in L1-sized
-chunks with L2 and L1 prefetches ahead and does ~1.05-1.3x oneDNN's FLOP rate at the same rows
+chunks with L2 and L1 prefetches ahead and does ~1.05-1.5x oneDNN's FLOP rate at the same rows
 (benchmarks/gemv_rows.py prints both, row count by row count)
 (at 48-64 rows the two are even, so longer prefills stay on oneDNN). Nothing is copied or
 repacked, so a replica still holds one copy of its weights; only the few-row calls change
@@ -27,6 +27,7 @@ Each packed weight is checked again when it is packed (vcfslm.bench.linear's pac
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -224,6 +225,19 @@ def layout_matches(lib: ctypes.CDLL) -> tuple[bool, str]:
             return False, (f"oneDNN packed a test weight in a layout other than AB16b64a2b "
                            f"(max relative error {err:.3g} at {rows} rows)")
     return True, "layout AB16b64a2b checked"
+
+
+@contextlib.contextmanager
+def library_in_use(lib: ctypes.CDLL):
+    """Every GEMV call of this process runs `lib` inside the block: a benchmark sets another
+    build of the loop beside this one on the same packed model (each weight's address is the
+    weight's, not the library's, so nothing else changes)."""
+    previous = _library()
+    _state["lib"] = lib
+    try:
+        yield lib
+    finally:
+        _state["lib"] = previous
 
 
 def _library() -> ctypes.CDLL:
