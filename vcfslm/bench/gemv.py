@@ -3,13 +3,13 @@
 Decode at small batch is a weight stream: every byte of every linear once per step. oneDNN's
 kernel for a few rows reads its own packed layout at ~0.7 of the read probe on the CPUs
 measured (benchmarks/gemv_hypotheses.py prints the comparison). The loop in
-`gemv_avx512bf16.cpp` reads the same bytes, in the same layout, at ~0.9 for 1-6 rows; for
-7-32 rows (decode at batch 16, a short prompt's prefill) it runs the weight in L1-sized
-chunks with L2 and L1 prefetches ahead and does ~1.05-1.5x oneDNN's FLOP rate at the same rows
-(benchmarks/gemv_rows.py prints both, row count by row count)
-(at 48-64 rows the two are even, so longer prefills stay on oneDNN). Nothing is copied or
-repacked, so a replica still holds one copy of its weights; only the few-row calls change
-kernel.
+`gemv_avx512bf16.cpp` reads the same bytes, in the same layout, at ~0.9 for 1-4 rows, and
+streams 5-6 rows the same way (one pass holds them); for 7-32 rows (decode at batch 16, a
+short prompt's prefill) it runs the weight in L1-sized chunks with L2 and L1 prefetches
+ahead and does ~1.05-1.5x oneDNN's FLOP rate at the same rows (at 48-64 rows the two are
+even, so longer prefills stay on oneDNN; benchmarks/gemv_rows.py prints both, row count by
+row count). Nothing is copied or repacked, so a replica still holds one copy of its
+weights; only the few-row calls change kernel.
 
 It is used only where all of these hold, and `status()` says which one did not:
 - the CPU has AVX512-BF16 (`vdpbf16ps`), so oneDNN packs bf16 weights (the engine's
