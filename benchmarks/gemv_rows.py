@@ -66,7 +66,10 @@ def base_library(rev: str, folder: Path):
         raise SystemExit(f"--base {rev}: git show {rev}:{rel} failed: {shown.stderr.decode().strip()}")
     source = folder / f"base-{gemv.SOURCE.name}"
     source.write_bytes(shown.stdout)
-    return gemv.load(gemv.build(folder, "base.so", source=source))
+    try:
+        return gemv.load(gemv.build(folder, "base.so", source=source))
+    except gemv.GemvBuildError as exc:   # a revision before this ABI, or one that does not build here
+        raise SystemExit(f"--base {rev}: {exc}") from exc
 
 
 def weight_set(layers: int, min_rows: int) -> list[tuple[int, int, torch.Tensor, int]]:
@@ -109,8 +112,9 @@ def measure(fns: dict, rows: int, rounds: int) -> dict[str, list[float]]:
     with torch.inference_mode():
         for fn in fns.values():   # warm each code path once
             fn(xs)
-        for _ in range(rounds):
-            for name, fn in fns.items():
+        for r in range(rounds):
+            turns = list(fns.items())
+            for name, fn in turns if r % 2 == 0 else turns[::-1]:   # no kernel always runs first
                 started = time.perf_counter()
                 fn(xs)
                 times[name].append(time.perf_counter() - started)
