@@ -17,7 +17,6 @@ Without Go + govmomi sources or OpenSSH the fixtures skip with the reason
 from __future__ import annotations
 
 import secrets
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,18 +126,12 @@ def lab(tmp_path_factory, vcsim_server, ssh_guests) -> LabInfo:
     directory = tmp_path_factory.mktemp("lab")
     state = lab_mod.LabState(dir=directory, nodes=len(ssh_guests), vcsim=vcsim_server.vcsim,
                              guests=list(ssh_guests), inventory=directory / "inventory.yaml",
-                             env_file=directory / "lab.env", bench_port=_free_port())
+                             env_file=directory / "lab.env", bench_port=guests.free_port(""))
     lab_mod.write_lab_files(state, vcsim_server.password)
     env = generate.parse_env_file(state.env_file.read_text())
     return LabInfo(dir=directory, vcsim=vcsim_server, guests=list(ssh_guests),
                    inventory=state.inventory, env_file=state.env_file,
                    password=vcsim_server.password, env=env)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 __all__ = ["LabInfo", "VcsimServer", "lab", "provisioned_lab", "ssh_guests", "vcsim_binary", "vcsim_server"]

@@ -27,7 +27,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -198,7 +197,10 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
             dir=directory, nodes=nodes, vcsim=previous.vcsim if previous else None,
             guests=list(previous.guests) if previous else [],
             inventory=directory / "inventory.yaml", env_file=directory / "lab.env",
-            bench_port=previous.bench_port if previous else _free_port(),
+            # A kernel-picked port, not 29500 (torchrun's and vLLM's default, which other
+            # processes on the machine may take): the rendezvous binds it only when a bench
+            # starts, long after `lab up` found it free.
+            bench_port=previous.bench_port if previous else guests.free_port(""),
             fresh=previous.fresh if previous and fresh_guests else None,
             wheelhouse=previous.wheelhouse if previous and fresh_guests else None))
         if previous and previous.fresh and not fresh_guests:
@@ -481,13 +483,3 @@ def down(directory: Path, reporter: Reporter | None = None) -> list[str]:
         for path in (state.inventory, state.env_file, state.state_file):
             path.unlink(missing_ok=True)
         return stopped
-
-
-def _free_port() -> int:
-    """A port nothing listens on, picked by the kernel. Not 29500, the port torchrun's
-    static rendezvous and vLLM's data-parallel master default to, which other processes
-    on the machine may take; and the lab's rendezvous binds its port only when
-    a bench starts, long after `lab up` found it free."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
