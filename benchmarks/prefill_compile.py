@@ -34,7 +34,10 @@ OUTPUT_TOKENS = 32   # the store's room after the prompt, as a static window has
 
 
 class Prefill(torch.nn.Module):
-    """The engine's prefill forward (DecodeEngine.prefill) as a module torch.compile can trace."""
+    """The engine's prefill forward (DecodeEngine.prefill) as a module torch.compile can trace:
+    `torch.compile(engine.prefill, fullgraph=True)` itself fails in Inductor on the store's
+    in-place update ("Cannot set version_counter for inference tensor"), with the store's
+    layers passed in as a module input it compiles."""
 
     def __init__(self, model):
         super().__init__()

@@ -25,6 +25,8 @@ def run_processes(run_id: str) -> list[str]:
 
 
 def assert_complete(run_dir: Path, nodes: int, ranks_per_node: int, scenarios: int, repeats: int):
+    """Every rank, scenario and window of the run is there and sound; returns (meta, records)
+    for a caller's own checks."""
     meta, records = load_run(run_dir)
     assert meta.complete and meta.failure is None
     assert len(meta.nodes) == nodes
@@ -45,3 +47,4 @@ def assert_complete(run_dir: Path, nodes: int, ranks_per_node: int, scenarios: i
     # every rank's facts came back: the engine it ran and its numerics gate
     assert set(meta.ranks) == {str(r.rank) for r in records}
     assert all(f["numerics"]["passed"] and f["pack"]["linears"] == 9 for f in meta.ranks.values())
+    return meta, records

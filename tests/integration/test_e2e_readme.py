@@ -22,7 +22,6 @@ import yaml
 from run_checks import assert_complete, run_processes
 
 from vcfslm.lab import generate
-from vcfslm.results import load_run
 
 pytestmark = pytest.mark.integration
 
@@ -138,8 +137,7 @@ def test_both_runs_complete_and_the_report_answers(walkthrough):
     ranks = inv["bench"]["ranks_per_node"]
     for run, nodes in (("lab-1n", 1), ("lab-4n", 4)):
         # every rank, every scenario, every window, its skew, its numerics gate and its log
-        assert_complete(work / "runs" / run, nodes, ranks, len(inv["bench"]["batch_sizes"]), 1)
-        meta, records = load_run(work / "runs" / run)
+        _, records = assert_complete(work / "runs" / run, nodes, ranks, len(inv["bench"]["batch_sizes"]), 1)
         assert {(r.batch_per_rank, r.input_tokens) for r in records} == {(b, 16) for b in inv["bench"]["batch_sizes"]}
         assert not run_processes(run)
     cluster = next(p.stdout for c, p in outputs.items() if "--run-id lab-4n" in c)

@@ -1,5 +1,10 @@
 """The parallel suite's grouping (tests/conftest.py): shared fixtures stay on one worker."""
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 from conftest import xdist_group_for
 
 
@@ -21,11 +26,6 @@ def test_xdist_keeps_a_marked_group_on_one_worker(tmp_path):
     """The mechanism make test relies on, run for real: a module-scoped fixture's tests land
     on one worker under `-n 2 --dist loadgroup` (a pytest or xdist release that drops the
     group spreads them, and every worker would build the fixture again)."""
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
-
     shutil.copy(Path(__file__).resolve().parents[1] / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_shared.py").write_text(
         "import os, pytest\n"
