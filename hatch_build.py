@@ -1,5 +1,7 @@
 """The wheel's build hook: it compiles vcfslm's GEMV library into the wheel, so a guest that
-installs the wheel runs the kernel without a compiler of its own.
+installs the wheel runs the kernel without a compiler of its own; and, when the build runs
+beside torch (the project's guest wheel is built without isolation, in the operator's venv),
+the library of the GEMV's op (vcfslm.bench.gemv_op), named for that torch's version.
 
 The library is plain C ABI code loaded with ctypes (no Python ABI in it), built for x86-64
 with AVX512-BF16 instructions; vcfslm.bench.gemv runs it only on a CPU that has them and
@@ -11,26 +13,30 @@ Editable installs skip it: a source checkout builds into its cache folder (`make
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import platform
 import sys
+import types
 from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 ROOT = Path(__file__).resolve().parent
-GEMV_MODULE = ROOT / "vcfslm" / "bench" / "gemv.py"
+BENCH_DIR = ROOT / "vcfslm" / "bench"
 WHEEL_DIR = "vcfslm/bench/kernels"
+BUILD_PACKAGE = "_vcfslm_kernel_build"
 
 
-def _gemv():
-    """vcfslm.bench.gemv by path: the build needs none of the package's dependencies."""
-    name = "_vcfslm_gemv_build"
-    spec = importlib.util.spec_from_file_location(name, GEMV_MODULE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module   # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def _bench_module(name: str):
+    """vcfslm.bench's `name` from this checkout, under a package of its own whose __init__ is
+    empty: the build needs none of vcfslm's dependencies (gemv_op's relative import of gemv
+    resolves within it)."""
+    if BUILD_PACKAGE not in sys.modules:
+        package = types.ModuleType(BUILD_PACKAGE)
+        package.__path__ = [str(BENCH_DIR)]
+        sys.modules[BUILD_PACKAGE] = package
+    return importlib.import_module(f"{BUILD_PACKAGE}.{name}")
 
 
 class KernelBuildHook(BuildHookInterface):
@@ -41,7 +47,7 @@ class KernelBuildHook(BuildHookInterface):
             return
         if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
             return
-        gemv = _gemv()
+        gemv = _bench_module("gemv")
         try:
             # Into the kernel cache, under the wheel's name: pip builds twice (metadata, then
             # the wheel), and an unchanged source is compiled once.
@@ -52,3 +58,11 @@ class KernelBuildHook(BuildHookInterface):
         build_data["force_include"][str(lib)] = f"{WHEEL_DIR}/{lib.name}"
         build_data["pure_python"] = False
         build_data["tag"] = "py3-none-linux_x86_64"
+        if importlib.util.find_spec("torch") is None:
+            return   # an isolated build: the op's library is built where it runs
+        try:
+            op = _bench_module("gemv_op").build_packaged(gemv.cache_dir())
+        except gemv.GemvBuildError as exc:
+            sys.stderr.write(f"vcfslm: the wheel goes without the GEMV op's library ({exc})\n")
+            return
+        build_data["force_include"][str(op)] = f"{WHEEL_DIR}/{op.name}"

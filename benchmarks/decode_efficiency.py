@@ -58,7 +58,7 @@ ask_for_huge_pages()  # the rank's environment (rank.sh): weights on 2 MiB pages
 import torch  # noqa: E402
 
 from vcfslm import roofline  # noqa: E402
-from vcfslm.bench import gemv, linear, probe  # noqa: E402
+from vcfslm.bench import gemv, gemv_op, linear, probe  # noqa: E402
 from vcfslm.bench.engine import (  # noqa: E402
     DecodeEngine,
     current_rss_bytes,
@@ -199,13 +199,47 @@ def linears_alone_ms(model, rows: int, repeats: int = 5) -> float:
     return best * 1000
 
 
+class KernelTime:
+    """The time inside the linears' kernels while `on`: the eager and oneDNN calls
+    (vcfslm.bench.linear._run, timed around the call) and a compiled graph's vcfslm::gemv
+    calls (timed inside the op, in C++: a Python timer there would be the call path it
+    measures)."""
+
+    def __init__(self):
+        self._s = 0.0
+        self.on = True
+
+    def add(self, seconds: float) -> None:
+        if self.on:
+            self._s += seconds
+
+    def pause(self) -> None:
+        self._s += gemv_op.take_seconds()
+        self.on = False
+        gemv_op.set_mode(gemv_op.RUN)
+
+    def resume(self) -> None:
+        gemv_op.take_seconds()
+        self.on = True
+        gemv_op.set_mode(gemv_op.TIMED)
+
+    def reset(self) -> None:
+        gemv_op.take_seconds()
+        self._s = 0.0
+
+    @property
+    def seconds(self) -> float:
+        self._s += gemv_op.take_seconds()
+        return self._s
+
+
 @contextlib.contextmanager
 def linear_kernels(skip: bool):
-    """Every linear's kernel (vcfslm.bench.linear._run, which the compiled graph's op and the
-    eager module both call) timed while `timing["on"]`; with `skip`, replaced by an empty
-    output of its shape. Yields that dict; its "s" collects the seconds."""
+    """Every linear's kernel timed while the yielded KernelTime is on; with `skip`, replaced
+    by an uninitialised output of its shape (vcfslm.bench.linear._run, which the eager module
+    and vcfslm::linear call, and vcfslm::gemv's skip mode)."""
     real = linear._run
-    timing = {"s": 0.0, "on": True}
+    timing = KernelTime()
 
     def run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
         started = time.perf_counter()
@@ -214,13 +248,15 @@ def linear_kernels(skip: bool):
                 return torch.empty(x2.shape[0], out_features, dtype=x2.dtype)
             return real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features)
         finally:
-            if timing["on"]:
-                timing["s"] += time.perf_counter() - started
+            timing.add(time.perf_counter() - started)
 
     linear._run = run
+    gemv_op.take_seconds()
+    gemv_op.set_mode(gemv_op.SKIP if skip else gemv_op.TIMED)
     try:
         yield timing
     finally:
+        gemv_op.set_mode(gemv_op.RUN)
         linear._run = real
 
 
@@ -234,11 +270,11 @@ def step_split(engine, prompt, tokens: int, windows: int = 2) -> dict:
     for _ in range(windows):
         with linear_kernels(skip=False) as timing:
             def prefill(*a, **k):
-                timing["on"] = False
+                timing.pause()
                 try:
                     return real_prefill(*a, **k)
                 finally:
-                    timing["on"] = True
+                    timing.resume()
 
             engine.prefill = prefill
             try:
@@ -248,7 +284,7 @@ def step_split(engine, prompt, tokens: int, windows: int = 2) -> dict:
         with linear_kernels(skip=True):
             bare = engine_window(engine, prompt, tokens)
         out["tpot"].append(timed["tpot_ms"])
-        out["linears"].append(timing["s"] / (tokens - 1) * 1000)
+        out["linears"].append(timing.seconds / (tokens - 1) * 1000)
         out["skipped"].append(bare["tpot_ms"])
     return {k: median(v) for k, v in out.items()}
 
@@ -264,12 +300,13 @@ def step_against_linears(engine, prompt, tokens: int, windows: int = 3) -> dict:
     step_over, kernels_over = [], []
     with linear_kernels(skip=False) as timing:
         def run_step(*a, **k):
-            timing["s"], timing["on"] = 0.0, True   # what the prefill added is dropped here
+            timing.reset()   # what the prefill added is dropped here
+            timing.resume()
             started = time.perf_counter()
             out = real_step(*a, **k)
             step = time.perf_counter() - started
-            kernels = timing["s"]
-            timing["on"] = False
+            kernels = timing.seconds
+            timing.pause()
             started = time.perf_counter()
             run_linears()
             alone = time.perf_counter() - started

@@ -25,8 +25,9 @@ Rows:
   thread against the plain read with one thread, with software prefetch 512 to 4096 bytes
   ahead, and on a copy of the packed bytes in 2 MiB transparent huge pages;
 - the call path around the GEMV: the eager PackedLinear's function, the vcfslm::linear op
-  through the dispatcher (what a compiled graph calls), and the same kernel registered
-  through torch.library.custom_op.
+  through the dispatcher (what a compiled graph calls where vcfslm::gemv does not run), the
+  vcfslm::gemv op (C++ to the kernel: what a compiled graph calls), and the same kernel
+  registered through torch.library.custom_op.
 
 Like a rank (rank.sh), the run puts large allocations on 2 MiB pages (THP_MEM_ALLOC_ENABLE).
 """
@@ -56,7 +57,7 @@ ask_for_huge_pages()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import gemv, linear  # noqa: E402
+from vcfslm.bench import gemv, gemv_op, linear  # noqa: E402
 
 SHAPES = ((9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192))
 LM_HEAD = (32064, 3072)
@@ -197,9 +198,13 @@ def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], in
         add("vcfslm GEMV via linear_eager (an eager PackedLinear)", "the engine's eager call path",
             lambda: [linear.linear_eager(x1[w.shape[1]], p, None, w.shape[0], linear.ONEDNN_PACKED, 4, gemv_rows)
                      for w, p in zip(ws, packed, strict=True)])
-        add("vcfslm GEMV via the vcfslm::linear op", "the dispatcher call a compiled graph makes",
+        add("vcfslm GEMV via the vcfslm::linear op", "the dispatcher and the op's Python kernel",
             lambda: [torch.ops.vcfslm.linear.default(x1[w.shape[1]], p, None, w.shape[0], linear.ONEDNN_PACKED, 4,
                                                      gemv_rows) for w, p in zip(ws, packed, strict=True)])
+        if gemv_op.usable():
+            weights_at = [torch.ops.mkldnn.data_ptr(p) for p in packed]   # as each PackedLinear holds it
+            add("vcfslm GEMV via the vcfslm::gemv op", "what a compiled graph calls: C++ to the kernel",
+                lambda: [gemv_op.call(x1[w.shape[1]], a, w.shape[0], None) for w, a in zip(ws, weights_at, strict=True)])
         twin = _custom_op_twin()
         add("vcfslm GEMV via a torch.library.custom_op twin", "custom_op's wrappers around the same kernel",
             lambda: [twin(x1[w.shape[1]], p, None, w.shape[0], linear.ONEDNN_PACKED, 4, gemv_rows)

@@ -56,7 +56,7 @@ def outside_linears_ms(engine: DecodeEngine, prompt: torch.Tensor, store, repeat
         for _ in range(repeats):
             engine.prefill(prompt, store)
         total = time.perf_counter() - started
-    return (total - timing["s"]) * 1e3 / repeats
+    return (total - timing.seconds) * 1e3 / repeats
 
 
 def measure(engine: DecodeEngine, batch: int, length: int, rounds: int) -> dict:

@@ -51,10 +51,12 @@ def test_the_kernels_are_timed_only_while_on_and_skipped_ones_keep_their_shape(b
     x2 = torch.zeros(3, 8, dtype=torch.bfloat16)
     with bench.linear_kernels(skip=False) as timing:
         assert linear._run(x2, None, None, "k", 1, 0, 5).sum() == 15
-        counted = timing["s"]
-        timing["on"] = False
+        counted = timing.seconds
+        timing.pause()
         linear._run(x2, None, None, "k", 1, 0, 5)
-        assert timing["s"] == counted > 0
+        assert timing.seconds == counted > 0
+        timing.reset()
+        assert timing.seconds == 0
     assert linear._run is real and calls == [5, 5]
     with bench.linear_kernels(skip=True):
         y = linear._run(x2, None, None, "k", 1, 0, 7)

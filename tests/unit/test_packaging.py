@@ -1,5 +1,6 @@
 """The wheel carries templates/, playbooks/, inventories/ and platforms/, found at run time from
-it, and the GEMV library built for it, so a guest without a compiler runs the kernel."""
+it, and the GEMV library built for it, so a guest without a compiler runs the kernel (and,
+built beside torch, the GEMV op's library for that torch)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,21 @@ def test_wheel_carries_the_gemv_library_for_its_source(wheel, tmp_path):
     assert wheel.name.endswith("-py3-none-linux_x86_64.whl")
     zipfile.ZipFile(wheel).extract(name, tmp_path)
     assert gemv.load(tmp_path / name).vcfslm_gemv_abi() == gemv.ABI
+
+
+@pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV into the wheel")
+def test_wheel_built_beside_torch_carries_the_gemv_ops_library_for_that_torch(wheel, tmp_path):
+    torch = pytest.importorskip("torch")
+    from vcfslm.bench import gemv_op
+
+    name = f"vcfslm/bench/kernels/{gemv_op.packaged_name(gemv_op.SOURCE.read_bytes(), torch.__version__)}"
+    assert name in zipfile.ZipFile(wheel).namelist()
+    zipfile.ZipFile(wheel).extract(name, tmp_path)
+    # In a process of its own: loading it registers vcfslm::gemv, which this one may hold.
+    code = f"import ctypes, torch; print(ctypes.CDLL({str(tmp_path / name)!r}).vcfslm_gemv_op_abi())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(gemv_op.ABI)
 
 
 def test_wheel_without_a_compiler_is_pure_and_still_builds(tmp_path):

@@ -128,24 +128,26 @@ def packaged_library(folder: Path = PACKAGED_DIR) -> Path | None:
     return path if path.is_file() else None
 
 
-def build(folder: Path | None = None, name: str | None = None, source: Path = SOURCE) -> Path:
-    """The library for this source and compiler, compiled into `folder` (as `name`) when
-    missing. Ranks starting together each compile to a file of their own and rename it into
-    place. source: another revision's loop, for a benchmark to set beside this one."""
+def build(folder: Path | None = None, name: str | None = None, source: Path = SOURCE,
+          flags: tuple[str, ...] = FLAGS) -> Path:
+    """The library for this source, compiler and flags, compiled into `folder` (as `name`)
+    when missing. Ranks starting together each compile to a file of their own and rename it
+    into place. source: another revision's loop, for a benchmark to set beside this one (or
+    vcfslm.bench.gemv_op's source, with its flags)."""
     cxx = compiler()
     if cxx is None:
         raise GemvBuildError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     version = version.splitlines()[0] if version else cxx
     folder = folder or cache_dir()
-    target = folder / (name or library_name(source.read_bytes(), version))
+    target = folder / (name or library_name(source.read_bytes(), version, flags))
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".so.tmp", dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([cxx, *FLAGS, str(source), "-o", tmp], capture_output=True, text=True, check=False)
+        done = subprocess.run([cxx, *flags, str(source), "-o", tmp], capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise GemvBuildError(f"{cxx} failed on {source.name}: {done.stderr.strip()[-600:]}")
         os.replace(tmp, target)
@@ -229,15 +231,19 @@ def layout_matches(lib: ctypes.CDLL) -> tuple[bool, str]:
 
 @contextlib.contextmanager
 def library_in_use(lib: ctypes.CDLL):
-    """Every GEMV call of this process runs `lib` inside the block: a benchmark sets another
-    build of the loop beside this one on the same packed model (each weight's address is the
-    weight's, not the library's, so nothing else changes)."""
+    """Every GEMV call of this process runs `lib` inside the block, compiled graphs' included:
+    a benchmark sets another build of the loop beside this one on the same packed model (each
+    weight's address is the weight's, not the library's, so nothing else changes)."""
+    from . import gemv_op
+
     previous = _library()
     _state["lib"] = lib
+    gemv_op.point_at(lib)   # compiled graphs call the loop through vcfslm::gemv: that too
     try:
         yield lib
     finally:
         _state["lib"] = previous
+        gemv_op.point_at(previous)
 
 
 def _library() -> ctypes.CDLL:
@@ -293,8 +299,11 @@ def usable_rows() -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from . import gemv_op
+
     parser = argparse.ArgumentParser(prog="python -m vcfslm.bench.gemv",
-                                     description="Build vcfslm's GEMV library and print whether it runs here.")
+                                     description="Build vcfslm's GEMV library and its op's, and print whether "
+                                                 "they run here.")
     parser.parse_args(argv)
     out = status().to_dict()
     if out["library"] is None and compiler() is not None:
@@ -303,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             out["library"] = str(build())
         except GemvBuildError as exc:
             out["build_error"] = str(exc)
+    out["op"] = gemv_op.status().to_dict()
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     return 0
 

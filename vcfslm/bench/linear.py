@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import gemv
+from . import gemv, gemv_op
 
 ONEDNN_PACKED = "onednn-packed"
 DENSE_BF16 = "dense-bf16"
@@ -206,9 +206,16 @@ def _linear_fake(x, weight, bias, out_features, kernel, min_rows, gemv_rows):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-           kernel: str, min_rows: int, gemv_rows: int) -> torch.Tensor:
-    """The op under torch.compile; eager, its kernel called directly (no dispatcher)."""
+           kernel: str, min_rows: int, gemv_rows: int, gemv_address: int = 0) -> torch.Tensor:
+    """The op under torch.compile; eager, its kernel called directly (no dispatcher).
+
+    Compiled, the GEMV's rows go to vcfslm::gemv when its op runs here (gemv_address: the
+    packed weight's, else 0): C++ from the graph to the kernel (vcfslm.bench.gemv_op)."""
     if torch.compiler.is_compiling():
+        rows = x.numel() // x.shape[-1]
+        if gemv_address and rows <= gemv_rows:
+            y = gemv_op.call(x.reshape(rows, x.shape[-1]), gemv_address, out_features, bias)
+            return y.view(*x.shape[:-1], out_features)
         return torch.ops.vcfslm.linear.default(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
     return linear_eager(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
 
@@ -227,6 +234,7 @@ class PackedLinear(torch.nn.Module):
         self.min_rows = plan.min_rows
         self.weight_nbytes = weight.numel() * weight.element_size()
         self.gemv_rows = 0
+        self.gemv_address = 0   # the packed buffer's, where compiled graphs call vcfslm::gemv
         if plan.kernel == ONEDNN_PACKED:
             stored = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), plan.min_rows)
             # Shapes outside the GEMV's whole blocks stay on oneDNN at every row count.
@@ -236,6 +244,8 @@ class PackedLinear(torch.nn.Module):
                     raise ValueError(f"the plan asks for vcfslm's GEMV, which does not run here: "
                                      f"{gemv.status().reason}")
                 self.gemv_rows = plan.gemv_rows
+                if gemv_op.usable():
+                    self.gemv_address = torch.ops.mkldnn.data_ptr(stored)
         else:
             stored = weight.detach().contiguous()
         # Buffers, not parameters: nothing may treat them as trainable or re-materialise them.
@@ -246,10 +256,11 @@ class PackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.packed_weight, self.bias, self.out_features, self.kernel, self.min_rows,
-                      self.gemv_rows)
+                      self.gemv_rows, self.gemv_address)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, gemv_rows={self.gemv_rows}"
+        return (f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, gemv_rows={self.gemv_rows}, "
+                f"gemv_op={bool(self.gemv_address)}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,136 @@
+"""What a batch-1 decode step costs beyond its weight reads, by how the compiled step calls
+its GEMV: each path's step against a pass of the same linears alone, paired step by step.
+
+    .venv/bin/python benchmarks/step_call_path.py                 # 8 Phi-3-mini layers, 300 steps
+    .venv/bin/python benchmarks/step_call_path.py --layers 2 --steps 40 --cpp-wrapper
+
+One engine, one packed model and one KV store; the step is compiled once per path and the
+paths then take turns, step by step, the order flipping every step, so the host's bandwidth
+drift (2x within seconds here) hits them alike. Each row is the median of its per-turn ratio
+to the linears alone (every packed linear once, back to back, through vcfslm::gemv: the
+step's weight reads and nothing else), with the interquartile range. Paths:
+- vcfslm::linear: the op's Python kernel and ctypes to the loop (the path before
+  vcfslm.bench.gemv_op);
+- vcfslm::gemv: the dispatcher and C++ to the same loop (what the engine compiles now);
+- with --cpp-wrapper, vcfslm::gemv under Inductor's C++ wrapper (no Python between the
+  kernels at all; each graph then takes a C++ compile of its wrapper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from decode_efficiency import cpu_line, spec_for  # noqa: E402
+
+from vcfslm.bench.pages import ask_for_huge_pages  # noqa: E402
+
+ask_for_huge_pages()   # the rank's environment (rank.sh)
+
+import torch  # noqa: E402
+
+from vcfslm.bench import gemv, gemv_op, linear  # noqa: E402
+from vcfslm.bench.engine import DecodeEngine, synthetic_prompt  # noqa: E402
+from vcfslm.bench.model import load_model  # noqa: E402
+
+PROMPT = 32
+
+
+def cpp_wrapper_backend(gm, example_inputs):
+    """Inductor with its C++ wrapper: a backend of its own, so Dynamo keeps this graph beside
+    the engine's (its cache entries are per backend)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch._inductor.config.patch(cpp_wrapper=True):
+        return compile_fx(gm, example_inputs)
+
+
+def turns(paths: dict, steps: int) -> dict[str, list[float]]:
+    """Each path's (prepare, run) in turns, the order flipping every turn; run alone timed."""
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for turn in range(steps):
+        for name in names if turn % 2 == 0 else names[::-1]:
+            prepare, run = paths[name]
+            prepare()
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=8, help="Phi-3-mini layers (32: the full model)")
+    ap.add_argument("--steps", type=int, default=300, help="turns: each path runs this many steps")
+    ap.add_argument("--cpp-wrapper", action="store_true", help="also time the step under Inductor's C++ wrapper")
+    args = ap.parse_args()
+    print(cpu_line())
+    if not gemv_op.usable():
+        print(f"vcfslm::gemv does not run here ({gemv_op.status().reason}): nothing to compare")
+        return 1
+    replica = load_model(spec_for(args.layers), seed=0, max_context=PROMPT + 8)
+    engine = DecodeEngine(replica.model, "compile")
+    modules = [m for m in engine.model.modules() if isinstance(m, linear.PackedLinear)]
+    addresses = [m.gemv_address for m in modules]
+    inputs = {m.in_features: torch.randn(1, m.in_features).to(torch.bfloat16) for m in modules}
+
+    def use_op(on: bool):
+        # Each module's address is part of the compiled graph (Dynamo guards it): zeroed, the
+        # graph traced through vcfslm::linear is the one that runs.
+        for m, address in zip(modules, addresses, strict=True):
+            m.gemv_address = address if on else 0
+
+    def linears_alone():
+        for m, address in zip(modules, addresses, strict=True):
+            x = inputs[m.in_features]
+            if address:
+                gemv_op.call(x, address, m.out_features, m.bias)
+            else:
+                m(x)
+
+    with torch.inference_mode():
+        prompt = synthetic_prompt(1, PROMPT, replica.config.vocab_size, seed=1)
+        store = engine.store_for(1, PROMPT + 8)
+        token = engine.prefill(prompt, store).argmax(-1).view(1, 1).contiguous()
+        position = torch.full((1, 1), PROMPT, dtype=torch.long)
+        rows, live, keep = engine._static_inputs(1)
+
+        def step():
+            engine.run_step(token, position, rows, live, keep, lanes=1)
+
+        paths = {"linears alone, through vcfslm::gemv": (lambda: use_op(True), linears_alone),
+                 "step, vcfslm::linear (Python kernel, ctypes)": (lambda: use_op(False), step),
+                 "step, vcfslm::gemv (C++ to the kernel)": (lambda: use_op(True), step)}
+        if args.cpp_wrapper:
+            wrapped = torch.compile(engine._module, backend=cpp_wrapper_backend, fullgraph=True, dynamic=False)
+            paths["step, vcfslm::gemv, Inductor's C++ wrapper"] = (
+                lambda: use_op(True), lambda: wrapped(token, position, rows, live, keep, store.layers, 1, None, ()))
+        first_call_s = {}
+        for name, (prepare, run) in paths.items():   # each step path compiles its graph here
+            prepare()
+            started = time.perf_counter()
+            run()
+            first_call_s[name] = time.perf_counter() - started
+        times = turns(paths, args.steps)
+    base = next(iter(paths))
+    print(f"engine: {spec_for(args.layers)}, {engine.label}; batch 1, {args.steps} turns")
+    print(f"| path | median ms | / {base} (interquartile range) | first call s (its compile) |")
+    print("|---|---|---|---|")
+    for name in paths:
+        ratios = [a / b for a, b in zip(times[name], times[base], strict=True)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        print(f"| {name} | {statistics.median(times[name]) * 1000:.2f} | {statistics.median(ratios):.3f} "
+              f"({q1:.3f}-{q3:.3f}) | {first_call_s[name]:.1f} |")
+    print(f"vcfslm::gemv: {gemv_op.status().reason}; GEMV {gemv.status().reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""`vcfslm::gemv`, the GEMV as a C++ op: what a compiled step calls for its few-row linears.
+
+Why an op of its own: a batch-1 decode step makes 129 GEMV calls, each right behind a weight
+stream that has just emptied the caches, so whatever runs between two kernels runs on cold
+caches. Through `vcfslm::linear` that is the dispatcher, the op's Python kernel, and ctypes'
+argument conversion, once per call. Through this op the compiled graph's wrapper calls the
+dispatcher and C++ straight to the kernel. Paired step by step at 8 Phi-3-mini layers, the
+step takes 0.97x the time it takes on the Python path (benchmarks/decode_efficiency.py
+prints the call paths' table).
+
+The op's library holds no kernel: it runs the one vcfslm.bench.gemv loaded and checked
+(`gemv.library_in_use` points it at another build, and every compiled graph follows without a
+recompile). Eager calls (the pack check, an eager prefill) stay on the ctypes path; the op is
+checked against it once per process before any graph uses it.
+
+The library links against this torch's C++ API, so its name carries torch's version. It is
+built like the kernel's: by the wheel's build hook when the wheel is built beside torch (the
+project's own guest wheel), else once here into the kernel cache. Where it cannot be had (no
+compiler, no headers), compiled steps keep the Python path and `status()` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import gemv
+
+SOURCE = Path(__file__).with_name("gemv_op.cpp")
+ABI = 1
+# Mode of the op's kernel call (gemv_op.cpp): run, run timed, skip.
+RUN, TIMED, SKIP = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class OpStatus:
+    """Whether compiled graphs call the GEMV through vcfslm::gemv, and if not, why."""
+
+    usable: bool
+    reason: str
+    library: str | None = None
+    origin: str | None = None   # "wheel" or "built here", as for the kernel's library
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ decisions (pure)
+
+
+def flags(torch_dir: Path, torch_version: str, cxx11_abi: bool) -> tuple[str, ...]:
+    """The compiler flags for the op's library against the torch installed at torch_dir. The
+    version is a define nothing reads: it puts torch's version into the library's digest, so
+    another torch builds another library instead of loading one built for its predecessor."""
+    include = torch_dir / "include"
+    return ("-O2", "-std=c++17", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
+            f"-DVCFSLM_TORCH_VERSION={torch_version}", "-isystem", str(include),
+            "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
+            # The libraries come before the source on build()'s command line: keep them.
+            "-L", str(torch_dir / "lib"), "-Wl,--no-as-needed", "-lc10", "-ltorch_cpu")
+
+
+def packaged_name(source: bytes, torch_version: str) -> str:
+    """The library's name inside the wheel: the source and the torch it was built against."""
+    digest = hashlib.sha256(source + b"\0" + torch_version.encode()).hexdigest()[:16]
+    return f"vcfslm-gemv-op-src-{digest}.so"
+
+
+# ------------------------------------------------------------------ build and load
+
+
+def torch_flags() -> tuple[str, ...]:
+    import torch
+
+    return flags(Path(torch.__file__).parent, torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+
+
+def build(folder: Path | None = None) -> Path:
+    """The op's library for this source, compiler and torch, compiled when missing."""
+    return gemv.build(folder, None, SOURCE, torch_flags())
+
+
+def build_packaged(folder: Path) -> Path:
+    """The library under the name the wheel carries it by (the wheel's build hook)."""
+    import torch
+
+    return gemv.build(folder, packaged_name(SOURCE.read_bytes(), torch.__version__), SOURCE, torch_flags())
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Loads the library, which registers vcfslm::gemv with the dispatcher, and gives the op
+    its shape function for torch.compile."""
+    import torch
+
+    lib = ctypes.CDLL(str(path))
+    lib.vcfslm_gemv_op_abi.restype = ctypes.c_int
+    if lib.vcfslm_gemv_op_abi() != ABI:
+        raise gemv.GemvBuildError(f"{path} implements op ABI {lib.vcfslm_gemv_op_abi()}, not {ABI}")
+    lib.vcfslm_gemv_op_use.argtypes = [ctypes.c_void_p]
+    lib.vcfslm_gemv_op_mode.argtypes = [ctypes.c_int]
+    lib.vcfslm_gemv_op_take_ns.restype = ctypes.c_int64
+    if "fake" not in _state:
+        @torch.library.register_fake("vcfslm::gemv")
+        def _gemv_fake(x, weight, out_features, bias):
+            return x.new_empty(x.shape[0], out_features)
+
+        _state["fake"] = _gemv_fake
+    return lib
+
+
+_state: dict = {}
+
+
+def point_at(kernel_lib: ctypes.CDLL) -> None:
+    """The op runs `kernel_lib`'s loop from now on (when the op is loaded)."""
+    lib = _state.get("lib")
+    if lib is not None:
+        lib.vcfslm_gemv_op_use(ctypes.cast(kernel_lib.vcfslm_gemv_bf16, ctypes.c_void_p))
+
+
+def call(x2, address: int, out_features: int, bias):
+    """y [rows, out_features] = x2 [rows, k] times the packed weight at `address`, + bias."""
+    import torch
+
+    return torch.ops.vcfslm.gemv.default(x2, address, out_features, bias)
+
+
+def agrees_with_ctypes(kernel_lib: ctypes.CDLL) -> tuple[bool, str]:
+    """The op against gemv.run on one packed test weight, at a row count of each loop and a
+    bias: the same kernel on the same bytes, so the same bits."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    n, k = 2 * gemv.BLOCK_N, 3 * gemv.BLOCK_K
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k, generator=gen).to(torch.bfloat16),
+                                                     gemv.PACKED_FOR_ROWS)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    address = torch.ops.mkldnn.data_ptr(packed)
+    for rows in (1, gemv.STREAM_ROWS + 1, gemv.MAX_ROWS):
+        x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+        if not torch.equal(call(x, address, n, bias), gemv.run(x, packed, n, kernel_lib) + bias):
+            return False, f"vcfslm::gemv differs from the ctypes call at {rows} rows"
+    return True, "vcfslm::gemv agrees with the ctypes call"
+
+
+@functools.cache
+def status() -> OpStatus:
+    """This process's verdict (once): compiled graphs call vcfslm::gemv, or why not."""
+    kernel = gemv.status()
+    if not kernel.usable:
+        return OpStatus(False, f"the GEMV does not run here: {kernel.reason}")
+    try:
+        path, origin, lib = _find_library()
+    except (gemv.GemvBuildError, OSError, RuntimeError) as exc:
+        return OpStatus(False, f"not built: {exc}")
+    _state["lib"] = lib
+    point_at(gemv._library())
+    ok, why = agrees_with_ctypes(gemv._library())
+    if not ok:
+        _state.pop("lib")
+        return OpStatus(False, why, str(path), origin)
+    return OpStatus(True, why, str(path), origin)
+
+
+def _find_library() -> tuple[Path, str, ctypes.CDLL]:
+    import torch
+
+    packaged = gemv.PACKAGED_DIR / packaged_name(SOURCE.read_bytes(), torch.__version__)
+    if packaged.is_file():
+        with contextlib.suppress(gemv.GemvBuildError, OSError):
+            return packaged, "wheel", load(packaged)
+    path = build()
+    return path, "built here", load(path)
+
+
+def usable() -> bool:
+    return status().usable
+
+
+def set_mode(how: int) -> None:
+    """Every vcfslm::gemv call from now on runs in mode `how` (TIMED: read the kernels' time
+    with take_seconds(); SKIP: no kernel at all) until the next set_mode."""
+    lib = _state.get("lib")
+    if lib is not None:
+        lib.vcfslm_gemv_op_mode(how)
+
+
+def take_seconds() -> float:
+    """The kernel time TIMED calls summed since the last take, in seconds."""
+    lib = _state.get("lib")
+    return lib.vcfslm_gemv_op_take_ns() / 1e9 if lib is not None else 0.0
