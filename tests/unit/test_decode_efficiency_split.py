@@ -64,6 +64,32 @@ def test_the_kernels_are_timed_only_while_on_and_skipped_ones_keep_their_shape(b
     assert linear._run is real
 
 
+def test_the_ops_kernel_time_is_kept_by_its_block(bench, monkeypatch):
+    """vcfslm::gemv times its kernels in C++ while TIMED: what one block's steps summed stays
+    that block's, though the next block (a skipped one) starts by zeroing the op's count."""
+    from vcfslm.bench import gemv_op
+
+    op = {"pending": 0.0, "modes": []}
+
+    def take_seconds():
+        got, op["pending"] = op["pending"], 0.0
+        return got
+
+    monkeypatch.setattr(gemv_op, "take_seconds", take_seconds)
+    monkeypatch.setattr(gemv_op, "set_mode", op["modes"].append)
+    op["pending"] = 9.0   # left over from before the block: not the block's
+    with bench.linear_kernels(skip=False) as timing:
+        op["pending"] = 0.5   # a step's kernels
+        timing.pause()
+        op["pending"] += 7.0 if op["modes"][-1] == gemv_op.TIMED else 0.0   # a paused prefill
+        timing.resume()
+        op["pending"] = 0.25
+    with bench.linear_kernels(skip=True):
+        assert op["modes"][-1] == gemv_op.SKIP
+    assert timing.seconds == 0.75
+    assert op["modes"] == [gemv_op.TIMED, gemv_op.RUN, gemv_op.TIMED, gemv_op.RUN, gemv_op.SKIP, gemv_op.RUN]
+
+
 class _AheadClock:
     """Real time plus `ahead` seconds: what a test adds to it, the benchmark sees as time spent."""
 
