@@ -171,6 +171,6 @@ def test_skip_mode_runs_no_kernel_and_keeps_the_shape(op):
 
 
 def test_the_command_reports_the_op(op):
-    out = subprocess.run([sys.executable, "-m", "vcfslm.bench.gemv"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "vcfslm.bench.gemv_op"], capture_output=True, text=True, check=True)
     verdict = json.loads(out.stdout)["op"]
     assert verdict["usable"] and verdict["reason"] == "vcfslm::gemv agrees with the ctypes call"

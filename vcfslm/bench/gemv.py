@@ -234,16 +234,28 @@ def library_in_use(lib: ctypes.CDLL):
     """Every GEMV call of this process runs `lib` inside the block, compiled graphs' included:
     a benchmark sets another build of the loop beside this one on the same packed model (each
     weight's address is the weight's, not the library's, so nothing else changes)."""
-    from . import gemv_op
-
     previous = _library()
     _state["lib"] = lib
-    gemv_op.point_at(lib)   # compiled graphs call the loop through vcfslm::gemv: that too
+    for follow in _followers:
+        follow(lib)
     try:
         yield lib
     finally:
         _state["lib"] = previous
-        gemv_op.point_at(previous)
+        for follow in _followers:
+            follow(previous)
+
+
+# What else calls the loop and must follow a swap: vcfslm.bench.gemv_op's op, which compiled
+# graphs call, registers here when it loads (it imports this module, not the other way).
+_followers: list = []
+
+
+def follow_library(callback) -> None:
+    """`callback(lib)` runs whenever library_in_use swaps the loop in or back (once, however
+    often it is registered)."""
+    if callback not in _followers:
+        _followers.append(callback)
 
 
 def _library() -> ctypes.CDLL:
@@ -296,24 +308,26 @@ def usable_rows() -> int:
     return MAX_ROWS if status().usable else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from . import gemv_op
-
-    parser = argparse.ArgumentParser(prog="python -m vcfslm.bench.gemv",
-                                     description="Build vcfslm's GEMV library and its op's, and print whether "
-                                                 "they run here.")
-    parser.parse_args(argv)
+def report() -> dict:
+    """The status, with the library built even where it will not run (an AVX2 host building
+    for its guests' cache)."""
     out = status().to_dict()
     if out["library"] is None and compiler() is not None:
-        # Build even where it will not run (an AVX2 host building for its guests' cache).
         try:
             out["library"] = str(build())
         except GemvBuildError as exc:
             out["build_error"] = str(exc)
-    out["op"] = gemv_op.status().to_dict()
-    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m vcfslm.bench.gemv",
+                                     description="Build vcfslm's GEMV library and print whether it runs here "
+                                                 "(python -m vcfslm.bench.gemv_op: and its op's).")
+    parser.parse_args(argv)
+    sys.stdout.write(json.dumps(report(), sort_keys=True) + "\n")
     return 0
 
 

@@ -4,9 +4,10 @@ Why an op of its own: a batch-1 decode step makes 129 GEMV calls, each right beh
 stream that has just emptied the caches, so whatever runs between two kernels runs on cold
 caches. Through `vcfslm::linear` that is the dispatcher, the op's Python kernel, and ctypes'
 argument conversion, once per call. Through this op the compiled graph's wrapper calls the
-dispatcher and C++ straight to the kernel. Paired step by step at 8 Phi-3-mini layers, the
-step takes 0.97x the time it takes on the Python path (benchmarks/decode_efficiency.py
-prints the call paths' table).
+dispatcher and C++ straight to the kernel. Paired step by step against its linears alone,
+a full-shape Phi-3-mini batch-1 step took 1.078x them through vcfslm::linear and 1.053x
+through this op (benchmarks/step_call_path.py; benchmarks/gemv_hypotheses.py has the call
+paths without the step around them).
 
 The op's library holds no kernel: it runs the one vcfslm.bench.gemv loaded and checked
 (`gemv.library_in_use` points it at another build, and every compiled graph follows without a
@@ -159,6 +160,7 @@ def status() -> OpStatus:
         return OpStatus(False, f"not built: {exc}")
     _state["lib"] = lib
     point_at(gemv._library())
+    gemv.follow_library(point_at)
     ok, why = agrees_with_ctypes(gemv._library())
     if not ok:
         _state.pop("lib")
@@ -193,3 +195,21 @@ def take_seconds() -> float:
     """The kernel time TIMED calls summed since the last take, in seconds."""
     lib = _state.get("lib")
     return lib.vcfslm_gemv_op_take_ns() / 1e9 if lib is not None else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m vcfslm.bench.gemv_op`: builds both libraries and prints the kernel's status
+    (as `python -m vcfslm.bench.gemv` does) with the op's under "op"."""
+    import argparse
+    import json
+    import sys
+
+    argparse.ArgumentParser(prog="python -m vcfslm.bench.gemv_op",
+                            description="Build vcfslm's GEMV library and its op's, and print whether they "
+                                        "run here.").parse_args(argv)
+    sys.stdout.write(json.dumps({**gemv.report(), "op": status().to_dict()}, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
