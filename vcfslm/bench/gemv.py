@@ -57,7 +57,8 @@ LAYOUT_RTOL = 2e-2
 
 @dataclass(frozen=True)
 class GemvStatus:
-    """Whether the GEMV runs in this process, and if not, why."""
+    """Whether the GEMV runs in this process, and if not, why (also vcfslm.bench.gemv_op's
+    verdict on its op)."""
 
     usable: bool
     reason: str

@@ -26,7 +26,6 @@ import contextlib
 import ctypes
 import functools
 import hashlib
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import gemv
@@ -35,19 +34,6 @@ SOURCE = Path(__file__).with_name("gemv_op.cpp")
 ABI = 1
 # Mode of the op's kernel call (gemv_op.cpp): run, run timed, skip.
 RUN, TIMED, SKIP = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class OpStatus:
-    """Whether compiled graphs call the GEMV through vcfslm::gemv, and if not, why."""
-
-    usable: bool
-    reason: str
-    library: str | None = None
-    origin: str | None = None   # "wheel" or "built here", as for the kernel's library
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # ------------------------------------------------------------------ decisions (pure)
@@ -149,23 +135,24 @@ def agrees_with_ctypes(kernel_lib: ctypes.CDLL) -> tuple[bool, str]:
 
 
 @functools.cache
-def status() -> OpStatus:
-    """This process's verdict (once): compiled graphs call vcfslm::gemv, or why not."""
+def status() -> gemv.GemvStatus:
+    """This process's verdict (once): compiled graphs call vcfslm::gemv, or why not (library
+    and origin as for the kernel's library)."""
     kernel = gemv.status()
     if not kernel.usable:
-        return OpStatus(False, f"the GEMV does not run here: {kernel.reason}")
+        return gemv.GemvStatus(False, f"the GEMV does not run here: {kernel.reason}")
     try:
         path, origin, lib = _find_library()
     except (gemv.GemvBuildError, OSError, RuntimeError) as exc:
-        return OpStatus(False, f"not built: {exc}")
+        return gemv.GemvStatus(False, f"not built: {exc}")
     _state["lib"] = lib
     point_at(gemv._library())
     gemv.follow_library(point_at)
     ok, why = agrees_with_ctypes(gemv._library())
     if not ok:
         _state.pop("lib")
-        return OpStatus(False, why, str(path), origin)
-    return OpStatus(True, why, str(path), origin)
+        return gemv.GemvStatus(False, why, str(path), origin)
+    return gemv.GemvStatus(True, why, str(path), origin)
 
 
 def _find_library() -> tuple[Path, str, ctypes.CDLL]:
