@@ -289,19 +289,24 @@ def status() -> GemvStatus:
 
 
 def _find_library() -> tuple[Path, str, ctypes.CDLL]:
-    """The wheel's prebuilt library first (no compile on a rank's start, no compiler on a
-    guest), else one built here; a prebuilt one that does not load falls back to a build."""
-    packaged, failed = packaged_library(), ""
+    return find_library(packaged_library(), build, load)
+
+
+def find_library(packaged: Path | None, build_here, load_it) -> tuple[Path, str, ctypes.CDLL]:
+    """(path, origin, loaded library): the wheel's prebuilt one first (no compile on a rank's
+    start, no compiler on a guest), else `build_here()`; a prebuilt one that does not load
+    falls back to a build, and a build that fails then says both. Also gemv_op's lookup."""
+    failed = ""
     if packaged is not None:
         try:
-            return packaged, "wheel", load(packaged)
+            return packaged, "wheel", load_it(packaged)
         except (GemvBuildError, OSError) as exc:
             failed = f"the wheel's {packaged.name} did not load ({exc}); "
     try:
-        path = build()
+        path = build_here()
     except GemvBuildError as exc:
         raise GemvBuildError(f"{failed}{exc}") from exc
-    return path, "built here", load(path)
+    return path, "built here", load_it(path)
 
 
 def usable_rows() -> int:

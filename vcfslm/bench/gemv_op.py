@@ -22,11 +22,12 @@ compiler, no headers), compiled steps keep the Python path and `status()` says w
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
 from pathlib import Path
+
+import torch
 
 from . import gemv
 
@@ -61,8 +62,6 @@ def packaged_name(source: bytes, torch_version: str) -> str:
 
 
 def torch_flags() -> tuple[str, ...]:
-    import torch
-
     return flags(Path(torch.__file__).parent, torch.__version__, bool(torch._C._GLIBCXX_USE_CXX11_ABI))
 
 
@@ -73,16 +72,12 @@ def build(folder: Path | None = None) -> Path:
 
 def build_packaged(folder: Path) -> Path:
     """The library under the name the wheel carries it by (the wheel's build hook)."""
-    import torch
-
     return gemv.build(folder, packaged_name(SOURCE.read_bytes(), torch.__version__), SOURCE, torch_flags())
 
 
 def load(path: Path) -> ctypes.CDLL:
     """Loads the library, which registers vcfslm::gemv with the dispatcher, and gives the op
     its shape function for torch.compile."""
-    import torch
-
     lib = ctypes.CDLL(str(path))
     lib.vcfslm_gemv_op_abi.restype = ctypes.c_int
     if lib.vcfslm_gemv_op_abi() != ABI:
@@ -111,16 +106,12 @@ def point_at(kernel_lib: ctypes.CDLL) -> None:
 
 def call(x2, address: int, out_features: int, bias):
     """y [rows, out_features] = x2 [rows, k] times the packed weight at `address`, + bias."""
-    import torch
-
     return torch.ops.vcfslm.gemv.default(x2, address, out_features, bias)
 
 
 def agrees_with_ctypes(kernel_lib: ctypes.CDLL) -> tuple[bool, str]:
     """The op against gemv.run on one packed test weight, at a row count of each loop and a
     bias: the same kernel on the same bytes, so the same bits."""
-    import torch
-
     gen = torch.Generator().manual_seed(1)
     n, k = 2 * gemv.BLOCK_N, 3 * gemv.BLOCK_K
     packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k, generator=gen).to(torch.bfloat16),
@@ -156,14 +147,8 @@ def status() -> gemv.GemvStatus:
 
 
 def _find_library() -> tuple[Path, str, ctypes.CDLL]:
-    import torch
-
     packaged = gemv.PACKAGED_DIR / packaged_name(SOURCE.read_bytes(), torch.__version__)
-    if packaged.is_file():
-        with contextlib.suppress(gemv.GemvBuildError, OSError):
-            return packaged, "wheel", load(packaged)
-    path = build()
-    return path, "built here", load(path)
+    return gemv.find_library(packaged if packaged.is_file() else None, build, load)
 
 
 def usable() -> bool:
