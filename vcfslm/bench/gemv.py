@@ -9,7 +9,9 @@ short prompt's prefill) it runs the weight in L1-sized chunks with L2 and L1 pre
 ahead and does ~1.05-1.5x oneDNN's FLOP rate at the same rows (at 48-64 rows the two are
 even, so longer prefills stay on oneDNN; benchmarks/gemv_rows.py prints both, row count by
 row count). Nothing is copied or repacked, so a replica still holds one copy of its
-weights; only the few-row calls change kernel.
+weights; only the few-row calls change kernel. On a CPU with AMX it takes 1-6 rows only:
+7-32 stay on oneDNN's tile kernel, which computes several times what the loop can
+(`rows_for`).
 
 It is used only where all of these hold, and `status()` says which one did not:
 - the CPU has AVX512-BF16 (`vdpbf16ps`), so oneDNN packs bf16 weights (the engine's
@@ -76,13 +78,27 @@ class GemvBuildError(RuntimeError):
 # ------------------------------------------------------------------ decisions (pure)
 
 
-def cpu_has_avx512_bf16(cpuinfo_text: str) -> bool:
-    """Whether /proc/cpuinfo's first flags line lists avx512f and avx512_bf16."""
+def cpu_flags(cpuinfo_text: str) -> set[str]:
+    """The flags on /proc/cpuinfo's first flags line (none when there is none)."""
     for line in cpuinfo_text.splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return {"avx512f", "avx512_bf16"} <= flags
-    return False
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_has_avx512_bf16(cpuinfo_text: str) -> bool:
+    """Whether /proc/cpuinfo's first flags line lists avx512f and avx512_bf16."""
+    return {"avx512f", "avx512_bf16"} <= cpu_flags(cpuinfo_text)
+
+
+def rows_for(cpuinfo_text: str) -> int:
+    """The most rows the loop takes on this CPU. Past STREAM_ROWS the loop is bound by
+    vdpbf16ps, not by the read (on 2 AVX512-BF16 EPYC cores, 16 rows read the weights at
+    ~22 GB/s against ~50 at 1-6 rows), and there it beats oneDNN's AVX512-BF16 kernel. Beside
+    AMX, oneDNN's tile kernel computes several times that rate (a 2-core AMX Xeon's bf16
+    GEMM probe: 2.65 against ~0.43 TFLOP/s here), so the loop keeps only the rows it
+    streams at the read rate and 7-32 rows (batch-16 decode) stay on AMX."""
+    return STREAM_ROWS if "amx_bf16" in cpu_flags(cpuinfo_text) else MAX_ROWS
 
 
 def switched_off(environ) -> bool:
@@ -271,11 +287,7 @@ def status() -> GemvStatus:
     with AVX512-BF16 is one oneDNN has bf16 on; the layout check would catch it if not.)"""
     if switched_off(os.environ):
         return GemvStatus(False, f"{ENV_SWITCH}=off")
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    if not cpu_has_avx512_bf16(cpuinfo):
+    if not cpu_has_avx512_bf16(_cpuinfo()):
         return GemvStatus(False, "the CPU has no AVX512-BF16")
     try:
         path, origin, lib = _find_library()
@@ -311,7 +323,14 @@ def find_library(packaged: Path | None, build_here, load_it) -> tuple[Path, str,
 
 def usable_rows() -> int:
     """Rows up to which the GEMV runs in this process (0: never)."""
-    return MAX_ROWS if status().usable else 0
+    return rows_for(_cpuinfo()) if status().usable else 0
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 def report() -> dict:

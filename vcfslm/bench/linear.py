@@ -21,7 +21,7 @@ The kernel plan, chosen once per process from what the CPU offers:
   at most `gemv_rows` rows read the same packed bytes through it instead, unpadded: decode
   at small batch is a weight stream, and that loop streams faster than oneDNN's (and at
   5-32 rows, batch-16 decode and a short prompt's prefill, computes faster than oneDNN's
-  small-M GEMM).
+  small-M GEMM on AVX512-BF16; beside AMX it takes 1-6 rows only, vcfslm.bench.gemv.rows_for).
 - `dense-bf16` (no bf16 in oneDNN, e.g. AVX2 only): the weight stays a plain bf16
   matrix. Few rows (decode) go through ATen's bf16 GEMV one row at a time (it streams
   the weight once per row with fp32 accumulation); more rows (prefill, big batches)
