@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode_efficiency import cpu_line, spec_for  # noqa: E402
+from decode_efficiency import cpu_line, linears_pass, spec_for  # noqa: E402
 
 from vcfslm.bench.pages import ask_for_huge_pages  # noqa: E402
 
@@ -79,7 +79,6 @@ def main() -> int:
     engine = DecodeEngine(replica.model, "compile")
     modules = [m for m in engine.model.modules() if isinstance(m, linear.PackedLinear)]
     addresses = [m.gemv_address for m in modules]
-    inputs = {m.in_features: torch.randn(1, m.in_features).to(torch.bfloat16) for m in modules}
 
     def use_op(on: bool):
         # Each module's address is part of the compiled graph (Dynamo guards it): zeroed, the
@@ -87,13 +86,7 @@ def main() -> int:
         for m, address in zip(modules, addresses, strict=True):
             m.gemv_address = address if on else 0
 
-    def linears_alone():
-        for m, address in zip(modules, addresses, strict=True):
-            x = inputs[m.in_features]
-            if address:
-                gemv_op.call(x, address, m.out_features, m.bias)
-            else:
-                m(x)
+    linears_alone = linears_pass(engine.model, rows=1, compiled=True)
 
     with torch.inference_mode():
         prompt = synthetic_prompt(1, PROMPT, replica.config.vocab_size, seed=1)

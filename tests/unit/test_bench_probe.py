@@ -29,6 +29,26 @@ def test_probe_returns_positive_sane_figures():
     assert bw.threads == 1 and bw.buffer_bytes == 64 * 1024 * 1024
 
 
+def test_a_sustained_read_reads_whole_passes_of_at_least_the_bytes_asked():
+    pytest.importorskip("torch")
+    read = probe.SustainedRead(mib=4)
+    assert read.buffer_bytes == 4 * 1024 * 1024
+    assert 0.1 < read.gbs(read.buffer_bytes * 3) < 2000
+
+    class Counted:
+        passes = 0
+
+        def sum(self):
+            Counted.passes += 1
+
+    read.buffer = Counted()
+    for nbytes, passes in ((0, 1), (1, 1), (read.buffer_bytes, 1), (read.buffer_bytes + 1, 2),
+                           (5 * read.buffer_bytes, 5)):
+        Counted.passes = 0
+        read.gbs(nbytes)
+        assert Counted.passes == passes, nbytes
+
+
 def test_probe_module_prints_json():
     pytest.importorskip("torch")
     out = subprocess.run([sys.executable, "-m", "vcfslm.bench.probe", "--mib", "32", "--repeats", "1",

@@ -191,3 +191,65 @@ def test_each_step_is_paired_with_a_pass_of_its_linears_alone(bench, engine, mon
     # Each step takes 2 x 100 ms beyond a pass of 9 x 10 ms kernels.
     assert len(layers) == 2 and sum(isinstance(m, linear.PackedLinear) for m in eng.model.modules()) == 9
     assert slowed["step"] == pytest.approx((9 * 0.01 + 2 * 0.1) / (9 * 0.01))
+
+
+class _Read:
+    """A sustained read that takes `seconds` on `clock` and says it read at `gbs`, noting
+    each call in `log`."""
+
+    def __init__(self, clock: _Clock, log: list, gbs: float):
+        self.clock, self.log, self.rate = clock, log, gbs
+
+    def gbs(self, nbytes: int) -> float:
+        self.log.append(("read", nbytes))
+        self.clock.advance(1.0)
+        return self.rate
+
+
+def test_each_pass_is_judged_against_a_read_of_as_many_bytes_beside_it_the_order_flipping(bench, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(bench, "time", clock)
+    log: list = []
+    passes = iter([0.5, 0.5, 0.25, 1.0])   # seconds: the warm-up pass, then three turns
+
+    def run():
+        log.append(("pass",))
+        clock.advance(next(passes))
+
+    turns = bench.beside_reads(run, 10_000_000_000, _Read(clock, log, 40.0), turns=3)
+    # The warm-up pass is not a turn; then pass-read, read-pass, pass-read.
+    assert log == [("pass",), ("pass",), ("read", 10**10), ("read", 10**10), ("pass",), ("pass",),
+                   ("read", 10**10)]
+    # Each turn: the pass's own GB/s (the read's second on the clock is not the pass's), and the read's.
+    assert turns == [(20.0, 40.0), (40.0, 40.0), (10.0, 40.0)]
+
+
+def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch):
+    """A compiled step calls vcfslm::gemv for the rows the module's GEMV takes, so the pass
+    does too; an eager step, and rows beyond the GEMV, call the module."""
+    from vcfslm.bench import gemv_op, linear
+
+    plan = linear.KernelPlan(linear.DENSE_BF16)
+    model = torch.nn.Sequential(*(linear.PackedLinear(torch.ones(n, 64, dtype=torch.bfloat16), None, plan)
+                                  for n in (128, 192)))
+    for m in model:
+        m.gemv_address, m.gemv_rows = 4096, 4   # as if the op ran here
+    model[1].gemv_address = 0                   # a module the op does not take
+    op_calls, module_calls = [], []
+    monkeypatch.setattr(gemv_op, "call", lambda x, address, n, bias: op_calls.append((x.shape[0], address, n)))
+    real = linear._run
+
+    def module_run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
+        module_calls.append((x2.shape[0], out_features))
+        return real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features)
+
+    monkeypatch.setattr(linear, "_run", module_run)
+    bench.linears_pass(model, rows=1, compiled=True)()
+    assert op_calls == [(1, 4096, 128)] and module_calls == [(1, 192)]
+    op_calls.clear()
+    module_calls.clear()
+    bench.linears_pass(model, rows=1, compiled=False)()
+    assert op_calls == [] and module_calls == [(1, 128), (1, 192)]
+    module_calls.clear()
+    bench.linears_pass(model, rows=5, compiled=True)()   # beyond the module's GEMV rows
+    assert op_calls == [] and module_calls == [(5, 128), (5, 192)]

@@ -125,6 +125,34 @@ def _engine_slices(elements: int, plan) -> list:
     return slices
 
 
+class SustainedRead:
+    """The read probe's sum kernel held on one buffer, read for as many bytes as a long pass
+    reads: the like-for-like neighbour of a decode window or of a pass over every weight.
+
+    `measure_bandwidth` keeps the best of a few passes over 1 GiB (~25 ms each), STREAM's
+    convention. On a shared host whose bandwidth bursts within seconds, that best pass
+    catches a burst that a pass of seconds cannot hold for its whole length, so a long
+    pass judged against it is judged against a rate nobody could sustain that long. This
+    reads the same number of bytes, over the same stretch of time, right beside it.
+    """
+
+    def __init__(self, mib: int = DEFAULT_MIB):
+        import torch
+
+        n = max(mib * 1024 * 1024 // 4, 4096)
+        self.buffer = torch.ones(n - n % 4096, dtype=torch.float32)  # written: resident before timing
+        self.buffer_bytes = self.buffer.numel() * self.buffer.element_size()
+        self.buffer.sum()   # warm the code path
+
+    def gbs(self, nbytes: int) -> float:
+        """GB/s over whole passes of the buffer, at least `nbytes` bytes in all."""
+        passes = max(-(-nbytes // self.buffer_bytes), 1)
+        started = time.perf_counter()
+        for _ in range(passes):
+            self.buffer.sum()
+        return passes * self.buffer_bytes / (time.perf_counter() - started) / 1e9
+
+
 @dataclass(frozen=True)
 class DecodeLinears:
     """How fast the engine's linear kernel consumes streamed weights at decode batch sizes.
