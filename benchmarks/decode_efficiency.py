@@ -30,8 +30,11 @@ What runs, in order:
   4. a batch-1 step split from inside: its linears' kernels timed within the step, the rest,
      and the same step with those kernels skipped (its own code in warm caches). What the
      rest takes beyond that is time spent waiting on caches the weight stream emptied;
-  5. each batch-1 step against a pass of the linears alone run right after it, step by
-     step: the step's overhead over its weight reads, free of the drift between windows.
+  5. each batch-1 step against a pass of the linears alone and a sustained read of its
+     bytes, both run right after it, step by step: the step's overhead over its weight
+     reads, and its TPOT floor at the bandwidth of that moment, free of the drift between
+     windows. floor/TPOT is judged here, per step (a step plus the generate loop's own
+     time between steps is a window's TPOT); the windows' figure is printed beside it.
 
 TPOT = (last token - first token) / (tokens - 1); TTFT = request start -> first token.
 Floors: TPOT >= max(bytes read per step / read bandwidth, step FLOPs / GEMM rate);
@@ -197,10 +200,11 @@ def linears_pass(model, rows: int, compiled: bool):
     return run
 
 
-def beside_reads(run, nbytes: int, read: probe.SustainedRead, turns: int) -> list[tuple[float, float]]:
+def beside_reads(run, nbytes: int, read: probe.SustainedRead, turns: int) -> list[tuple[float, float, float]]:
     """`run` (a pass that reads `nbytes`) in turns with a sustained read of as many bytes,
-    the order flipping each turn: (the pass's GB/s, the read's GB/s) per turn. Adjacent and
-    of the same length, so the host's drift and bursts hit both alike."""
+    the order flipping each turn: (the pass's GB/s, the read's GB/s, the read's fastest
+    single pass) per turn. Adjacent and of the same length, so the host's drift and bursts
+    hit both alike."""
     out = []
     with torch.inference_mode():
         run()   # warm its code paths
@@ -212,7 +216,7 @@ def beside_reads(run, nbytes: int, read: probe.SustainedRead, turns: int) -> lis
             seconds = time.perf_counter() - started
             if not read_first:
                 gbs = read.gbs(nbytes)
-            out.append((nbytes / seconds / 1e9, gbs))
+            out.append((nbytes / seconds / 1e9, gbs, read.fastest_pass_gbs))
     return out
 
 
@@ -306,17 +310,33 @@ def step_split(engine, prompt, tokens: int, windows: int = 2) -> dict:
     return {k: median(v) for k, v in out.items()}
 
 
-def step_against_linears(engine, prompt, tokens: int, windows: int = 3) -> dict:
+def step_against_linears(engine, prompt, tokens: int, windows: int = 3, read: probe.SustainedRead | None = None,
+                         nbytes: int = 0) -> dict:
     """A batch-1 decode step against a pass of every linear alone, run right after it, step
     by step through `windows` generations: adjacent in time, so the host's bandwidth drift
     (2x within seconds here) hits both alike, which two separate windows cannot promise.
     Per pair: step / pass, and the linears' kernels timed inside the step / the same pass.
-    Medians, with the number of pairs."""
+    Medians, with the number of pairs.
+
+    With `read`, each step also gets a sustained read of `nbytes` (its weights) beside it,
+    the read and the pass swapping places every step: per step, "step_s" and "read_gbs"
+    give its TPOT floor at the bandwidth of that moment. "between_s" is the generate loop's
+    own time from one step to the next (a window's TPOT is a step plus that)."""
     run_linears = linears_pass(engine.model, rows=1, compiled=engine.mode == "compile")
     real_step = engine.run_step
-    step_over, kernels_over = [], []
+    step_over, kernels_over, step_s, reads, between = [], [], [], [], []
+    left = [None]   # when the last step's wrapper returned (None: a window's first step, after its prefill)
+
+    def alone() -> float:
+        started = time.perf_counter()
+        run_linears()
+        return time.perf_counter() - started
+
     with linear_kernels(skip=False) as timing:
         def run_step(*a, **k):
+            entered = time.perf_counter()
+            if left[0] is not None:
+                between.append(entered - left[0])
             timing.reset()   # what the prefill added is dropped here
             timing.resume()
             started = time.perf_counter()
@@ -324,20 +344,26 @@ def step_against_linears(engine, prompt, tokens: int, windows: int = 3) -> dict:
             step = time.perf_counter() - started
             kernels = timing.seconds
             timing.pause()
-            started = time.perf_counter()
-            run_linears()
-            alone = time.perf_counter() - started
-            step_over.append(step / alone)
-            kernels_over.append(kernels / alone)
+            if read is not None and len(step_s) % 2 == 0:
+                reads.append(read.gbs(nbytes))
+            pass_s = alone()
+            if read is not None and len(step_s) % 2 == 1:
+                reads.append(read.gbs(nbytes))
+            step_s.append(step)
+            step_over.append(step / pass_s)
+            kernels_over.append(kernels / pass_s)
+            left[0] = time.perf_counter()
             return out
 
         engine.run_step = run_step
         try:
             for _ in range(windows):
+                left[0] = None
                 engine.generate(prompt, tokens)
         finally:
             del engine.run_step   # the instance attribute: the method shows through again
-    return {"step": median(step_over), "kernels": median(kernels_over), "pairs": len(step_over)}
+    return {"step": median(step_over), "kernels": median(kernels_over), "pairs": len(step_over),
+            "step_s": step_s, "read_gbs": reads, "between_s": median(between) if between else 0.0}
 
 
 def median(xs: list[float]) -> float:
@@ -420,6 +446,7 @@ def main() -> int:
     window_bytes = (args.tokens - 1) * replica.step_weight_bytes
     hf_window(hf.model, p1, 4)  # warm generate()'s code paths too
     hf_t, hf_ttft, e1, paired = [], [], [], []
+    bursts = []   # each sustained read's fastest 1 GiB pass / its rate over all its passes
     for _ in range(args.repeats):
         t, ttft = hf_window(hf.model, p1, args.tokens)
         hf_t.append(t)
@@ -429,17 +456,20 @@ def main() -> int:
         # decode reads (the weights per step; batch 1's KV is ~0.3 % of that), half just
         # before it and half just after.
         before = sustained.gbs(window_bytes // 2)
+        bursts.append(sustained.fastest_pass_gbs / before)
         e1.append(engine_window(engine, p1, args.tokens))
         after = sustained.gbs(window_bytes // 2)
+        bursts.append(sustained.fastest_pass_gbs / after)
         reads += [before, after]
         paired.append((before + after) / 2)
     del hf
     alone_pass = linears_pass(replica.model, rows=1, compiled=engine.mode == "compile")
     alone_turns = beside_reads(alone_pass, replica.step_weight_bytes, sustained, args.alone_turns)
-    alone_gbs = [g for g, _ in alone_turns]
+    alone_gbs = [g for g, _, _ in alone_turns]
+    bursts += [fastest / r for _, r, fastest in alone_turns]
     alone_ms = replica.step_weight_bytes / max(alone_gbs) / 1e6
     split = step_split(engine, p1, args.tokens)
-    paired_split = step_against_linears(engine, p1, args.tokens)
+    paired_split = step_against_linears(engine, p1, args.tokens, read=sustained, nbytes=replica.step_weight_bytes)
     if args.profile:
         from torch.profiler import profile
 
@@ -489,10 +519,14 @@ def main() -> int:
           f"of each step waits on the caches the weight stream emptied")
     print(f"a batch-1 step against its linears alone, run step by step right after it ({paired_split['pairs']} "
           f"pairs, so drift hits both alike): the step takes {paired_split['step']:.3f}x the pass, its linears' "
-          f"kernels {paired_split['kernels']:.3f}x; floor/TPOT is about linears alone/probe divided by the first")
+          f"kernels {paired_split['kernels']:.3f}x; floor/TPOT is about linears alone/probe divided by the first; "
+          f"the generate loop adds {paired_split['between_s'] * 1000:.2f} ms between steps")
     print(f"read bandwidth: {len(reads)} probes, {min(reads):.1f}-{read_gbs:.1f} GB/s; around each batch-1 "
           f"engine window " + ", ".join(f"{g:.1f}" for g in paired) + " GB/s")
     print(f"recompiles inside measured windows: {bad}")
+    print(f"bursts: each sustained read's fastest single 1 GiB pass ran at {median(bursts):.2f}x its rate over all "
+          f"its passes (median of {len(bursts)}, {min(bursts):.2f}-{max(bursts):.2f}): what a best-of-passes probe "
+          f"would have judged these long passes against")
     weights = (cold or {}).get("weight_bytes") or replica.weight_bytes
     if cold and warm:
         print(f"first window (compile) batch 1: cold {cold['first_window_s_b1']:.1f} s, warm FX graph cache "
@@ -506,21 +540,26 @@ def main() -> int:
     print(f"noise: load average {load0:.2f} before, {load1:.2f} after ({os.cpu_count()} CPUs); "
           f"wall {time.perf_counter() - started:.0f} s")
     print()
-    r_tpot = median([tpot_floor(1, gbs) / w["tpot_ms"] for gbs, w in zip(paired, e1, strict=True)])
+    # Per step: its floor at the bandwidth read right beside it, against the step plus the
+    # generate loop's own time between steps (what a window's TPOT adds up).
+    step_tpot_ms = [(s + paired_split["between_s"]) * 1000 for s in paired_split["step_s"]]
+    r_tpot = median([tpot_floor(1, gbs) / ms for gbs, ms in zip(paired_split["read_gbs"], step_tpot_ms, strict=True)])
+    r_tpot_windows = median([tpot_floor(1, gbs) / w["tpot_ms"] for gbs, w in zip(paired, e1, strict=True)])
     r_tpot_fastest = tpot_floor(1) / median(e1_tpot)
     r_ttft1 = ttft_floor(1) / median(e1_ttft)
     r_ttftb = ttft_floor(big) / median(eb_ttft)
     r_hf = median(hf_t) / median(e1_tpot)
     r_batch = eb_tps / e1_tps
     ceiling = big * tpot_floor(1) / tpot_floor(big)
-    r_alone = median([g / r for g, r in alone_turns])
-    q1, _, q3 = statistics.quantiles([g / r for g, r in alone_turns], n=4)
+    r_alone = median([g / r for g, r, _ in alone_turns])
+    q1, _, q3 = statistics.quantiles([g / r for g, r, _ in alone_turns], n=4)
     print(f"RATIO linears alone / read probe (batch 1)         {r_alone:6.2f}   {verdict(r_alone, TARGETS['linears_read'])}"
           f"  ({len(alone_turns)} passes, each against a sustained read of as many bytes beside it, "
-          f"interquartile {q1:.2f}-{q3:.2f}: " + ", ".join(f"{g:.1f}/{r:.1f}" for g, r in alone_turns) +
+          f"interquartile {q1:.2f}-{q3:.2f}: " + ", ".join(f"{g:.1f}/{r:.1f}" for g, r, _ in alone_turns) +
           f" GB/s; the fastest pass against the fastest read of the run {max(alone_gbs) / read_gbs:.2f})")
     print(f"RATIO floor / engine TPOT (batch 1)                {r_tpot:6.2f}   {verdict(r_tpot, TARGETS['tpot_roofline'])}"
-          f"  (each window against a sustained read of as many bytes around it; against the fastest read of the run {r_tpot_fastest:.2f})")
+          f"  ({len(step_tpot_ms)} steps, each against a sustained read of its bytes beside it; each window against "
+          f"such reads around it {r_tpot_windows:.2f}; the windows against the fastest read of the run {r_tpot_fastest:.2f})")
     print(f"RATIO floor / engine TTFT (batch 1 x {args.prompt})           {r_ttft1:6.2f}   (no target below 512 prompt tokens)")
     print(f"RATIO floor / engine TTFT (batch {big} x {args.prompt})          {r_ttftb:6.2f}   "
           f"{verdict(r_ttftb, TARGETS['ttft_roofline'])}")

@@ -203,6 +203,7 @@ class _Read:
     def gbs(self, nbytes: int) -> float:
         self.log.append(("read", nbytes))
         self.clock.advance(1.0)
+        self.fastest_pass_gbs = self.rate * (1 + len(self.log) / 100)
         return self.rate
 
 
@@ -220,8 +221,9 @@ def test_each_pass_is_judged_against_a_read_of_as_many_bytes_beside_it_the_order
     # The warm-up pass is not a turn; then pass-read, read-pass, pass-read.
     assert log == [("pass",), ("pass",), ("read", 10**10), ("read", 10**10), ("pass",), ("pass",),
                    ("read", 10**10)]
-    # Each turn: the pass's own GB/s (the read's second on the clock is not the pass's), and the read's.
-    assert turns == [(20.0, 40.0), (40.0, 40.0), (10.0, 40.0)]
+    # Each turn: the pass's own GB/s (the read's second on the clock is not the pass's), the
+    # read's, and the read's fastest pass (as the read left it: its 3rd, 4th and 7th call).
+    assert turns == [(20.0, 40.0, 40 * 1.03), (40.0, 40.0, 40 * 1.04), (10.0, 40.0, 40 * 1.07)]
 
 
 def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch):
@@ -253,3 +255,41 @@ def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch)
     module_calls.clear()
     bench.linears_pass(model, rows=5, compiled=True)()   # beyond the module's GEMV rows
     assert op_calls == [] and module_calls == [(5, 128), (5, 192)]
+
+
+def test_each_step_gets_a_read_of_its_bytes_beside_it_and_the_loops_own_time_is_kept(bench, engine, monkeypatch):
+    from vcfslm.bench import linear
+    from vcfslm.bench.engine import synthetic_prompt
+
+    eng, config = engine
+    prompt = synthetic_prompt(1, 6, config.vocab_size, seed=5)
+    real = linear._run
+    clock = _Clock()
+    monkeypatch.setattr(bench, "time", clock)
+    log: list = []
+
+    def kernels(x2, *rest):
+        log.append("kernel")
+        clock.advance(0.01)
+        return real(x2, *rest)
+
+    monkeypatch.setattr(linear, "_run", kernels)
+    got = bench.step_against_linears(eng, prompt, tokens=4, windows=2, read=_Read(clock, log, 40.0), nbytes=123)
+    assert got["pairs"] == 6 and got["read_gbs"] == [40.0] * 6
+    # Each step: its 9 kernels of 10 ms; the read's second on the clock is never the step's.
+    assert got["step_s"] == pytest.approx([0.09] * 6) and got["step"] == pytest.approx(1.0)
+    # Kernel calls between reads: each window is a prefill (9 calls) and 3 steps (9 each),
+    # each step followed by its read and a pass of the linears (9), the two swapping places
+    # every step: read first at steps 0, 2 and 4.
+    runs, count = [], 0
+    for entry in log:
+        if entry == "kernel":
+            count += 1
+        else:
+            assert entry == ("read", 123)
+            runs.append(count)
+            count = 0
+    runs.append(count)
+    assert runs == [9 + 9, 9 + 9 + 9, 9, 9 + 9 + 9 + 9, 9, 9 + 9 + 9, 0]
+    # The generate loop's own code between steps takes no time on this clock.
+    assert got["between_s"] == 0.0 and "run_step" not in vars(eng)
