@@ -160,15 +160,21 @@ class _Slow(torch.nn.Module):
         return self.inner(x)
 
 
-def test_each_step_is_paired_with_a_pass_of_its_linears_alone(bench, engine, monkeypatch):
-    from vcfslm.bench import linear
+def _on_a_clock(bench, engine, monkeypatch, seed: int):
+    """The engine, a 6-token prompt, and the _Clock the benchmark now reads."""
     from vcfslm.bench.engine import synthetic_prompt
 
     eng, config = engine
-    prompt = synthetic_prompt(1, 6, config.vocab_size, seed=4)
-    real = linear._run
     clock = _Clock()
     monkeypatch.setattr(bench, "time", clock)
+    return eng, synthetic_prompt(1, 6, config.vocab_size, seed=seed), clock
+
+
+def test_each_step_is_paired_with_a_pass_of_its_linears_alone(bench, engine, monkeypatch):
+    from vcfslm.bench import linear
+
+    eng, prompt, clock = _on_a_clock(bench, engine, monkeypatch, seed=4)
+    real = linear._run
 
     def slow_kernels(x2, *rest):
         # 1-row kernels slow in the step and in the pass alike; the prefill's (6 rows) far
@@ -259,13 +265,9 @@ def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch)
 
 def test_each_step_gets_a_read_of_its_bytes_beside_it_and_the_loops_own_time_is_kept(bench, engine, monkeypatch):
     from vcfslm.bench import linear
-    from vcfslm.bench.engine import synthetic_prompt
 
-    eng, config = engine
-    prompt = synthetic_prompt(1, 6, config.vocab_size, seed=5)
+    eng, prompt, clock = _on_a_clock(bench, engine, monkeypatch, seed=5)
     real = linear._run
-    clock = _Clock()
-    monkeypatch.setattr(bench, "time", clock)
     log: list = []
 
     def kernels(x2, *rest):
