@@ -200,6 +200,18 @@ def linears_pass(model, rows: int, compiled: bool):
     return run
 
 
+def pass_beside_read(run, read: probe.SustainedRead, nbytes: int, read_first: bool) -> tuple[float, float]:
+    """One pass of `run` and one sustained read of `nbytes`, in the order asked: (the pass's
+    seconds, the read's GB/s). The read's time is never the pass's."""
+    gbs = read.gbs(nbytes) if read_first else 0.0
+    started = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - started
+    if not read_first:
+        gbs = read.gbs(nbytes)
+    return seconds, gbs
+
+
 def beside_reads(run, nbytes: int, read: probe.SustainedRead, turns: int) -> list[tuple[float, float, float]]:
     """`run` (a pass that reads `nbytes`) in turns with a sustained read of as many bytes,
     the order flipping each turn: (the pass's GB/s, the read's GB/s, the read's fastest
@@ -209,13 +221,7 @@ def beside_reads(run, nbytes: int, read: probe.SustainedRead, turns: int) -> lis
     with torch.inference_mode():
         run()   # warm its code paths
         for turn in range(turns):
-            read_first = turn % 2 == 1
-            gbs = read.gbs(nbytes) if read_first else 0.0
-            started = time.perf_counter()
-            run()
-            seconds = time.perf_counter() - started
-            if not read_first:
-                gbs = read.gbs(nbytes)
+            seconds, gbs = pass_beside_read(run, read, nbytes, read_first=turn % 2 == 1)
             out.append((nbytes / seconds / 1e9, gbs, read.fastest_pass_gbs))
     return out
 
@@ -327,11 +333,6 @@ def step_against_linears(engine, prompt, tokens: int, windows: int = 3, read: pr
     step_over, kernels_over, step_s, reads, between = [], [], [], [], []
     left = [None]   # when the last step's wrapper returned (None: a window's first step, after its prefill)
 
-    def alone() -> float:
-        started = time.perf_counter()
-        run_linears()
-        return time.perf_counter() - started
-
     with linear_kernels(skip=False) as timing:
         def run_step(*a, **k):
             entered = time.perf_counter()
@@ -344,11 +345,13 @@ def step_against_linears(engine, prompt, tokens: int, windows: int = 3, read: pr
             step = time.perf_counter() - started
             kernels = timing.seconds
             timing.pause()
-            if read is not None and len(step_s) % 2 == 0:
-                reads.append(read.gbs(nbytes))
-            pass_s = alone()
-            if read is not None and len(step_s) % 2 == 1:
-                reads.append(read.gbs(nbytes))
+            if read is None:
+                started = time.perf_counter()
+                run_linears()
+                pass_s = time.perf_counter() - started
+            else:
+                pass_s, gbs = pass_beside_read(run_linears, read, nbytes, read_first=len(step_s) % 2 == 0)
+                reads.append(gbs)
             step_s.append(step)
             step_over.append(step / pass_s)
             kernels_over.append(kernels / pass_s)
@@ -398,6 +401,8 @@ def main() -> int:
                     help="also print torch.profiler's top ops of one batch-1 engine window")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.alone_turns < 2:
+        ap.error(f"--alone-turns {args.alone_turns}: at least 2 (each ratio comes with its interquartile range)")
     if args.child:
         return child(args)
     torch.set_num_threads(args.threads)

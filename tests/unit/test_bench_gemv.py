@@ -55,7 +55,7 @@ def test_beside_amx_the_loop_keeps_only_the_rows_it_streams():
     # An AMX Xeon: 7-32 rows (batch-16 decode) stay on oneDNN's tile kernel.
     amx = FLAGS.replace("avx512_vnni", "avx512_vnni amx_bf16 amx_tile amx_int8")
     assert gemv.cpu_has_avx512_bf16(amx) and gemv.rows_for(amx) == gemv.STREAM_ROWS == 6
-    assert gemv.cpu_flags("") == set() and gemv.rows_for("") == gemv.MAX_ROWS
+    assert gemv.rows_for("") == gemv.MAX_ROWS
 
 
 @pytest.mark.parametrize("value,off", [("off", True), ("0", True), ("OFF", True), ("on", False), ("", False)])

@@ -42,6 +42,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .cpuinfo import parse_cpu_flags, read_cpuinfo
+
 SOURCE = Path(__file__).with_name("gemv_avx512bf16.cpp")
 ABI = 4
 MAX_ROWS = 32
@@ -78,17 +80,9 @@ class GemvBuildError(RuntimeError):
 # ------------------------------------------------------------------ decisions (pure)
 
 
-def cpu_flags(cpuinfo_text: str) -> set[str]:
-    """The flags on /proc/cpuinfo's first flags line (none when there is none)."""
-    for line in cpuinfo_text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def cpu_has_avx512_bf16(cpuinfo_text: str) -> bool:
     """Whether /proc/cpuinfo's first flags line lists avx512f and avx512_bf16."""
-    return {"avx512f", "avx512_bf16"} <= cpu_flags(cpuinfo_text)
+    return {"avx512f", "avx512_bf16"} <= parse_cpu_flags(cpuinfo_text)
 
 
 def rows_for(cpuinfo_text: str) -> int:
@@ -98,7 +92,7 @@ def rows_for(cpuinfo_text: str) -> int:
     AMX, oneDNN's tile kernel computes several times that rate (a 2-core AMX Xeon's bf16
     GEMM probe: 2.65 against ~0.43 TFLOP/s here), so the loop keeps only the rows it
     streams at the read rate and 7-32 rows (batch-16 decode) stay on AMX."""
-    return STREAM_ROWS if "amx_bf16" in cpu_flags(cpuinfo_text) else MAX_ROWS
+    return STREAM_ROWS if "amx_bf16" in parse_cpu_flags(cpuinfo_text) else MAX_ROWS
 
 
 def switched_off(environ) -> bool:
@@ -287,7 +281,7 @@ def status() -> GemvStatus:
     with AVX512-BF16 is one oneDNN has bf16 on; the layout check would catch it if not.)"""
     if switched_off(os.environ):
         return GemvStatus(False, f"{ENV_SWITCH}=off")
-    if not cpu_has_avx512_bf16(_cpuinfo()):
+    if not cpu_has_avx512_bf16(read_cpuinfo()):
         return GemvStatus(False, "the CPU has no AVX512-BF16")
     try:
         path, origin, lib = _find_library()
@@ -323,14 +317,7 @@ def find_library(packaged: Path | None, build_here, load_it) -> tuple[Path, str,
 
 def usable_rows() -> int:
     """Rows up to which the GEMV runs in this process (0: never)."""
-    return rows_for(_cpuinfo()) if status().usable else 0
-
-
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
+    return rows_for(read_cpuinfo()) if status().usable else 0
 
 
 def report() -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..topology import format_cpu_list, parse_cpu_list
+from .cpuinfo import parse_cpu_flags
 from .pages import huge_pages_facts
 
 BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "avx512_vnni")
@@ -50,14 +51,6 @@ def parse_numactl_show(text: str) -> dict[str, Any]:
         elif key in ("policy", "preferred node"):
             out[key.replace(" ", "_")] = value
     return out
-
-
-def parse_cpu_flags(cpuinfo: str) -> set[str]:
-    """The flag set of the first CPU in /proc/cpuinfo."""
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
 
 
 def parse_status_binding(status: str) -> dict[str, str]:

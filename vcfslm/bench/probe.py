@@ -68,9 +68,8 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     if threads:
         torch.set_num_threads(threads)
     started = time.perf_counter()
-    n = max(mib * 1024 * 1024 // 4, 4096)
-    n -= n % 4096
-    buf = torch.ones(n, dtype=torch.float32)  # written once: pages are resident before timing
+    buf = _read_buffer(mib)
+    n = buf.numel()
     vec = torch.ones(4096, dtype=torch.float32)
     kernels = {"sum": _best(buf.sum, repeats),
                "sgemv": _best(functools.partial(torch.mv, buf.view(-1, 4096), vec), repeats)}
@@ -93,6 +92,15 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
                      read_kernels={k: round(read_bytes / v / 1e9, 2) for k, v in kernels.items()},
                      threads=torch.get_num_threads(), buffer_bytes=read_bytes, repeats=repeats,
                      seconds=time.perf_counter() - started)
+
+
+def _read_buffer(mib: int):
+    """The read probe's float32 buffer of about `mib` MiB (whole rows of 4096), written once so
+    its pages are resident before anything is timed."""
+    import torch
+
+    n = max(mib * 1024 * 1024 // 4, 4096)
+    return torch.ones(n - n % 4096, dtype=torch.float32)
 
 
 def _engine_read_s(elements: int, repeats: int) -> float:
@@ -138,10 +146,7 @@ class SustainedRead:
     """
 
     def __init__(self, mib: int = DEFAULT_MIB):
-        import torch
-
-        n = max(mib * 1024 * 1024 // 4, 4096)
-        self.buffer = torch.ones(n - n % 4096, dtype=torch.float32)  # written: resident before timing
+        self.buffer = _read_buffer(mib)
         self.buffer_bytes = self.buffer.numel() * self.buffer.element_size()
         self.buffer.sum()   # warm the code path
         self.fastest_pass_gbs = 0.0   # the last read's fastest single pass: what the best-of convention keeps
