@@ -2,7 +2,7 @@
 its GEMV: each path's step against a pass of the same linears alone, paired step by step.
 
     .venv/bin/python benchmarks/step_call_path.py                 # 8 Phi-3-mini layers, 300 steps
-    .venv/bin/python benchmarks/step_call_path.py --layers 2 --steps 40 --cpp-wrapper
+    .venv/bin/python benchmarks/step_call_path.py --layers 2 --steps 40 --cpp-wrapper --guards
 
 One engine, one packed model and one KV store; the step is compiled once per path and the
 paths then take turns, step by step, the order flipping every step, so the host's bandwidth
@@ -13,7 +13,16 @@ step's weight reads and nothing else), with the interquartile range. Paths:
   vcfslm.bench.gemv_op);
 - vcfslm::gemv: the dispatcher and C++ to the same loop (what the engine compiles now);
 - with --cpp-wrapper, vcfslm::gemv under Inductor's C++ wrapper (no Python between the
-  kernels at all; each graph then takes a C++ compile of its wrapper).
+  kernels at all; each graph then takes a C++ compile of its wrapper);
+- with --guards, vcfslm::gemv with Dynamo's guards not evaluated before the graph
+  (torch.compiler.set_stance(skip_guard_eval_unsafe=True)): what the ~2000 guards of an
+  8-layer step (~7000 at full shape) cost per step. The engine keeps them: they are what
+  tells one replica's graph from another's, and a changed module from an unchanged one.
+
+A second table runs the step paths again with every linear's kernel skipped (an
+uninitialised output of its shape): each path's own code in warm caches, without the weight
+stream. The first table's excess over the linears alone, less this, is what the step waits on
+caches the weight stream emptied.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decode_efficiency import cpu_line, linears_pass, spec_for  # noqa: E402
+from decode_efficiency import cpu_line, linear_kernels, linears_pass, spec_for  # noqa: E402
 
 from vcfslm.bench.pages import ask_for_huge_pages  # noqa: E402
 
@@ -65,12 +74,35 @@ def turns(paths: dict, steps: int) -> dict[str, list[float]]:
     return times
 
 
+def table(times: dict[str, list[float]], base: str, first_call_s: dict[str, float] | None = None) -> list[str]:
+    """A markdown table: each path's median ms and the median of its per-turn ratio to `base`,
+    with the interquartile range (and its first call, when given)."""
+    compile_head = " first call s (its compile) |" if first_call_s else ""
+    lines = [f"| path | median ms | / {base} (interquartile range) |{compile_head}",
+             "|---|---|---|" + ("---|" if first_call_s else "")]
+    for name, seconds in times.items():
+        ratios = [a / b for a, b in zip(seconds, times[base], strict=True)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        first = f" {first_call_s[name]:.1f} |" if first_call_s else ""
+        lines.append(f"| {name} | {statistics.median(seconds) * 1000:.2f} | {statistics.median(ratios):.3f} "
+                     f"({q1:.3f}-{q3:.3f}) |{first}")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8, help="Phi-3-mini layers (32: the full model)")
     ap.add_argument("--steps", type=int, default=300, help="turns: each path runs this many steps")
     ap.add_argument("--cpp-wrapper", action="store_true", help="also time the step under Inductor's C++ wrapper")
+    ap.add_argument("--guards", action="store_true", help="also time the step with Dynamo's guards not evaluated")
+    ap.add_argument("--skipped-steps", type=int, default=200,
+                    help="turns of the second table (every kernel skipped); 0: no second table")
     args = ap.parse_args()
+    # Quartiles need two turns at least.
+    if args.steps < 2:
+        ap.error(f"--steps {args.steps}: at least 2")
+    if args.skipped_steps < 0 or args.skipped_steps == 1:
+        ap.error(f"--skipped-steps {args.skipped_steps}: 0 (no second table) or at least 2")
     print(cpu_line())
     if not gemv_op.usable():
         print(f"vcfslm::gemv does not run here ({gemv_op.status().reason}): nothing to compare")
@@ -98,6 +130,12 @@ def main() -> int:
         def step():
             engine.run_step(token, position, rows, live, keep, lanes=1)
 
+        def step_unguarded():
+            # The guards were evaluated on this step's first call (below), which picked the
+            # graph; from then on only the step's inputs change, never the modules.
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                step()
+
         paths = {"linears alone, through vcfslm::gemv": (lambda: use_op(True), linears_alone),
                  "step, vcfslm::linear (Python kernel, ctypes)": (lambda: use_op(False), step),
                  "step, vcfslm::gemv (C++ to the kernel)": (lambda: use_op(True), step)}
@@ -105,6 +143,8 @@ def main() -> int:
             wrapped = torch.compile(engine._module, backend=cpp_wrapper_backend, fullgraph=True, dynamic=False)
             paths["step, vcfslm::gemv, Inductor's C++ wrapper"] = (
                 lambda: use_op(True), lambda: wrapped(token, position, rows, live, keep, store.layers, 1, None, ()))
+        if args.guards:
+            paths["step, vcfslm::gemv, guards not evaluated"] = (lambda: use_op(True), step_unguarded)
         first_call_s = {}
         for name, (prepare, run) in paths.items():   # each step path compiles its graph here
             prepare()
@@ -112,15 +152,17 @@ def main() -> int:
             run()
             first_call_s[name] = time.perf_counter() - started
         times = turns(paths, args.steps)
+        skipped = {}
+        if args.skipped_steps:
+            steps_only = {name: path for name, path in paths.items() if name.startswith("step")}
+            with linear_kernels(skip=True):
+                skipped = turns(steps_only, args.skipped_steps)
     base = next(iter(paths))
     print(f"engine: {spec_for(args.layers)}, {engine.label}; batch 1, {args.steps} turns")
-    print(f"| path | median ms | / {base} (interquartile range) | first call s (its compile) |")
-    print("|---|---|---|---|")
-    for name in paths:
-        ratios = [a / b for a, b in zip(times[name], times[base], strict=True)]
-        q1, _, q3 = statistics.quantiles(ratios, n=4)
-        print(f"| {name} | {statistics.median(times[name]) * 1000:.2f} | {statistics.median(ratios):.3f} "
-              f"({q1:.3f}-{q3:.3f}) | {first_call_s[name]:.1f} |")
+    print("\n".join(table(times, base, first_call_s)))
+    if skipped:
+        print(f"every linear's kernel skipped (the step's own code, warm caches), {args.skipped_steps} turns:")
+        print("\n".join(table(skipped, "step, vcfslm::gemv (C++ to the kernel)")))
     print(f"vcfslm::gemv: {gemv_op.status().reason}; GEMV {gemv.status().reason}")
     return 0
 
