@@ -3,30 +3,17 @@ the step (never the prefill's), and the same step with those kernels skipped."""
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmark_modules import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    # The module asks for 2 MiB pages through the environment at import, for torch and
-    # its children: keep the environment of this test process as it was.
-    saved = dict(os.environ)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import decode_efficiency
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        os.environ.clear()
-        os.environ.update(saved)
-    return decode_efficiency
+    return import_benchmark("decode_efficiency")
 
 
 @pytest.fixture(scope="module")

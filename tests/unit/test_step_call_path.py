@@ -3,29 +3,16 @@ the order flipping every turn, only the run timed, and each row judged turn by t
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmark_modules import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    # The module asks for 2 MiB pages through the environment at import: keep this test
-    # process's environment as it was.
-    saved = dict(os.environ)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import step_call_path
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        os.environ.clear()
-        os.environ.update(saved)
-    return step_call_path
+    return import_benchmark("step_call_path")
 
 
 def test_each_path_is_prepared_right_before_it_runs_and_the_order_flips_every_turn(bench):
