@@ -192,7 +192,7 @@ def linears_pass(model, rows: int, compiled: bool):
     def run() -> None:
         for m in layers:
             x = inputs[m.in_features]
-            if compiled and m.gemv_address and rows <= m.gemv_rows:
+            if compiled and m.gemv_address is not None and rows <= m.gemv_rows:
                 gemv_op.call(x, m.gemv_address, m.out_features, m.bias)
             else:
                 m(x)

@@ -202,7 +202,7 @@ def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], in
             lambda: [torch.ops.vcfslm.linear.default(x1[w.shape[1]], p, None, w.shape[0], linear.ONEDNN_PACKED, 4,
                                                      gemv_rows) for w, p in zip(ws, packed, strict=True)])
         if gemv_op.usable():
-            weights_at = [torch.ops.mkldnn.data_ptr(p) for p in packed]   # as each PackedLinear holds it
+            weights_at = [gemv_op.address_of(p) for p in packed]   # as each PackedLinear holds it
             add("vcfslm GEMV via the vcfslm::gemv op", "what a compiled graph calls: C++ to the kernel",
                 lambda: [gemv_op.call(x1[w.shape[1]], a, w.shape[0], None) for w, a in zip(ws, weights_at, strict=True)])
         twin = _custom_op_twin()

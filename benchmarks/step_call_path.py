@@ -113,10 +113,10 @@ def main() -> int:
     addresses = [m.gemv_address for m in modules]
 
     def use_op(on: bool):
-        # Each module's address is part of the compiled graph (Dynamo guards it): zeroed, the
-        # graph traced through vcfslm::linear is the one that runs.
+        # Whether a module has the op's address is part of the compiled graph (Dynamo guards
+        # it): without, the graph traced through vcfslm::linear is the one that runs.
         for m, address in zip(modules, addresses, strict=True):
-            m.gemv_address = address if on else 0
+            m.gemv_address = address if on else None
 
     linears_alone = linears_pass(engine.model, rows=1, compiled=True)
 

@@ -72,7 +72,7 @@ def test_same_bits_as_the_ctypes_call_with_and_without_bias(op, rows):
     w, packed, gen = _packed(192, 128, rows)
     bias = torch.randn(192, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)
-    address = torch.ops.mkldnn.data_ptr(packed)
+    address = gemv_op.address_of(packed)
     plain = gemv_op.call(x, address, 192, None)
     assert torch.equal(plain, gemv.run(x, packed, 192))
     assert torch.equal(gemv_op.call(x, address, 192, bias), plain + bias)
@@ -85,7 +85,7 @@ def test_same_bits_as_the_ctypes_call_with_and_without_bias(op, rows):
 
 def test_bad_input_is_refused_with_what_it_was(op):
     _, packed, _ = _packed(128, 96, 0)
-    address = torch.ops.mkldnn.data_ptr(packed)
+    address = gemv_op.address_of(packed)
     with pytest.raises(RuntimeError, match="2-D bf16 CPU input"):
         gemv_op.call(torch.randn(2, 96), address, 128, None)
     with pytest.raises(RuntimeError, match="refused rows=33 n=128 k=96"):
@@ -103,7 +103,7 @@ def _model(seed: int) -> torch.nn.Module:
 def test_compiled_graphs_call_the_op_and_eager_stays_on_ctypes(op, monkeypatch):
     m = _model(1)
     packed = [p for p in m.modules() if isinstance(p, PackedLinear)]
-    assert all(p.gemv_address and "gemv_op=True" in repr(p) for p in packed)
+    assert all(p.gemv_address is not None and "gemv_op=True" in repr(p) for p in packed)
     ctypes_rows = []
     real = gemv.run
     monkeypatch.setattr(gemv, "run", lambda x, p, n, lib=None: ctypes_rows.append(x.shape[0]) or real(x, p, n, lib))
@@ -130,6 +130,39 @@ def test_compiled_graphs_call_the_op_and_eager_stays_on_ctypes(op, monkeypatch):
         finally:
             gemv_op.set_mode(gemv_op.RUN)
         assert gemv_op.take_seconds() == 0
+
+
+def test_another_replicas_graph_comes_from_the_cache_and_runs_its_own_weights(op, tmp_path, monkeypatch):
+    """A graph carries no packed weight's address (each is an input), so a replica packed
+    elsewhere, as in the next process, gets its graph from Inductor's FX graph cache, and that
+    graph reads the new replica's weights."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    got = []
+    with torch.inference_mode():
+        for seed in (3, 4):
+            torch._dynamo.reset()
+            counters.clear()
+            m = _model(seed)
+            got.append((torch.compile(m, fullgraph=True, dynamic=False)(x), m(x),
+                        dict(counters["inductor"])))
+    (first, first_eager, cold), (second, second_eager, warm) = got
+    assert cold.get("fxgraph_cache_miss") == 1 and not cold.get("fxgraph_cache_hit")
+    assert warm.get("fxgraph_cache_hit") == 1 and not warm.get("fxgraph_cache_miss")
+    assert torch.equal(first, first_eager) and torch.equal(second, second_eager)
+    assert not torch.equal(second, first)
+
+
+def test_the_address_must_be_one_int64(op):
+    _, packed, _ = _packed(128, 96, 0)
+    x = torch.randn(1, 96).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="one-element int64 CPU tensor"):
+        gemv_op.call(x, gemv_op.address_of(packed).int(), 128, None)
+    with pytest.raises(RuntimeError, match="one-element int64 CPU tensor"):
+        gemv_op.call(x, gemv_op.address_of(packed).repeat(2), 128, None)
 
 
 def test_a_swapped_kernel_library_reaches_compiled_graphs_and_is_put_back(op, tmp_path):
@@ -162,12 +195,12 @@ def test_skip_mode_runs_no_kernel_and_keeps_the_shape(op):
     gemv_op.set_mode(gemv_op.SKIP)
     try:
         # Refused rows pass in skip mode: the kernel, which checks them, is not called.
-        y = gemv_op.call(torch.randn(33, 96).to(torch.bfloat16), torch.ops.mkldnn.data_ptr(packed), 128, None)
+        y = gemv_op.call(torch.randn(33, 96).to(torch.bfloat16), gemv_op.address_of(packed), 128, None)
     finally:
         gemv_op.set_mode(gemv_op.RUN)
     assert y.shape == (33, 128) and y.dtype == torch.bfloat16
     assert gemv_op.take_seconds() == 0
-    assert torch.equal(gemv_op.call(x, torch.ops.mkldnn.data_ptr(packed), 128, None), gemv.run(x, packed, 128))
+    assert torch.equal(gemv_op.call(x, gemv_op.address_of(packed), 128, None), gemv.run(x, packed, 128))
 
 
 def test_the_command_reports_the_op(op):

@@ -228,10 +228,10 @@ def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch)
     model = torch.nn.Sequential(*(linear.PackedLinear(torch.ones(n, 64, dtype=torch.bfloat16), None, plan)
                                   for n in (128, 192)))
     for m in model:
-        m.gemv_address, m.gemv_rows = 4096, 4   # as if the op ran here
-    model[1].gemv_address = 0                   # a module the op does not take
+        m.gemv_address, m.gemv_rows = torch.tensor([4096]), 4   # as if the op ran here
+    model[1].gemv_address = None                                # a module the op does not take
     op_calls, module_calls = [], []
-    monkeypatch.setattr(gemv_op, "call", lambda x, address, n, bias: op_calls.append((x.shape[0], address, n)))
+    monkeypatch.setattr(gemv_op, "call", lambda x, address, n, bias: op_calls.append((x.shape[0], int(address), n)))
     real = linear._run
 
     def module_run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):

@@ -1,12 +1,14 @@
-// vcfslm::gemv(Tensor x, int weight, int out_features, Tensor? bias) -> Tensor: the GEMV as
-// an op of PyTorch's dispatcher, so a compiled step reaches the kernel without Python
+// vcfslm::gemv(Tensor x, Tensor address, int out_features, Tensor? bias) -> Tensor: the GEMV
+// as an op of PyTorch's dispatcher, so a compiled step reaches the kernel without Python
 // (vcfslm.bench.gemv_op builds this file and says why that matters).
 //
 // No kernel lives here: vcfslm.bench.gemv loads and checks the kernel library, and hands its
 // vcfslm_gemv_bf16 to this one (vcfslm_gemv_op_use), so a benchmark that swaps the kernel
-// library swaps what every compiled graph runs, without recompiling. `weight` is the address
-// of oneDNN's packed buffer: an opaque oneDNN tensor has no storage to pass, and its memory
-// never moves.
+// library swaps what every compiled graph runs, without recompiling. `address` is a
+// one-element int64 tensor holding the address of oneDNN's packed buffer: an opaque oneDNN
+// tensor has no storage to pass, and its memory never moves. A tensor, not an int: an int
+// would be a constant of every compiled graph, different in every process, so no graph could
+// come from Inductor's cache; a tensor is an input like any other.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -26,9 +28,14 @@ std::atomic<Kernel> kernel{nullptr};
 std::atomic<int> mode{0};
 std::atomic<int64_t> kernel_ns{0};
 
-at::Tensor gemv(const at::Tensor& x, int64_t weight, int64_t out_features, const std::optional<at::Tensor>& bias) {
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& address, int64_t out_features,
+                const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
               "vcfslm::gemv takes a 2-D bf16 CPU input, got ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(address.numel() == 1 && address.scalar_type() == at::kLong && address.device().is_cpu(),
+              "vcfslm::gemv takes the weight's address as a one-element int64 CPU tensor, got ", address.sizes(),
+              " ", address.scalar_type());
+  const int64_t weight = *address.data_ptr<int64_t>();
   const Kernel fn = kernel.load();
   TORCH_CHECK(fn != nullptr, "vcfslm::gemv has no kernel: vcfslm.bench.gemv_op did not attach one");
   const at::Tensor xc = x.contiguous();
@@ -53,7 +60,7 @@ at::Tensor gemv(const at::Tensor& x, int64_t weight, int64_t out_features, const
 extern "C" {
 
 // The ABI this file implements; the loader refuses a library that answers otherwise.
-int vcfslm_gemv_op_abi(void) { return 1; }
+int vcfslm_gemv_op_abi(void) { return 2; }
 
 void vcfslm_gemv_op_use(void* fn) { kernel.store(reinterpret_cast<Kernel>(fn)); }
 
@@ -65,7 +72,7 @@ int64_t vcfslm_gemv_op_take_ns(void) { return kernel_ns.exchange(0); }
 }  // extern "C"
 
 TORCH_LIBRARY_FRAGMENT(vcfslm, m) {
-  m.def("gemv(Tensor x, int weight, int out_features, Tensor? bias) -> Tensor");
+  m.def("gemv(Tensor x, Tensor address, int out_features, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(vcfslm, CPU, m) { m.impl("gemv", TORCH_FN(gemv)); }

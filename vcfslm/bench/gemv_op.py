@@ -32,7 +32,7 @@ import torch
 from . import gemv
 
 SOURCE = Path(__file__).with_name("gemv_op.cpp")
-ABI = 1
+ABI = 2
 # Mode of the op's kernel call (gemv_op.cpp): run, run timed, skip.
 RUN, TIMED, SKIP = 0, 1, 2
 
@@ -104,8 +104,16 @@ def point_at(kernel_lib: ctypes.CDLL) -> None:
         lib.vcfslm_gemv_op_use(ctypes.cast(kernel_lib.vcfslm_gemv_bf16, ctypes.c_void_p))
 
 
-def call(x2, address: int, out_features: int, bias):
-    """y [rows, out_features] = x2 [rows, k] times the packed weight at `address`, + bias."""
+def address_of(packed) -> torch.Tensor:
+    """The op's handle on a packed weight: its buffer's address in a one-element int64 tensor.
+    A graph input, not a constant: graphs then carry no address of this process and come from
+    Inductor's FX graph cache in the next one."""
+    return torch.tensor([torch.ops.mkldnn.data_ptr(packed)], dtype=torch.int64)
+
+
+def call(x2, address: torch.Tensor, out_features: int, bias):
+    """y [rows, out_features] = x2 [rows, k] times the packed weight at `address` (address_of),
+    + bias."""
     return torch.ops.vcfslm.gemv.default(x2, address, out_features, bias)
 
 
@@ -117,7 +125,7 @@ def agrees_with_ctypes(kernel_lib: ctypes.CDLL) -> tuple[bool, str]:
     packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k, generator=gen).to(torch.bfloat16),
                                                      gemv.PACKED_FOR_ROWS)
     bias = torch.randn(n, generator=gen).to(torch.bfloat16)
-    address = torch.ops.mkldnn.data_ptr(packed)
+    address = address_of(packed)
     for rows in (1, gemv.STREAM_ROWS + 1, gemv.MAX_ROWS):
         x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
         if not torch.equal(call(x, address, n, bias), gemv.run(x, packed, n, kernel_lib) + bias):

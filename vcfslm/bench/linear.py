@@ -206,14 +206,15 @@ def _linear_fake(x, weight, bias, out_features, kernel, min_rows, gemv_rows):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-           kernel: str, min_rows: int, gemv_rows: int, gemv_address: int = 0) -> torch.Tensor:
+           kernel: str, min_rows: int, gemv_rows: int, gemv_address: torch.Tensor | None = None) -> torch.Tensor:
     """The op under torch.compile; eager, its kernel called directly (no dispatcher).
 
     Compiled, the GEMV's rows go to vcfslm::gemv when its op runs here (gemv_address: the
-    packed weight's, else 0): C++ from the graph to the kernel (vcfslm.bench.gemv_op)."""
+    packed weight's, gemv_op.address_of, else None): C++ from the graph to the kernel
+    (vcfslm.bench.gemv_op)."""
     if torch.compiler.is_compiling():
         rows = x.numel() // x.shape[-1]
-        if gemv_address and rows <= gemv_rows:
+        if gemv_address is not None and rows <= gemv_rows:
             y = gemv_op.call(x.reshape(rows, x.shape[-1]), gemv_address, out_features, bias)
             return y.view(*x.shape[:-1], out_features)
         return torch.ops.vcfslm.linear.default(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
@@ -234,7 +235,7 @@ class PackedLinear(torch.nn.Module):
         self.min_rows = plan.min_rows
         self.weight_nbytes = weight.numel() * weight.element_size()
         self.gemv_rows = 0
-        self.gemv_address = 0   # the packed buffer's, where compiled graphs call vcfslm::gemv
+        address = None   # the packed buffer's (gemv_op.address_of), where compiled graphs call vcfslm::gemv
         if plan.kernel == ONEDNN_PACKED:
             stored = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), plan.min_rows)
             # Shapes outside the GEMV's whole blocks stay on oneDNN at every row count.
@@ -245,12 +246,15 @@ class PackedLinear(torch.nn.Module):
                                      f"{gemv.status().reason}")
                 self.gemv_rows = plan.gemv_rows
                 if gemv_op.usable():
-                    self.gemv_address = torch.ops.mkldnn.data_ptr(stored)
+                    address = gemv_op.address_of(stored)
         else:
             stored = weight.detach().contiguous()
         # Buffers, not parameters: nothing may treat them as trainable or re-materialise them.
         self.register_buffer("packed_weight", stored)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        # A buffer, so compiled graphs take it as an input; not saved: an address means
+        # nothing to another process.
+        self.register_buffer("gemv_address", address, persistent=False)
         # Logical bytes (an oneDNN-packed tensor has no storage to measure).
         self.held_nbytes = self.weight_nbytes + (0 if bias is None else bias.numel() * bias.element_size())
 
@@ -260,7 +264,7 @@ class PackedLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, gemv_rows={self.gemv_rows}, "
-                f"gemv_op={bool(self.gemv_address)}")
+                f"gemv_op={self.gemv_address is not None}")
 
 
 @dataclass(frozen=True)
