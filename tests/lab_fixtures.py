@@ -126,7 +126,7 @@ def lab(tmp_path_factory, vcsim_server, ssh_guests) -> LabInfo:
     directory = tmp_path_factory.mktemp("lab")
     state = lab_mod.LabState(dir=directory, nodes=len(ssh_guests), vcsim=vcsim_server.vcsim,
                              guests=list(ssh_guests), inventory=directory / "inventory.yaml",
-                             env_file=directory / "lab.env", bench_port=guests.free_port(""))
+                             env_file=directory / "lab.env", bench_port=guests.port_for_later(""))
     lab_mod.write_lab_files(state, vcsim_server.password)
     env = generate.parse_env_file(state.env_file.read_text())
     return LabInfo(dir=directory, vcsim=vcsim_server, guests=list(ssh_guests),

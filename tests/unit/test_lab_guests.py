@@ -73,3 +73,37 @@ def test_ensure_key_generates_once(tmp_path: Path):
     assert first.startswith("ssh-ed25519 ")
     assert guests.ensure_key(tmp_path / "id", "c") == first
     assert (tmp_path / "id").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_port_bound_later_is_picked_outside_the_ephemeral_range():
+    assert guests.ports_for_later((32768, 60999)) == range(10000, 32768)
+    assert guests.ports_for_later((10500, 60999)) == range(61000, 65536)   # the larger side
+    assert not guests.ports_for_later((1024, 65535))   # none: port_for_later lets the kernel pick
+
+
+def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path):
+    assert guests.ephemeral_range(tmp_path / "nope") == guests.DEFAULT_EPHEMERAL
+    (tmp_path / "range").write_text("40000\t60999\n")
+    assert guests.ephemeral_range(tmp_path / "range") == (40000, 60999)
+    (tmp_path / "bad").write_text("40000\n")
+    assert guests.ephemeral_range(tmp_path / "bad") == guests.DEFAULT_EPHEMERAL
+
+
+def test_port_for_later_is_free_and_outside_this_machines_ephemeral_range():
+    low, high = guests.ephemeral_range()
+    port = guests.port_for_later("127.0.0.1")
+    assert port in guests.ports_for_later((low, high)) and guests.port_is_free("127.0.0.1", port)
+
+
+def test_port_for_later_skips_a_busy_pick_and_falls_back_to_the_kernel(monkeypatch):
+    picks = iter([20001, 20002])
+
+    class Rng:
+        def choice(self, candidates):
+            return next(picks)
+
+    monkeypatch.setattr(guests, "port_is_free", lambda address, port: port != 20001)
+    assert guests.port_for_later("127.0.0.1", rng=Rng()) == 20002
+    monkeypatch.setattr(guests, "port_is_free", lambda address, port: False)
+    monkeypatch.setattr(guests, "free_port", lambda address: 45678)
+    assert guests.port_for_later("127.0.0.1", tries=3) == 45678

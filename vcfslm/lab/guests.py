@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -172,6 +173,41 @@ def free_port(address: str, preferred: int = 0) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
         return sock.getsockname()[1]
+
+
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL = (32768, 60999)   # Linux's default ip_local_port_range
+LISTEN_FLOOR = 10000                 # below: well-known and registered services' ports
+
+
+def ports_for_later(ephemeral: tuple[int, int], floor: int = LISTEN_FLOOR) -> range:
+    """Where to pick a port that is bound long after it is picked (pure): outside the kernel's
+    ephemeral range, from which every outgoing connection takes its local port. A port picked
+    inside it (bind to 0) can be taken meanwhile by any client socket on the machine, and a
+    listener on all addresses (torchrun's rendezvous store) then fails with EADDRINUSE."""
+    low, high = ephemeral
+    below, above = range(floor, low), range(high + 1, 65536)
+    return below if len(below) >= len(above) else above
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE) -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in path.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+
+
+def port_for_later(address: str = "", tries: int = 64, rng: random.Random | None = None) -> int:
+    """A port free on `address` now and outside the ephemeral range (ports_for_later), for a
+    listener that binds it later; a kernel-picked one if `tries` picks were all taken."""
+    rng = rng or random.Random()
+    candidates = ports_for_later(ephemeral_range())
+    for _ in range(tries if candidates else 0):
+        port = rng.choice(candidates)
+        if port_is_free(address, port):
+            return port
+    return free_port(address)
 
 
 @dataclass(frozen=True)

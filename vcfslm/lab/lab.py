@@ -197,10 +197,10 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
             dir=directory, nodes=nodes, vcsim=previous.vcsim if previous else None,
             guests=list(previous.guests) if previous else [],
             inventory=directory / "inventory.yaml", env_file=directory / "lab.env",
-            # A kernel-picked port, not 29500 (torchrun's and vLLM's default, which other
-            # processes on the machine may take): the rendezvous binds it only when a bench
-            # starts, long after `lab up` found it free.
-            bench_port=previous.bench_port if previous else guests.free_port(""),
+            # Not 29500 (torchrun's and vLLM's default, which other processes on the machine
+            # may take), and not a kernel-picked one (any client socket may take that): the
+            # rendezvous binds it only when a bench starts, long after `lab up` found it free.
+            bench_port=previous.bench_port if previous else guests.port_for_later(""),
             fresh=previous.fresh if previous and fresh_guests else None,
             wheelhouse=previous.wheelhouse if previous and fresh_guests else None))
         if previous and previous.fresh and not fresh_guests:
