@@ -17,7 +17,8 @@ step's weight reads and nothing else), with the interquartile range. Paths:
 - with --guards, vcfslm::gemv with Dynamo's guards not evaluated before the graph
   (torch.compiler.set_stance(skip_guard_eval_unsafe=True)): what the ~2000 guards of an
   8-layer step (~7000 at full shape) cost per step. The engine keeps them: they are what
-  tells one replica's graph from another's, and a changed module from an unchanged one.
+  tells a changed module (its shapes, its kernel plan, whether it calls the op) from an
+  unchanged one.
 
 A second table runs the step paths again with every linear's kernel skipped (an
 uninitialised output of its shape): each path's own code in warm caches, without the weight
