@@ -184,7 +184,7 @@ def linears_pass(model, rows: int, compiled: bool):
     """A function that runs every packed linear of `model` once at `rows` rows, back to back,
     with nothing in between: the weight reads of a step. Each linear is called the way the
     step calls it: a compiled step calls vcfslm::gemv where the module has the op's address
-    (read when the pass runs: a benchmark that zeroes it gets the module), an eager step
+    (read when the pass runs: a benchmark that sets it to None gets the module), an eager step
     calls the module."""
     layers = [m for m in model.modules() if isinstance(m, linear.PackedLinear)]
     inputs = {m.in_features: torch.randn(rows, m.in_features).to(torch.bfloat16) for m in layers}

@@ -192,15 +192,20 @@ _state: dict = {}
 _ADDRESS_ATTR = "_vcfslm_gemv_address"
 
 
-def run(x2, packed, n: int, lib: ctypes.CDLL | None = None):
-    """y [rows, n] bf16 = x2 [rows, k] (contiguous bf16) times the oneDNN-packed weight."""
+def packed_address(packed) -> int:
+    """Where the oneDNN-packed weight's bytes are (looked up once per tensor)."""
     address = getattr(packed, _ADDRESS_ATTR, None)
     if address is None:
         import torch
 
         address = torch.ops.mkldnn.data_ptr(packed)
         setattr(packed, _ADDRESS_ATTR, address)
-    return run_at(address, x2, n, lib or _library())
+    return address
+
+
+def run(x2, packed, n: int, lib: ctypes.CDLL | None = None):
+    """y [rows, n] bf16 = x2 [rows, k] (contiguous bf16) times the oneDNN-packed weight."""
+    return run_at(packed_address(packed), x2, n, lib or _library())
 
 
 def run_at(address: int, x2, n: int, lib: ctypes.CDLL, *, threads: int | None = None, prefetch: int = 0):

@@ -108,7 +108,7 @@ def address_of(packed) -> torch.Tensor:
     """The op's handle on a packed weight: its buffer's address in a one-element int64 tensor.
     A graph input, not a constant: graphs then carry no address of this process and come from
     Inductor's FX graph cache in the next one."""
-    return torch.tensor([torch.ops.mkldnn.data_ptr(packed)], dtype=torch.int64)
+    return torch.tensor([gemv.packed_address(packed)], dtype=torch.int64)
 
 
 def call(x2, address: torch.Tensor, out_features: int, bias):

@@ -191,6 +191,7 @@ def ports_for_later(ephemeral: tuple[int, int], floor: int = LISTEN_FLOOR) -> ra
 
 
 def ephemeral_range(path: Path = EPHEMERAL_RANGE) -> tuple[int, int]:
+    """The kernel's ip_local_port_range (Linux's default where it cannot be read)."""
     try:
         low, high = (int(v) for v in path.read_text().split())
         return low, high
