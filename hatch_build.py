@@ -1,13 +1,15 @@
-"""The wheel's build hook: it compiles vcfslm's GEMV library into the wheel, so a guest that
+"""The wheel's build hook: it compiles vcfslm's GEMV libraries into the wheel, so a guest that
 installs the wheel runs the kernel without a compiler of its own; and, when the build runs
 beside torch (the project's guest wheel is built without isolation, in the operator's venv),
 the library of the GEMV's op (vcfslm.bench.gemv_op), named for that torch's version.
 
-The library is plain C ABI code loaded with ctypes (no Python ABI in it), built for x86-64
-with AVX512-BF16 instructions; vcfslm.bench.gemv runs it only on a CPU that has them and
-after its layout check. The wheel is then tagged py3-none-linux_x86_64. A build machine
-without a compiler, or one whose compiler cannot target AVX512-BF16, still builds the wheel:
-a pure one, without the library (a guest with a compiler then builds it at its first rank).
+The kernel libraries are plain C ABI code loaded with ctypes (no Python ABI in them), built
+for x86-64: one with AVX512-BF16 instructions (vcfslm.bench.gemv), one with AVX2 and FMA
+(vcfslm.bench.dense_gemv); each module runs its library only on a CPU that has them and after
+its check. The wheel is then tagged py3-none-linux_x86_64. A build machine without a
+compiler still builds the wheel: a pure one, without the libraries (a guest with a compiler
+then builds them at its first rank); one whose compiler cannot target AVX512-BF16 carries
+the AVX2 library alone.
 Editable installs skip it: a source checkout builds into its cache folder (`make setup`).
 """
 
@@ -48,14 +50,19 @@ class KernelBuildHook(BuildHookInterface):
         if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
             return
         gemv = _bench_module("gemv")
-        try:
-            # Into the kernel cache, under the wheel's name: pip builds twice (metadata, then
-            # the wheel), and an unchanged source is compiled once.
-            lib = gemv.build(gemv.cache_dir(), gemv.packaged_name(gemv.SOURCE.read_bytes()))
-        except gemv.GemvBuildError as exc:
-            sys.stderr.write(f"vcfslm: the wheel goes without the GEMV library ({exc})\n")
+        built = False
+        for name, what in (("gemv", "GEMV library"), ("dense_gemv", "AVX2 GEMV library")):
+            try:
+                # Into the kernel cache, under the wheel's name: pip builds twice (metadata,
+                # then the wheel), and an unchanged source is compiled once.
+                lib = _bench_module(name).build_packaged(gemv.cache_dir())
+            except gemv.GemvBuildError as exc:
+                sys.stderr.write(f"vcfslm: the wheel goes without the {what} ({exc})\n")
+                continue
+            build_data["force_include"][str(lib)] = f"{WHEEL_DIR}/{lib.name}"
+            built = True
+        if not built:
             return
-        build_data["force_include"][str(lib)] = f"{WHEEL_DIR}/{lib.name}"
         build_data["pure_python"] = False
         build_data["tag"] = "py3-none-linux_x86_64"
         if importlib.util.find_spec("torch") is None:

@@ -193,7 +193,7 @@ def linears_pass(model, rows: int, compiled: bool):
         for m in layers:
             x = inputs[m.in_features]
             if compiled and m.gemv_address is not None and rows <= m.gemv_rows:
-                gemv_op.call(x, m.gemv_address, m.out_features, m.bias)
+                gemv_op.call(x, m.gemv_address, m.out_features, m.bias, linear.op_layout(m.kernel))
             else:
                 m(x)
 

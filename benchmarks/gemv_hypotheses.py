@@ -15,7 +15,11 @@ Rows:
 - the read kernels the probe takes its bandwidth from (sum, MKL SGEMV), and sum over random
   values (is a buffer of ones read faster? it must not be);
 - oneDNN's packed weight at 1 row and padded to 4 rows, and packed for 16 rows (the block
-  layout it picks; its verbose log names it AB16b64a2b on AVX512-BF16);
+  layout it picks; its verbose log names it AB16b64a2b on AVX512-BF16); these, the N split,
+  Inductor's micro-GEMM and vcfslm's AVX512-BF16 GEMV only where oneDNN has bf16;
+- the dense-bf16 plan's few-row kernels on the plain weight (any AVX2 CPU): ATen's bf16 GEMV
+  one row at a time, and vcfslm's AVX2 GEMV (vcfslm.bench.dense_gemv) at 1, 2 and 4 rows,
+  with one thread, and through its call paths;
 - the unpacked weight through ATen's F.linear and torch.ops.mkldnn._linear_pointwise;
 - an Inductor-compiled reduction over a [N/16, K, 16] blocked copy, and Inductor's own C++
   micro-GEMM (max-autotune, frozen weights: a second copy per compiled shape, so not
@@ -57,7 +61,7 @@ ask_for_huge_pages()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import gemv, gemv_op, linear  # noqa: E402
+from vcfslm.bench import dense_gemv, gemv, gemv_op, linear  # noqa: E402
 
 SHAPES = ((9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192))
 LM_HEAD = (32064, 3072)
@@ -131,14 +135,22 @@ def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], in
     add("sum fp32 over random values", "a buffer of ones is not read faster", noise.sum)
     add("MKL SGEMV fp32 (read probe)", "the probe's other read kernel", lambda: torch.mv(ones.view(-1, 4096), vec))
 
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in ws]
-    keep.append(packed)
-    add("oneDNN packed, 1 row", "oneDNN's one-row path", lambda: [_mkldnn(x1[w.shape[1]], p) for w, p in zip(ws, packed, strict=True)])
-    add("oneDNN packed, padded to 4 rows", "the padding the plan used", lambda: [_mkldnn(x4[w.shape[1]], p)
-                                                                              for w, p in zip(ws, packed, strict=True)])
     add("F.linear, unpacked, 1 row", "no packing at all (ATen)", lambda: [F.linear(x1[w.shape[1]], w) for w in ws])
-    add("mkldnn._linear_pointwise, unpacked, 1 row", "a torch.ops.mkldnn variant on the plain weight",
-        lambda: [_mkldnn(x1[w.shape[1]], w) for w in ws])
+    has_onednn_bf16 = linear.onednn_bf16()
+    packed: list = []
+    if has_onednn_bf16:
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in ws]
+        keep.append(packed)
+        add("oneDNN packed, 1 row", "oneDNN's one-row path",
+            lambda: [_mkldnn(x1[w.shape[1]], p) for w, p in zip(ws, packed, strict=True)])
+        add("oneDNN packed, padded to 4 rows", "the padding the plan used",
+            lambda: [_mkldnn(x4[w.shape[1]], p) for w, p in zip(ws, packed, strict=True)])
+        add("mkldnn._linear_pointwise, unpacked, 1 row", "a torch.ops.mkldnn variant on the plain weight",
+            lambda: [_mkldnn(x1[w.shape[1]], w) for w in ws])
+    else:
+        print("oneDNN has no bf16 here: its packed weight, its N split, Inductor's bf16 micro-GEMM and vcfslm's "
+              "AVX512-BF16 GEMV are not run")
+    _dense_rows(add, ws, x1, x4)
 
     with torch.no_grad():
         blocked = [w.view(w.shape[0] // 16, 16, w.shape[1]).transpose(1, 2).contiguous() for w in ws]
@@ -150,7 +162,7 @@ def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], in
         add("Inductor reduction, [N/16,K,16] copy, 1 row", "a compiled loop on a 16-wide block layout",
             torch.compile(lambda: [reduce16(x1[b.shape[1]], b) for b in blocked], dynamic=False))
 
-    if autotune:
+    if autotune and has_onednn_bf16:
         import torch._inductor.config as inductor_config
 
         class Stack(torch.nn.Module):
@@ -172,6 +184,8 @@ def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], in
         add("Inductor C++ micro-GEMM (max-autotune, frozen)", "Inductor's template; a copy per compiled shape",
             lambda: micro(x1[3072], x1[8192]))
 
+    if not has_onednn_bf16:
+        return rows, nbytes, keep
     halves = [(torch.ops.mkldnn._reorder_linear_weight(w[: w.shape[0] // 2].contiguous(), 4),
                torch.ops.mkldnn._reorder_linear_weight(w[w.shape[0] // 2:].contiguous(), 4)) for w in ws]
     keep.append(halves)
@@ -229,6 +243,36 @@ def build_rows(layers: int, threads: int, autotune: bool) -> tuple[list[Row], in
     return rows, nbytes, keep
 
 
+def _dense_rows(add, ws, x1, x4) -> None:
+    """The dense-bf16 plan's few-row kernels on the plain weight (any AVX2 CPU; the plan's on
+    one where oneDNN has no bf16): vcfslm's AVX2 GEMV, its call paths, and ATen's per-row GEMV
+    it replaces."""
+    status = dense_gemv.status()
+    if not status.usable:
+        print(f"vcfslm AVX2 GEMV: not run here ({status.reason})")
+        return
+    lib = dense_gemv.library()
+    x2 = {k: torch.randn(2, k).to(torch.bfloat16) for k in x1}
+    add("ATen bf16 GEMV, 4 rows one at a time", "the dense-bf16 plan's few rows without vcfslm's GEMV",
+        lambda: [linear.linear_eager(x4[w.shape[1]], w, None, w.shape[0], linear.DENSE_BF16, 1, 0) for w in ws])
+    add("vcfslm AVX2 GEMV on the plain weight, 1 row", "the dense-bf16 plan's few-row kernel",
+        lambda: [dense_gemv.run(x1[w.shape[1]], w, lib) for w in ws])
+    add("vcfslm AVX2 GEMV, 2 rows", "2 rows in one pass over the weight",
+        lambda: [dense_gemv.run(x2[w.shape[1]], w, lib) for w in ws])
+    add("vcfslm AVX2 GEMV, 4 rows", "4 rows: the chunked loop, FMA-bound",
+        lambda: [dense_gemv.run(x4[w.shape[1]], w, lib) for w in ws])
+    add("vcfslm AVX2 GEMV, 1 thread", "one core's share (against sum, 1 thread)",
+        lambda: [dense_gemv.run(x1[w.shape[1]], w, lib) for w in ws], 1, one_core=True)
+    add("vcfslm AVX2 GEMV via linear_eager (dense-bf16)", "the engine's eager call path",
+        lambda: [linear.linear_eager(x1[w.shape[1]], w, None, w.shape[0], linear.DENSE_BF16, 1, dense_gemv.MAX_ROWS)
+                 for w in ws])
+    if gemv_op.usable(gemv_op.PLAIN):
+        weights_at = [gemv_op.address_of(w, gemv_op.PLAIN) for w in ws]
+        add("vcfslm AVX2 GEMV via the vcfslm::gemv op", "what a compiled graph calls: C++ to the kernel",
+            lambda: [gemv_op.call(x1[w.shape[1]], a, w.shape[0], None, gemv_op.PLAIN)
+                     for w, a in zip(ws, weights_at, strict=True)])
+
+
 def measure(rows: list[Row], rounds: int, threads: int) -> None:
     with torch.inference_mode():
         for row in rows:   # warm every code path once
@@ -280,7 +324,8 @@ def main() -> int:
     ap.add_argument("--no-autotune", action="store_true", help="skip Inductor's max-autotune micro-GEMM (slow to compile)")
     args = ap.parse_args()
     print(cpu_line())
-    print(f"vcfslm GEMV: {gemv.status().reason}; plan {linear.default_plan().label}")
+    print(f"vcfslm GEMV: {gemv.status().reason}; AVX2 GEMV: {dense_gemv.status().reason}; "
+          f"plan {linear.default_plan().label}")
     for line in run(args.layers, args.rounds, args.threads, not args.no_autotune):
         print(line)
     return 0

@@ -45,7 +45,7 @@ ask_for_huge_pages()   # the rank's environment (rank.sh)
 
 import torch  # noqa: E402
 
-from vcfslm.bench import gemv, gemv_op, linear  # noqa: E402
+from vcfslm.bench import dense_gemv, gemv, gemv_op, linear  # noqa: E402
 from vcfslm.bench.engine import DecodeEngine, synthetic_prompt  # noqa: E402
 from vcfslm.bench.model import load_model  # noqa: E402
 
@@ -105,8 +105,9 @@ def main() -> int:
     if args.skipped_steps < 0 or args.skipped_steps == 1:
         ap.error(f"--skipped-steps {args.skipped_steps}: 0 (no second table) or at least 2")
     print(cpu_line())
-    if not gemv_op.usable():
-        print(f"vcfslm::gemv does not run here ({gemv_op.status().reason}): nothing to compare")
+    layout = linear.op_layout(linear.default_plan().kernel)
+    if not gemv_op.usable(layout):
+        print(f"vcfslm::gemv does not run here ({gemv_op.status(layout).reason}): nothing to compare")
         return 1
     replica = load_model(spec_for(args.layers), seed=0, max_context=PROMPT + 8)
     engine = DecodeEngine(replica.model, "compile")
@@ -164,7 +165,8 @@ def main() -> int:
     if skipped:
         print(f"every linear's kernel skipped (the step's own code, warm caches), {args.skipped_steps} turns:")
         print("\n".join(table(skipped, "step, vcfslm::gemv (C++ to the kernel)")))
-    print(f"vcfslm::gemv: {gemv_op.status().reason}; GEMV {gemv.status().reason}")
+    print(f"vcfslm::gemv: {gemv_op.status(layout).reason}; GEMV {gemv.status().reason}; "
+          f"AVX2 GEMV {dense_gemv.status().reason}")
     return 0
 
 

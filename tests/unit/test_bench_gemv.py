@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import gemv, linear  # noqa: E402
+from vcfslm.bench import dense_gemv, gemv, linear  # noqa: E402
 from vcfslm.bench.linear import (  # noqa: E402
     DENSE_BF16,
     ONEDNN_PACKED,
@@ -99,17 +99,18 @@ def test_plan_carries_the_gemv():
     assert [plan.rows_computed(r) for r in (1, 3, 4, 5, 16)] == [1, 3, 4, 5, 16]
     without = choose_plan(True)
     assert [without.rows_computed(r) for r in (1, 3, 4, 5)] == [4, 4, 4, 5]
-    assert choose_plan(False, gemv_rows=4) == KernelPlan(DENSE_BF16)
-    with pytest.raises(ValueError, match="needs onednn-packed"):
-        KernelPlan(DENSE_BF16, gemv_rows=4)
+    # Without oneDNN's bf16 the rows are the AVX2 GEMV's (vcfslm.bench.dense_gemv).
+    assert choose_plan(False, gemv_rows=4) == KernelPlan(DENSE_BF16, gemv_rows=4)
     assert "1-16 rows: " + gemv.LABEL in choose_plan(True, gemv_rows=16).label
     with pytest.raises(ValueError, match="within 0-32"):
         KernelPlan(ONEDNN_PACKED, 4, 33)
 
 
 def test_switched_off_it_does_not_run(monkeypatch):
+    """The switch turns off both GEMVs: the plan on any CPU has none."""
     monkeypatch.setenv(gemv.ENV_SWITCH, "off")
     gemv.status.cache_clear()
+    dense_gemv.status.cache_clear()
     try:
         assert gemv.status() == gemv.GemvStatus(False, "VCFSLM_GEMV=off")
         assert gemv.usable_rows() == 0
@@ -117,6 +118,7 @@ def test_switched_off_it_does_not_run(monkeypatch):
     finally:
         monkeypatch.delenv(gemv.ENV_SWITCH)
         gemv.status.cache_clear()
+        dense_gemv.status.cache_clear()
 
 
 # ------------------------------------------------------------------ build

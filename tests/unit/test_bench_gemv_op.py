@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import gemv, gemv_op  # noqa: E402
-from vcfslm.bench.linear import ONEDNN_PACKED, KernelPlan, PackedLinear, pack_linears  # noqa: E402
+from vcfslm.bench import dense_gemv, gemv, gemv_op  # noqa: E402
+from vcfslm.bench.linear import DENSE_BF16, ONEDNN_PACKED, KernelPlan, PackedLinear, pack_linears  # noqa: E402
 
 # ------------------------------------------------------------------ decisions
 
@@ -38,14 +38,30 @@ def test_the_wheels_name_follows_the_source_and_torch():
     assert name != gemv_op.packaged_name(b"source 2", "2.13.0+cpu")
 
 
-def test_without_the_gemv_there_is_no_op(monkeypatch):
+@pytest.fixture
+def fresh_verdicts():
+    gemv_op.layouts.cache_clear()
+    yield
+    gemv_op.layouts.cache_clear()
+
+
+def test_without_either_gemv_there_is_no_op(monkeypatch, fresh_verdicts):
     monkeypatch.setattr(gemv, "status", lambda: gemv.GemvStatus(False, "the CPU has no AVX512-BF16"))
-    gemv_op.status.cache_clear()
-    try:
-        verdict = gemv_op.status()
-        assert not verdict.usable and verdict.reason == "the GEMV does not run here: the CPU has no AVX512-BF16"
-    finally:
-        gemv_op.status.cache_clear()
+    monkeypatch.setattr(dense_gemv, "status", lambda: gemv.GemvStatus(False, "the CPU has no AVX2 with FMA"))
+    want = ("no GEMV runs here (oneDNN-packed: the CPU has no AVX512-BF16; plain: the CPU has no AVX2 "
+            "with FMA)")
+    for layout in (gemv_op.PACKED, gemv_op.PLAIN):
+        assert not gemv_op.usable(layout) and gemv_op.status(layout).reason == want
+
+
+def test_each_layout_has_its_own_verdict(monkeypatch, fresh_verdicts):
+    """The AVX512-BF16 loop absent (an AVX2 host), the op still serves plain weights."""
+    if not dense_gemv.status().usable:
+        pytest.skip(f"the AVX2 GEMV does not run here: {dense_gemv.status().reason}")
+    monkeypatch.setattr(gemv, "status", lambda: gemv.GemvStatus(False, "the CPU has no AVX512-BF16"))
+    assert gemv_op.status(gemv_op.PACKED).reason == "the GEMV does not run here: the CPU has no AVX512-BF16"
+    plain = gemv_op.status(gemv_op.PLAIN)
+    assert plain.usable and plain.reason == "vcfslm::gemv agrees with the ctypes call (plain weight)"
 
 
 # ------------------------------------------------------------------ the op itself
@@ -206,4 +222,72 @@ def test_skip_mode_runs_no_kernel_and_keeps_the_shape(op):
 def test_the_command_reports_the_op(op):
     out = subprocess.run([sys.executable, "-m", "vcfslm.bench.gemv_op"], capture_output=True, text=True, check=True)
     verdict = json.loads(out.stdout)["op"]
-    assert verdict["usable"] and verdict["reason"] == "vcfslm::gemv agrees with the ctypes call"
+    assert verdict["usable"] and verdict["reason"] == "vcfslm::gemv agrees with the ctypes call (oneDNN-packed weight)"
+
+
+# ------------------------------------------------------------------ plain weights (the AVX2 loop)
+
+
+@pytest.fixture(scope="module")
+def plain_op():
+    """The op for plain weights, on a CPU the AVX2 GEMV runs on (any AVX2 host, AVX512 ones
+    included); there, an op that does not build or load fails."""
+    if not dense_gemv.status().usable:
+        pytest.skip(f"the AVX2 GEMV does not run here ({dense_gemv.status().reason}): no op to call")
+    verdict = gemv_op.status(gemv_op.PLAIN)
+    assert verdict.usable, verdict.reason
+    return verdict
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 32])
+def test_plain_weights_same_bits_as_the_ctypes_call(plain_op, rows):
+    gen = torch.Generator().manual_seed(rows)
+    w = (torch.randn(37, 96, generator=gen) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(37, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 96, generator=gen).to(torch.bfloat16)
+    address = gemv_op.address_of(w, gemv_op.PLAIN)
+    assert address.item() == w.data_ptr()
+    plain = gemv_op.call(x, address, 37, None, gemv_op.PLAIN)
+    assert torch.equal(plain, dense_gemv.run(x, w))
+    assert torch.equal(gemv_op.call(x, address, 37, bias, gemv_op.PLAIN), plain + bias)
+
+
+def test_a_layout_the_op_does_not_know_is_refused(plain_op):
+    w = torch.randn(16, 32).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no weight layout 2"):
+        gemv_op.call(torch.randn(1, 32).to(torch.bfloat16), gemv_op.address_of(w, gemv_op.PLAIN), 16, None, 2)
+    with pytest.raises(ValueError, match="no weight layout 5"):
+        gemv_op.point_at(None, 5)
+
+
+def test_compiled_dense_graphs_call_the_op_with_the_plain_layout(plain_op, monkeypatch):
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 48, dtype=torch.bfloat16), torch.nn.SiLU(),
+                            torch.nn.Linear(48, 64, bias=False, dtype=torch.bfloat16))
+    pack_linears(m, KernelPlan(DENSE_BF16, gemv_rows=8))
+    packed = [p for p in m.modules() if isinstance(p, PackedLinear)]
+    assert all(p.gemv_rows == 8 and p.gemv_address.item() == p.packed_weight.data_ptr() for p in packed)
+    ctypes_rows = []
+    real = dense_gemv.run
+    monkeypatch.setattr(dense_gemv, "run", lambda x, w, lib=None: ctypes_rows.append(x.shape[0]) or real(x, w, lib))
+    compiled = torch.compile(m, fullgraph=True, dynamic=False)
+    with torch.inference_mode():
+        x = torch.randn(3, 64).to(torch.bfloat16)
+        eager = m(x)
+        assert ctypes_rows == [3, 3]
+        ctypes_rows.clear()
+        gemv_op.take_seconds()
+        gemv_op.set_mode(gemv_op.TIMED)
+        try:
+            got = compiled(x)
+        finally:
+            gemv_op.set_mode(gemv_op.RUN)
+        assert torch.equal(got, eager)
+        assert ctypes_rows == [] and gemv_op.take_seconds() > 0
+
+
+def test_the_command_reports_the_avx2_op(plain_op):
+    out = subprocess.run([sys.executable, "-m", "vcfslm.bench.gemv_op"], capture_output=True, text=True, check=True)
+    verdict = json.loads(out.stdout)["avx2"]
+    assert verdict["usable"] and verdict["reason"] == "checked against F.linear"
+    assert verdict["op"]["usable"] and verdict["op"]["reason"] == "vcfslm::gemv agrees with the ctypes call (plain weight)"

@@ -64,6 +64,16 @@ def test_wheel_carries_the_gemv_library_for_its_source(wheel, tmp_path):
 
 
 @pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV into the wheel")
+def test_wheel_carries_the_avx2_gemv_library_for_its_source(wheel, tmp_path):
+    from vcfslm.bench import dense_gemv
+
+    name = f"vcfslm/bench/kernels/{dense_gemv.packaged_name(dense_gemv.SOURCE.read_bytes())}"
+    assert name in zipfile.ZipFile(wheel).namelist()
+    zipfile.ZipFile(wheel).extract(name, tmp_path)
+    assert dense_gemv.load(tmp_path / name).vcfslm_gemv_abi() == dense_gemv.ABI
+
+
+@pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV into the wheel")
 def test_wheel_built_beside_torch_carries_the_gemv_ops_library_for_that_torch(wheel, tmp_path):
     torch = pytest.importorskip("torch")
     from vcfslm.bench import gemv_op

@@ -168,11 +168,18 @@ def build(folder: Path | None = None, name: str | None = None, source: Path = SO
     return target
 
 
-def load(path: Path) -> ctypes.CDLL:
+def build_packaged(folder: Path) -> Path:
+    """The library under the name the wheel carries it by (the wheel's build hook)."""
+    return build(folder, packaged_name(SOURCE.read_bytes()))
+
+
+def load(path: Path, abi: int = ABI) -> ctypes.CDLL:
+    """A kernel library (this loop's, or vcfslm.bench.dense_gemv's at its `abi`: both export
+    vcfslm_gemv_bf16 with one signature)."""
     lib = ctypes.CDLL(str(path))
     lib.vcfslm_gemv_abi.restype = ctypes.c_int
-    if lib.vcfslm_gemv_abi() != ABI:
-        raise GemvBuildError(f"{path} implements ABI {lib.vcfslm_gemv_abi()}, not {ABI}")
+    if lib.vcfslm_gemv_abi() != abi:
+        raise GemvBuildError(f"{path} implements ABI {lib.vcfslm_gemv_abi()}, not {abi}")
     fn = lib.vcfslm_gemv_bf16
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

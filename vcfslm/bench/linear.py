@@ -23,11 +23,13 @@ The kernel plan, chosen once per process from what the CPU offers:
   5-32 rows, batch-16 decode and a short prompt's prefill, computes faster than oneDNN's
   small-M GEMM on AVX512-BF16; beside AMX it takes 1-6 rows only, vcfslm.bench.gemv.rows_for).
 - `dense-bf16` (no bf16 in oneDNN, e.g. AVX2 only): the weight stays a plain bf16
-  matrix. Few rows (decode) go through ATen's bf16 GEMV one row at a time (it streams
-  the weight once per row with fp32 accumulation); more rows (prefill, big batches)
-  convert the weight to fp32 one cache-sized slice at a time into a reused scratch
-  buffer and run SGEMM on it, several times faster than a bf16 GEMM without hardware
-  bf16.
+  matrix. Where vcfslm's AVX2 GEMV runs (vcfslm.bench.dense_gemv: AVX2 with FMA and a
+  compiler or the wheel's library), calls of at most `gemv_rows` rows (decode, a short
+  prompt) go through it: it reads the plain weight once for all the rows, at ~0.95 of the
+  read probe for one row. Elsewhere few rows go through ATen's bf16 GEMV one row at a time
+  (each row streams the weight again). More rows (prefill, big batches) convert the weight
+  to fp32 one cache-sized slice at a time into a reused scratch buffer and run SGEMM on
+  it, several times faster than a bf16 GEMM without hardware bf16.
 
 A weight is checked when it is packed: the packed kernel's output on a few random rows
 must match `F.linear` on the original weight, or packing fails loudly. This catches a
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import gemv, gemv_op
+from . import dense_gemv, gemv, gemv_op
 
 ONEDNN_PACKED = "onednn-packed"
 DENSE_BF16 = "dense-bf16"
@@ -70,16 +72,24 @@ class KernelPlan:
             raise ValueError(f"unknown linear kernel {self.kernel!r}; known: {', '.join(KERNELS)}")
         if self.min_rows < 1:
             raise ValueError("min_rows must be >= 1")
-        if not 0 <= self.gemv_rows <= gemv.MAX_ROWS:
-            raise ValueError(f"gemv_rows must be within 0-{gemv.MAX_ROWS}")
-        if self.gemv_rows and self.kernel != ONEDNN_PACKED:
-            raise ValueError(f"vcfslm's GEMV reads oneDNN's packed weight: gemv_rows needs {ONEDNN_PACKED}")
+        if not 0 <= self.gemv_rows <= self.max_gemv_rows:
+            raise ValueError(f"gemv_rows must be within 0-{self.max_gemv_rows} for {self.kernel}")
+
+    @property
+    def max_gemv_rows(self) -> int:
+        """The most rows the plan's GEMV covers: the AVX512-BF16 loop on oneDNN's packed weight,
+        or the AVX2 loop on the plain one."""
+        return gemv.MAX_ROWS if self.kernel == ONEDNN_PACKED else dense_gemv.MAX_ROWS
+
+    @property
+    def gemv_label(self) -> str:
+        return gemv.LABEL if self.kernel == ONEDNN_PACKED else dense_gemv.LABEL
 
     @property
     def label(self) -> str:
         notes = [f"rows padded to {self.min_rows}"] if self.min_rows > 1 else []
         if self.gemv_rows:
-            notes.append(f"1-{self.gemv_rows} rows: {gemv.LABEL}")
+            notes.append(f"1-{self.gemv_rows} rows: {self.gemv_label}")
         return self.kernel + (f" ({'; '.join(notes)})" if notes else "")
 
     def rows_computed(self, rows: int) -> int:
@@ -97,17 +107,18 @@ def onednn_bf16() -> bool:
 
 
 def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None, gemv_rows: int = 0) -> KernelPlan:
-    """The kernel plan for a CPU (pure). min_rows: override the one-row padding. gemv_rows:
-    what vcfslm.bench.gemv.usable_rows() says (it only applies to onednn-packed)."""
+    """The kernel plan for a CPU (pure). min_rows: override the one-row padding (onednn-packed).
+    gemv_rows: what the plan's GEMV module says of this process (vcfslm.bench.gemv's
+    usable_rows() for onednn-packed, vcfslm.bench.dense_gemv's for dense-bf16)."""
     if has_onednn_bf16:
         return KernelPlan(ONEDNN_PACKED, DEFAULT_MIN_ROWS if min_rows is None else min_rows, gemv_rows)
-    return KernelPlan(DENSE_BF16)
+    return KernelPlan(DENSE_BF16, gemv_rows=gemv_rows)
 
 
 def default_plan() -> KernelPlan:
     """The plan for this process's CPU: the best kernel, with vcfslm's GEMV where it runs."""
     has = onednn_bf16()
-    return choose_plan(has, gemv_rows=gemv.usable_rows() if has else 0)
+    return choose_plan(has, gemv_rows=gemv.usable_rows() if has else dense_gemv.usable_rows())
 
 
 # oneDNN's M=1 bf16 path reads the packed weight slower than its M=4 path on the CPUs
@@ -138,6 +149,9 @@ def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kern
     rows = x2.shape[0]
     if kernel == ONEDNN_PACKED and rows <= gemv_rows:
         y = gemv.run(x2, weight, out_features)
+        return y if bias is None else y + bias
+    if kernel == DENSE_BF16 and rows <= gemv_rows:
+        y = dense_gemv.run(x2, weight)
         return y if bias is None else y + bias
     if kernel == ONEDNN_PACKED:
         if rows < min_rows:
@@ -210,18 +224,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out
     """The op under torch.compile; eager, its kernel called directly (no dispatcher).
 
     Compiled, the GEMV's rows go to vcfslm::gemv when its op runs here (gemv_address: the
-    packed weight's, gemv_op.address_of, else None): C++ from the graph to the kernel
+    weight's, gemv_op.address_of, else None): C++ from the graph to the kernel
     (vcfslm.bench.gemv_op)."""
     if torch.compiler.is_compiling():
         rows = x.numel() // x.shape[-1]
         if gemv_address is not None and rows <= gemv_rows:
-            y = gemv_op.call(x.reshape(rows, x.shape[-1]), gemv_address, out_features, bias)
+            y = gemv_op.call(x.reshape(rows, x.shape[-1]), gemv_address, out_features, bias, op_layout(kernel))
             return y.view(*x.shape[:-1], out_features)
         return torch.ops.vcfslm.linear.default(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
     return linear_eager(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
 
 
 # ------------------------------------------------------------------ modules
+
+
+def op_layout(kernel: str) -> int:
+    """The weight layout vcfslm::gemv reads for a plan's kernel (pure)."""
+    return gemv_op.PACKED if kernel == ONEDNN_PACKED else gemv_op.PLAIN
 
 
 class PackedLinear(torch.nn.Module):
@@ -235,20 +254,25 @@ class PackedLinear(torch.nn.Module):
         self.min_rows = plan.min_rows
         self.weight_nbytes = weight.numel() * weight.element_size()
         self.gemv_rows = 0
-        address = None   # the packed buffer's (gemv_op.address_of), where compiled graphs call vcfslm::gemv
+        address = None   # the weight's (gemv_op.address_of), where compiled graphs call vcfslm::gemv
         if plan.kernel == ONEDNN_PACKED:
             stored = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), plan.min_rows)
             # Shapes outside the GEMV's whole blocks stay on oneDNN at every row count.
-            if plan.gemv_rows and gemv.fits(self.out_features, self.in_features,
-                                            torch.ops.mkldnn._nbytes(stored), 1):
-                if not gemv.status().usable:
-                    raise ValueError(f"the plan asks for vcfslm's GEMV, which does not run here: "
-                                     f"{gemv.status().reason}")
-                self.gemv_rows = plan.gemv_rows
-                if gemv_op.usable():
-                    address = gemv_op.address_of(stored)
+            takes_gemv = plan.gemv_rows and gemv.fits(self.out_features, self.in_features,
+                                                      torch.ops.mkldnn._nbytes(stored), 1)
+            verdict = gemv.status
         else:
             stored = weight.detach().contiguous()
+            # Input widths outside the loop's step stay on ATen.
+            takes_gemv = plan.gemv_rows and dense_gemv.fits(self.in_features, 1)
+            verdict = dense_gemv.status
+        if takes_gemv:
+            if not verdict().usable:
+                raise ValueError(f"the plan asks for {plan.gemv_label}, which does not run here: "
+                                 f"{verdict().reason}")
+            self.gemv_rows = plan.gemv_rows
+            if gemv_op.usable(op_layout(plan.kernel)):
+                address = gemv_op.address_of(stored, op_layout(plan.kernel))
         # Buffers, not parameters: nothing may treat them as trainable or re-materialise them.
         self.register_buffer("packed_weight", stored)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
@@ -336,7 +360,7 @@ def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator
         scale = max(want.max().item(), -want.min().item()) or 1.0
         err = got.sub_(want).abs_().max().item() / scale
         if not err <= PACK_CHECK_RTOL:  # also catches NaN
-            path = "vcfslm GEMV" if count <= packed.gemv_rows else packed.kernel
+            path = f"vcfslm GEMV, {packed.kernel}" if count <= packed.gemv_rows else packed.kernel
             raise PackCheckError(f"packed {packed.kernel} weight {tuple(w.shape)} differs from F.linear "
                                  f"at {count} rows ({path}): max relative error {err:.3g} > {PACK_CHECK_RTOL}")
         worst = max(worst, err)

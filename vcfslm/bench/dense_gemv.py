@@ -1,0 +1,164 @@
+"""vcfslm's GEMV for 1-32 bf16 rows on CPUs without bf16 instructions (AVX2 with FMA), reading
+the dense-bf16 plan's plain weight in place.
+
+Where oneDNN has no bf16 (no AVX512-BF16, no AMX), a replica keeps each weight as a plain
+row-major bf16 matrix (vcfslm.bench.linear's dense-bf16 plan). Decode at small batch then
+went through ATen's bf16 GEMV one row at a time: on a 2-core AVX2 EPYC it read the weights at
+~0.55 of the read probe for one row, and every further row read them again (at 4 rows, ~5 GB/s
+of weights), and 5+ rows converted each weight slice to fp32 for SGEMM. The loop in
+`gemv_avx2.cpp` widens bf16 to fp32 in registers and reads the same bytes at ~0.95 of the
+probe for one row, ~0.9 for two, and serves 4-32 rows from L1-sized chunks of the weight
+(benchmarks/gemv_hypotheses.py and benchmarks/gemv_rows.py print both, side by side). Nothing
+is copied or repacked: prefill's many-row calls stay on the fp32 slices and SGEMM.
+
+It is used only where all of these hold, and `status()` says which one did not:
+- the CPU has AVX2 and FMA;
+- the library is there: the project's wheel carries one (no compiler on a guest), or a C++
+  compiler here builds it once per source and compiler into the kernel cache folder
+  (vcfslm.bench.gemv's build and lookup, shared);
+- its output matches F.linear on a test weight at every row count it has a loop for;
+- `VCFSLM_GEMV` is not `off` (the switch turns off both GEMVs).
+Each weight is checked again when it is packed (vcfslm.bench.linear's pack check).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+from . import gemv
+from .cpuinfo import parse_cpu_flags, read_cpuinfo
+
+SOURCE = Path(__file__).with_name("gemv_avx2.cpp")
+ABI = 1
+MAX_ROWS = 32
+K_STEP = 16   # bf16 per load: a weight qualifies when this divides its input width
+FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx2", "-mfma")
+LABEL = "vcfslm AVX2 GEMV on the plain bf16 weight"
+# Row counts with a loop of their own (1-3 stream; 4+ the chunked loop, over its row groups
+# and a k chunk boundary): the check runs each.
+CHECK_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 32)
+
+
+# ------------------------------------------------------------------ decisions (pure)
+
+
+def cpu_runs_it(cpuinfo_text: str) -> bool:
+    """Whether /proc/cpuinfo's first flags line lists avx2 and fma."""
+    return {"avx2", "fma"} <= parse_cpu_flags(cpuinfo_text)
+
+
+def fits(k: int, rows: int) -> bool:
+    """Whether a weight of input width k, at `rows` rows, is one the loop covers."""
+    return 1 <= rows <= MAX_ROWS and k >= K_STEP and k % K_STEP == 0
+
+
+def packaged_name(source: bytes) -> str:
+    """The library's name inside the wheel (a digest of its source, as vcfslm.bench.gemv's)."""
+    return gemv.packaged_name(source).replace("vcfslm-gemv-src-", "vcfslm-gemv-avx2-src-")
+
+
+# ------------------------------------------------------------------ build and load
+
+
+def build(folder: Path | None = None, name: str | None = None) -> Path:
+    """The library for this source and compiler, compiled into the kernel cache when missing."""
+    return gemv.build(folder, name, SOURCE, FLAGS)
+
+
+def build_packaged(folder: Path) -> Path:
+    """The library under the name the wheel carries it by (the wheel's build hook)."""
+    return build(folder, packaged_name(SOURCE.read_bytes()))
+
+
+def load(path: Path) -> ctypes.CDLL:
+    return gemv.load(path, ABI)
+
+
+def packaged_library(folder: Path = gemv.PACKAGED_DIR) -> Path | None:
+    path = folder / packaged_name(SOURCE.read_bytes())
+    return path if path.is_file() else None
+
+
+# ------------------------------------------------------------------ the call
+
+
+def run(x2, weight, lib: ctypes.CDLL | None = None):
+    """y [rows, n] bf16 = x2 [rows, k] (contiguous bf16) times weight.T ([n, k] contiguous
+    bf16)."""
+    import torch
+
+    rows, k = x2.shape
+    n = weight.shape[0]
+    y = torch.empty(rows, n, dtype=torch.bfloat16)
+    rc = (lib or library()).vcfslm_gemv_bf16(weight.data_ptr(), x2.data_ptr(), y.data_ptr(), rows, n, k,
+                                              torch.get_num_threads(), 0)
+    if rc != 0:
+        raise ValueError(f"vcfslm AVX2 GEMV refused rows={rows} n={n} k={k}")
+    return y
+
+
+def matches_linear(lib: ctypes.CDLL) -> tuple[bool, str]:
+    """Whether the loop gives F.linear's output on a test weight at every CHECK_ROWS count. The
+    shape has outputs left over after whole tiles (8 and 3) and a k past one chunk."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(0)
+    n, k = 29, 1024 + 3 * K_STEP
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    for rows in CHECK_ROWS:
+        x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+        want = F.linear(x.float(), w.float())
+        got = run(x, w, lib).float()
+        err = (got - want).abs().max().item() / (want.abs().max().item() or 1.0)
+        if not err <= gemv.LAYOUT_RTOL:
+            return False, f"the AVX2 GEMV differs from F.linear at {rows} rows (max relative error {err:.3g})"
+    return True, "checked against F.linear"
+
+
+_state: dict = {}
+
+
+def library() -> ctypes.CDLL:
+    """The checked library of this process: what vcfslm.bench.gemv_op points its op at for
+    plain weights."""
+    if "lib" not in _state and not status().usable:
+        raise RuntimeError(f"vcfslm's AVX2 GEMV does not run here: {status().reason}")
+    return _state["lib"]
+
+
+@functools.cache
+def status() -> gemv.GemvStatus:
+    """This process's verdict (once): usable, or the first condition that failed."""
+    if gemv.switched_off(os.environ):
+        return gemv.GemvStatus(False, f"{gemv.ENV_SWITCH}=off")
+    if not cpu_runs_it(read_cpuinfo()):
+        return gemv.GemvStatus(False, "the CPU has no AVX2 with FMA")
+    try:
+        path, origin, lib = gemv.find_library(packaged_library(), build, load)
+    except (gemv.GemvBuildError, OSError) as exc:
+        return gemv.GemvStatus(False, f"not built: {exc}")
+    ok, why = matches_linear(lib)
+    if not ok:
+        return gemv.GemvStatus(False, why, str(path), origin)
+    _state["lib"] = lib
+    return gemv.GemvStatus(True, why, str(path), origin)
+
+
+def usable_rows() -> int:
+    """Rows up to which the loop runs in this process (0: never)."""
+    return MAX_ROWS if status().usable else 0
+
+
+def report() -> dict:
+    """The status, with the library built even where it will not run."""
+    out = status().to_dict()
+    if out["library"] is None and gemv.compiler() is not None:
+        try:
+            out["library"] = str(build())
+        except gemv.GemvBuildError as exc:
+            out["build_error"] = str(exc)
+    return out
