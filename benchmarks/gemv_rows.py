@@ -6,6 +6,7 @@ by side in one run.
     .venv/bin/python benchmarks/gemv_rows.py --base HEAD~1       # this tree's loop against that revision's
     .venv/bin/python benchmarks/gemv_rows.py --rows 5,6,8 --rounds 15
     .venv/bin/python benchmarks/gemv_rows.py --base HEAD~1 --engine-layers 8   # and the engine's TPOT/TTFT on each loop
+    .venv/bin/python benchmarks/gemv_rows.py --dense             # the dense-bf16 plan: vcfslm's AVX2 GEMV against ATen
 
 The weight set is Phi-3-mini's four linear shapes (qkv 3072->9216, o 3072->3072, gate_up
 3072->16384, down 8192->3072) repeated `--layers` times: far larger than any cache, so every
@@ -19,6 +20,12 @@ hits them alike. Kernels:
 - with `--base REV`: the same loop built from REV's source (same compiler and flags).
 Each kernel's TFLOP/s and weight GB/s are medians over rounds; each ratio is the median of
 its per-round time ratio (below 1: the first is faster).
+
+With `--dense`, and on a CPU where oneDNN has no bf16 (there is no packed weight then), the
+table is the dense-bf16 plan's instead, on the plain weights: vcfslm's AVX2 GEMV
+(vcfslm.bench.dense_gemv) against the plan's path without it (ATen's bf16 GEMV one row at a
+time up to 4 rows, the weight converted to fp32 in slices for SGEMM beyond), as
+vcfslm.bench.linear runs both.
 
 With `--base` and `--engine-layers N`, the engine itself is then timed on both loops: one
 process loads synthetic:phi-3-mini with N of its 32 layers, packed and compiled as a rank
@@ -53,7 +60,7 @@ import torch  # noqa: E402
 from decode_efficiency import cpu_line  # noqa: E402  (one CPU line for every benchmark)
 from gemv_hypotheses import SHAPES  # noqa: E402  (one weight set for the GEMV benchmarks)
 
-from vcfslm.bench import gemv, linear  # noqa: E402
+from vcfslm.bench import dense_gemv, gemv, linear  # noqa: E402
 
 DEFAULT_ROWS = (1, 2, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 
@@ -103,6 +110,23 @@ def kernels(weights, lib, base_lib, min_rows: int) -> dict:
     if base_lib is not None:
         out["base"] = loop(base_lib)
     return out
+
+
+def dense_kernels(layers: int) -> tuple[dict, int]:
+    """The dense-bf16 plan's two few-row paths on plain weights: name -> a function of the
+    inputs, as kernels(); and the weights' bytes."""
+    gen = torch.Generator().manual_seed(0)
+    ws = [(torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16) for n, k in SHAPES * layers]
+
+    def aten(xs):
+        for w in ws:
+            linear.linear_eager(xs[w.shape[1]], w, None, w.shape[0], linear.DENSE_BF16, 1, 0)
+
+    def loop(xs):
+        for w in ws:
+            dense_gemv.run(xs[w.shape[1]], w)
+
+    return {"ATen": aten, "vcfslm": loop}, sum(w.numel() * 2 for w in ws)
 
 
 def measure(fns: dict, rows: int, rounds: int) -> dict[str, list[float]]:
@@ -173,14 +197,22 @@ def main() -> int:
     ap.add_argument("--engine-batches", default="1,8,16")
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens of the engine's windows")
     ap.add_argument("--engine-rounds", type=int, default=6)
+    ap.add_argument("--dense", action="store_true",
+                    help="the dense-bf16 plan's table (the default where oneDNN has no bf16)")
     args = ap.parse_args()
     if args.engine_layers and not args.base:
         ap.error("--engine-layers compares two loops: it needs --base")
+    dense = args.dense or not linear.onednn_bf16()
+    if dense and args.base:
+        ap.error("--base compares two builds of the AVX512-BF16 loop on oneDNN's packed weight: not with the "
+                 "dense-bf16 table")
     row_counts = [int(r) for r in args.rows.split(",")]
     if not all(1 <= r <= gemv.MAX_ROWS for r in row_counts):
         ap.error(f"--rows: each must be within 1-{gemv.MAX_ROWS}")
     torch.set_num_threads(args.threads)
     print(cpu_line())
+    if dense:
+        return dense_table(args.layers, row_counts, args.rounds, args.threads)
     status = gemv.status()
     if not status.usable:
         print(f"vcfslm GEMV does not run here ({status.reason}): nothing to compare")
@@ -194,27 +226,46 @@ def main() -> int:
         print(f"vcfslm GEMV: {status.reason}; {nbytes / 1e9:.2f} GB of bf16 weights ({args.layers} Phi-3-mini "
               f"layers' linears), {args.threads} threads, {args.rounds} rounds"
               + (f"; base: the loop at {args.base}" if args.base else ""))
-        head = "| rows | oneDNN TFLOP/s | vcfslm TFLOP/s | vcfslm GB/s | vcfslm / oneDNN time |"
-        rule = "|---|---|---|---|---|"
-        if base_lib is not None:
-            head += f" {args.base} TFLOP/s | this tree / {args.base} time |"
-            rule += "---|---|"
-        print(head)
-        print(rule)
-        for rows in row_counts:
-            times = measure(fns, rows, args.rounds)
-            flops = 2 * rows * nbytes / 2
-            rate = {name: statistics.median(flops / t / 1e12 for t in ts) for name, ts in times.items()}
-            gbs = statistics.median(nbytes / t / 1e9 for t in times["vcfslm"])
-            line = (f"| {rows} | {rate['oneDNN']:.3f} | {rate['vcfslm']:.3f} | {gbs:.1f} "
-                    f"| {ratio(times['vcfslm'], times['oneDNN']):.2f} |")
-            if base_lib is not None:
-                line += f" {rate['base']:.3f} | {ratio(times['vcfslm'], times['base']):.2f} |"
-            print(line, flush=True)
+        rows_table(fns, "oneDNN", nbytes, row_counts, args.rounds, args.base)
         if args.engine_layers:
             del weights, fns
             engine_table(args.engine_layers, [int(b) for b in args.engine_batches.split(",")],
                          args.prompt, args.engine_rounds, gemv._library(), base_lib, args.base)
+    return 0
+
+
+def rows_table(fns: dict, reference: str, nbytes: int, row_counts: list[int], rounds: int,
+               base: str | None = None) -> None:
+    """Prints a row per row count: `reference`'s and vcfslm's TFLOP/s, vcfslm's weight GB/s, the
+    time ratio (and base's, when fns has it)."""
+    head = f"| rows | {reference} TFLOP/s | vcfslm TFLOP/s | vcfslm GB/s | vcfslm / {reference} time |"
+    rule = "|---|---|---|---|---|"
+    if "base" in fns:
+        head += f" {base} TFLOP/s | this tree / {base} time |"
+        rule += "---|---|"
+    print(head)
+    print(rule)
+    for rows in row_counts:
+        times = measure(fns, rows, rounds)
+        flops = 2 * rows * nbytes / 2
+        rate = {name: statistics.median(flops / t / 1e12 for t in ts) for name, ts in times.items()}
+        gbs = statistics.median(nbytes / t / 1e9 for t in times["vcfslm"])
+        line = (f"| {rows} | {rate[reference]:.3f} | {rate['vcfslm']:.3f} | {gbs:.1f} "
+                f"| {ratio(times['vcfslm'], times[reference]):.2f} |")
+        if "base" in fns:
+            line += f" {rate['base']:.3f} | {ratio(times['vcfslm'], times['base']):.2f} |"
+        print(line, flush=True)
+
+
+def dense_table(layers: int, row_counts: list[int], rounds: int, threads: int) -> int:
+    status = dense_gemv.status()
+    if not status.usable:
+        print(f"vcfslm AVX2 GEMV does not run here ({status.reason}): nothing to compare")
+        return 1
+    fns, nbytes = dense_kernels(layers)
+    print(f"vcfslm AVX2 GEMV: {status.reason}; {nbytes / 1e9:.2f} GB of plain bf16 weights ({layers} Phi-3-mini "
+          f"layers' linears), {threads} threads, {rounds} rounds; ATen: the dense-bf16 plan without it")
+    rows_table(fns, "ATen", nbytes, row_counts, rounds)
     return 0
 
 

@@ -166,3 +166,9 @@ def test_packed_linears_take_it_at_few_rows_and_sgemm_beyond(monkeypatch):
 def test_the_default_plan_on_a_cpu_without_onednn_bf16(monkeypatch):
     monkeypatch.setattr(linear, "onednn_bf16", lambda: False)
     assert linear.default_plan() == KernelPlan(DENSE_BF16, gemv_rows=dense_gemv.MAX_ROWS)
+
+
+def test_a_ranks_record_names_its_plans_gemv():
+    """The worker's placement record reports the GEMV of the plan the engine took."""
+    assert linear.gemv_status(KernelPlan(DENSE_BF16)) == dense_gemv.status()
+    assert linear.gemv_status(KernelPlan(linear.ONEDNN_PACKED)) == gemv.status()

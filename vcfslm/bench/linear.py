@@ -115,6 +115,12 @@ def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None, gemv_rows
     return KernelPlan(DENSE_BF16, gemv_rows=gemv_rows)
 
 
+def gemv_status(plan: KernelPlan) -> gemv.GemvStatus:
+    """Whether the plan's few-row GEMV runs in this process, and why (vcfslm.bench.gemv's for
+    onednn-packed, vcfslm.bench.dense_gemv's for dense-bf16)."""
+    return gemv.status() if plan.kernel == ONEDNN_PACKED else dense_gemv.status()
+
+
 def default_plan() -> KernelPlan:
     """The plan for this process's CPU: the best kernel, with vcfslm's GEMV where it runs."""
     has = onednn_bf16()
