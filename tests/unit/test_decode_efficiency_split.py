@@ -231,7 +231,8 @@ def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch)
         m.gemv_address, m.gemv_rows = torch.tensor([4096]), 4   # as if the op ran here
     model[1].gemv_address = None                                # a module the op does not take
     op_calls, module_calls = [], []
-    monkeypatch.setattr(gemv_op, "call", lambda x, address, n, bias: op_calls.append((x.shape[0], int(address), n)))
+    monkeypatch.setattr(gemv_op, "call", lambda x, address, n, bias, layout: op_calls.append(
+        (x.shape[0], int(address), n, layout)))
     real = linear._run
 
     def module_run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
@@ -240,7 +241,8 @@ def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch)
 
     monkeypatch.setattr(linear, "_run", module_run)
     bench.linears_pass(model, rows=1, compiled=True)()
-    assert op_calls == [(1, 4096, 128)] and module_calls == [(1, 192)]
+    # The op is told the module's weight layout: a plain (dense-bf16) weight here.
+    assert op_calls == [(1, 4096, 128, gemv_op.PLAIN)] and module_calls == [(1, 192)]
     op_calls.clear()
     module_calls.clear()
     bench.linears_pass(model, rows=1, compiled=False)()
