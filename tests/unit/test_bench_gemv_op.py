@@ -116,6 +116,17 @@ def _model(seed: int) -> torch.nn.Module:
     return m
 
 
+def _timed_by_the_op(compiled, x):
+    """(compiled(x), the seconds vcfslm::gemv spent in its kernel during that call)."""
+    gemv_op.take_seconds()
+    gemv_op.set_mode(gemv_op.TIMED)
+    try:
+        got = compiled(x)
+    finally:
+        gemv_op.set_mode(gemv_op.RUN)
+    return got, gemv_op.take_seconds()
+
+
 def test_compiled_graphs_call_the_op_and_eager_stays_on_ctypes(op, monkeypatch):
     m = _model(1)
     packed = [p for p in m.modules() if isinstance(p, PackedLinear)]
@@ -130,14 +141,9 @@ def test_compiled_graphs_call_the_op_and_eager_stays_on_ctypes(op, monkeypatch):
             eager = m(x)
             assert ctypes_rows == [rows, rows]
             ctypes_rows.clear()
-            gemv_op.take_seconds()
-            gemv_op.set_mode(gemv_op.TIMED)
-            try:
-                got = compiled(x)
-            finally:
-                gemv_op.set_mode(gemv_op.RUN)
+            got, kernel_s = _timed_by_the_op(compiled, x)
             assert torch.equal(got, eager)
-            assert ctypes_rows == [] and gemv_op.take_seconds() > 0   # the op ran the kernel, in C++
+            assert ctypes_rows == [] and kernel_s > 0   # the op ran the kernel, in C++
         # Beyond the GEMV's rows the graph keeps vcfslm::linear (oneDNN): the op is not called.
         x = torch.randn(9, 64).to(torch.bfloat16)
         gemv_op.set_mode(gemv_op.TIMED)
@@ -276,14 +282,9 @@ def test_compiled_dense_graphs_call_the_op_with_the_plain_layout(plain_op, monke
         eager = m(x)
         assert ctypes_rows == [3, 3]
         ctypes_rows.clear()
-        gemv_op.take_seconds()
-        gemv_op.set_mode(gemv_op.TIMED)
-        try:
-            got = compiled(x)
-        finally:
-            gemv_op.set_mode(gemv_op.RUN)
+        got, kernel_s = _timed_by_the_op(compiled, x)
         assert torch.equal(got, eager)
-        assert ctypes_rows == [] and gemv_op.take_seconds() > 0
+        assert ctypes_rows == [] and kernel_s > 0
 
 
 def test_the_command_reports_the_avx2_op(plain_op):
