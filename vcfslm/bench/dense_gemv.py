@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 from . import gemv
@@ -57,7 +56,7 @@ def fits(k: int, rows: int) -> bool:
 
 def packaged_name(source: bytes) -> str:
     """The library's name inside the wheel (a digest of its source, as vcfslm.bench.gemv's)."""
-    return gemv.packaged_name(source).replace("vcfslm-gemv-src-", "vcfslm-gemv-avx2-src-")
+    return gemv.packaged_name(source, "vcfslm-gemv-avx2")
 
 
 # ------------------------------------------------------------------ build and load
@@ -133,19 +132,11 @@ def library() -> ctypes.CDLL:
 @functools.cache
 def status() -> gemv.GemvStatus:
     """This process's verdict (once): usable, or the first condition that failed."""
-    if gemv.switched_off(os.environ):
-        return gemv.GemvStatus(False, f"{gemv.ENV_SWITCH}=off")
-    if not cpu_runs_it(read_cpuinfo()):
-        return gemv.GemvStatus(False, "the CPU has no AVX2 with FMA")
-    try:
-        path, origin, lib = gemv.find_library(packaged_library(), build, load)
-    except (gemv.GemvBuildError, OSError) as exc:
-        return gemv.GemvStatus(False, f"not built: {exc}")
-    ok, why = matches_linear(lib)
-    if not ok:
-        return gemv.GemvStatus(False, why, str(path), origin)
-    _state["lib"] = lib
-    return gemv.GemvStatus(True, why, str(path), origin)
+    verdict, lib = gemv.checked_library(cpu_runs_it(read_cpuinfo()), "the CPU has no AVX2 with FMA",
+                                        lambda: gemv.find_library(packaged_library(), build, load), matches_linear)
+    if lib is not None:
+        _state["lib"] = lib
+    return verdict
 
 
 def usable_rows() -> int:
@@ -155,10 +146,4 @@ def usable_rows() -> int:
 
 def report() -> dict:
     """The status, with the library built even where it will not run."""
-    out = status().to_dict()
-    if out["library"] is None and gemv.compiler() is not None:
-        try:
-            out["library"] = str(build())
-        except gemv.GemvBuildError as exc:
-            out["build_error"] = str(exc)
-    return out
+    return gemv.report(status(), build)

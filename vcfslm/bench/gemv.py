@@ -106,11 +106,12 @@ def library_name(source: bytes, compiler_version: str, flags=FLAGS) -> str:
     return f"vcfslm-gemv-{digest.hexdigest()[:16]}.so"
 
 
-def packaged_name(source: bytes) -> str:
+def packaged_name(source: bytes, stem: str = "vcfslm-gemv") -> str:
     """The library's name inside the wheel: a digest of the source alone (a guest without a
     compiler cannot name the compiler that built it), so a library built from another source
-    is never loaded; its flags are FLAGS, and the ABI check stands behind them."""
-    return f"vcfslm-gemv-src-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    is never loaded; its flags are FLAGS, and the ABI check stands behind them. stem: each
+    loop's own (vcfslm.bench.dense_gemv's)."""
+    return f"{stem}-src-{hashlib.sha256(source).hexdigest()[:16]}.so"
 
 
 def fits(n: int, k: int, packed_nbytes: int, rows: int) -> bool:
@@ -291,19 +292,27 @@ def _library() -> ctypes.CDLL:
 def status() -> GemvStatus:
     """This process's verdict (once): usable, or the first condition that failed. (A CPU
     with AVX512-BF16 is one oneDNN has bf16 on; the layout check would catch it if not.)"""
+    verdict, lib = checked_library(cpu_has_avx512_bf16(read_cpuinfo()), "the CPU has no AVX512-BF16",
+                                   _find_library, layout_matches)
+    if lib is not None:
+        _state["lib"] = lib
+    return verdict
+
+
+def checked_library(cpu_runs_it: bool, no_cpu: str, find, check) -> tuple[GemvStatus, ctypes.CDLL | None]:
+    """Every loop's verdict, condition by condition: the switch, the CPU (`no_cpu` says what it
+    lacks), the library (`find()`: find_library's answer), and `check(lib)` -> (ok, why).
+    Also the checked library, or None. vcfslm.bench.dense_gemv's status() is this too."""
     if switched_off(os.environ):
-        return GemvStatus(False, f"{ENV_SWITCH}=off")
-    if not cpu_has_avx512_bf16(read_cpuinfo()):
-        return GemvStatus(False, "the CPU has no AVX512-BF16")
+        return GemvStatus(False, f"{ENV_SWITCH}=off"), None
+    if not cpu_runs_it:
+        return GemvStatus(False, no_cpu), None
     try:
-        path, origin, lib = _find_library()
+        path, origin, lib = find()
     except (GemvBuildError, OSError) as exc:
-        return GemvStatus(False, f"not built: {exc}")
-    ok, why = layout_matches(lib)
-    if not ok:
-        return GemvStatus(False, why, str(path), origin)
-    _state["lib"] = lib
-    return GemvStatus(True, why, str(path), origin)
+        return GemvStatus(False, f"not built: {exc}"), None
+    ok, why = check(lib)
+    return GemvStatus(ok, why, str(path), origin), lib if ok else None
 
 
 def _find_library() -> tuple[Path, str, ctypes.CDLL]:
@@ -332,13 +341,13 @@ def usable_rows() -> int:
     return rows_for(read_cpuinfo()) if status().usable else 0
 
 
-def report() -> dict:
+def report(verdict: GemvStatus | None = None, build_here=build) -> dict:
     """The status, with the library built even where it will not run (an AVX2 host building
-    for its guests' cache)."""
-    out = status().to_dict()
+    for its guests' cache). verdict, build_here: another loop's (vcfslm.bench.dense_gemv's)."""
+    out = (status() if verdict is None else verdict).to_dict()
     if out["library"] is None and compiler() is not None:
         try:
-            out["library"] = str(build())
+            out["library"] = str(build_here())
         except GemvBuildError as exc:
             out["build_error"] = str(exc)
     return out
