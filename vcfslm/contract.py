@@ -109,6 +109,17 @@ class GuestPaths:
     vllm_entry: str
 
 
+# The Inductor cache of ranks that run on this machine (`bench --local`, the lab's guests)
+# when TORCHINDUCTOR_CACHE_DIR does not name one: kept across runs, so a graph compiled
+# once is loaded, not compiled, by every later run of the same torch and shapes.
+HOST_INDUCTOR_CACHE = "~/.cache/vcfslm/inductor"
+
+
+def host_inductor_cache(explicit: str | None, environ) -> Path:
+    """`explicit`, else $TORCHINDUCTOR_CACHE_DIR, else HOST_INDUCTOR_CACHE (user expanded)."""
+    return Path(explicit or environ.get("TORCHINDUCTOR_CACHE_DIR") or HOST_INDUCTOR_CACHE).expanduser()
+
+
 def guest_paths(inventory) -> GuestPaths:
     work = inventory.guest.workdir.rstrip("/")
     venv = inventory.guest.venv_path.rstrip("/")

@@ -114,6 +114,7 @@ def test_lab_files_name_the_vllm_venv_when_installed(tmp_path: Path, monkeypatch
 
     venv = _venv(tmp_path / "vllm") if installed else tmp_path / "missing"
     monkeypatch.setenv("VCFSLM_VLLM_VENV", str(venv))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(lab, "seed_guest_venv", lambda path: None)
     guest = guests.Guest(name="slm-01", address="127.0.0.11", bench_address="127.0.1.11", port=40000,
                          user="me", key="/k", known_hosts="/kh", workdir=str(tmp_path / "g"),
@@ -127,4 +128,26 @@ def test_lab_files_name_the_vllm_venv_when_installed(tmp_path: Path, monkeypatch
     lab.write_lab_files(state, "pw")
     doc = yaml.safe_load(state.inventory.read_text())
     assert doc["bench"]["serve"]["vllm"]["venv"] == (str(venv) if installed else None)
+    assert (tmp_path / "work" / "cache" / "inductor").resolve() == (tmp_path / "inductor").resolve()
     load_inventory(state.inventory)                                 # valid either way
+
+
+def test_lab_guests_share_this_machines_inductor_cache(tmp_path: Path, monkeypatch):
+    host = tmp_path / "host-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(host))
+    link = tmp_path / "lab" / "work" / "cache" / "inductor"
+    lab.share_inductor_cache(link)
+    assert link.is_symlink() and link.resolve() == host.resolve() and host.is_dir()
+    (link / "graph").write_text("compiled")                 # a guest's entry lands in the host's cache
+    assert (host / "graph").read_text() == "compiled"
+    lab.share_inductor_cache(link)                          # a second lab up: unchanged
+    assert link.resolve() == host.resolve()
+    older = tmp_path / "older" / "cache" / "inductor"       # a lab made before the link: its own folder stays
+    older.mkdir(parents=True)
+    (older / "graph").write_text("its own")
+    lab.share_inductor_cache(older)
+    assert not older.is_symlink() and (older / "graph").read_text() == "its own"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    lab.share_inductor_cache(tmp_path / "third")
+    assert (tmp_path / "third").resolve() == (tmp_path / "home" / ".cache" / "vcfslm" / "inductor").resolve()

@@ -34,6 +34,7 @@ from .. import results, topology
 from ..contract import (
     Matrix,
     build_run_meta,
+    host_inductor_cache,
     matrix_record,
     new_run_id,
     parse_progress,
@@ -48,7 +49,6 @@ from .launch import report_event, worker_args
 from .tracker import BenchTracker
 
 NODE_NAME = "local"
-DEFAULT_INDUCTOR_CACHE = "~/.cache/vcfslm/inductor"
 
 
 @dataclass
@@ -187,8 +187,7 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     log_dir = run_dir / "logs" / NODE_NAME
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    cache_dir = str(Path(inductor_cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-                         or DEFAULT_INDUCTOR_CACHE).expanduser())
+    cache_dir = str(host_inductor_cache(inductor_cache_dir, os.environ))
     use_numactl = use_numactl and shutil.which("numactl") is not None
     context = {"python": python, "threads_per_rank": threads, "inductor_cache_dir": cache_dir,
                "use_numactl": use_numactl, "ranks": slots, "env_file": ""}

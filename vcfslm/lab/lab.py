@@ -36,6 +36,7 @@ from pathlib import Path
 
 import yaml
 
+from ..contract import host_inductor_cache
 from ..errors import UsageError, VcfslmError
 from ..guest.wheel import project_root
 from ..progress import NullReporter, Reporter
@@ -393,6 +394,7 @@ def write_lab_files(state: LabState, password: str, *, slos: Mapping[str, Mappin
     else:
         (state.dir / "work").mkdir(parents=True, exist_ok=True)
         seed_guest_venv(state.dir / "work" / "venv")
+        share_inductor_cache(state.dir / "work" / "cache" / "inductor")
     header = generate.inventory_header(state.env_file, slo_notes)
     atomic_write_text(state.inventory, header + yaml.safe_dump(document, sort_keys=False))
     state.inventory.chmod(0o644)  # no secret inside; the env file stays 0600
@@ -415,6 +417,22 @@ def seed_guest_venv(path: Path) -> None:
     subprocess.run([base, "-m", "venv", str(path)], check=True, capture_output=True)
     [site] = path.glob("lib/python*/site-packages")
     (site / "_vcfslm_lab_image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+
+def share_inductor_cache(path: Path, environ: Mapping[str, str] | None = None) -> None:
+    """Point the lab guests' Inductor cache at this machine's (contract.host_inductor_cache).
+
+    A VM keeps its compile cache across runs; a lab made anew would start cold every time
+    and compile each rank's graphs again (~15 s a graph on one core, for the tiny model).
+    Lab guests are this machine, so they share its cache, as `bench --local` ranks do
+    (Inductor keys each entry by graph, torch version and compile options). A folder already there (a lab made before this link) is left as it is.
+    """
+    target = host_inductor_cache(None, os.environ if environ is None else environ)
+    target.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target, target_is_directory=True)
 
 
 def find_vllm_venv(environ: Mapping[str, str] | None = None, root: Path | None = None) -> Path | None:
