@@ -7,6 +7,7 @@ by side in one run.
     .venv/bin/python benchmarks/gemv_rows.py --rows 5,6,8 --rounds 15
     .venv/bin/python benchmarks/gemv_rows.py --base HEAD~1 --engine-layers 8   # and the engine's TPOT/TTFT on each loop
     .venv/bin/python benchmarks/gemv_rows.py --dense             # the dense-bf16 plan: vcfslm's AVX2 GEMV against ATen
+    .venv/bin/python benchmarks/gemv_rows.py --dense --base HEAD~1   # and against that revision's AVX2 loop
 
 The weight set is Phi-3-mini's four linear shapes (qkv 3072->9216, o 3072->3072, gate_up
 3072->16384, down 8192->3072) repeated `--layers` times: far larger than any cache, so every
@@ -65,16 +66,17 @@ from vcfslm.bench import dense_gemv, gemv, linear  # noqa: E402
 DEFAULT_ROWS = (1, 2, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 
 
-def base_library(rev: str, folder: Path):
-    """vcfslm's GEMV built from revision `rev`'s source, loaded (its ABI must be this tree's)."""
-    rel = gemv.SOURCE.relative_to(ROOT).as_posix()
+def base_library(rev: str, folder: Path, loop=gemv):
+    """A loop (vcfslm.bench.gemv's or dense_gemv's) built from revision `rev`'s source, loaded
+    (its ABI must be this tree's), with this tree's compiler flags."""
+    rel = loop.SOURCE.relative_to(ROOT).as_posix()
     shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], capture_output=True, check=False)
     if shown.returncode != 0:
         raise SystemExit(f"--base {rev}: git show {rev}:{rel} failed: {shown.stderr.decode().strip()}")
-    source = folder / f"base-{gemv.SOURCE.name}"
+    source = folder / f"base-{loop.SOURCE.name}"
     source.write_bytes(shown.stdout)
     try:
-        return gemv.load(gemv.build(folder, "base.so", source=source))
+        return gemv.load(gemv.build(folder, "base.so", source, loop.FLAGS), loop.ABI)
     except gemv.GemvBuildError as exc:   # a revision before this ABI, or one that does not build here
         raise SystemExit(f"--base {rev}: {exc}") from exc
 
@@ -112,9 +114,9 @@ def kernels(weights, lib, base_lib, min_rows: int) -> dict:
     return out
 
 
-def dense_kernels(layers: int) -> tuple[dict, int]:
-    """The dense-bf16 plan's two few-row paths on plain weights: name -> a function of the
-    inputs, as kernels(); and the weights' bytes."""
+def dense_kernels(layers: int, base_lib=None) -> tuple[dict, int]:
+    """The dense-bf16 plan's two few-row paths on plain weights (and `base_lib`, another build
+    of the AVX2 loop): name -> a function of the inputs, as kernels(); and the weights' bytes."""
     gen = torch.Generator().manual_seed(0)
     ws = [(torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16) for n, k in SHAPES * layers]
 
@@ -122,11 +124,16 @@ def dense_kernels(layers: int) -> tuple[dict, int]:
         for w in ws:
             linear.linear_eager(xs[w.shape[1]], w, None, w.shape[0], linear.DENSE_BF16, 1, 0)
 
-    def loop(xs):
-        for w in ws:
-            dense_gemv.run(xs[w.shape[1]], w)
+    def loop(library):
+        def run(xs):
+            for w in ws:
+                dense_gemv.run(xs[w.shape[1]], w, library)
+        return run
 
-    return {"ATen": aten, "vcfslm": loop}, sum(w.numel() * 2 for w in ws)
+    out = {"ATen": aten, "vcfslm": loop(None)}
+    if base_lib is not None:
+        out["base"] = loop(base_lib)
+    return out, sum(w.numel() * 2 for w in ws)
 
 
 def measure(fns: dict, rows: int, rounds: int) -> dict[str, list[float]]:
@@ -203,16 +210,16 @@ def main() -> int:
     if args.engine_layers and not args.base:
         ap.error("--engine-layers compares two loops: it needs --base")
     dense = args.dense or not linear.onednn_bf16()
-    if dense and args.base:
-        ap.error("--base compares two builds of the AVX512-BF16 loop on oneDNN's packed weight: not with the "
-                 "dense-bf16 table")
+    if dense and args.engine_layers:
+        ap.error("--engine-layers swaps builds of the AVX512-BF16 loop: not with the dense-bf16 table "
+                 "(benchmarks/engine_ab.py compares the engine at two revisions)")
     row_counts = [int(r) for r in args.rows.split(",")]
     if not all(1 <= r <= gemv.MAX_ROWS for r in row_counts):
         ap.error(f"--rows: each must be within 1-{gemv.MAX_ROWS}")
     torch.set_num_threads(args.threads)
     print(cpu_line())
     if dense:
-        return dense_table(args.layers, row_counts, args.rounds, args.threads)
+        return dense_table(args.layers, row_counts, args.rounds, args.threads, args.base)
     status = gemv.status()
     if not status.usable:
         print(f"vcfslm GEMV does not run here ({status.reason}): nothing to compare")
@@ -257,15 +264,18 @@ def rows_table(fns: dict, reference: str, nbytes: int, row_counts: list[int], ro
         print(line, flush=True)
 
 
-def dense_table(layers: int, row_counts: list[int], rounds: int, threads: int) -> int:
+def dense_table(layers: int, row_counts: list[int], rounds: int, threads: int, base: str | None) -> int:
     status = dense_gemv.status()
     if not status.usable:
         print(f"vcfslm AVX2 GEMV does not run here ({status.reason}): nothing to compare")
         return 1
-    fns, nbytes = dense_kernels(layers)
-    print(f"vcfslm AVX2 GEMV: {status.reason}; {nbytes / 1e9:.2f} GB of plain bf16 weights ({layers} Phi-3-mini "
-          f"layers' linears), {threads} threads, {rounds} rounds; ATen: the dense-bf16 plan without it")
-    rows_table(fns, "ATen", nbytes, row_counts, rounds)
+    with tempfile.TemporaryDirectory(prefix="vcfslm-gemv-base-") as folder:
+        base_lib = base_library(base, Path(folder), dense_gemv) if base else None
+        fns, nbytes = dense_kernels(layers, base_lib)
+        print(f"vcfslm AVX2 GEMV: {status.reason}; {nbytes / 1e9:.2f} GB of plain bf16 weights ({layers} Phi-3-mini "
+              f"layers' linears), {threads} threads, {rounds} rounds; ATen: the dense-bf16 plan without it"
+              + (f"; base: the loop at {base}" if base else ""))
+        rows_table(fns, "ATen", nbytes, row_counts, rounds, base)
     return 0
 
 
