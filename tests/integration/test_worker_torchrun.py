@@ -23,15 +23,16 @@ pytest.importorskip("transformers")
 PREFIX = "VCFSLM-PROGRESS "
 
 
-def torchrun(out: Path, *extra: str, scenarios_b=("1", "2"), env_extra=None) -> subprocess.Popen:
-    """Two worker ranks on this machine, one thread each, the eager decode step (fast to start)."""
+def torchrun(out: Path, *extra: str, scenarios_b=("1", "2"), env_extra=None, probe=True) -> subprocess.Popen:
+    """Two worker ranks on this machine, one thread each, the eager decode step (fast to start);
+    probe=False: no rank probes (a test that reads no probe figure saves both ranks' GEMM probe)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "vcfslm.bench.worker", "--",
            "--model", "synthetic:tiny",
            "--matrix", Matrix(tuple(int(b) for b in scenarios_b), (8,), 5, warmup=1, repeats=2).to_json(),
            "--out", str(out),
            "--run-id", "t", "--node", "local", "--nodes", "1", "--threads", "1",
-           "--compile", "eager", "--probe-mib", "32", *extra]
+           "--compile", "eager", *(["--probe-mib", "32"] if probe else ["--no-probe"]), *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -88,7 +89,7 @@ def test_a_failed_numerics_gate_invalidates_every_window_of_that_rank_only(tmp_p
 
 def test_a_failed_gate_of_one_shape_invalidates_that_shapes_windows_only(tmp_path):
     # rank 0's step at 2 tokens (the batch-2 decode graph) is wrong; its batch-1 graph is not
-    rc, lines = finish(torchrun(tmp_path, env_extra={"VCFSLM_FAULT_NUMERICS": "0:0.5:2"}))
+    rc, lines = finish(torchrun(tmp_path, env_extra={"VCFSLM_FAULT_NUMERICS": "0:0.5:2"}, probe=False))
     assert rc == 0, "\n".join(lines[-30:])
     recs = results.read_records(tmp_path / "results.jsonl")
     bad = {(r.rank, r.batch_per_rank) for r in recs if not r.valid}
@@ -102,7 +103,7 @@ def test_a_failed_gate_of_one_shape_invalidates_that_shapes_windows_only(tmp_pat
 
 
 def test_resume_after_a_killed_rank(tmp_path):
-    proc = torchrun(tmp_path)
+    proc = torchrun(tmp_path, probe=False)
     seen, done_first, pids = [], set(), {}
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -121,7 +122,7 @@ def test_resume_after_a_killed_rank(tmp_path):
     partial = results.read_records(tmp_path / "ranks" / "rank-1.jsonl")
     assert {r.batch_per_rank for r in partial} == {1}
 
-    rc, lines = finish(torchrun(tmp_path, "--resume"))
+    rc, lines = finish(torchrun(tmp_path, "--resume", probe=False))
     assert rc == 0, "\n".join(lines[-30:])
     ev = events(lines)
     assert {(e["rank"], e["scenario"]) for e in ev if e["phase"] == "skip"} == {(0, 1), (1, 1)}
