@@ -51,6 +51,27 @@ def test_wrong_logits_fail_with_a_reason(bad, reason):
     assert is_numerics_gate(result.invalid_reason)
 
 
+def test_a_flip_counts_only_beyond_a_near_tie():
+    # eager's top two at every position 0.05 of the largest logit apart: rounding may swap them
+    eager = torch.zeros(1, 8, 50)
+    eager[..., 7] = 10.0
+    eager[..., 3] = 9.5
+    swapped = eager.clone()
+    swapped[..., 3] = 10.2                                     # the compiled step picks token 3 everywhere
+    result = compare_logits(swapped, eager)
+    assert result.top1_agreement == 0.0 and result.top1_beyond_ties == 1.0 and result.passed
+    far = eager.clone()
+    far[..., 3] = 8.5                                          # 0.15 of the largest logit below the top
+    far_swapped = far.clone()
+    far_swapped[..., 3] = 10.2
+    far_swapped[:, :3, 3] = 8.5                                # 3 of 8 positions keep eager's top token
+    result = compare_logits(far_swapped, far)
+    assert result.top1_beyond_ties == result.top1_agreement == 3 / 8 and not result.passed
+    assert "top-1 agreement 0.38 < 0.75 (flips within 0.1 of the largest logit counted as ties; 0.38 without)" \
+        in result.reason
+    assert compare_logits(swapped, eager, tie=0.01).top1_beyond_ties == 0.0   # the tie is the caller's to state
+
+
 def perturb_compiled(engine, scale=0.5, tokens=None):
     """Noise of `scale` x the largest logit on the engine's compiled step (at `tokens` tokens
     only, when given): what a wrong graph looks like to the gate."""

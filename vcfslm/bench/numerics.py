@@ -19,10 +19,18 @@ forward over the same prompt and forced tokens, taken before the engine packs th
 The tolerance is stated, not tuned per run: the largest logit difference may be at most
 `rtol` of the largest eager logit (bf16 keeps 8 bits of mantissa; fused kernels round
 in another order, and the difference grows with depth), and the top-1 token must agree
-at `min_top1` of the positions (a near-tie may flip). Measured on the Phi-3-mini shape
-with random weights: a correct compiled step differs by 0.025 of the largest logit with
-8 layers and 0.053 with 32; decode positions off by one differ by 0.60 and 0.86, and
-logits one step off by 1.25. 0.15 sits ~3x above the first and ~4x below the second.
+at `min_top1` of the positions. Measured on the Phi-3-mini shape with random weights: a
+correct compiled step differs by 0.025 of the largest logit with 8 layers and 0.053 with
+32; decode positions off by one differ by 0.60 and 0.86, and logits one step off by 1.25.
+0.15 sits ~3x above the first and ~4x below the second.
+
+A top-1 flip counts against the step only beyond a near-tie: where the compared side's top
+token is more than `tie` of the largest logit below the other side's top, in the other
+side's own logits. Two tokens closer than that can swap places by rounding alone (each
+moves by up to ~0.05 of the largest logit at 32 layers), and random weights put the top
+two that close at most positions: on a 2-core AVX2 EPYC, the full shape's batch-16 graph
+flipped 5 of 16 reference positions with its largest difference at 0.056, well within
+`rtol`, and failed on flips alone. The raw agreement is still recorded beside it.
 
 A failed gate does not stop the run: the windows of that graph are recorded as invalid
 with the gate's reason (a serving window runs every slot graph, so a failed slot graph
@@ -43,6 +51,9 @@ from ..verdicts import numerics_gate_failed
 
 DEFAULT_RTOL = 0.15
 DEFAULT_MIN_TOP1 = 0.75
+# A top-1 flip whose two tokens are within this share of the largest logit is a near-tie:
+# about twice what a correct step moves a logit at 32 layers (0.053).
+DEFAULT_TIE = 0.1
 DEFAULT_STEPS = 8
 # The gate's prompt, and the rows of the unpacked model's reference: a few seconds on a
 # full Phi-3-mini, before the engine packs it.
@@ -65,6 +76,8 @@ class GateResult:
     rtol: float
     min_top1: float
     reason: str = ""
+    top1_beyond_ties: float = 1.0     # agreement with near-tie flips counted as agreeing: judged
+    tie: float = DEFAULT_TIE
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,26 +88,32 @@ class GateResult:
         return None if self.passed else numerics_gate_failed(self.reason)
 
 
-def compare_logits(compiled, eager, *, rtol: float = DEFAULT_RTOL,
-                   min_top1: float = DEFAULT_MIN_TOP1) -> GateResult:
+def compare_logits(compiled, eager, *, rtol: float = DEFAULT_RTOL, min_top1: float = DEFAULT_MIN_TOP1,
+                   tie: float = DEFAULT_TIE) -> GateResult:
     """Compare two float logit tensors [batch, steps, vocab] against the stated tolerance."""
     if tuple(compiled.shape) != tuple(eager.shape):
         return GateResult(False, 0, 0, math.inf, math.inf, 0.0, rtol, min_top1,
-                          f"shape {tuple(compiled.shape)} != eager {tuple(eager.shape)}")
+                          f"shape {tuple(compiled.shape)} != eager {tuple(eager.shape)}", 0.0, tie)
     batch, steps = int(eager.shape[0]), int(eager.shape[1])
     diff = (compiled - eager).abs()
     max_abs = float(diff.max())
     scale = float(eager.abs().max()) or 1.0
     rel = max_abs / scale
-    top1 = float((compiled.argmax(-1) == eager.argmax(-1)).float().mean())
+    picked = compiled.argmax(-1)
+    same = picked == eager.argmax(-1)
+    top1 = float(same.float().mean())
+    # How far below eager's own top the compiled step's pick sits, in eager's logits.
+    behind = eager.amax(-1) - eager.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
+    beyond_ties = float((same | (behind <= tie * scale)).float().mean())
     problems = []
     if not math.isfinite(max_abs) or not rel <= rtol:
         problems.append(f"max logit difference {max_abs:.4g} is {rel:.3g} of the largest logit "
                         f"(tolerance {rtol})")
-    if not top1 >= min_top1:
-        problems.append(f"top-1 agreement {top1:.2f} < {min_top1}")
+    if not beyond_ties >= min_top1:
+        problems.append(f"top-1 agreement {beyond_ties:.2f} < {min_top1} (flips within {tie} of the largest "
+                        f"logit counted as ties; {top1:.2f} without)")
     return GateResult(not problems, steps, batch, max_abs, rel, top1, rtol, min_top1,
-                      "; ".join(problems))
+                      "; ".join(problems), beyond_ties, tie)
 
 
 @dataclass(frozen=True)
@@ -131,7 +150,8 @@ class GraphGate:
     def progress(self) -> dict:
         """The fields of its `gated` progress line."""
         out = {"graph": self.graph, "passed": self.passed, "max_rel_diff": round(self.compiled.max_rel_diff, 5),
-               "top1_agreement": round(self.compiled.top1_agreement, 3), "reason": self.reason}
+               "top1_agreement": round(self.compiled.top1_agreement, 3),
+               "top1_beyond_ties": round(self.compiled.top1_beyond_ties, 3), "reason": self.reason}
         if self.reference is not None:
             out["reference_rel_diff"] = round(self.reference.max_rel_diff, 5)
         return out
