@@ -73,11 +73,11 @@ class GateResult:
     max_abs_diff: float
     max_rel_diff: float
     top1_agreement: float
+    top1_beyond_ties: float           # with near-tie flips counted as agreeing: the one judged
     rtol: float
     min_top1: float
+    tie: float
     reason: str = ""
-    top1_beyond_ties: float = 1.0     # agreement with near-tie flips counted as agreeing: judged
-    tie: float = DEFAULT_TIE
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,8 +92,8 @@ def compare_logits(compiled, eager, *, rtol: float = DEFAULT_RTOL, min_top1: flo
                    tie: float = DEFAULT_TIE) -> GateResult:
     """Compare two float logit tensors [batch, steps, vocab] against the stated tolerance."""
     if tuple(compiled.shape) != tuple(eager.shape):
-        return GateResult(False, 0, 0, math.inf, math.inf, 0.0, rtol, min_top1,
-                          f"shape {tuple(compiled.shape)} != eager {tuple(eager.shape)}", 0.0, tie)
+        return GateResult(False, 0, 0, math.inf, math.inf, 0.0, 0.0, rtol, min_top1, tie,
+                          f"shape {tuple(compiled.shape)} != eager {tuple(eager.shape)}")
     batch, steps = int(eager.shape[0]), int(eager.shape[1])
     diff = (compiled - eager).abs()
     max_abs = float(diff.max())
@@ -112,8 +112,8 @@ def compare_logits(compiled, eager, *, rtol: float = DEFAULT_RTOL, min_top1: flo
     if not beyond_ties >= min_top1:
         problems.append(f"top-1 agreement {beyond_ties:.2f} < {min_top1} (flips within {tie} of the largest "
                         f"logit counted as ties; {top1:.2f} without)")
-    return GateResult(not problems, steps, batch, max_abs, rel, top1, rtol, min_top1,
-                      "; ".join(problems), beyond_ties, tie)
+    return GateResult(not problems, steps, batch, max_abs, rel, top1, beyond_ties, rtol, min_top1, tie,
+                      "; ".join(problems))
 
 
 @dataclass(frozen=True)

@@ -425,7 +425,8 @@ def share_inductor_cache(path: Path, environ: Mapping[str, str] | None = None) -
     A VM keeps its compile cache across runs; a lab made anew would start cold every time
     and compile each rank's graphs again (~15 s a graph on one core, for the tiny model).
     Lab guests are this machine, so they share its cache, as `bench --local` ranks do
-    (Inductor keys each entry by graph, torch version and compile options). A folder already there (a lab made before this link) is left as it is.
+    (Inductor keys each entry by graph, torch version and compile options). A folder
+    already there (a lab made before this link) is left as it is.
     """
     target = host_inductor_cache(None, os.environ if environ is None else environ)
     target.mkdir(parents=True, exist_ok=True)
