@@ -419,7 +419,7 @@ def seed_guest_venv(path: Path) -> None:
     (site / "_vcfslm_lab_image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
 
-def share_inductor_cache(path: Path, environ: Mapping[str, str] | None = None) -> None:
+def share_inductor_cache(path: Path) -> None:
     """Point the lab guests' Inductor cache at this machine's (contract.host_inductor_cache).
 
     A VM keeps its compile cache across runs; a lab made anew would start cold every time
@@ -428,7 +428,7 @@ def share_inductor_cache(path: Path, environ: Mapping[str, str] | None = None) -
     (Inductor keys each entry by graph, torch version and compile options). A folder
     already there (a lab made before this link) is left as it is.
     """
-    target = host_inductor_cache(None, os.environ if environ is None else environ)
+    target = host_inductor_cache(None, os.environ)
     target.mkdir(parents=True, exist_ok=True)
     if path.is_symlink() or path.exists():
         return
