@@ -574,9 +574,11 @@ def child_env(args, name: str, kv_gib: int = 2) -> dict:
     the CPU binding and the in-process engine core for vLLM."""
     if name == "vcfslm":
         from vcfslm.bench.pages import HUGE_PAGES_ENV
+        from vcfslm.contract import host_inductor_cache
 
-        # The rank's environment: its weights on 2 MiB pages, as rank.sh sets.
-        return {"TORCHINDUCTOR_CACHE_DIR": str(args.cache / "inductor"), **HUGE_PAGES_ENV}
+        # The rank's environment: its weights on 2 MiB pages, as rank.sh sets, and the compile
+        # cache `bench --local` ranks use, so a graph either compiled is warm for the other.
+        return {"TORCHINDUCTOR_CACHE_DIR": str(host_inductor_cache(None, os.environ)), **HUGE_PAGES_ENV}
     if name == "vllm":
         return {"VLLM_CPU_OMP_THREADS_BIND": args.cpus, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

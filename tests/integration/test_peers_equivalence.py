@@ -24,13 +24,12 @@ needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists() and not os.environ.get(
                                 reason="vLLM's venv is absent (make vllm); CI always has it")
 
 
-@pytest.fixture
-def cache(tmp_path):
-    """Each test's own checkpoint folder: building the 1-layer checkpoint takes seconds, and
-    without a shared one the tests (each a minute or more) run on separate workers at once."""
-    folder = tmp_path / "peers-cache"
-    folder.mkdir()
-    return folder
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One checkpoint folder for the module: the 1-layer checkpoint, its broken-rope copy
+    and the OpenVINO IR are each built once. The module then runs on one worker, which
+    costs nothing: these tests are CPU-bound, and the suite keeps both cores busy anyway."""
+    return tmp_path_factory.mktemp("peers-cache")
 
 
 def check(cache: Path, *extra: str) -> tuple[int, dict[str, str], str]:

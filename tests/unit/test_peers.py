@@ -37,6 +37,17 @@ def test_cpu_lists_are_written_as_taskset_reads_them():
     assert peers.cpu_list([0, 2, 3, 4, 7, 8]) == "0,2-4,7-8"
 
 
+def test_the_vcfslm_child_compiles_into_the_cache_bench_local_ranks_use(monkeypatch, tmp_path):
+    args = peers.parse_args(["--cache", str(tmp_path / "formats")])
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "shared"))
+    assert peers.child_env(args, "vcfslm")["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "shared")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert peers.child_env(args, "vcfslm")["TORCHINDUCTOR_CACHE_DIR"] == str(
+        tmp_path / "home" / ".cache" / "vcfslm" / "inductor")
+    assert "TORCHINDUCTOR_CACHE_DIR" not in peers.child_env(args, "vllm")
+
+
 def test_a_broken_checkpoint_changes_rope_theta_alone(tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
