@@ -27,8 +27,8 @@ needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists() and not os.environ.get(
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """One checkpoint folder for the module: the 1-layer checkpoint, its broken-rope copy
-    and the OpenVINO IR are each built once. The module then runs on one worker, which
-    costs nothing: these tests are CPU-bound, and the suite keeps both cores busy anyway."""
+    and the OpenVINO IR are each built once. The module then runs on one worker: these
+    tests are CPU-bound, so spreading them over workers would not shorten the suite."""
     return tmp_path_factory.mktemp("peers-cache")
 
 
