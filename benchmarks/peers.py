@@ -729,8 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load0 = os.getloadavg()[0]
     print(cpu_line())
+    # With --equivalence-only no timed model is built: its layers would only mislead.
+    timed = "equivalence only" if args.equivalence_only else f"model {spec_for(args.layers)}"
     print(f"threads {args.threads}; every child pinned with taskset -c {args.cpus}; prompt {args.prompt} tokens; "
-          f"{args.tokens} generated; model {spec_for(args.layers)}, seed {SEED}; engines {', '.join(args.engines)}",
+          f"{args.tokens} generated; {timed}, seed {SEED}; engines {', '.join(args.engines)}",
           flush=True)
     status = peer_status(args)
     ready = [e for e in args.engines if status[e] is None]

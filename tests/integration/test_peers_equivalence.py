@@ -52,6 +52,8 @@ def test_vcfslm_and_vllm_compute_the_reference_model(cache):
         assert verdicts[engine].startswith("equivalent |"), out
     assert "logit correlation" in verdicts["vcfslm"] and "full vocabulary" in verdicts["vcfslm"]
     assert "top 20" in verdicts["vllm"]
+    header = next(line for line in out.splitlines() if line.startswith("threads "))
+    assert "; equivalence only, seed " in header and "layers=" not in header, header
 
 
 @needs_vllm
