@@ -67,16 +67,29 @@ needs_it = pytest.mark.skipif(not dense_gemv.status().usable,
                               reason=f"the AVX2 GEMV does not run here: {dense_gemv.status().reason}")
 
 
+@pytest.mark.skipif(not dense_gemv.cpu_runs_it(dense_gemv.read_cpuinfo()), reason="the CPU has no AVX2 with FMA")
+def test_where_the_cpu_runs_it_the_loop_passes_its_check(monkeypatch):
+    """A loop that builds but computes wrongly is refused, and every test below would then
+    skip: on a CPU that runs it, that is a failure here instead."""
+    monkeypatch.delenv("VCFSLM_GEMV", raising=False)
+    dense_gemv.status.cache_clear()
+    try:
+        assert dense_gemv.status().usable, dense_gemv.status().reason
+    finally:
+        dense_gemv.status.cache_clear()
+
+
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got.float() - want).abs().max().item() / want.abs().max().item()
 
 
 @needs_it
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 17, 31, 32])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 16, 17, 31, 32])
 @pytest.mark.parametrize(("n", "k"), [(1, 16), (7, 48), (37, 1040), (64, 3072), (25, 2064)])
 def test_it_computes_f_linear(rows, n, k):
-    """Every row count (1-3 stream, 4+ run in groups of four over k chunks of 1024), outputs
-    left over after whole tiles of 8 and 3, and k inside, at, and past a chunk."""
+    """Every row count (1-3 stream; 4-7 and 17-32 in groups of four over k chunks of 1024;
+    8-16 broadcast against 2, 3 or 4 groups of four rows, the last one padded), outputs left
+    over after whole tiles of 8, 6, 4 and 3, and k inside, at, and past a chunk."""
     gen = torch.Generator().manual_seed(rows * 1000 + n)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
@@ -86,11 +99,13 @@ def test_it_computes_f_linear(rows, n, k):
 
 
 @needs_it
-def test_its_rounding_is_torchs():
-    """Outputs exact in fp32 round to bf16 as PyTorch rounds them: to nearest, ties to even."""
+@pytest.mark.parametrize("rows", [4, 16])
+def test_its_rounding_is_torchs(rows):
+    """Outputs exact in fp32 round to bf16 as PyTorch rounds them: to nearest, ties to even
+    (in the chunked loop at 4 rows and the broadcast one at 16)."""
     w = torch.zeros(4, 16, dtype=torch.bfloat16)
     w[:, :2] = 1.0
-    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    x = torch.zeros(rows, 16, dtype=torch.bfloat16)
     x[:, 0] = 1.0
     x[0, 1] = 2 ** -8        # 1 + 2^-8: halfway between 1 and 1 + 2^-7, ties to 1
     x[1, 1] = 3 * 2 ** -8    # halfway between 1 + 2^-7 and 1 + 2^-6, ties to 1 + 2^-6

@@ -12,6 +12,18 @@
 // a time; this loop reads it at ~0.95 for one row (benchmarks/gemv_hypotheses.py), without a
 // copy or a repack of the weight.
 //
+// 8-16 rows (batch-16 decode) are bound by the FMAs, and there the dot-product form above
+// costs a load per FMA (the input rows do not fit in registers beside the accumulators) and
+// reaches ~0.63 of the FMA peak. They take a broadcast form instead: one 32-bit broadcast of
+// a weight row's bf16 pair (k, k+1) and one byte shuffle give [w_k x4 | w_k+1 x4] in fp32,
+// which multiplies four input rows at k and k+1 at once; the inputs are laid out that way
+// once per call (`quads`). A tile of 3 weight rows by 16 input rows holds 12 accumulators
+// and 4 input vectors in registers, one weight load per 4 FMAs, and runs at the FMA peak in
+// L1. On 4 Phi-3-mini layers' weights (benchmarks/gemv_rows.py --dense --base, a 2-core AVX2
+// EPYC) it takes 0.80 of the dot form's time at 16 rows, 0.82 at 12, 0.90 at 8 and 1.01 at 9
+// (three rows of padding); below 8 rows and above 16 the dot form is as fast or faster, so it
+// keeps them.
+//
 // Built with -mavx2 -mfma and run only where the CPU has both. OpenMP: the same libgomp.so.1
 // PyTorch loaded, so one thread pool serves both.
 #include <immintrin.h>
@@ -93,11 +105,11 @@ void stream(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t 
   for (int64_t j = tiles * J; j < n; ++j) stream_tile<M, 1>(w, xs, k, y, n, j);
 }
 
-// 4-32 rows: bound by the FMAs (two per input row per load), so each weight byte must serve
-// every row from L1. A tile of J weight rows is cut into kChunk runs of k; each run is taken
-// by the rows four at a time (12 accumulators), the first group reading it from memory and
-// the others from L1, with partial sums kept in `part` between runs. On a 2-core AVX2 EPYC:
-// 1.1x the streaming loop at 4 rows, 1.5x at 8, 3.5x at 16 (which cannot hold 16 rows'
+// 4-7 and 17-32 rows: bound by the FMAs (two per input row per load), so each weight byte must
+// serve every row from L1. A tile of J weight rows is cut into kChunk runs of k; each run is
+// taken by the rows four at a time (12 accumulators), the first group reading it from memory
+// and the others from L1, with partial sums kept in `part` between runs. On a 2-core AVX2
+// EPYC: 1.1x the streaming loop at 4 rows, 1.5x at 8, 3.5x at 16 (which cannot hold 16 rows'
 // accumulators in registers).
 template <int M, int J>
 __attribute__((always_inline)) inline void chunk_pass(const uint16_t* w, const float* xs, int64_t k, int64_t j0,
@@ -137,6 +149,73 @@ void chunked(const uint16_t* w, const float* xs, int64_t rows, int64_t k, uint16
   for (int64_t j = tiles * kChunkOutputs; j < n; ++j) chunked_tile<1>(w, xs, rows, k, y, n, j);
 }
 
+// 8-16 rows: the broadcast form (the header). xq [k/2][quads][8] fp32: for each pair of k, each
+// group of four input rows as [x_r[2p] for its 4 rows | x_r[2p+1] for its 4 rows], rows past
+// `rows` zero.
+void quads(const uint16_t* x, float* xq, int64_t rows, int64_t k) {
+  const int64_t qs = (rows + 3) / 4;
+  for (int64_t p = 0; p < k / 2; ++p)
+    for (int64_t q = 0; q < qs; ++q) {
+      uint32_t* d = reinterpret_cast<uint32_t*>(xq + (p * qs + q) * 8);
+      for (int l = 0; l < 4; ++l) {
+        const int64_t m = 4 * q + l;
+        d[l] = m < rows ? static_cast<uint32_t>(x[m * k + 2 * p]) << 16 : 0;
+        d[4 + l] = m < rows ? static_cast<uint32_t>(x[m * k + 2 * p + 1]) << 16 : 0;
+      }
+    }
+}
+
+// Weight rows j0..j0+J times Q groups of four input rows (Q = quads per pair in xq), over all
+// of k. Every loop over the accumulators is unrolled: GCC keeps an array indexed in a loop it
+// does not unroll in memory, and then stores all 12 accumulators on every step.
+template <int J, int Q>
+void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t rows, int64_t k, uint16_t* y,
+               int64_t n, int64_t j0) {
+  __m256 acc[J][Q];
+#pragma GCC unroll 16
+  for (int j = 0; j < J; ++j)
+#pragma GCC unroll 16
+    for (int q = 0; q < Q; ++q) acc[j][q] = _mm256_setzero_ps();
+  const uint16_t* wr[J];
+#pragma GCC unroll 16
+  for (int j = 0; j < J; ++j) wr[j] = w + (j0 + j) * k;
+  // bytes of the broadcast pair into the high halves of fp32 lanes: w_2p in lanes 0-3, w_2p+1 in 4-7
+  const __m256i spread = _mm256_setr_epi8(-128, -128, 0, 1, -128, -128, 0, 1, -128, -128, 0, 1, -128, -128, 0, 1,
+                                          -128, -128, 2, 3, -128, -128, 2, 3, -128, -128, 2, 3, -128, -128, 2, 3);
+  for (int64_t p = 0; p < k / 2; ++p) {
+    __m256 xv[Q];
+#pragma GCC unroll 16
+    for (int q = 0; q < Q; ++q) xv[q] = _mm256_load_ps(xq + (p * Q + q) * 8);
+#pragma GCC unroll 16
+    for (int j = 0; j < J; ++j) {
+      const __m256i pair = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(wr[j] + 2 * p)));
+      const __m256 wv = _mm256_castsi256_ps(_mm256_shuffle_epi8(pair, spread));
+#pragma GCC unroll 16
+      for (int q = 0; q < Q; ++q) acc[j][q] = _mm256_fmadd_ps(wv, xv[q], acc[j][q]);
+    }
+  }
+  __m256 sums[J][Q];   // out of registers once, through an unrolled copy (see above)
+#pragma GCC unroll 16
+  for (int j = 0; j < J; ++j)
+#pragma GCC unroll 16
+    for (int q = 0; q < Q; ++q) sums[j][q] = acc[j][q];
+  for (int j = 0; j < J; ++j)
+    for (int q = 0; q < Q; ++q) {
+      // lanes l and l+4 hold row 4q+l's sums over even and odd k
+      alignas(16) float out[4];
+      _mm_store_ps(out, _mm_add_ps(_mm256_castps256_ps128(sums[j][q]), _mm256_extractf128_ps(sums[j][q], 1)));
+      for (int l = 0; l < 4 && 4 * q + l < rows; ++l) y[(4 * q + l) * n + j0 + j] = to_bf16(out[l]);
+    }
+}
+
+template <int J, int Q>
+void broadcast(const uint16_t* w, const float* xq, int64_t rows, int64_t k, uint16_t* y, int64_t n, int threads) {
+  const int64_t tiles = n / J;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) quad_tile<J, Q>(w, xq, rows, k, y, n, t * J);
+  for (int64_t j = tiles * J; j < n; ++j) quad_tile<1, Q>(w, xq, rows, k, y, n, j);
+}
+
 }  // namespace
 
 extern "C" {
@@ -151,10 +230,21 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
                      int threads, int64_t prefetch) {
   if (rows < 1 || rows > 32 || n < 1 || k < kStep || k % kStep != 0 || threads < 1 || prefetch < 0) return -1;
   // The widened input rows, reused across calls of this thread (at most 32 x k fp32, 32-byte
-  // aligned for the loads above).
+  // aligned for the loads above; as quads, rows rounded up to a multiple of 4).
   static thread_local std::vector<float> scratch;
-  if (static_cast<int64_t>(scratch.size()) < rows * k + 8) scratch.resize(rows * k + 8);
+  const int64_t need = (rows + 3) / 4 * 4 * k + 8;
+  if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
   float* xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
+  if (rows >= 8 && rows <= 16) {
+    // the same scratch, as quads: (rows + 3) / 4 groups of 4 rows x k fp32
+    quads(x, xs, rows, k);
+    switch ((rows + 3) / 4) {
+      case 2: broadcast<6, 2>(w, xs, rows, k, y, n, threads); break;   // 12 accumulators each
+      case 3: broadcast<4, 3>(w, xs, rows, k, y, n, threads); break;
+      default: broadcast<3, 4>(w, xs, rows, k, y, n, threads); break;
+    }
+    return 0;
+  }
   split(x, xs, rows, k);
   switch (rows) {
     case 1: stream<1, 8>(w, xs, k, y, n, threads); break;
