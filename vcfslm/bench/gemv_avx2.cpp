@@ -21,8 +21,9 @@
 // and 4 input vectors in registers, one weight load per 4 FMAs, and runs at the FMA peak in
 // L1. On 4 Phi-3-mini layers' weights (benchmarks/gemv_rows.py --dense --base, a 2-core AVX2
 // EPYC) it takes 0.80 of the dot form's time at 16 rows, 0.82 at 12, 0.90 at 8 and 1.01 at 9
-// (three rows of padding); below 8 rows and above 16 the dot form is as fast or faster, so it
-// keeps them.
+// (three rows of padding). 24-32 rows run it twice per tile of weight rows, 16 rows and then
+// the rest: 0.81-0.87 of the dot form's time at 24, 28 and 32 rows. Below 8 rows and at 17-23
+// the dot form is as fast or faster, so it keeps them.
 //
 // Built with -mavx2 -mfma and run only where the CPU has both. OpenMP: the same libgomp.so.1
 // PyTorch loaded, so one thread pool serves both.
@@ -105,7 +106,7 @@ void stream(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t 
   for (int64_t j = tiles * J; j < n; ++j) stream_tile<M, 1>(w, xs, k, y, n, j);
 }
 
-// 4-7 and 17-32 rows: bound by the FMAs (two per input row per load), so each weight byte must
+// 4-7 and 17-23 rows: bound by the FMAs (two per input row per load), so each weight byte must
 // serve every row from L1. A tile of J weight rows is cut into kChunk runs of k; each run is
 // taken by the rows four at a time (12 accumulators), the first group reading it from memory
 // and the others from L1, with partial sums kept in `part` between runs. On a 2-core AVX2
@@ -216,6 +217,24 @@ void broadcast(const uint16_t* w, const float* xq, int64_t rows, int64_t k, uint
   for (int64_t j = tiles * J; j < n; ++j) quad_tile<1, Q>(w, xq, rows, k, y, n, j);
 }
 
+// 24-32 rows: the first 16 rows and the other 8-16 as two broadcast passes over each tile of
+// weight rows, each pass in the row range where the broadcast form wins; the second reads
+// the tile from cache. Each group has its own quads, so neither pass loads the other's inputs.
+template <int J, int Q2>
+void broadcast_twice(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y,
+                     int64_t n, int threads) {
+  const int64_t tiles = n / J;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    quad_tile<J, 4>(w, xa, 16, k, y, n, t * J);
+    quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, t * J);
+  }
+  for (int64_t j = tiles * J; j < n; ++j) {
+    quad_tile<1, 4>(w, xa, 16, k, y, n, j);
+    quad_tile<1, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -235,6 +254,17 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
   const int64_t need = (rows + 3) / 4 * 4 * k + 8;
   if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
   float* xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
+  if (rows >= 24) {
+    float* second = xs + 16 * k;   // 16 rows of quads, then the rest's
+    quads(x, xs, 16, k);
+    quads(x + 16 * k, second, rows - 16, k);
+    switch ((rows - 16 + 3) / 4) {
+      case 2: broadcast_twice<3, 2>(w, xs, second, rows, k, y, n, threads); break;
+      case 3: broadcast_twice<3, 3>(w, xs, second, rows, k, y, n, threads); break;
+      default: broadcast_twice<3, 4>(w, xs, second, rows, k, y, n, threads); break;
+    }
+    return 0;
+  }
   if (rows >= 8 && rows <= 16) {
     // the same scratch, as quads: (rows + 3) / 4 groups of 4 rows x k fp32
     quads(x, xs, rows, k);
