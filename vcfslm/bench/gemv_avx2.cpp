@@ -209,30 +209,23 @@ void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t
     }
 }
 
-template <int J, int Q>
-void broadcast(const uint16_t* w, const float* xq, int64_t rows, int64_t k, uint16_t* y, int64_t n, int threads) {
-  const int64_t tiles = n / J;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) quad_tile<J, Q>(w, xq, rows, k, y, n, t * J);
-  for (int64_t j = tiles * J; j < n; ++j) quad_tile<1, Q>(w, xq, rows, k, y, n, j);
+// One tile of J weight rows against the quads in xa, and at 24-32 rows (Q2 > 0) against the
+// rest's in xb too: the second pass reads the tile from cache. Each group has its own quads,
+// so neither pass loads the other's inputs.
+template <int J, int Q, int Q2>
+inline void quad_pass(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y,
+                      int64_t n, int64_t j0) {
+  quad_tile<J, Q>(w, xa, Q2 > 0 ? 16 : rows, k, y, n, j0);
+  if constexpr (Q2 > 0) quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j0);
 }
 
-// 24-32 rows: the first 16 rows and the other 8-16 as two broadcast passes over each tile of
-// weight rows, each pass in the row range where the broadcast form wins; the second reads
-// the tile from cache. Each group has its own quads, so neither pass loads the other's inputs.
-template <int J, int Q2>
-void broadcast_twice(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y,
-                     int64_t n, int threads) {
+template <int J, int Q, int Q2 = 0>
+void broadcast(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y, int64_t n,
+               int threads) {
   const int64_t tiles = n / J;
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    quad_tile<J, 4>(w, xa, 16, k, y, n, t * J);
-    quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, t * J);
-  }
-  for (int64_t j = tiles * J; j < n; ++j) {
-    quad_tile<1, 4>(w, xa, 16, k, y, n, j);
-    quad_tile<1, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j);
-  }
+  for (int64_t t = 0; t < tiles; ++t) quad_pass<J, Q, Q2>(w, xa, xb, rows, k, y, n, t * J);
+  for (int64_t j = tiles * J; j < n; ++j) quad_pass<1, Q, Q2>(w, xa, xb, rows, k, y, n, j);
 }
 
 }  // namespace
@@ -255,13 +248,14 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
   if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
   float* xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
   if (rows >= 24) {
-    float* second = xs + 16 * k;   // 16 rows of quads, then the rest's
+    // the same scratch, as quads: 16 rows', then the rest's
+    float* second = xs + 16 * k;
     quads(x, xs, 16, k);
     quads(x + 16 * k, second, rows - 16, k);
     switch ((rows - 16 + 3) / 4) {
-      case 2: broadcast_twice<3, 2>(w, xs, second, rows, k, y, n, threads); break;
-      case 3: broadcast_twice<3, 3>(w, xs, second, rows, k, y, n, threads); break;
-      default: broadcast_twice<3, 4>(w, xs, second, rows, k, y, n, threads); break;
+      case 2: broadcast<3, 4, 2>(w, xs, second, rows, k, y, n, threads); break;
+      case 3: broadcast<3, 4, 3>(w, xs, second, rows, k, y, n, threads); break;
+      default: broadcast<3, 4, 4>(w, xs, second, rows, k, y, n, threads); break;
     }
     return 0;
   }
@@ -269,9 +263,9 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
     // the same scratch, as quads: (rows + 3) / 4 groups of 4 rows x k fp32
     quads(x, xs, rows, k);
     switch ((rows + 3) / 4) {
-      case 2: broadcast<6, 2>(w, xs, rows, k, y, n, threads); break;   // 12 accumulators each
-      case 3: broadcast<4, 3>(w, xs, rows, k, y, n, threads); break;
-      default: broadcast<3, 4>(w, xs, rows, k, y, n, threads); break;
+      case 2: broadcast<6, 2>(w, xs, nullptr, rows, k, y, n, threads); break;   // 12 accumulators each
+      case 3: broadcast<4, 3>(w, xs, nullptr, rows, k, y, n, threads); break;
+      default: broadcast<3, 4>(w, xs, nullptr, rows, k, y, n, threads); break;
     }
     return 0;
   }
