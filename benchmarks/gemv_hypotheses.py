@@ -259,7 +259,7 @@ def _dense_rows(add, ws, x1, x4) -> None:
         lambda: [dense_gemv.run(x1[w.shape[1]], w, lib) for w in ws])
     add("vcfslm AVX2 GEMV, 2 rows", "2 rows in one pass over the weight",
         lambda: [dense_gemv.run(x2[w.shape[1]], w, lib) for w in ws])
-    add("vcfslm AVX2 GEMV, 4 rows", "4 rows: the chunked loop, FMA-bound",
+    add("vcfslm AVX2 GEMV, 4 rows", "4 rows in one pass, the next tile prefetched",
         lambda: [dense_gemv.run(x4[w.shape[1]], w, lib) for w in ws])
     add("vcfslm AVX2 GEMV, 1 thread", "one core's share (against sum, 1 thread)",
         lambda: [dense_gemv.run(x1[w.shape[1]], w, lib) for w in ws], 1, one_core=True)

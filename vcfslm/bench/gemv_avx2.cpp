@@ -38,6 +38,7 @@ constexpr int64_t kStep = 16;       // bf16 of a weight row per load
 constexpr int kGroup = 4;           // input rows per pass of the chunked loop
 constexpr int kChunkOutputs = 3;    // weight rows per tile of the chunked loop (4 x 3 accumulators)
 constexpr int64_t kChunk = 1024;    // k per chunk: 3 weight rows x 2 KiB stay in L1 for every group
+constexpr int64_t kLine = 32;       // bf16 per 64-byte cache line
 
 inline __m256 even_half(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 inline __m256 odd_half(__m256i v) {
@@ -70,12 +71,16 @@ inline uint16_t to_bf16(float f) {
 }
 
 // k in [c0, c1) of weight rows j0..j0+J into M input rows' accumulators: the step both loops
-// below repeat. x loads come from L1 (each run of xs serves J weight rows).
+// below repeat. x loads come from L1 (each run of xs serves J weight rows). With `ahead` (the
+// next tile's first row, or null), each 64-byte line of a row also asks L2 for the line at the
+// same k of the row J further on.
 template <int M, int J>
 __attribute__((always_inline)) inline void accumulate(const uint16_t* w, const float* xs, int64_t k, int64_t j0,
-                                                      int64_t c0, int64_t c1, __m256 (&acc)[M][J]) {
+                                                      int64_t c0, int64_t c1, __m256 (&acc)[M][J],
+                                                      const uint16_t* ahead = nullptr) {
   for (int64_t c = c0; c < c1; c += kStep) {
     for (int j = 0; j < J; ++j) {
+      if (ahead && c % kLine == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead + j * k + c), _MM_HINT_T1);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (j0 + j) * k + c));
       const __m256 we = even_half(v), wo = odd_half(v);
       for (int m = 0; m < M; ++m) {
@@ -86,14 +91,20 @@ __attribute__((always_inline)) inline void accumulate(const uint16_t* w, const f
   }
 }
 
-// 1-3 rows: J weight rows stream side by side through one pass over k (1 row: 8 streams, 8
-// independent accumulators to cover the FMA latency; 2-3 rows: 4). The read is the bound.
+// 1-4 rows: J weight rows stream side by side through one pass over k (1 row: 8 streams, 8
+// independent accumulators to cover the FMA latency; 2-3 rows: 4; 4 rows: 3). The read is the
+// bound at one row. From two rows the FMAs take about as long as the read, and the two no
+// longer overlap in full: 4 rows ran at ~0.7 of the rate the same loop reaches on weights in L3.
+// So 2-4 rows ask L2 for the next tile's rows a tile ahead (0.87-0.92 of the time without, at
+// 2-4 rows on a 2-core AVX2 EPYC, benchmarks/gemv_rows.py --dense --base; at one row it gained
+// nothing, and in the chunked and broadcast loops it lost).
 template <int M, int J>
 void stream_tile(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t n, int64_t j0) {
   __m256 acc[M][J];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < J; ++j) acc[m][j] = _mm256_setzero_ps();
-  accumulate<M, J>(w, xs, k, j0, 0, k, acc);
+  const bool prefetch = M >= 2 && j0 + 2 * J <= n;
+  accumulate<M, J>(w, xs, k, j0, 0, k, acc, prefetch ? w + (j0 + J) * k : nullptr);
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < J; ++j) y[m * n + j0 + j] = to_bf16(hsum(acc[m][j]));
 }
@@ -106,12 +117,12 @@ void stream(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t 
   for (int64_t j = tiles * J; j < n; ++j) stream_tile<M, 1>(w, xs, k, y, n, j);
 }
 
-// 4-7 and 17-23 rows: bound by the FMAs (two per input row per load), so each weight byte must
+// 5-7 and 17-23 rows: bound by the FMAs (two per input row per load), so each weight byte must
 // serve every row from L1. A tile of J weight rows is cut into kChunk runs of k; each run is
 // taken by the rows four at a time (12 accumulators), the first group reading it from memory
 // and the others from L1, with partial sums kept in `part` between runs. On a 2-core AVX2
-// EPYC: 1.1x the streaming loop at 4 rows, 1.5x at 8, 3.5x at 16 (which cannot hold 16 rows'
-// accumulators in registers).
+// EPYC: 1.5x the streaming loop at 8 rows, 3.5x at 16 (which cannot hold 16 rows'
+// accumulators in registers); at 4 rows, one group, the two are even.
 template <int M, int J>
 __attribute__((always_inline)) inline void chunk_pass(const uint16_t* w, const float* xs, int64_t k, int64_t j0,
                                                       int64_t c0, int64_t c1, __m256* part, bool first) {
@@ -274,6 +285,7 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
     case 1: stream<1, 8>(w, xs, k, y, n, threads); break;
     case 2: stream<2, 4>(w, xs, k, y, n, threads); break;
     case 3: stream<3, 4>(w, xs, k, y, n, threads); break;
+    case 4: stream<4, 3>(w, xs, k, y, n, threads); break;
     default: chunked(w, xs, rows, k, y, n, threads); break;
   }
   return 0;
