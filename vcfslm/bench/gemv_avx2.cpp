@@ -97,7 +97,7 @@ __attribute__((always_inline)) inline void accumulate(const uint16_t* w, const f
 // longer overlap in full: 4 rows ran at ~0.7 of the rate the same loop reaches on weights in L3.
 // So 2-4 rows ask L2 for the next tile's rows a tile ahead (0.87-0.92 of the time without, at
 // 2-4 rows on a 2-core AVX2 EPYC, benchmarks/gemv_rows.py --dense --base; at one row it gained
-// nothing, and in the chunked and broadcast loops it lost).
+// nothing, and in the chunked loop below, at 5-7 rows, it lost).
 template <int M, int J>
 void stream_tile(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t n, int64_t j0) {
   __m256 acc[M][J];
@@ -179,10 +179,15 @@ void quads(const uint16_t* x, float* xq, int64_t rows, int64_t k) {
 
 // Weight rows j0..j0+J times Q groups of four input rows (Q = quads per pair in xq), over all
 // of k. Every loop over the accumulators is unrolled: GCC keeps an array indexed in a loop it
-// does not unroll in memory, and then stores all 12 accumulators on every step.
+// does not unroll in memory, and then stores all 12 accumulators on every step. With
+// `prefetch`, each 64-byte line of the tile's rows (16 pairs) first asks L2 for the line at the
+// same k of the rows J further on, as the streaming loop does: 0.94 of the time at 8-12 rows,
+// 0.96-1.01 at 13-16 (benchmarks/gemv_rows.py --dense --base); none at 24-32, so their two
+// passes go without. Issued from inside the unrolled pair loop, the same prefetch spilled the
+// accumulators and halved the rate.
 template <int J, int Q>
 void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t rows, int64_t k, uint16_t* y,
-               int64_t n, int64_t j0) {
+               int64_t n, int64_t j0, bool prefetch) {
   __m256 acc[J][Q];
 #pragma GCC unroll 16
   for (int j = 0; j < J; ++j)
@@ -194,16 +199,24 @@ void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t
   // bytes of the broadcast pair into the high halves of fp32 lanes: w_2p in lanes 0-3, w_2p+1 in 4-7
   const __m256i spread = _mm256_setr_epi8(-128, -128, 0, 1, -128, -128, 0, 1, -128, -128, 0, 1, -128, -128, 0, 1,
                                           -128, -128, 2, 3, -128, -128, 2, 3, -128, -128, 2, 3, -128, -128, 2, 3);
-  for (int64_t p = 0; p < k / 2; ++p) {
-    __m256 xv[Q];
+  const uint16_t* ahead = prefetch && j0 + 2 * J <= n ? w + (j0 + J) * k : nullptr;
+  for (int64_t p0 = 0; p0 < k / 2; p0 += kLine / 2) {
+    if (ahead) {
 #pragma GCC unroll 16
-    for (int q = 0; q < Q; ++q) xv[q] = _mm256_load_ps(xq + (p * Q + q) * 8);
+      for (int j = 0; j < J; ++j) _mm_prefetch(reinterpret_cast<const char*>(ahead + j * k + 2 * p0), _MM_HINT_T1);
+    }
+    const int64_t p1 = p0 + kLine / 2 < k / 2 ? p0 + kLine / 2 : k / 2;
+    for (int64_t p = p0; p < p1; ++p) {
+      __m256 xv[Q];
 #pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) {
-      const __m256i pair = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(wr[j] + 2 * p)));
-      const __m256 wv = _mm256_castsi256_ps(_mm256_shuffle_epi8(pair, spread));
+      for (int q = 0; q < Q; ++q) xv[q] = _mm256_load_ps(xq + (p * Q + q) * 8);
 #pragma GCC unroll 16
-      for (int q = 0; q < Q; ++q) acc[j][q] = _mm256_fmadd_ps(wv, xv[q], acc[j][q]);
+      for (int j = 0; j < J; ++j) {
+        const __m256i pair = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(wr[j] + 2 * p)));
+        const __m256 wv = _mm256_castsi256_ps(_mm256_shuffle_epi8(pair, spread));
+#pragma GCC unroll 16
+        for (int q = 0; q < Q; ++q) acc[j][q] = _mm256_fmadd_ps(wv, xv[q], acc[j][q]);
+      }
     }
   }
   __m256 sums[J][Q];   // out of registers once, through an unrolled copy (see above)
@@ -226,8 +239,8 @@ void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t
 template <int J, int Q, int Q2>
 inline void quad_pass(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y,
                       int64_t n, int64_t j0) {
-  quad_tile<J, Q>(w, xa, Q2 > 0 ? 16 : rows, k, y, n, j0);
-  if constexpr (Q2 > 0) quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j0);
+  quad_tile<J, Q>(w, xa, Q2 > 0 ? 16 : rows, k, y, n, j0, Q2 == 0);
+  if constexpr (Q2 > 0) quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j0, false);
 }
 
 template <int J, int Q, int Q2 = 0>
