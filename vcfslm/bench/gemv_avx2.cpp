@@ -21,9 +21,11 @@
 // and 4 input vectors in registers, one weight load per 4 FMAs, and runs at the FMA peak in
 // L1. On 4 Phi-3-mini layers' weights (benchmarks/gemv_rows.py --dense --base, a 2-core AVX2
 // EPYC) it takes 0.80 of the dot form's time at 16 rows, 0.82 at 12, 0.90 at 8 and 1.01 at 9
-// (three rows of padding). 24-32 rows run it twice per tile of weight rows, 16 rows and then
-// the rest: 0.81-0.87 of the dot form's time at 24, 28 and 32 rows. Below 8 rows and at 17-23
-// the dot form is as fast or faster, so it keeps them.
+// (three rows of padding). Past 16 rows each tile of weight rows runs it on 16 rows and then
+// takes the rest from cache: 24-32 rows by the broadcast form again (0.81-0.87 of the dot
+// form's time at 24, 28 and 32 rows), 17-23 by the dot form, whose 1-7 rows need no padding
+// (0.78-0.89 of the time of the dot form alone there). Below 8 rows the dot form is as fast
+// or faster, so it keeps them.
 //
 // Built with -mavx2 -mfma and run only where the CPU has both. OpenMP: the same libgomp.so.1
 // PyTorch loaded, so one thread pool serves both.
@@ -99,12 +101,11 @@ __attribute__((always_inline)) inline void accumulate(const uint16_t* w, const f
 // 2-4 rows on a 2-core AVX2 EPYC, benchmarks/gemv_rows.py --dense --base; at one row it gained
 // nothing, and in the chunked loop below, at 5-7 rows, it lost).
 template <int M, int J>
-void stream_tile(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t n, int64_t j0) {
+void stream_tile(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t n, int64_t j0, bool prefetch) {
   __m256 acc[M][J];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < J; ++j) acc[m][j] = _mm256_setzero_ps();
-  const bool prefetch = M >= 2 && j0 + 2 * J <= n;
-  accumulate<M, J>(w, xs, k, j0, 0, k, acc, prefetch ? w + (j0 + J) * k : nullptr);
+  accumulate<M, J>(w, xs, k, j0, 0, k, acc, prefetch && j0 + 2 * J <= n ? w + (j0 + J) * k : nullptr);
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < J; ++j) y[m * n + j0 + j] = to_bf16(hsum(acc[m][j]));
 }
@@ -113,11 +114,11 @@ template <int M, int J>
 void stream(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t n, int threads) {
   const int64_t tiles = n / J;
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) stream_tile<M, J>(w, xs, k, y, n, t * J);
-  for (int64_t j = tiles * J; j < n; ++j) stream_tile<M, 1>(w, xs, k, y, n, j);
+  for (int64_t t = 0; t < tiles; ++t) stream_tile<M, J>(w, xs, k, y, n, t * J, M >= 2);
+  for (int64_t j = tiles * J; j < n; ++j) stream_tile<M, 1>(w, xs, k, y, n, j, M >= 2);
 }
 
-// 5-7 and 17-23 rows: bound by the FMAs (two per input row per load), so each weight byte must
+// 5-7 rows: bound by the FMAs (two per input row per load), so each weight byte must
 // serve every row from L1. A tile of J weight rows is cut into kChunk runs of k; each run is
 // taken by the rows four at a time (12 accumulators), the first group reading it from memory
 // and the others from L1, with partial sums kept in `part` between runs. On a 2-core AVX2
@@ -233,23 +234,37 @@ void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t
     }
 }
 
-// One tile of J weight rows against the quads in xa, and at 24-32 rows (Q2 > 0) against the
-// rest's in xb too: the second pass reads the tile from cache. Each group has its own quads,
-// so neither pass loads the other's inputs.
-template <int J, int Q, int Q2>
+// How a tile takes the rows past the first 16, reading the tile again from cache: at 24-32
+// rows by the broadcast form again (their quads in xb, Q2 of them), at 17-23 by the dot form,
+// four rows at a time (their split rows in xb). Each group has inputs of its own, so no pass
+// loads another's. The dot form takes the 1-7 rows left at 17-23 without padding them to a
+// group of four, which cost the broadcast form there more than its second pass gained.
+enum class Rest { none, quads, dot };
+
+template <int J, int Q, Rest R, int Q2>
 inline void quad_pass(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y,
                       int64_t n, int64_t j0) {
-  quad_tile<J, Q>(w, xa, Q2 > 0 ? 16 : rows, k, y, n, j0, Q2 == 0);
-  if constexpr (Q2 > 0) quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j0, false);
+  quad_tile<J, Q>(w, xa, R == Rest::none ? rows : 16, k, y, n, j0, R != Rest::quads);
+  if constexpr (R == Rest::quads) quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j0, false);
+  if constexpr (R == Rest::dot)
+    for (int64_t g = 16; g < rows; g += kGroup) {
+      const float* xg = xb + (g - 16) * k;
+      switch (rows - g < kGroup ? rows - g : kGroup) {
+        case 1: stream_tile<1, J>(w, xg, k, y + g * n, n, j0, false); break;
+        case 2: stream_tile<2, J>(w, xg, k, y + g * n, n, j0, false); break;
+        case 3: stream_tile<3, J>(w, xg, k, y + g * n, n, j0, false); break;
+        default: stream_tile<4, J>(w, xg, k, y + g * n, n, j0, false); break;
+      }
+    }
 }
 
-template <int J, int Q, int Q2 = 0>
+template <int J, int Q, Rest R = Rest::none, int Q2 = 0>
 void broadcast(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y, int64_t n,
                int threads) {
   const int64_t tiles = n / J;
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) quad_pass<J, Q, Q2>(w, xa, xb, rows, k, y, n, t * J);
-  for (int64_t j = tiles * J; j < n; ++j) quad_pass<1, Q, Q2>(w, xa, xb, rows, k, y, n, j);
+  for (int64_t t = 0; t < tiles; ++t) quad_pass<J, Q, R, Q2>(w, xa, xb, rows, k, y, n, t * J);
+  for (int64_t j = tiles * J; j < n; ++j) quad_pass<1, Q, R, Q2>(w, xa, xb, rows, k, y, n, j);
 }
 
 }  // namespace
@@ -271,15 +286,20 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
   const int64_t need = (rows + 3) / 4 * 4 * k + 8;
   if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
   float* xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
-  if (rows >= 24) {
-    // the same scratch, as quads: 16 rows', then the rest's
+  if (rows >= 17) {
+    // the same scratch: 16 rows' quads, then the rest's quads (24-32) or split rows (17-23)
     float* second = xs + 16 * k;
     quads(x, xs, 16, k);
+    if (rows <= 23) {
+      split(x + 16 * k, second, rows - 16, k);
+      broadcast<3, 4, Rest::dot>(w, xs, second, rows, k, y, n, threads);
+      return 0;
+    }
     quads(x + 16 * k, second, rows - 16, k);
     switch ((rows - 16 + 3) / 4) {
-      case 2: broadcast<3, 4, 2>(w, xs, second, rows, k, y, n, threads); break;
-      case 3: broadcast<3, 4, 3>(w, xs, second, rows, k, y, n, threads); break;
-      default: broadcast<3, 4, 4>(w, xs, second, rows, k, y, n, threads); break;
+      case 2: broadcast<3, 4, Rest::quads, 2>(w, xs, second, rows, k, y, n, threads); break;
+      case 3: broadcast<3, 4, Rest::quads, 3>(w, xs, second, rows, k, y, n, threads); break;
+      default: broadcast<3, 4, Rest::quads, 4>(w, xs, second, rows, k, y, n, threads); break;
     }
     return 0;
   }
