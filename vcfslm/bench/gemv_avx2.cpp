@@ -20,12 +20,11 @@
 // once per call (`quads`). A tile of 3 weight rows by 16 input rows holds 12 accumulators
 // and 4 input vectors in registers, one weight load per 4 FMAs, and runs at the FMA peak in
 // L1. On 4 Phi-3-mini layers' weights (benchmarks/gemv_rows.py --dense --base, a 2-core AVX2
-// EPYC) it takes 0.80 of the dot form's time at 16 rows, 0.82 at 12, 0.90 at 8 and 1.01 at 9
-// (three rows of padding). Past 16 rows each tile of weight rows runs it on 16 rows and then
-// takes the rest from cache: 24-32 rows by the broadcast form again (0.81-0.87 of the dot
-// form's time at 24, 28 and 32 rows), 17-23 by the dot form, whose 1-7 rows need no padding
-// (0.78-0.89 of the time of the dot form alone there). Below 8 rows the dot form is as fast
-// or faster, so it keeps them.
+// EPYC) it takes 0.80 of the dot form's time at 16 rows, 0.82 at 12 and 0.90 at 8. Each tile
+// of weight rows runs it on the whole groups of four (at most 16 rows) and then takes the rest
+// from cache: 24-32 rows by the broadcast form again (0.81-0.87 of the dot form's time at 24,
+// 28 and 32 rows), the 1-7 rows left at 9-23 by the dot form, which needs no padding to a
+// group of four (see Rest). Below 8 rows the dot form is as fast or faster, so it keeps them.
 //
 // Built with -mavx2 -mfma and run only where the CPU has both. OpenMP: the same libgomp.so.1
 // PyTorch loaded, so one thread pool serves both.
@@ -234,28 +233,37 @@ void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t
     }
 }
 
-// How a tile takes the rows past the first 16, reading the tile again from cache: at 24-32
-// rows by the broadcast form again (their quads in xb, Q2 of them), at 17-23 by the dot form,
-// four rows at a time (their split rows in xb). Each group has inputs of its own, so no pass
-// loads another's. The dot form takes the 1-7 rows left at 17-23 without padding them to a
-// group of four, which cost the broadcast form there more than its second pass gained.
+// How a tile takes the rows past its whole quads (4Q rows), reading the tile again from
+// cache: at 24-32 rows by the broadcast form again (their quads in xb, Q2 of them), at 9-23
+// by the dot form (their split rows in xb). Each group has inputs of its own, so no pass loads
+// another's. The dot form takes the 1-7 rows left without padding them to a group of four:
+// 0.86-0.91 of the padded broadcast's time at 9, 13 and 14 rows, even at 10, and 0.78-0.89
+// of the chunked loop's at 17-23 (benchmarks/gemv_rows.py --dense --base). At 11 and 15 rows
+// one row of padding costs less than three rows in the dot form (1.04-1.05), so they stay
+// padded.
 enum class Rest { none, quads, dot };
 
 template <int J, int Q, Rest R, int Q2>
 inline void quad_pass(const uint16_t* w, const float* xa, const float* xb, int64_t rows, int64_t k, uint16_t* y,
                       int64_t n, int64_t j0) {
-  quad_tile<J, Q>(w, xa, R == Rest::none ? rows : 16, k, y, n, j0, R != Rest::quads);
-  if constexpr (R == Rest::quads) quad_tile<J, Q2>(w, xb, rows - 16, k, y + 16 * n, n, j0, false);
-  if constexpr (R == Rest::dot)
-    for (int64_t g = 16; g < rows; g += kGroup) {
-      const float* xg = xb + (g - 16) * k;
-      switch (rows - g < kGroup ? rows - g : kGroup) {
-        case 1: stream_tile<1, J>(w, xg, k, y + g * n, n, j0, false); break;
-        case 2: stream_tile<2, J>(w, xg, k, y + g * n, n, j0, false); break;
-        case 3: stream_tile<3, J>(w, xg, k, y + g * n, n, j0, false); break;
-        default: stream_tile<4, J>(w, xg, k, y + g * n, n, j0, false); break;
+  constexpr int first = 4 * Q;
+  quad_tile<J, Q>(w, xa, R == Rest::none ? rows : first, k, y, n, j0, R != Rest::quads);
+  if constexpr (R == Rest::quads) quad_tile<J, Q2>(w, xb, rows - first, k, y + first * n, n, j0, false);
+  if constexpr (R == Rest::dot) {
+    // rows per dot pass, within 12 accumulators: tiles of 4 and 6 weight rows (9-14 rows) leave
+    // at most 2 rows, tiles of 3 (17-23 rows) up to 7, four at a time
+    constexpr int per = J <= 3 ? kGroup : 2;
+    for (int64_t g = first; g < rows; g += per) {
+      const float* xg = xb + (g - first) * k;
+      const int64_t m = rows - g < per ? rows - g : per;
+      if (m == 1) stream_tile<1, J>(w, xg, k, y + g * n, n, j0, false);
+      else if (m == 2) stream_tile<2, J>(w, xg, k, y + g * n, n, j0, false);
+      else if constexpr (per == kGroup) {
+        if (m == 3) stream_tile<3, J>(w, xg, k, y + g * n, n, j0, false);
+        else stream_tile<4, J>(w, xg, k, y + g * n, n, j0, false);
       }
     }
+  }
 }
 
 template <int J, int Q, Rest R = Rest::none, int Q2 = 0>
@@ -286,30 +294,34 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
   const int64_t need = (rows + 3) / 4 * 4 * k + 8;
   if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(need);
   float* xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
-  if (rows >= 17) {
-    // the same scratch: 16 rows' quads, then the rest's quads (24-32) or split rows (17-23)
-    float* second = xs + 16 * k;
-    quads(x, xs, 16, k);
-    if (rows <= 23) {
-      split(x + 16 * k, second, rows - 16, k);
-      broadcast<3, 4, Rest::dot>(w, xs, second, rows, k, y, n, threads);
-      return 0;
-    }
-    quads(x + 16 * k, second, rows - 16, k);
-    switch ((rows - 16 + 3) / 4) {
-      case 2: broadcast<3, 4, Rest::quads, 2>(w, xs, second, rows, k, y, n, threads); break;
-      case 3: broadcast<3, 4, Rest::quads, 3>(w, xs, second, rows, k, y, n, threads); break;
-      default: broadcast<3, 4, Rest::quads, 4>(w, xs, second, rows, k, y, n, threads); break;
-    }
-    return 0;
-  }
-  if (rows >= 8 && rows <= 16) {
-    // the same scratch, as quads: (rows + 3) / 4 groups of 4 rows x k fp32
-    quads(x, xs, rows, k);
-    switch ((rows + 3) / 4) {
-      case 2: broadcast<6, 2>(w, xs, nullptr, rows, k, y, n, threads); break;   // 12 accumulators each
-      case 3: broadcast<4, 3>(w, xs, nullptr, rows, k, y, n, threads); break;
-      default: broadcast<3, 4>(w, xs, nullptr, rows, k, y, n, threads); break;
+  if (rows >= 8) {
+    // the same scratch: the quads of the first 4Q rows (Q = 2-4, at most 16 rows; 11 and 15
+    // padded to 12 and 16), then the rest's quads (24-32 rows) or split rows (9, 10, 13, 14
+    // and 17-23)
+    const bool pad = rows < 16 && rows % 4 == 3;   // one row of padding (see Rest)
+    const int64_t first = rows >= 16 ? 16 : pad ? rows : rows / 4 * 4;
+    float* second = xs + first * k;
+    quads(x, xs, first, k);
+    if (rows >= 24) {
+      quads(x + first * k, second, rows - first, k);
+      switch ((rows - first + 3) / 4) {
+        case 2: broadcast<3, 4, Rest::quads, 2>(w, xs, second, rows, k, y, n, threads); break;
+        case 3: broadcast<3, 4, Rest::quads, 3>(w, xs, second, rows, k, y, n, threads); break;
+        default: broadcast<3, 4, Rest::quads, 4>(w, xs, second, rows, k, y, n, threads); break;
+      }
+    } else if (rows > first) {
+      split(x + first * k, second, rows - first, k);
+      switch (first / 4) {
+        case 2: broadcast<6, 2, Rest::dot>(w, xs, second, rows, k, y, n, threads); break;
+        case 3: broadcast<4, 3, Rest::dot>(w, xs, second, rows, k, y, n, threads); break;
+        default: broadcast<3, 4, Rest::dot>(w, xs, second, rows, k, y, n, threads); break;
+      }
+    } else {
+      switch ((first + 3) / 4) {
+        case 2: broadcast<6, 2>(w, xs, nullptr, rows, k, y, n, threads); break;   // 12 accumulators each
+        case 3: broadcast<4, 3>(w, xs, nullptr, rows, k, y, n, threads); break;
+        default: broadcast<3, 4>(w, xs, nullptr, rows, k, y, n, threads); break;
+      }
     }
     return 0;
   }
