@@ -39,6 +39,7 @@ constexpr int64_t kStep = 16;       // bf16 of a weight row per load
 constexpr int kGroup = 4;           // input rows per pass of the chunked loop
 constexpr int kChunkOutputs = 3;    // weight rows per tile of the chunked loop (4 x 3 accumulators)
 constexpr int64_t kChunk = 1024;    // k per chunk: 3 weight rows x 2 KiB stay in L1 for every group
+constexpr int kChunkedRows = 7;     // the most rows the chunked loop takes (5-7)
 constexpr int64_t kLine = 32;       // bf16 per 64-byte cache line
 
 inline __m256 even_half(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
@@ -121,8 +122,8 @@ void stream(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t 
 // serve every row from L1. A tile of J weight rows is cut into kChunk runs of k; each run is
 // taken by the rows four at a time (12 accumulators), the first group reading it from memory
 // and the others from L1, with partial sums kept in `part` between runs. On a 2-core AVX2
-// EPYC: 1.5x the streaming loop at 8 rows, 3.5x at 16 (which cannot hold 16 rows'
-// accumulators in registers); at 4 rows, one group, the two are even.
+// EPYC, when it also took 8-32 rows: 1.5x the streaming loop at 8 rows, 3.5x at 16 (which
+// cannot hold 16 rows' accumulators in registers); at 4 rows, one group, the two are even.
 template <int M, int J>
 __attribute__((always_inline)) inline void chunk_pass(const uint16_t* w, const float* xs, int64_t k, int64_t j0,
                                                       int64_t c0, int64_t c1, __m256* part, bool first) {
@@ -136,7 +137,7 @@ __attribute__((always_inline)) inline void chunk_pass(const uint16_t* w, const f
 
 template <int J>
 void chunked_tile(const uint16_t* w, const float* xs, int64_t rows, int64_t k, uint16_t* y, int64_t n, int64_t j0) {
-  __m256 part[32 * J];
+  __m256 part[(kChunkedRows + kGroup - 1) / kGroup * kGroup * J];   // whole groups' partial sums
   for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
     const int64_t c1 = c0 + kChunk < k ? c0 + kChunk : k;
     for (int64_t g = 0; g < rows; g += kGroup) {
@@ -331,7 +332,7 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
     case 2: stream<2, 4>(w, xs, k, y, n, threads); break;
     case 3: stream<3, 4>(w, xs, k, y, n, threads); break;
     case 4: stream<4, 3>(w, xs, k, y, n, threads); break;
-    default: chunked(w, xs, rows, k, y, n, threads); break;
+    default: chunked(w, xs, rows, k, y, n, threads); break;   // 5-7 rows
   }
   return 0;
 }
