@@ -20,7 +20,10 @@ hits them alike. Kernels:
 - vcfslm's GEMV (vcfslm.bench.gemv), this tree's source;
 - with `--base REV`: the same loop built from REV's source (same compiler and flags).
 Each kernel's TFLOP/s and weight GB/s are medians over rounds; each ratio is the median of
-its per-round time ratio (below 1: the first is faster).
+its per-round time ratio (below 1: the first is faster). The `plan runs` column names the
+kernel the engine's plan takes at that row count on this CPU (vcfslm.bench.gemv.rows_for: every
+row count on AVX512-BF16, 1-6 beside AMX), and the closing PLAN line says whether it took the
+faster one at each, beyond a 5 % margin: the check of that choice on any CPU.
 
 With `--dense`, and on a CPU where oneDNN has no bf16 (there is no packed weight then), the
 table is the dense-bf16 plan's instead, on the plain weights: vcfslm's AVX2 GEMV
@@ -233,7 +236,7 @@ def main() -> int:
         print(f"vcfslm GEMV: {status.reason}; {nbytes / 1e9:.2f} GB of bf16 weights ({args.layers} Phi-3-mini "
               f"layers' linears), {args.threads} threads, {args.rounds} rounds"
               + (f"; base: the loop at {args.base}" if args.base else ""))
-        rows_table(fns, "oneDNN", nbytes, row_counts, args.rounds, args.base)
+        rows_table(fns, "oneDNN", nbytes, row_counts, args.rounds, gemv.usable_rows(), args.base)
         if args.engine_layers:
             del weights, fns
             engine_table(args.engine_layers, [int(b) for b in args.engine_batches.split(",")],
@@ -242,26 +245,59 @@ def main() -> int:
 
 
 def rows_table(fns: dict, reference: str, nbytes: int, row_counts: list[int], rounds: int,
-               base: str | None = None) -> None:
+               plan_rows: int, base: str | None = None) -> None:
     """Prints a row per row count: `reference`'s and vcfslm's TFLOP/s, vcfslm's weight GB/s, the
-    time ratio (and base's, when fns has it)."""
-    head = f"| rows | {reference} TFLOP/s | vcfslm TFLOP/s | vcfslm GB/s | vcfslm / {reference} time |"
-    rule = "|---|---|---|---|---|"
+    time ratio, the kernel the plan runs there (vcfslm's GEMV up to `plan_rows`) (and base's,
+    when fns has it); then the PLAN line (plan_verdict)."""
+    head = f"| rows | {reference} TFLOP/s | vcfslm TFLOP/s | vcfslm GB/s | vcfslm / {reference} time | plan runs |"
+    rule = "|---|---|---|---|---|---|"
     if "base" in fns:
         head += f" {base} TFLOP/s | this tree / {base} time |"
         rule += "---|---|"
     print(head)
     print(rule)
+    ratios = []
     for rows in row_counts:
         times = measure(fns, rows, rounds)
         flops = 2 * rows * nbytes / 2
         rate = {name: statistics.median(flops / t / 1e12 for t in ts) for name, ts in times.items()}
         gbs = statistics.median(nbytes / t / 1e9 for t in times["vcfslm"])
+        ratios.append((rows, ratio(times["vcfslm"], times[reference])))
         line = (f"| {rows} | {rate[reference]:.3f} | {rate['vcfslm']:.3f} | {gbs:.1f} "
-                f"| {ratio(times['vcfslm'], times[reference]):.2f} |")
+                f"| {ratios[-1][1]:.2f} | {'vcfslm' if rows <= plan_rows else reference} |")
         if "base" in fns:
             line += f" {rate['base']:.3f} | {ratio(times['vcfslm'], times['base']):.2f} |"
         print(line, flush=True)
+    print(plan_verdict(ratios, plan_rows, reference))
+
+
+# Beyond this, a time ratio is a kernel choice the plan should not have made; within it, the
+# two kernels are even on a shared host (the rounds of one run swing by a few percent).
+PLAN_MARGIN = 0.05
+
+
+def plan_verdict(ratios: list[tuple[int, float]], plan_rows: int, reference: str,
+                 margin: float = PLAN_MARGIN) -> str:
+    """One line (pure): whether the plan runs the faster kernel at each measured row count.
+    ratios: (rows, vcfslm's time / the reference's); the plan runs vcfslm's GEMV at 1-plan_rows
+    rows and `reference` beyond (gemv.rows_for: 1-6 beside AMX, where oneDNN's tile kernel is
+    meant to win from 7 rows). A wrong choice costs more than `margin`."""
+    if not plan_rows:
+        split = f"{reference} at every row count (vcfslm's GEMV does not run here)"
+    else:
+        split = f"vcfslm's GEMV at 1-{plan_rows} rows" + (
+            f", {reference} beyond" if any(rows > plan_rows for rows, _ in ratios) else "")
+    wrong = []
+    for rows, r in ratios:
+        at = f"{rows} row{'' if rows == 1 else 's'}"
+        if rows <= plan_rows and r > 1 + margin:
+            wrong.append(f"{at} ({reference} takes {1 / r:.2f} of vcfslm's time)")
+        elif rows > plan_rows and r < 1 - margin:
+            wrong.append(f"{at} (vcfslm takes {r:.2f} of {reference}'s time)")
+    if not wrong:
+        return (f"PLAN the plan runs {split}: the faster kernel, within {margin:.0%}, "
+                f"at every row count measured")
+    return f"PLAN the plan runs {split}: the slower kernel at " + "; ".join(wrong)
 
 
 def dense_table(layers: int, row_counts: list[int], rounds: int, threads: int, base: str | None) -> int:
@@ -275,7 +311,7 @@ def dense_table(layers: int, row_counts: list[int], rounds: int, threads: int, b
         print(f"vcfslm AVX2 GEMV: {status.reason}; {nbytes / 1e9:.2f} GB of plain bf16 weights ({layers} Phi-3-mini "
               f"layers' linears), {threads} threads, {rounds} rounds; ATen: the dense-bf16 plan without it"
               + (f"; base: the loop at {base}" if base else ""))
-        rows_table(fns, "ATen", nbytes, row_counts, rounds, base)
+        rows_table(fns, "ATen", nbytes, row_counts, rounds, dense_gemv.usable_rows(), base)
     return 0
 
 
