@@ -36,9 +36,9 @@
 namespace {
 
 constexpr int64_t kStep = 16;       // bf16 of a weight row per load
-constexpr int kGroup = 4;           // input rows per pass of the chunked loop
-constexpr int kChunkOutputs = 3;    // weight rows per tile of the chunked loop (4 x 3 accumulators)
-constexpr int64_t kChunk = 1024;    // k per chunk: 3 weight rows x 2 KiB stay in L1 for every group
+constexpr int kGroup = 4;           // the most input rows per pass of the chunked loop
+constexpr int kAccumulators = 12;   // per pass of the chunked loop: rows x weight rows
+constexpr int64_t kChunk = 1024;    // k per chunk: 3-4 weight rows x 2 KiB stay in L1 for every group
 constexpr int kChunkedRows = 7;     // the most rows the chunked loop takes (5-7)
 constexpr int64_t kLine = 32;       // bf16 per 64-byte cache line
 
@@ -120,10 +120,18 @@ void stream(const uint16_t* w, const float* xs, int64_t k, uint16_t* y, int64_t 
 
 // 5-7 rows: bound by the FMAs (two per input row per load), so each weight byte must
 // serve every row from L1. A tile of J weight rows is cut into kChunk runs of k; each run is
-// taken by the rows four at a time (12 accumulators), the first group reading it from memory
-// and the others from L1, with partial sums kept in `part` between runs. On a 2-core AVX2
-// EPYC, when it also took 8-32 rows: 1.5x the streaming loop at 8 rows, 3.5x at 16 (which
-// cannot hold 16 rows' accumulators in registers); at 4 rows, one group, the two are even.
+// taken by the rows in two groups of at most 12 / J (12 accumulators), the first group reading
+// it from memory and the other from L1, with partial sums kept in `part` between runs. On a
+// 2-core AVX2 EPYC, when it also took 8-32 rows: 1.5x the streaming loop at 8 rows, 3.5x at 16
+// (which cannot hold 16 rows' accumulators in registers); at 4 rows, one group, the two are
+// even. The groups are as even as they can be (3 + 2 rows, not 4 + 1), and 5-6 rows take
+// tiles of 4 weight rows (3 + 2 and 3 + 3 rows) where 7 take tiles of 3 (4 + 3). At 5 rows
+// that takes 0.89 of the time of 4 + 1 rows on tiles of 3 (benchmarks/gemv_rows.py --dense
+// --base; the even groups alone, on tiles of 3: ~0.95); at 6 rows the two are even, and
+// tiles of 4 at 7 rows (3 + 2 + 2) were no faster. Two accumulators per output (even and odd
+// halves) in the smaller group gained nothing, nor did other chunk lengths (512-3072), and
+// software prefetches of the next run, spread over the groups or issued at once before the
+// group that reads L1, lost (0.75-0.95 of the rate).
 template <int M, int J>
 __attribute__((always_inline)) inline void chunk_pass(const uint16_t* w, const float* xs, int64_t k, int64_t j0,
                                                       int64_t c0, int64_t c1, __m256* part, bool first) {
@@ -137,17 +145,21 @@ __attribute__((always_inline)) inline void chunk_pass(const uint16_t* w, const f
 
 template <int J>
 void chunked_tile(const uint16_t* w, const float* xs, int64_t rows, int64_t k, uint16_t* y, int64_t n, int64_t j0) {
-  __m256 part[(kChunkedRows + kGroup - 1) / kGroup * kGroup * J];   // whole groups' partial sums
+  constexpr int most = kAccumulators / J < kGroup ? kAccumulators / J : kGroup;   // rows per group
+  const int64_t groups = (rows + most - 1) / most;
+  __m256 part[kChunkedRows * J];   // every row's partial sums
   for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
     const int64_t c1 = c0 + kChunk < k ? c0 + kChunk : k;
-    for (int64_t g = 0; g < rows; g += kGroup) {
+    for (int64_t g = 0, i = 0; i < groups; ++i) {
+      const int64_t size = (rows - g + groups - i - 1) / (groups - i);   // the larger groups first
       const float* xg = xs + g * k;
       __m256* pg = part + g * J;
-      switch (rows - g < kGroup ? rows - g : kGroup) {
+      g += size;
+      switch (size) {
         case 1: chunk_pass<1, J>(w, xg, k, j0, c0, c1, pg, c0 == 0); break;
         case 2: chunk_pass<2, J>(w, xg, k, j0, c0, c1, pg, c0 == 0); break;
         case 3: chunk_pass<3, J>(w, xg, k, j0, c0, c1, pg, c0 == 0); break;
-        default: chunk_pass<4, J>(w, xg, k, j0, c0, c1, pg, c0 == 0); break;
+        default: chunk_pass<most, J>(w, xg, k, j0, c0, c1, pg, c0 == 0); break;
       }
     }
   }
@@ -155,11 +167,12 @@ void chunked_tile(const uint16_t* w, const float* xs, int64_t rows, int64_t k, u
     for (int j = 0; j < J; ++j) y[m * n + j0 + j] = to_bf16(hsum(part[m * J + j]));
 }
 
+template <int J>
 void chunked(const uint16_t* w, const float* xs, int64_t rows, int64_t k, uint16_t* y, int64_t n, int threads) {
-  const int64_t tiles = n / kChunkOutputs;
+  const int64_t tiles = n / J;
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) chunked_tile<kChunkOutputs>(w, xs, rows, k, y, n, t * kChunkOutputs);
-  for (int64_t j = tiles * kChunkOutputs; j < n; ++j) chunked_tile<1>(w, xs, rows, k, y, n, j);
+  for (int64_t t = 0; t < tiles; ++t) chunked_tile<J>(w, xs, rows, k, y, n, t * J);
+  for (int64_t j = tiles * J; j < n; ++j) chunked_tile<1>(w, xs, rows, k, y, n, j);
 }
 
 // 8-16 rows: the broadcast form (the header). xq [k/2][quads][8] fp32: for each pair of k, each
@@ -332,7 +345,9 @@ int vcfslm_gemv_bf16(const uint16_t* w, const uint16_t* x, uint16_t* y, int64_t 
     case 2: stream<2, 4>(w, xs, k, y, n, threads); break;
     case 3: stream<3, 4>(w, xs, k, y, n, threads); break;
     case 4: stream<4, 3>(w, xs, k, y, n, threads); break;
-    default: chunked(w, xs, rows, k, y, n, threads); break;   // 5-7 rows
+    case 5:
+    case 6: chunked<4>(w, xs, rows, k, y, n, threads); break;
+    default: chunked<3>(w, xs, rows, k, y, n, threads); break;   // 7 rows
   }
   return 0;
 }
