@@ -39,10 +39,10 @@ K_STEP = 16   # bf16 per load: a weight qualifies when this divides its input wi
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx2", "-mfma")
 LABEL = "vcfslm AVX2 GEMV on the plain bf16 weight"
 # Row counts with a loop of their own (1-4 stream; 5 and 7 the chunked loop, on tiles of 4
-# and of 3 weight rows, over its two row groups and a k chunk boundary; 8-16 the broadcast loop, at 2, 3 and 4 groups of four rows, 11
-# padded, 10 and 13 with rows left in the dot form; 17-23 16 rows broadcast and the rest in
-# the dot form, in one and two groups; 24-32 broadcast twice, 16 rows and the rest): the
-# check runs each.
+# and of 3 weight rows, over its two row groups and a k chunk boundary; 8-16 the broadcast
+# loop, at 2, 3 and 4 groups of four rows, 11 padded, 10 and 13 with rows left in the dot
+# form; 17-23 16 rows broadcast and the rest in the dot form, in one and two groups; 24-32
+# broadcast twice, 16 rows and the rest): the check runs each.
 CHECK_ROWS = (1, 2, 3, 4, 5, 7, 8, 10, 11, 12, 13, 16, 17, 22, 27, 32)
 
 
