@@ -72,6 +72,11 @@ inline uint16_t to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// The next group's rows when `left` rows go to `groups` groups as even as they can be, the
+// larger first (5 rows: 3 + 2, not 4 + 1). Both loops that take rows in groups split them so:
+// the chunked loop at 5 rows, the dot passes after the broadcast at 21 and 22 rows.
+inline int64_t next_group(int64_t left, int64_t groups) { return (left + groups - 1) / groups; }
+
 // k in [c0, c1) of weight rows j0..j0+J into M input rows' accumulators: the step both loops
 // below repeat. x loads come from L1 (each run of xs serves J weight rows). With `ahead` (the
 // next tile's first row, or null), each 64-byte line of a row also asks L2 for the line at the
@@ -151,7 +156,7 @@ void chunked_tile(const uint16_t* w, const float* xs, int64_t rows, int64_t k, u
   for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
     const int64_t c1 = c0 + kChunk < k ? c0 + kChunk : k;
     for (int64_t g = 0, i = 0; i < groups; ++i) {
-      const int64_t size = (rows - g + groups - i - 1) / (groups - i);   // the larger groups first
+      const int64_t size = next_group(rows - g, groups - i);
       const float* xg = xs + g * k;
       __m256* pg = part + g * J;
       g += size;
@@ -252,7 +257,8 @@ void quad_tile(const uint16_t* __restrict w, const float* __restrict xq, int64_t
 // by the dot form (their split rows in xb). Each group has inputs of its own, so no pass loads
 // another's. The dot form takes the 1-7 rows left without padding them to a group of four:
 // 0.86-0.91 of the padded broadcast's time at 9, 13 and 14 rows, even at 10, and 0.78-0.89
-// of the chunked loop's at 17-23 (benchmarks/gemv_rows.py --dense --base). At 11 and 15 rows
+// of the chunked loop's at 17-23 (benchmarks/gemv_rows.py --dense --base); its groups split
+// as evenly as they can (next_group): 0.89-0.92 of 4 + 1 rows' time at 21, 0.90-1.00 at 22. At 11 and 15 rows
 // one row of padding costs less than three rows in the dot form (1.04-1.05), so they stay
 // padded.
 enum class Rest { none, quads, dot };
@@ -267,14 +273,17 @@ inline void quad_pass(const uint16_t* w, const float* xa, const float* xb, int64
     // rows per dot pass, within 12 accumulators: tiles of 4 and 6 weight rows (9-14 rows) leave
     // at most 2 rows, tiles of 3 (17-23 rows) up to 7, four at a time
     constexpr int per = J <= 3 ? kGroup : 2;
-    for (int64_t g = first; g < rows; g += per) {
+    const int64_t groups = (rows - first + per - 1) / per;
+    for (int64_t g = first, i = 0; i < groups; ++i) {
       const float* xg = xb + (g - first) * k;
-      const int64_t m = rows - g < per ? rows - g : per;
-      if (m == 1) stream_tile<1, J>(w, xg, k, y + g * n, n, j0, false);
-      else if (m == 2) stream_tile<2, J>(w, xg, k, y + g * n, n, j0, false);
+      uint16_t* yg = y + g * n;
+      const int64_t m = next_group(rows - g, groups - i);
+      g += m;
+      if (m == 1) stream_tile<1, J>(w, xg, k, yg, n, j0, false);
+      else if (m == 2) stream_tile<2, J>(w, xg, k, yg, n, j0, false);
       else if constexpr (per == kGroup) {
-        if (m == 3) stream_tile<3, J>(w, xg, k, y + g * n, n, j0, false);
-        else stream_tile<4, J>(w, xg, k, y + g * n, n, j0, false);
+        if (m == 3) stream_tile<3, J>(w, xg, k, yg, n, j0, false);
+        else stream_tile<4, J>(w, xg, k, yg, n, j0, false);
       }
     }
   }
