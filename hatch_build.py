@@ -1,11 +1,11 @@
 """The wheel's build hook: it compiles vcfslm's GEMV libraries into the wheel, so a guest that
 installs the wheel runs the kernel without a compiler of its own; and, when the build runs
 beside torch (the project's guest wheel is built without isolation, in the operator's venv),
-the library of the GEMV's op (vcfslm.bench.gemv_op), named for that torch's version.
+the library of the GEMV's op (vcfslm.engine.gemv_op), named for that torch's version.
 
 The kernel libraries are plain C ABI code loaded with ctypes (no Python ABI in them), built
-for x86-64: one with AVX512-BF16 instructions (vcfslm.bench.gemv), one with AVX2 and FMA
-(vcfslm.bench.dense_gemv); each module runs its library only on a CPU that has them and after
+for x86-64: one with AVX512-BF16 instructions (vcfslm.engine.gemv), one with AVX2 and FMA
+(vcfslm.engine.dense_gemv); each module runs its library only on a CPU that has them and after
 its check. The wheel is then tagged py3-none-linux_x86_64. A build machine without a
 compiler still builds the wheel: a pure one, without the libraries (a guest with a compiler
 then builds them at its first rank); one whose compiler cannot target AVX512-BF16 carries
@@ -25,8 +25,8 @@ from pathlib import Path
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 ROOT = Path(__file__).resolve().parent
-BENCH_DIR = ROOT / "vcfslm" / "bench"
-WHEEL_DIR = "vcfslm/bench/kernels"
+BENCH_DIR = ROOT / "vcfslm" / "engine"
+WHEEL_DIR = "vcfslm/engine/kernels"
 BUILD_PACKAGE = "_vcfslm_kernel_build"
 
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench.engine import decode_attention  # noqa: E402
+from vcfslm.engine.decode import decode_attention  # noqa: E402
 
 
 def sdpa(q, k, v, mask, scaling):

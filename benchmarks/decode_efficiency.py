@@ -64,15 +64,16 @@ ask_for_huge_pages()  # the rank's environment (rank.sh): weights on 2 MiB pages
 import torch  # noqa: E402
 
 from vcfslm import roofline  # noqa: E402
-from vcfslm.bench import gemv, gemv_op, linear, probe  # noqa: E402
-from vcfslm.bench.engine import (  # noqa: E402
+from vcfslm.bench import probe  # noqa: E402
+from vcfslm.bench.placement import bf16_facts, parse_cpu_flags  # noqa: E402
+from vcfslm.engine import gemv, gemv_op, linear  # noqa: E402
+from vcfslm.engine.decode import (  # noqa: E402
     DecodeEngine,
     current_rss_bytes,
     peak_rss_bytes,
     synthetic_prompt,
 )
-from vcfslm.bench.model import load_model  # noqa: E402
-from vcfslm.bench.placement import bf16_facts, parse_cpu_flags  # noqa: E402
+from vcfslm.engine.model import load_model  # noqa: E402
 
 TARGETS = {"linears_read": 0.92, "tpot_roofline": 0.90, "ttft_roofline": 0.70, "hf_over_engine": 1.6, "batch_scaling": 14.0,
            "steady_rss": 1.2, "peak_rss": 1.3}
@@ -228,7 +229,7 @@ def beside_reads(run, nbytes: int, read: probe.SustainedRead, turns: int) -> lis
 
 class KernelTime:
     """The time inside the linears' kernels while `on`: the eager and oneDNN calls
-    (vcfslm.bench.linear._run, timed around the call) and a compiled graph's vcfslm::gemv
+    (vcfslm.engine.linear._run, timed around the call) and a compiled graph's vcfslm::gemv
     calls (timed inside the op, in C++: a Python timer there would be the call path it
     measures)."""
 
@@ -263,7 +264,7 @@ class KernelTime:
 @contextlib.contextmanager
 def linear_kernels(skip: bool):
     """Every linear's kernel timed while the yielded KernelTime is on; with `skip`, replaced
-    by an uninitialised output of its shape (vcfslm.bench.linear._run, which the eager module
+    by an uninitialised output of its shape (vcfslm.engine.linear._run, which the eager module
     and vcfslm::linear call, and vcfslm::gemv's skip mode)."""
     real = linear._run
     timing = KernelTime()

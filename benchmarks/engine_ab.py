@@ -36,8 +36,8 @@ CHILD = r"""
 import json, statistics, sys
 sys.path.insert(0, sys.argv[1])
 import torch
-from vcfslm.bench.engine import DecodeEngine, synthetic_prompt
-from vcfslm.bench.model import load_model
+from vcfslm.engine.decode import DecodeEngine, synthetic_prompt
+from vcfslm.engine.model import load_model
 layers, prompt_len, tokens, big, windows = map(int, sys.argv[2:7])
 loaded = load_model(f"synthetic:phi-3-mini,layers={layers}", seed=0, max_context=prompt_len + tokens)
 engine = DecodeEngine(loaded.model, "compile")

@@ -18,14 +18,14 @@ Rows:
   layout it picks; its verbose log names it AB16b64a2b on AVX512-BF16); these, the N split,
   Inductor's micro-GEMM and vcfslm's AVX512-BF16 GEMV only where oneDNN has bf16;
 - the dense-bf16 plan's few-row kernels on the plain weight (any AVX2 CPU): ATen's bf16 GEMV
-  one row at a time, and vcfslm's AVX2 GEMV (vcfslm.bench.dense_gemv) at 1, 2 and 4 rows,
+  one row at a time, and vcfslm's AVX2 GEMV (vcfslm.engine.dense_gemv) at 1, 2 and 4 rows,
   with one thread, and through its call paths;
 - the unpacked weight through ATen's F.linear and torch.ops.mkldnn._linear_pointwise;
 - an Inductor-compiled reduction over a [N/16, K, 16] blocked copy, and Inductor's own C++
   micro-GEMM (max-autotune, frozen weights: a second copy per compiled shape, so not
   something a replica can hold);
 - an N split: two Python threads, each running oneDNN on half the rows with one thread;
-- vcfslm's GEMV (vcfslm.bench.gemv) on oneDNN's packed bytes: at 1 and 4 rows, with one
+- vcfslm's GEMV (vcfslm.engine.gemv) on oneDNN's packed bytes: at 1 and 4 rows, with one
   thread against the plain read with one thread, with software prefetch 512 to 4096 bytes
   ahead, and on a copy of the packed bytes in 2 MiB transparent huge pages;
 - the call path around the GEMV: the eager PackedLinear's function, the vcfslm::linear op
@@ -61,7 +61,7 @@ ask_for_huge_pages()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import dense_gemv, gemv, gemv_op, linear  # noqa: E402
+from vcfslm.engine import dense_gemv, gemv, gemv_op, linear  # noqa: E402
 
 SHAPES = ((9216, 3072), (3072, 3072), (16384, 3072), (3072, 8192))
 LM_HEAD = (32064, 3072)

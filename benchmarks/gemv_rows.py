@@ -17,19 +17,19 @@ turns, so the host's drift (bandwidth and clock both swing within seconds on sha
 hits them alike. Kernels:
 - oneDNN's inner product on its packed weight, fewer rows padded up to the plan's min_rows,
   as the engine calls it;
-- vcfslm's GEMV (vcfslm.bench.gemv), this tree's source;
+- vcfslm's GEMV (vcfslm.engine.gemv), this tree's source;
 - with `--base REV`: the same loop built from REV's source (same compiler and flags).
 Each kernel's TFLOP/s and weight GB/s are medians over rounds; each ratio is the median of
 its per-round time ratio (below 1: the first is faster). The `plan runs` column names the
-kernel the engine's plan takes at that row count on this CPU (vcfslm.bench.gemv.rows_for: every
+kernel the engine's plan takes at that row count on this CPU (vcfslm.engine.gemv.rows_for: every
 row count on AVX512-BF16, 1-6 beside AMX), and the closing PLAN line says whether it took the
 faster one at each, beyond a 5 % margin: the check of that choice on any CPU.
 
 With `--dense`, and on a CPU where oneDNN has no bf16 (there is no packed weight then), the
 table is the dense-bf16 plan's instead, on the plain weights: vcfslm's AVX2 GEMV
-(vcfslm.bench.dense_gemv) against the plan's path without it (ATen's bf16 GEMV one row at a
+(vcfslm.engine.dense_gemv) against the plan's path without it (ATen's bf16 GEMV one row at a
 time up to 4 rows, the weight converted to fp32 in slices for SGEMM beyond), as
-vcfslm.bench.linear runs both.
+vcfslm.engine.linear runs both.
 
 With `--base` and `--engine-layers N`, the engine itself is then timed on both loops: one
 process loads synthetic:phi-3-mini with N of its 32 layers, packed and compiled as a rank
@@ -64,13 +64,13 @@ import torch  # noqa: E402
 from decode_efficiency import cpu_line  # noqa: E402  (one CPU line for every benchmark)
 from gemv_hypotheses import SHAPES  # noqa: E402  (one weight set for the GEMV benchmarks)
 
-from vcfslm.bench import dense_gemv, gemv, linear  # noqa: E402
+from vcfslm.engine import dense_gemv, gemv, linear  # noqa: E402
 
 DEFAULT_ROWS = (1, 2, 4, 5, 6, 7, 8, 12, 16, 24, 32)
 
 
 def base_library(rev: str, folder: Path, loop=gemv):
-    """A loop (vcfslm.bench.gemv's or dense_gemv's) built from revision `rev`'s source, loaded
+    """A loop (vcfslm.engine.gemv's or dense_gemv's) built from revision `rev`'s source, loaded
     (its ABI must be this tree's), with this tree's compiler flags."""
     rel = loop.SOURCE.relative_to(ROOT).as_posix()
     shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], capture_output=True, check=False)
@@ -164,8 +164,8 @@ def engine_table(layers: int, batches: list[int], prompt: int, rounds: int, lib,
     one process (see the module's docstring), a row per batch as it is measured."""
     from decode_efficiency import engine_window, spec_for
 
-    from vcfslm.bench.engine import DecodeEngine, synthetic_prompt
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.decode import DecodeEngine, synthetic_prompt
+    from vcfslm.engine.model import load_model
 
     tokens = 16
     replica = load_model(spec_for(layers), seed=0, max_context=prompt + tokens)

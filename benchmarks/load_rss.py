@@ -7,7 +7,7 @@ transformers' from_pretrained, each in a fresh child process, one after the othe
 
 Ways:
 - loader: load_model(folder, plan=...): tensor by tensor from the mapped files, each
-  linear packed as it arrives and its pages given back (vcfslm.bench.loader);
+  linear packed as it arrives and its pages given back (vcfslm.engine.loader);
 - loader+hook: the same with a before_pack hook that runs one forward pass of 8 tokens on
   the mapped, unpacked model (what a numerics gate's reference costs: every page is read);
 - loader+engine: load_model(folder) unpacked (every tensor copied, its pages given back),
@@ -51,9 +51,9 @@ def child(way: str, folder: str) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.linear import default_plan, pack_linears
-    from vcfslm.bench.model import LoadedModel, load_model, parse_model_spec
+    from vcfslm.engine.decode import DecodeEngine
+    from vcfslm.engine.linear import default_plan, pack_linears
+    from vcfslm.engine.model import LoadedModel, load_model, parse_model_spec
 
     MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(folder))]  # import its modeling code
     plan = default_plan()

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from vcfslm.bench.engine import DecodeEngine, TokenSlots, slot_gate_fit, synthetic_prompt  # noqa: E402
-from vcfslm.bench.model import load_model  # noqa: E402
-from vcfslm.bench.numerics import (  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, TokenSlots, slot_gate_fit, synthetic_prompt  # noqa: E402
+from vcfslm.engine.model import load_model  # noqa: E402
+from vcfslm.engine.numerics import (  # noqa: E402
     GATE_PROMPT_TOKENS,
     REFERENCE_ROWS,
     gate_inputs,

@@ -7,7 +7,7 @@
     .venv/bin/python benchmarks/peers.py --equivalence-only --break-rope llama.cpp   # the check, caught
 
 Model: the synthetic Phi-3-mini-128k shape with random bf16 weights from one seed
-(vcfslm.bench.model), saved once as a Hugging Face checkpoint under `--cache`; that
+(vcfslm.engine.model), saved once as a Hugging Face checkpoint under `--cache`; that
 checkpoint is the only source of the other formats: an OpenVINO IR exported by
 optimum-intel with bf16 constants (not the int8 weight compression optimum applies by
 itself above 1B parameters) and a bf16 GGUF written here with the `gguf` package. vcfslm
@@ -146,7 +146,7 @@ def write_checkpoint(out: Path, layers: int) -> dict:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     loaded = load_model(spec_for(layers), seed=SEED)
     config = loaded.config
@@ -281,13 +281,13 @@ def child_vcfslm(job: dict) -> dict:
     import torch
     from decode_efficiency import engine_window
 
-    from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.linear import default_plan
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.decode import DecodeEngine
+    from vcfslm.engine.linear import default_plan
+    from vcfslm.engine.model import load_model
 
     torch.set_num_threads(job["threads"])
     started = time.perf_counter()
-    # The checkpoint loader packs each linear as it arrives (vcfslm.bench.loader): the load's
+    # The checkpoint loader packs each linear as it arrives (vcfslm.engine.loader): the load's
     # peak is read before anything else runs.
     loaded = load_model(job["hf"], seed=SEED, max_context=job["prompt"] + job["tokens"],
                         plan=default_plan())
@@ -296,7 +296,7 @@ def child_vcfslm(job: dict) -> dict:
     out = {"load_s": time.perf_counter() - started, "load_peak_rss": load_peak, "weight_bytes": loaded.weight_bytes,
            "kernel": f"KernelPlan {engine.plan.label}; engine {engine.label}; "
                      f"pack check max relative error {engine.pack.max_rel_error:.2g}; "
-                     f"loaded by vcfslm.bench.loader (packed as it loads)"}
+                     f"loaded by vcfslm.engine.loader (packed as it loads)"}
 
     def window(batch, i):
         w = engine_window(engine, torch.tensor(job["prompts"][str(batch)][i]), job["tokens"])
@@ -473,9 +473,9 @@ def equivalence_vcfslm(job: dict) -> dict:
     import numpy as np
     import torch
 
-    from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.linear import default_plan
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.decode import DecodeEngine
+    from vcfslm.engine.linear import default_plan
+    from vcfslm.engine.model import load_model
 
     torch.set_num_threads(job["threads"])
     prompt = torch.tensor(job["prompts"])
@@ -723,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoConfig
 
     from vcfslm.bench import probe
-    from vcfslm.bench.engine import synthetic_prompt
+    from vcfslm.engine.decode import synthetic_prompt
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()

@@ -31,7 +31,7 @@ TARGETS = {"tpot": 0.15, "ttft": 0.25}
 
 def cpu_line() -> str:
     """The CPU and the engine's kernel path on it (every benchmark prints which it took)."""
-    code = ("from vcfslm.bench import linear, placement;"
+    code = ("from vcfslm.engine import linear; from vcfslm.bench import placement;"
             "flags = placement.parse_cpu_flags(open('/proc/cpuinfo').read());"
             "print(sorted(f for f in flags if f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')),"
             " linear.default_plan())")

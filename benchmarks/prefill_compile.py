@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from decode_efficiency import cpu_line, linear_kernels, spec_for  # noqa: E402  (one CPU line, one model spec)
 
-from vcfslm.bench.engine import CompileCounter, DecodeEngine, synthetic_prompt  # noqa: E402
-from vcfslm.bench.model import load_model  # noqa: E402
+from vcfslm.engine.decode import CompileCounter, DecodeEngine, synthetic_prompt  # noqa: E402
+from vcfslm.engine.model import load_model  # noqa: E402
 
 OUTPUT_TOKENS = 32   # the store's room after the prompt, as a static window has it
 

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from vcfslm.bench import probe  # noqa: E402
-from vcfslm.bench.engine import DecodeEngine, TokenSlots, chunk_for_probes, synthetic_prompt  # noqa: E402
-from vcfslm.bench.model import load_model  # noqa: E402
-from vcfslm.bench.serve import Piece  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, TokenSlots, chunk_for_probes, synthetic_prompt  # noqa: E402
+from vcfslm.engine.model import load_model  # noqa: E402
+from vcfslm.serving import Piece  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)

@@ -10,7 +10,7 @@ drift (2x within seconds here) hits them alike. Each row is the median of its pe
 to the linears alone (every packed linear once, back to back, through vcfslm::gemv: the
 step's weight reads and nothing else), with the interquartile range. Paths:
 - vcfslm::linear: the op's Python kernel and ctypes to the loop (the path before
-  vcfslm.bench.gemv_op);
+  vcfslm.engine.gemv_op);
 - vcfslm::gemv: the dispatcher and C++ to the same loop (what the engine compiles now);
 - with --cpp-wrapper, vcfslm::gemv under Inductor's C++ wrapper (no Python between the
   kernels at all; each graph then takes a C++ compile of its wrapper);
@@ -45,9 +45,9 @@ ask_for_huge_pages()   # the rank's environment (rank.sh)
 
 import torch  # noqa: E402
 
-from vcfslm.bench import dense_gemv, gemv, gemv_op, linear  # noqa: E402
-from vcfslm.bench.engine import DecodeEngine, synthetic_prompt  # noqa: E402
-from vcfslm.bench.model import load_model  # noqa: E402
+from vcfslm.engine import dense_gemv, gemv, gemv_op, linear  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, synthetic_prompt  # noqa: E402
+from vcfslm.engine.model import load_model  # noqa: E402
 
 PROMPT = 32
 

@@ -4,7 +4,7 @@ One server (started as the bench starts it: the rendered launch script, the run'
 its environment), then rounds of two clients one after the other at the same Poisson
 rate, lengths and request count:
 
-  vcfslm      vcfslm.bench.http_serve: its open-loop arrivals, token-id prompts, ignore_eos
+  vcfslm      vcfslm.serve.http_serve: its open-loop arrivals, token-id prompts, ignore_eos
   vllm bench  `vllm bench serve --dataset-name random --random-range-ratio 0 --ignore-eos`
 
 Both see every request of their run (no warm-up or cool-down exclusion), and each reports
@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
 
 from vcfslm.bench import local  # noqa: E402
-from vcfslm.bench.http_backend import HttpDriver  # noqa: E402
-from vcfslm.bench.http_serve import run_http_window  # noqa: E402
-from vcfslm.bench.openai_client import stream_completion  # noqa: E402
 from vcfslm.guest.templates import render_template  # noqa: E402
+from vcfslm.serve.http_backend import HttpDriver  # noqa: E402
+from vcfslm.serve.http_serve import run_http_window  # noqa: E402
+from vcfslm.serve.openai_client import stream_completion  # noqa: E402
 from vcfslm.servers import ServerSpec, completion_body  # noqa: E402
 from vcfslm.serving import ServeSpec  # noqa: E402
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def write_tiny_vllm_model(out: Path) -> Path:
-    from vcfslm.bench.checkpoint import write_checkpoint
+    from vcfslm.engine.checkpoint import write_checkpoint
 
     write_checkpoint("synthetic:tiny-64", out)
     return out

@@ -179,7 +179,7 @@ class SyntheticSpec:
         return self.preset or CONFIG_OPTION + str(self.config_path)
 
 
-# The small models of the test suite, defined with the engine (bench/model.py): not shapes
+# The small models of the test suite, defined with the engine (engine/model.py): not shapes
 # a site sizes, so they have no preset row; their names parse all the same.
 TEST_MODELS = ("tiny", "tiny-64")
 

@@ -1,11 +1,11 @@
 """Serving backends, pure: which servers vcfslm can drive, how each is launched and probed,
 and the few decisions around them (CPU split, KV-cache size, lag, metrics deltas).
 
-`vcfslm` is the rank engine itself, driven in-process (bench/serve.py). Every other entry
+`vcfslm` is the rank engine itself, driven in-process (serve/scheduler.py). Every other entry
 is an OpenAI-compatible HTTP server, one per vNUMA node, that the guest stage installs
 (its playbook) and renders a launch script for (its template), and that each bench rank
 starts, waits for, drives over the streaming completions API with prompts as token ids,
-and stops (bench/server_process.py, bench/http_serve.py). Adding llama.cpp's
+and stops (serve/server_process.py, serve/http_serve.py). Adding llama.cpp's
 `llama-server` or OpenVINO Model Server is one more `HttpBackend` here: the load, the
 records, the sweep and the sizing do not change.
 """

@@ -179,6 +179,22 @@ class Planned:
     output_tokens: int
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A step's prompt chunk, the scheduler's decision and the engine's input: tokens
+    [start, stop) of a `length`-token prompt being admitted into `slot`."""
+
+    slot: int
+    prompt: Any
+    start: int
+    stop: int
+    length: int
+
+    @property
+    def last(self) -> bool:
+        return self.stop >= self.length
+
+
 def window_seed(seed: int, rank: int, load: float, input_tokens: int, window: int) -> int:
     """A seed per (run seed, rank, load, context, window): ranks draw independent streams,
     and a resumed or repeated run draws the same ones."""

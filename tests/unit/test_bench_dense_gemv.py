@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import dense_gemv, gemv, linear  # noqa: E402
-from vcfslm.bench.linear import DENSE_BF16, KernelPlan, PackedLinear, choose_plan, pack_linears  # noqa: E402
+from vcfslm.engine import dense_gemv, gemv, linear  # noqa: E402
+from vcfslm.engine.linear import DENSE_BF16, KernelPlan, PackedLinear, choose_plan, pack_linears  # noqa: E402
 
 AVX2_FLAGS = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
 

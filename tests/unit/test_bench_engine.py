@@ -14,16 +14,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.bench.engine import DecodeEngine, Generation, synthetic_prompt  # noqa: E402
-from vcfslm.bench.linear import DENSE_BF16, KernelPlan, PackedLinear  # noqa: E402
 from vcfslm.bench.rank import TorchrunEnv  # noqa: E402
 from vcfslm.bench.worker import window_record  # noqa: E402
 from vcfslm.contract import normalize_compile_mode  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, Generation, synthetic_prompt  # noqa: E402
+from vcfslm.engine.linear import DENSE_BF16, KernelPlan, PackedLinear  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     return load_model("synthetic:tiny", seed=0, max_context=64)
 
@@ -108,7 +108,7 @@ def test_a_new_shape_compiles_inside_its_generation(engine):
 def test_prefill_logits_at_batch_above_one_match_the_unpacked_model():
     """The lm_head at batch > 1 reads a strided last-position slice: it must give each
     stream its own logits (the unpacked eager model is the reference)."""
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     fresh = load_model("synthetic:tiny", seed=3, max_context=64)
     p = prompt(batch=4, length=9, seed=2)
@@ -123,7 +123,7 @@ def test_prefill_logits_at_batch_above_one_match_the_unpacked_model():
 
 def test_dense_plan_prefill_and_decode_match_the_unpacked_model():
     """The plan for CPUs without oneDNN bf16: GEMV rows for decode, fp32 SGEMM for prefill."""
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     ref = load_model("synthetic:tiny", seed=4, max_context=80)
     dense = load_model("synthetic:tiny", seed=4, max_context=80)

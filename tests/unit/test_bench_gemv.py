@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import dense_gemv, gemv, linear  # noqa: E402
-from vcfslm.bench.linear import (  # noqa: E402
+from vcfslm.engine import dense_gemv, gemv, linear  # noqa: E402
+from vcfslm.engine.linear import (  # noqa: E402
     DENSE_BF16,
     ONEDNN_PACKED,
     KernelPlan,
@@ -99,7 +99,7 @@ def test_plan_carries_the_gemv():
     assert [plan.rows_computed(r) for r in (1, 3, 4, 5, 16)] == [1, 3, 4, 5, 16]
     without = choose_plan(True)
     assert [without.rows_computed(r) for r in (1, 3, 4, 5)] == [4, 4, 4, 5]
-    # Without oneDNN's bf16 the rows are the AVX2 GEMV's (vcfslm.bench.dense_gemv).
+    # Without oneDNN's bf16 the rows are the AVX2 GEMV's (vcfslm.engine.dense_gemv).
     assert choose_plan(False, gemv_rows=4) == KernelPlan(DENSE_BF16, gemv_rows=4)
     assert "1-16 rows: " + gemv.LABEL in choose_plan(True, gemv_rows=16).label
     with pytest.raises(ValueError, match="within 0-32"):

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import dense_gemv, gemv, gemv_op  # noqa: E402
-from vcfslm.bench.linear import DENSE_BF16, ONEDNN_PACKED, KernelPlan, PackedLinear, pack_linears  # noqa: E402
+from vcfslm.engine import dense_gemv, gemv, gemv_op  # noqa: E402
+from vcfslm.engine.linear import DENSE_BF16, ONEDNN_PACKED, KernelPlan, PackedLinear, pack_linears  # noqa: E402
 
 # ------------------------------------------------------------------ decisions
 
@@ -226,7 +226,7 @@ def test_skip_mode_runs_no_kernel_and_keeps_the_shape(op):
 
 
 def test_the_command_reports_the_op(op):
-    out = subprocess.run([sys.executable, "-m", "vcfslm.bench.gemv_op"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "vcfslm.engine.gemv_op"], capture_output=True, text=True, check=True)
     verdict = json.loads(out.stdout)["op"]
     assert verdict["usable"] and verdict["reason"] == "vcfslm::gemv agrees with the ctypes call (oneDNN-packed weight)"
 
@@ -288,7 +288,7 @@ def test_compiled_dense_graphs_call_the_op_with_the_plain_layout(plain_op, monke
 
 
 def test_the_command_reports_the_avx2_op(plain_op):
-    out = subprocess.run([sys.executable, "-m", "vcfslm.bench.gemv_op"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "vcfslm.engine.gemv_op"], capture_output=True, text=True, check=True)
     verdict = json.loads(out.stdout)["avx2"]
     assert verdict["usable"] and verdict["reason"] == "checked against F.linear"
     assert verdict["op"]["usable"] and verdict["op"]["reason"] == "vcfslm::gemv agrees with the ctypes call (plain weight)"

@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 
 import torch.nn.functional as F  # noqa: E402
 
-from vcfslm.bench import linear  # noqa: E402
-from vcfslm.bench.linear import (  # noqa: E402
+from vcfslm.engine import linear  # noqa: E402
+from vcfslm.engine.linear import (  # noqa: E402
     DENSE_BF16,
     ONEDNN_PACKED,
     KernelPlan,

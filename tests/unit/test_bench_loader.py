@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from vcfslm.bench import numerics  # noqa: E402
-from vcfslm.bench.linear import (  # noqa: E402
+from vcfslm.engine import numerics  # noqa: E402
+from vcfslm.engine.linear import (  # noqa: E402
     DENSE_BF16,
     PACK_CHECK_RTOL,
     KernelPlan,
@@ -25,7 +25,7 @@ from vcfslm.bench.linear import (  # noqa: E402
     choose_plan,
     onednn_bf16,
 )
-from vcfslm.bench.model import ModelSourceError, load_model, load_tokenizer, tiny_config  # noqa: E402
+from vcfslm.engine.model import ModelSourceError, load_model, load_tokenizer, tiny_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT, STEPS = 6, 5
@@ -101,7 +101,7 @@ FAMILIES = [("llama", True), ("qwen2", False), ("qwen3", True), ("mistral", Fals
 
 @pytest.mark.parametrize("family,tokenizer", FAMILIES, ids=[f"{f}-{'tok' if t else 'notok'}" for f, t in FAMILIES])
 def test_family_checkpoint_loads_as_from_pretrained_does(tmp_path, family, tokenizer):
-    from vcfslm.bench.engine import DecodeEngine
+    from vcfslm.engine.decode import DecodeEngine
 
     folder = tmp_path / family
     config = family_config(family)
@@ -136,7 +136,7 @@ def test_family_checkpoint_loads_as_from_pretrained_does(tmp_path, family, token
 
 
 def test_tied_embeddings_load_once_and_stay_tied(tmp_path):
-    from vcfslm.bench.checkpoint_files import checkpoint_entries
+    from vcfslm.engine.checkpoint_files import checkpoint_entries
 
     folder = tmp_path / "llama"
     config = family_config("llama")
@@ -152,7 +152,7 @@ def test_tied_embeddings_load_once_and_stay_tied(tmp_path):
 
 
 def test_sharded_fp32_checkpoint_converts_and_matches(tmp_path):
-    from vcfslm.bench.checkpoint_files import INDEX_NAME
+    from vcfslm.engine.checkpoint_files import INDEX_NAME
 
     folder = tmp_path / "qwen2"
     config = family_config("qwen2")
@@ -177,7 +177,7 @@ def _mapped_ranges(suffix: str) -> list[tuple[int, int]]:
 
 
 def test_before_pack_sees_the_mapped_model_and_the_engine_keeps_the_loaders_pack(tmp_path, monkeypatch):
-    from vcfslm.bench import engine as engine_mod
+    from vcfslm.engine import decode as engine_mod
 
     folder = tmp_path / "mistral"
     config = family_config("mistral")
@@ -208,7 +208,7 @@ def test_before_pack_sees_the_mapped_model_and_the_engine_keeps_the_loaders_pack
 
     monkeypatch.setattr(engine_mod, "pack_linears", no_second_pack)
     engine = engine_mod.DecodeEngine(loaded.model, "eager")
-    from vcfslm.bench.loader import packed_report
+    from vcfslm.engine.loader import packed_report
 
     assert engine.pack is packed_report(loaded.model) and engine.plan == plan()
     assert engine.pack.linears == config.num_hidden_layers * 7 + 1
@@ -260,8 +260,8 @@ RSS_CHILD = r"""
 import json, sys
 import torch
 from transformers.models.phi3 import modeling_phi3  # noqa: F401  (the code the load runs)
-from vcfslm.bench.linear import choose_plan, onednn_bf16, pack_linears
-from vcfslm.bench.model import load_model
+from vcfslm.engine.linear import choose_plan, onednn_bf16, pack_linears
+from vcfslm.engine.model import load_model
 
 def status(key):
     for line in open("/proc/self/status"):
@@ -281,7 +281,7 @@ PEAK_RATIO = 1.3
 @pytest.fixture(scope="module")
 def phi3_mini_one_layer(tmp_path_factory):
     folder = tmp_path_factory.mktemp("phi3-mini-L1") / "hf"
-    write = ("import sys; from pathlib import Path; from vcfslm.bench.checkpoint import write_checkpoint; "
+    write = ("import sys; from pathlib import Path; from vcfslm.engine.checkpoint import write_checkpoint; "
              "write_checkpoint('synthetic:phi-3-mini,layers=1', Path(sys.argv[1]))")
     done = subprocess.run([sys.executable, "-c", write, str(folder)], capture_output=True, text=True,
                           env=_child_env(), timeout=600)
@@ -307,7 +307,7 @@ def test_peak_rss_of_a_checkpoint_load_stays_within_its_bound(phi3_mini_one_laye
 
 
 def test_checkpoint_files_refuse_a_broken_index_or_header(tmp_path):
-    from vcfslm.bench.checkpoint_files import INDEX_NAME, CheckpointError, checkpoint_entries
+    from vcfslm.engine.checkpoint_files import INDEX_NAME, CheckpointError, checkpoint_entries
 
     folder = tmp_path / "sharded"
     random_model(family_config("llama")).save_pretrained(folder, max_shard_size="100KB")
@@ -324,7 +324,7 @@ def test_checkpoint_files_refuse_a_broken_index_or_header(tmp_path):
 
 
 def test_a_synthetic_model_is_packed_by_load_model_when_given_a_plan():
-    from vcfslm.bench.loader import packed_report
+    from vcfslm.engine.loader import packed_report
 
     seen = []
     loaded = load_model("synthetic:tiny", plan=plan(), before_pack=lambda m: seen.append(

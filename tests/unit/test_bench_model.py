@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vcfslm.bench.model import ModelSourceError, ModelSpec, parse_model_spec
+from vcfslm.engine.model import ModelSourceError, ModelSpec, parse_model_spec
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -35,7 +35,7 @@ def test_folder_without_config_is_rejected(tmp_path):
 
 
 def test_phi3_mini_config_is_the_published_shape():
-    from vcfslm.bench.model import phi3_mini_config
+    from vcfslm.engine.model import phi3_mini_config
 
     c = phi3_mini_config()
     assert (c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size) == (32, 3072, 8192, 32064)
@@ -51,13 +51,13 @@ def test_phi3_mini_config_is_the_published_shape():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     return load_model("synthetic:tiny", seed=3, max_context=64)
 
 
 def test_synthetic_tiny_is_bf16_and_deterministic(tiny):
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     assert {p.dtype for p in tiny.model.parameters()} == {torch.bfloat16}
     again = load_model("synthetic:tiny", seed=3, max_context=64)
@@ -72,7 +72,7 @@ def test_synthetic_tiny_is_bf16_and_deterministic(tiny):
 
 
 def test_rotary_buffers_are_real_and_pinned_to_the_short_factor(tiny):
-    from vcfslm.bench.model import tiny_config
+    from vcfslm.engine.model import tiny_config
 
     rope = tiny.model.model.rotary_emb
     assert rope.inv_freq.dtype == torch.float32 and torch.isfinite(rope.inv_freq).all()
@@ -83,7 +83,7 @@ def test_rotary_buffers_are_real_and_pinned_to_the_short_factor(tiny):
 
 
 def test_long_contexts_keep_longrope_switching():
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     loaded = load_model("synthetic:tiny", max_context=8192)
     assert not loaded.rope_pinned
@@ -91,7 +91,7 @@ def test_long_contexts_keep_longrope_switching():
 
 
 def test_idle_sliding_window_is_dropped():
-    from vcfslm.bench.model import drop_idle_sliding_window, phi3_mini_config
+    from vcfslm.engine.model import drop_idle_sliding_window, phi3_mini_config
 
     c = phi3_mini_config(layers=1)
     assert not drop_idle_sliding_window(c, 300_000)
@@ -101,7 +101,7 @@ def test_idle_sliding_window_is_dropped():
 
 
 def test_loads_a_save_pretrained_folder(tmp_path, tiny):
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     tiny.model.save_pretrained(tmp_path / "phi3")
     assert list((tmp_path / "phi3").glob("*.safetensors"))
@@ -118,7 +118,7 @@ def test_loads_a_save_pretrained_folder(tmp_path, tiny):
 def test_footprint_shapes_match_the_synthetic_configs():
     """The inventory's memory check and the roofline use footprint's shapes: keep them true."""
     from vcfslm import footprint
-    from vcfslm.bench.model import kv_bytes_per_token, load_model, phi3_mini_config, tiny_config
+    from vcfslm.engine.model import kv_bytes_per_token, load_model, phi3_mini_config, tiny_config
 
     for shape, config in ((footprint.TINY, tiny_config()), (footprint.PHI3_MINI, phi3_mini_config())):
         head_dim = config.hidden_size // config.num_attention_heads
@@ -143,9 +143,9 @@ def save_word_tokenizer(folder, vocab_size: int) -> None:
 
 
 def test_a_folder_with_a_tokenizer_records_a_greedy_continuation_as_text(tmp_path, tiny):
-    from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.model import load_model, load_tokenizer
-    from vcfslm.bench.numerics import greedy_text
+    from vcfslm.engine.decode import DecodeEngine
+    from vcfslm.engine.model import load_model, load_tokenizer
+    from vcfslm.engine.numerics import greedy_text
 
     folder = tmp_path / "phi3"
     tiny.model.save_pretrained(folder)

@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.bench.engine import DecodeEngine, TokenSlots, slot_gate_fit, synthetic_prompt  # noqa: E402
-from vcfslm.bench.numerics import (  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, TokenSlots, slot_gate_fit, synthetic_prompt  # noqa: E402
+from vcfslm.engine.numerics import (  # noqa: E402
     REFERENCE_ROWS,
     compare_logits,
     gate_inputs,
@@ -88,7 +88,7 @@ def perturb_compiled(engine, scale=0.5, tokens=None):
 
 
 def test_gate_on_the_compiled_tiny_model_passes_and_a_perturbed_step_fails():
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     tiny = load_model("synthetic:tiny", seed=0, max_context=64)
     engine = DecodeEngine(tiny.model, "compile")
@@ -110,7 +110,7 @@ def test_a_batch_one_gate_compiles_the_graph_its_windows_use():
     """The gate's forced tokens are sliced from one tensor made outside inference mode; at
     batch 1 such a slice differs from a generated token in stride and dispatch keys, and
     Dynamo would compile a second graph of the same shape for the windows."""
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     tiny = load_model("synthetic:tiny", seed=0, max_context=64)
     engine = DecodeEngine(tiny.model, "compile")
@@ -124,8 +124,8 @@ def test_the_unpacked_models_reference_agrees_with_every_static_shape_and_a_pack
     """The reference is taken before packing; its rows are the first rows of any shape's
     gate, so one reference checks every static graph. A packed weight that is wrong passes
     compiled-against-eager (both run it) and fails against the unpacked model."""
-    from vcfslm.bench.linear import PackedLinear
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.linear import PackedLinear
+    from vcfslm.engine.model import load_model
 
     tiny = load_model("synthetic:tiny", seed=0, max_context=64)
     prompt, forced = gate_inputs(REFERENCE_ROWS, 6, 16384, seed=3)
@@ -155,7 +155,7 @@ def test_priming_gates_every_slot_graph_with_the_compiles_the_windows_need():
     """TokenSlots.prime with forced tokens runs each slot graph's gate on the way: one result
     per graph (lanes, alone or with a piece), the one-lane decode also against the unpacked
     model, and no compile beyond the primed graphs. A perturbed graph fails alone."""
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     tiny = load_model("synthetic:tiny", seed=0, max_context=64)
     prompt_tokens, steps = slot_gate_fit(8, 6, 40)

@@ -116,7 +116,7 @@ def test_placement_facts_of_this_process():
 
 
 def test_flop_counts_and_floors_of_the_phi3_mini_shape():
-    from vcfslm.bench.model import phi3_mini_config
+    from vcfslm.engine.model import phi3_mini_config
 
     pytest.importorskip("transformers")
     config = phi3_mini_config()

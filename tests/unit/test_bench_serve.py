@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vcfslm.bench.serve import record_fields, run_window
+from vcfslm.serve.scheduler import record_fields, run_window
 from vcfslm.serving import ServeSpec
 
 

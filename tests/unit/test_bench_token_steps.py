@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.bench.engine import (  # noqa: E402
+from vcfslm.engine.decode import (  # noqa: E402
     DecodeEngine,
     TokenSlots,
     chunk_for_probes,
@@ -34,7 +34,7 @@ from vcfslm.bench.engine import (  # noqa: E402
     lanes_for,
     synthetic_prompt,
 )
-from vcfslm.bench.serve import Piece  # noqa: E402
+from vcfslm.serving import Piece  # noqa: E402
 
 SLOTS = 3
 CONTEXT = 40
@@ -55,7 +55,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.model import load_model
 
     return load_model("synthetic:tiny", seed=0, max_context=64)
 
@@ -78,7 +78,7 @@ PROMPTS = {"a": (5, 1), "b": (9, 2), "c": (5, 3), "d": (12, 4), "e": (4, 5), "f"
 
 
 class Server:
-    """A tiny FIFO scheduler over TokenSlots (what bench/serve.py's loop does, without its
+    """A tiny FIFO scheduler over TokenSlots (what serve/scheduler.py's loop does, without its
     clock): one request admitted at a time, chunk by chunk, while the others decode; or,
     `batched`, pieces of every waiting request that has a slot, up to batched_tokens in all."""
 

@@ -44,6 +44,6 @@ def test_the_cli_flags_set_what_shows(capsys, flags, seen):
     assert result.exit_code == 2
     capsys.readouterr()
     logging.getLogger("vcfslm.guest.transport").debug("slm-01: SSH connect retry 1")
-    logging.getLogger("vcfslm.bench.engine").info("compile: graph 1 done")
+    logging.getLogger("vcfslm.engine.decode").info("compile: graph 1 done")
     err = capsys.readouterr().err.splitlines()
     assert [line.split()[1] for line in err] == seen

@@ -18,15 +18,15 @@ def bench():
 
 @pytest.fixture(scope="module")
 def engine():
-    from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.model import load_model
+    from vcfslm.engine.decode import DecodeEngine
+    from vcfslm.engine.model import load_model
 
     loaded = load_model("synthetic:tiny", seed=0, max_context=32)
     return DecodeEngine(loaded.model, "eager"), loaded.config
 
 
 def test_the_kernels_are_timed_only_while_on_and_skipped_ones_keep_their_shape(bench, monkeypatch):
-    from vcfslm.bench import linear
+    from vcfslm.engine import linear
 
     calls = []
 
@@ -54,7 +54,7 @@ def test_the_kernels_are_timed_only_while_on_and_skipped_ones_keep_their_shape(b
 def test_the_ops_kernel_time_is_kept_by_its_block(bench, monkeypatch):
     """vcfslm::gemv times its kernels in C++ while TIMED: what one block's steps summed stays
     that block's, though the next block (a skipped one) starts by zeroing the op's count."""
-    from vcfslm.bench import gemv_op
+    from vcfslm.engine import gemv_op
 
     op = {"pending": 0.0, "modes": []}
 
@@ -88,8 +88,8 @@ class _AheadClock:
 
 
 def test_a_step_splits_into_its_linears_and_the_rest_and_the_prefill_is_not_counted(bench, engine, monkeypatch):
-    from vcfslm.bench import linear
-    from vcfslm.bench.engine import synthetic_prompt
+    from vcfslm.engine import linear
+    from vcfslm.engine.decode import synthetic_prompt
 
     eng, config = engine
     prompt = synthetic_prompt(1, 6, config.vocab_size, seed=3)
@@ -149,7 +149,7 @@ class _Slow(torch.nn.Module):
 
 def _on_a_clock(bench, engine, monkeypatch, seed: int):
     """The engine, a 6-token prompt, and the _Clock the benchmark now reads."""
-    from vcfslm.bench.engine import synthetic_prompt
+    from vcfslm.engine.decode import synthetic_prompt
 
     eng, config = engine
     clock = _Clock()
@@ -158,7 +158,7 @@ def _on_a_clock(bench, engine, monkeypatch, seed: int):
 
 
 def test_each_step_is_paired_with_a_pass_of_its_linears_alone(bench, engine, monkeypatch):
-    from vcfslm.bench import linear
+    from vcfslm.engine import linear
 
     eng, prompt, clock = _on_a_clock(bench, engine, monkeypatch, seed=4)
     real = linear._run
@@ -222,7 +222,7 @@ def test_each_pass_is_judged_against_a_read_of_as_many_bytes_beside_it_the_order
 def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch):
     """A compiled step calls vcfslm::gemv for the rows the module's GEMV takes, so the pass
     does too; an eager step, and rows beyond the GEMV, call the module."""
-    from vcfslm.bench import gemv_op, linear
+    from vcfslm.engine import gemv_op, linear
 
     plan = linear.KernelPlan(linear.DENSE_BF16)
     model = torch.nn.Sequential(*(linear.PackedLinear(torch.ones(n, 64, dtype=torch.bfloat16), None, plan)
@@ -253,7 +253,7 @@ def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch)
 
 
 def test_each_step_gets_a_read_of_its_bytes_beside_it_and_the_loops_own_time_is_kept(bench, engine, monkeypatch):
-    from vcfslm.bench import linear
+    from vcfslm.engine import linear
 
     eng, prompt, clock = _on_a_clock(bench, engine, monkeypatch, seed=5)
     real = linear._run

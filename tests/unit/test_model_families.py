@@ -16,7 +16,7 @@ PROMPT, FORCED = 12, 6   # past the tiny window of 8: the sliding layers mask so
 
 
 def tiny_model(name: str):
-    from vcfslm.bench.model import build_random_model, config_from_values
+    from vcfslm.engine.model import build_random_model, config_from_values
 
     return build_random_model(config_from_values(presets.tiny_values(name), name), seed=1)
 
@@ -33,7 +33,7 @@ def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def engine_logits(model, ids: torch.Tensor, mode: str) -> torch.Tensor:
-    from vcfslm.bench.engine import DecodeEngine
+    from vcfslm.engine.decode import DecodeEngine
 
     engine = DecodeEngine(model, mode)
     with torch.inference_mode():
@@ -46,7 +46,7 @@ def family_ids(vocab: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", presets.PRESET_NAMES)
 def test_packed_engine_matches_hf_eager(name):
-    from vcfslm.bench.numerics import compare_logits
+    from vcfslm.engine.numerics import compare_logits
 
     model = tiny_model(name)
     ids = family_ids(model.config.vocab_size)
@@ -59,7 +59,7 @@ def test_packed_engine_matches_hf_eager(name):
 @pytest.mark.parametrize("name", ["gemma-3-1b", "llama-3.2-3b"])
 def test_compiled_step_matches_hf_eager(name):
     """Compiled too, for a sliding-window GQA family and a tied GQA one."""
-    from vcfslm.bench.numerics import compare_logits
+    from vcfslm.engine.numerics import compare_logits
 
     model = tiny_model(name)
     ids = family_ids(model.config.vocab_size)
@@ -71,7 +71,7 @@ def test_compiled_step_matches_hf_eager(name):
 def test_the_window_is_applied_in_the_step():
     """Without the sliding window the local layers would see the whole prompt: the engine's
     answer must then differ from the windowed reference, or the test proves nothing."""
-    from vcfslm.bench.numerics import compare_logits
+    from vcfslm.engine.numerics import compare_logits
 
     model = tiny_model("gemma-3-1b")
     ids = family_ids(model.config.vocab_size)
@@ -88,7 +88,7 @@ def test_the_window_is_applied_in_the_step():
 def test_counts_are_transformers_counts(name):
     from transformers import AutoModelForCausalLM
 
-    from vcfslm.bench.model import config_from_values
+    from vcfslm.engine.model import config_from_values
 
     for values in (presets.config_values(presets.SyntheticSpec(preset=name)), presets.tiny_values(name)):
         with torch.device("meta"):
@@ -99,8 +99,8 @@ def test_counts_are_transformers_counts(name):
 def test_every_linear_is_packed_and_each_distinct_shape_listed():
     """Whatever the family calls its linears, each is packed, and the pack report lists each
     (name, in -> out, kernel) once with its count: Qwen2's GQA k/v are narrower than q."""
-    from vcfslm.bench.engine import DecodeEngine
-    from vcfslm.bench.linear import packed_kernels
+    from vcfslm.engine.decode import DecodeEngine
+    from vcfslm.engine.linear import packed_kernels
 
     model = tiny_model("qwen2.5-7b")
     engine = DecodeEngine(model, "eager")

@@ -8,7 +8,7 @@ import pytest
 
 from tests.fake_openai import FakeServer
 from vcfslm import servers
-from vcfslm.bench.openai_client import Endpoint, get, stream_completion
+from vcfslm.serve.openai_client import Endpoint, get, stream_completion
 
 
 @pytest.fixture

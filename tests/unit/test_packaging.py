@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vcfslm.bench import gemv
+from vcfslm.engine import gemv
 from vcfslm.resources import resource_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def _build_wheel(out: Path, env: dict | None = None) -> Path:
 
 @pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV into the wheel")
 def test_wheel_carries_the_gemv_library_for_its_source(wheel, tmp_path):
-    name = f"vcfslm/bench/kernels/{gemv.packaged_name(gemv.SOURCE.read_bytes())}"
+    name = f"vcfslm/engine/kernels/{gemv.packaged_name(gemv.SOURCE.read_bytes())}"
     assert name in zipfile.ZipFile(wheel).namelist()
     # A binary inside: the wheel says which platform it is for (no Python ABI in the library).
     assert wheel.name.endswith("-py3-none-linux_x86_64.whl")
@@ -65,9 +65,9 @@ def test_wheel_carries_the_gemv_library_for_its_source(wheel, tmp_path):
 
 @pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV into the wheel")
 def test_wheel_carries_the_avx2_gemv_library_for_its_source(wheel, tmp_path):
-    from vcfslm.bench import dense_gemv
+    from vcfslm.engine import dense_gemv
 
-    name = f"vcfslm/bench/kernels/{dense_gemv.packaged_name(dense_gemv.SOURCE.read_bytes())}"
+    name = f"vcfslm/engine/kernels/{dense_gemv.packaged_name(dense_gemv.SOURCE.read_bytes())}"
     assert name in zipfile.ZipFile(wheel).namelist()
     zipfile.ZipFile(wheel).extract(name, tmp_path)
     assert dense_gemv.load(tmp_path / name).vcfslm_gemv_abi() == dense_gemv.ABI
@@ -76,9 +76,9 @@ def test_wheel_carries_the_avx2_gemv_library_for_its_source(wheel, tmp_path):
 @pytest.mark.skipif(gemv.compiler() is None, reason="no C++ compiler to build the GEMV into the wheel")
 def test_wheel_built_beside_torch_carries_the_gemv_ops_library_for_that_torch(wheel, tmp_path):
     torch = pytest.importorskip("torch")
-    from vcfslm.bench import gemv_op
+    from vcfslm.engine import gemv_op
 
-    name = f"vcfslm/bench/kernels/{gemv_op.packaged_name(gemv_op.SOURCE.read_bytes(), torch.__version__)}"
+    name = f"vcfslm/engine/kernels/{gemv_op.packaged_name(gemv_op.SOURCE.read_bytes(), torch.__version__)}"
     assert name in zipfile.ZipFile(wheel).namelist()
     zipfile.ZipFile(wheel).extract(name, tmp_path)
     # In a process of its own: loading it registers vcfslm::gemv, which this one may hold.

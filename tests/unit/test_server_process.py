@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from vcfslm.bench import server_process
 from vcfslm.errors import BenchError
+from vcfslm.serve import server_process
 
 
 def script(tmp_path: Path, body: str) -> str:
@@ -71,7 +71,7 @@ def test_a_server_that_never_gets_healthy_is_stopped_at_the_timeout(tmp_path):
 def test_the_server_dies_with_its_rank_however_the_rank_dies(tmp_path):
     body = script(tmp_path, "exec sleep 300")
     rank = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from vcfslm.bench import server_process as s; "
+        "import sys, time; from pathlib import Path; from vcfslm.serve import server_process as s; "
         f"p = s.start({body!r}, [], env={{}}, log_path=Path({str(tmp_path / 'log')!r}), label='x'); "
         "print(p.pid, flush=True); time.sleep(300)")], stdout=subprocess.PIPE, text=True)
     pid = int(rank.stdout.readline())

@@ -1,4 +1,4 @@
-"""The benchmark: the rank worker (torch/transformers), its probe, placement facts and the
-local driver. `import vcfslm.bench` stays cheap: only the worker-side modules
-(`model`, `engine`, `probe`, `worker`) import torch, and only when they are imported.
+"""The run: torchrun and its workers (static, in-process serving, HTTP serving), the window
+barriers, placement facts, the local and cluster drivers and their launch lines.
+`import vcfslm.bench` stays cheap: the workers import the engine only when they run.
 """

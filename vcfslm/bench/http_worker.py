@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import results, topology
+from ..serve.http_backend import HttpDriver
 from ..servers import ServerSpec
 from ..serving import ServeSpec
-from .http_backend import HttpDriver
 from .rank import facts_file, progress
 from .serve_worker import serve_windows
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..engine.cpuinfo import parse_cpu_flags
 from ..topology import format_cpu_list, parse_cpu_list
-from .cpuinfo import parse_cpu_flags
 from .pages import huge_pages_facts
 
 BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "avx512_vnni")

@@ -6,7 +6,7 @@ runs (the worker calls it after numactl has pinned it, so it sees its own NUMA n
 
 - read:  the fastest of three read-only passes over a buffer of the same size: a sum
          over float32, MKL's SGEMV over float32, and the engine's own bf16 linear kernel
-         over a bf16 matrix (vcfslm.bench.linear, a few rows: it streams the matrix like
+         over a bf16 matrix (vcfslm.engine.linear, a few rows: it streams the matrix like
          decode streams weights). Taking the fastest keeps the roofline a floor: a slow
          read kernel would understate bandwidth and flatter the engine's efficiency
          (on an AVX512-BF16 EPYC oneDNN's packed GEMV read ~40 GB/s where the sum read
@@ -61,7 +61,7 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
                       engine_kernel: bool = True) -> Bandwidth:
     """Read and triad bandwidth with `threads` torch threads over a `mib` MiB buffer.
 
-    engine_kernel: also read with the engine's bf16 linear kernel (needs vcfslm.bench.linear).
+    engine_kernel: also read with the engine's bf16 linear kernel (needs vcfslm.engine.linear).
     """
     import torch
 
@@ -107,7 +107,7 @@ def _engine_read_s(elements: int, repeats: int) -> float:
     """Seconds of one pass of the engine's linear kernel over `elements` bf16 weights."""
     import torch
 
-    from . import linear
+    from ..engine import linear
 
     plan = linear.default_plan()
     slices = _engine_slices(elements, plan)
@@ -122,7 +122,7 @@ def _engine_slices(elements: int, plan) -> list:
     copies of its buffer."""
     import torch
 
-    from . import linear
+    from ..engine import linear
 
     k, rows_per = 3072, 16384
     rows_total = max(elements // k, 1)
@@ -194,7 +194,7 @@ def measure_decode_linears(threads: int | None = None, rows: tuple[int, ...] = D
     as in a decode step). plan: the engine's KernelPlan (default: this CPU's)."""
     import torch
 
-    from . import linear
+    from ..engine import linear
 
     if threads:
         torch.set_num_threads(threads)
@@ -239,12 +239,12 @@ def measure_gemm(threads: int | None = None, rows: tuple[int, ...] = GEMM_ROWS, 
                  n: int = GEMM_N, repeats: int = 3, plan=None) -> GemmRate:
     """The fastest prefill-shaped GEMM rate over the kernels that could run it.
 
-    plan: the engine's vcfslm.bench.linear.KernelPlan (default: this CPU's).
+    plan: the engine's vcfslm.engine.linear.KernelPlan (default: this CPU's).
     """
     import torch
     import torch.nn.functional as F
 
-    from . import linear
+    from ..engine import linear
 
     if threads:
         torch.set_num_threads(threads)

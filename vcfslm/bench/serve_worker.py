@@ -28,10 +28,10 @@ from typing import Any
 
 from .. import results, serving
 from ..results import ServeRecord
+from ..serve.scheduler import record_fields, run_window
 from ..serving import ServeSpec
 from ..verdicts import recompiled
 from .rank import agreed_skips, drop_scenarios, rank_window, serve_file
-from .serve import record_fields, run_window
 
 log = logging.getLogger("vcfslm.bench.worker")
 # A bound on the sweep's extra windows whatever the budget: windows that come out invalid
@@ -40,7 +40,7 @@ MAX_REFINE_ROUNDS = 20
 
 
 class SlotDriver:
-    """The in-process backend: vcfslm's own engine (TokenSlots) under bench/serve.py's scheduler.
+    """The in-process backend: vcfslm's own engine (TokenSlots) under serve/scheduler.py's scheduler.
 
     chunk_tokens: the most prompt tokens a step takes beside running streams (the spec's, else
     the probes'); batched_tokens: under a backlog (the worker's, at least the chunk).
@@ -50,8 +50,8 @@ class SlotDriver:
 
     def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int, batched_tokens: int,
                  gate: tuple | None = None):
-        from .engine import TokenSlots, synthetic_prompt
-        from .numerics import slot_gates
+        from ..engine.decode import TokenSlots, synthetic_prompt
+        from ..engine.numerics import slot_gates
 
         engine.release()                  # a static store and its graph are not used here
         self.slots = TokenSlots(engine, spec.slots, spec.max_context, chunk_tokens, batched_tokens)
@@ -79,7 +79,7 @@ class SlotDriver:
 
     def rss(self) -> tuple[int, int]:
         """(peak, current) resident bytes of the replica: this process."""
-        from .engine import current_rss_bytes, peak_rss_bytes
+        from ..engine.decode import current_rss_bytes, peak_rss_bytes
 
         return peak_rss_bytes(), current_rss_bytes()
 

@@ -278,10 +278,10 @@ def _inject_numerics_fault(rank: int, engine) -> None:
 def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                    binding: dict[str, str]) -> int:
     from .. import roofline
+    from ..engine.decode import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
+    from ..engine.linear import default_plan, gemv_status
+    from ..engine.model import load_model
     from . import probe as probe_mod
-    from .engine import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
-    from .linear import default_plan, gemv_status
-    from .model import load_model
     from .placement import placement_facts, placement_problems, thread_cpus
 
     scenarios = args.matrix.scenarios(args.scenarios)
@@ -326,7 +326,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     gates: list = []   # every graph's gate, as each graph is compiled
 
     def numerics_facts() -> dict | None:
-        from .numerics import rank_numerics
+        from ..engine.numerics import rank_numerics
 
         return rank_numerics(gates, greedy) if gate is not None else None
 
@@ -344,7 +344,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         from .serve_worker import SlotDriver, serve_windows
 
         facts["sweep"] = []
-        from .engine import chunk_for_probes
+        from ..engine.decode import chunk_for_probes
 
         chunk = spec.chunk_tokens or chunk_for_probes(
             loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None,
@@ -467,8 +467,8 @@ def _finish(args, env: TorchrunEnv, out: Path, base: dict, dist, mine: list, fac
 
 def _greedy_text(args, engine) -> dict | None:
     """A greedy continuation of a fixed prompt as text, for models that have a tokenizer."""
-    from .model import load_tokenizer
-    from .numerics import greedy_text
+    from ..engine.model import load_tokenizer
+    from ..engine.numerics import greedy_text
 
     if args.gate_steps <= 0:
         return None
@@ -488,8 +488,8 @@ def _gate_inputs(args, vocab: int, spec: ServeSpec | None, scenarios):
     (a gate whose store outgrew its scenario's would compile a graph the windows never
     run); serving: one row, sized so the slot step's gate fits a slot's context
     (engine.slot_gate_fit)."""
-    from .engine import slot_gate_fit
-    from .numerics import GATE_PROMPT_TOKENS, REFERENCE_ROWS, gate_inputs, static_gate_fit
+    from ..engine.decode import slot_gate_fit
+    from ..engine.numerics import GATE_PROMPT_TOKENS, REFERENCE_ROWS, gate_inputs, static_gate_fit
 
     if args.gate_steps <= 0 or not (scenarios or spec):
         return None
@@ -503,7 +503,7 @@ def _gate_inputs(args, vocab: int, spec: ServeSpec | None, scenarios):
 
 def _reference(model, gate):
     """The unpacked model's teacher-forced logits on the gate's inputs (call before packing)."""
-    from .numerics import reference_logits
+    from ..engine.numerics import reference_logits
 
     return None if gate is None else reference_logits(model, *gate)
 
@@ -511,7 +511,7 @@ def _reference(model, gate):
 def _static_gate(args, engine, vocab: int, gate, scenario: tuple[int, int, int], reference):
     """Gate the decode graph of one static scenario (its batch at its cache length): the
     graph its windows then run, compiled here once. Its first rows are the reference's."""
-    from .numerics import gate_inputs, run_gate, static_graph
+    from ..engine.numerics import gate_inputs, run_gate, static_graph
 
     batch, input_tokens, output_tokens = scenario
     prompt, forced = gate_inputs(batch, int(gate[1].shape[1]), vocab, args.seed, prompt_tokens=int(gate[0].shape[1]))

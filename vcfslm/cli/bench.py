@@ -154,7 +154,7 @@ def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
                  slos: dict[str, Any] | None = None) -> None:
     """Resolve the local run's settings (flags > resumed meta > inventory > defaults) and run it."""
     from ..bench.local import run_local
-    from ..bench.model import ModelSourceError, parse_model_spec, synthetic_config
+    from ..engine.model import ModelSourceError, parse_model_spec, synthetic_config
     from ..guest.templates import render_template
 
     settings = _local_defaults()
@@ -275,7 +275,7 @@ def _checkpoint_for(source: str, seed: int, console_) -> str:
     import os
     import re
 
-    from ..bench.checkpoint import write_checkpoint
+    from ..engine.checkpoint import write_checkpoint
 
     cache = Path(os.environ.get("VCFSLM_MODEL_CACHE") or "~/.cache/vcfslm/models").expanduser()
     folder = cache / f"{re.sub(r'[^A-Za-z0-9.=-]+', '-', source)}-seed{seed}"

@@ -57,8 +57,8 @@ def write(source: str, folder: str, seed: int, output: str) -> None:
       vcfslm model write synthetic:tiny-64 models/tiny-64
       vcfslm model write synthetic:phi-3-mini models/phi-3-mini     7.6 GB of bf16
     """
-    from ..bench.checkpoint import write_checkpoint
-    from ..bench.model import ModelSourceError, parse_model_spec
+    from ..engine.checkpoint import write_checkpoint
+    from ..engine.model import ModelSourceError, parse_model_spec
 
     try:
         spec = parse_model_spec(source)

@@ -22,9 +22,9 @@ It is used only where all of these hold, and `status()` says which one did not:
 - oneDNN packed a test weight in the layout the loop reads (AB16b64a2b): the loop's output
   must match F.linear on it, or the layout is not the one assumed;
 - `VCFSLM_GEMV` is not `off`.
-Each packed weight is checked again when it is packed (vcfslm.bench.linear's pack check).
+Each packed weight is checked again when it is packed (vcfslm.engine.linear's pack check).
 
-`python -m vcfslm.bench.gemv` builds the library and prints the status as JSON.
+`python -m vcfslm.engine.gemv` builds the library and prints the status as JSON.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ SOURCE = Path(__file__).with_name("gemv_avx512bf16.cpp")
 ABI = 4
 MAX_ROWS = 32
 STREAM_ROWS = 6   # up to here each block streams once; above, the L1-chunked loop
-PACKED_FOR_ROWS = 4   # the batch hint weights are packed with (vcfslm.bench.linear's min_rows)
+PACKED_FOR_ROWS = 4   # the batch hint weights are packed with (vcfslm.engine.linear's min_rows)
 BLOCK_N, BLOCK_K = 64, 32   # the layout's blocks: a weight qualifies when both divide it
 PACKAGED_DIR = Path(__file__).with_name("kernels")   # where the wheel puts its prebuilt library
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bf16")
@@ -61,7 +61,7 @@ LAYOUT_RTOL = 2e-2
 
 @dataclass(frozen=True)
 class GemvStatus:
-    """Whether the GEMV runs in this process, and if not, why (also vcfslm.bench.gemv_op's
+    """Whether the GEMV runs in this process, and if not, why (also vcfslm.engine.gemv_op's
     verdict on its op)."""
 
     usable: bool
@@ -110,7 +110,7 @@ def packaged_name(source: bytes, stem: str = "vcfslm-gemv") -> str:
     """The library's name inside the wheel: a digest of the source alone (a guest without a
     compiler cannot name the compiler that built it), so a library built from another source
     is never loaded; its flags are FLAGS, and the ABI check stands behind them. stem: each
-    loop's own (vcfslm.bench.dense_gemv's)."""
+    loop's own (vcfslm.engine.dense_gemv's)."""
     return f"{stem}-src-{hashlib.sha256(source).hexdigest()[:16]}.so"
 
 
@@ -145,7 +145,7 @@ def build(folder: Path | None = None, name: str | None = None, source: Path = SO
     """The library for this source, compiler and flags, compiled into `folder` (as `name`)
     when missing. Ranks starting together each compile to a file of their own and rename it
     into place. source: another revision's loop, for a benchmark to set beside this one (or
-    vcfslm.bench.gemv_op's source, with its flags)."""
+    vcfslm.engine.gemv_op's source, with its flags)."""
     cxx = compiler()
     if cxx is None:
         raise GemvBuildError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
@@ -175,7 +175,7 @@ def build_packaged(folder: Path) -> Path:
 
 
 def load(path: Path, abi: int = ABI) -> ctypes.CDLL:
-    """A kernel library (this loop's, or vcfslm.bench.dense_gemv's at its `abi`: both export
+    """A kernel library (this loop's, or vcfslm.engine.dense_gemv's at its `abi`: both export
     vcfslm_gemv_bf16 with one signature)."""
     lib = ctypes.CDLL(str(path))
     lib.vcfslm_gemv_abi.restype = ctypes.c_int
@@ -270,7 +270,7 @@ def library_in_use(lib: ctypes.CDLL):
             follow(previous)
 
 
-# What else calls the loop and must follow a swap: vcfslm.bench.gemv_op's op, which compiled
+# What else calls the loop and must follow a swap: vcfslm.engine.gemv_op's op, which compiled
 # graphs call, registers here when it loads (it imports this module, not the other way).
 _followers: list = []
 
@@ -302,7 +302,7 @@ def status() -> GemvStatus:
 def checked_library(cpu_runs_it: bool, no_cpu: str, find, check) -> tuple[GemvStatus, ctypes.CDLL | None]:
     """Every loop's verdict, condition by condition: the switch, the CPU (`no_cpu` says what it
     lacks), the library (`find()`: find_library's answer), and `check(lib)` -> (ok, why).
-    Also the checked library, or None. vcfslm.bench.dense_gemv's status() is this too."""
+    Also the checked library, or None. vcfslm.engine.dense_gemv's status() is this too."""
     if switched_off(os.environ):
         return GemvStatus(False, f"{ENV_SWITCH}=off"), None
     if not cpu_runs_it:
@@ -343,7 +343,7 @@ def usable_rows() -> int:
 
 def report(verdict: GemvStatus | None = None, build_here=build) -> dict:
     """The status, with the library built even where it will not run (an AVX2 host building
-    for its guests' cache). verdict, build_here: another loop's (vcfslm.bench.dense_gemv's)."""
+    for its guests' cache). verdict, build_here: another loop's (vcfslm.engine.dense_gemv's)."""
     out = (status() if verdict is None else verdict).to_dict()
     if out["library"] is None and compiler() is not None:
         try:
@@ -356,9 +356,9 @@ def report(verdict: GemvStatus | None = None, build_here=build) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m vcfslm.bench.gemv",
+    parser = argparse.ArgumentParser(prog="python -m vcfslm.engine.gemv",
                                      description="Build vcfslm's GEMV library and print whether it runs here "
-                                                 "(python -m vcfslm.bench.gemv_op: and its op's).")
+                                                 "(python -m vcfslm.engine.gemv_op: and its op's).")
     parser.parse_args(argv)
     sys.stdout.write(json.dumps(report(), sort_keys=True) + "\n")
     return 0

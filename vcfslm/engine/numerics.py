@@ -183,7 +183,7 @@ def gate_inputs(rows: int, steps: int, vocab: int, seed: int, prompt_tokens: int
     REFERENCE_ROWS before packing, is the first rows of every static shape's gate."""
     import torch
 
-    from .engine import synthetic_prompt
+    from .decode import synthetic_prompt
 
     prompt = torch.cat([synthetic_prompt(1, prompt_tokens, vocab, seed=seed * 7919 + 2 * i + 1)
                         for i in range(rows)])

@@ -1,8 +1,8 @@
 // vcfslm::gemv(Tensor x, Tensor address, int out_features, Tensor? bias, int layout) -> Tensor:
 // the GEMV as an op of PyTorch's dispatcher, so a compiled step reaches the kernel without
-// Python (vcfslm.bench.gemv_op builds this file and says why that matters).
+// Python (vcfslm.engine.gemv_op builds this file and says why that matters).
 //
-// No kernel lives here: vcfslm.bench.gemv and vcfslm.bench.dense_gemv load and check the
+// No kernel lives here: vcfslm.engine.gemv and vcfslm.engine.dense_gemv load and check the
 // kernel libraries, and hand their vcfslm_gemv_bf16 to this one (vcfslm_gemv_op_use), one per
 // weight layout: 0, oneDNN's packed buffer (the AVX512-BF16 loop); 1, a plain row-major bf16
 // matrix (the AVX2 loop). A benchmark that swaps a kernel library swaps what every compiled
@@ -42,7 +42,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& address, int64_t out_feat
   TORCH_CHECK(layout >= 0 && layout < kLayouts, "vcfslm::gemv has no weight layout ", layout);
   const Kernel fn = kernels[layout].load();
   TORCH_CHECK(fn != nullptr, "vcfslm::gemv has no kernel for layout ", layout,
-              ": vcfslm.bench.gemv_op did not attach one");
+              ": vcfslm.engine.gemv_op did not attach one");
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({xc.size(0), out_features}, xc.options());
   const int how = mode.load(std::memory_order_relaxed);

@@ -22,7 +22,7 @@ so a rank that falls behind sees its queue grow; or closed loop, N users who eac
 the next request a think time after their last reply.
 
 The loop is torch-free: it drives any object with TokenSlots' step/evict/free/reset
-methods (bench/engine.py), and takes its clock, its sleep and its prompts as arguments,
+methods (engine/decode.py), and takes its clock, its sleep and its prompts as arguments,
 so a unit test runs it against a fake engine on a fake clock.
 """
 
@@ -37,26 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import serving
-from ..serving import Planned, ServeSpec
+from ..serving import Piece, Planned, ServeSpec
 
 # How long the loop sleeps at most while idle before it looks again (an arrival wakes it
 # sooner: the sleep is until the next arrival).
 IDLE_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Prompt tokens [start, stop) of a `length`-token prompt being admitted into `slot`."""
-
-    slot: int
-    prompt: Any
-    start: int
-    stop: int
-    length: int
-
-    @property
-    def last(self) -> bool:
-        return self.stop >= self.length
 
 
 class StepResult(Protocol):

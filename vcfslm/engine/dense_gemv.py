@@ -2,7 +2,7 @@
 the dense-bf16 plan's plain weight in place.
 
 Where oneDNN has no bf16 (no AVX512-BF16, no AMX), a replica keeps each weight as a plain
-row-major bf16 matrix (vcfslm.bench.linear's dense-bf16 plan). Decode at small batch then
+row-major bf16 matrix (vcfslm.engine.linear's dense-bf16 plan). Decode at small batch then
 went through ATen's bf16 GEMV one row at a time: on a 2-core AVX2 EPYC it read the weights at
 ~0.55 of the read probe for one row, and every further row read them again (at 4 rows, ~5 GB/s
 of weights), and 5+ rows converted each weight slice to fp32 for SGEMM. The loop in
@@ -17,10 +17,10 @@ It is used only where all of these hold, and `status()` says which one did not:
 - the CPU has AVX2 and FMA;
 - the library is there: the project's wheel carries one (no compiler on a guest), or a C++
   compiler here builds it once per source and compiler into the kernel cache folder
-  (vcfslm.bench.gemv's build and lookup, shared);
+  (vcfslm.engine.gemv's build and lookup, shared);
 - its output matches F.linear on a test weight at every row count it has a loop for;
 - `VCFSLM_GEMV` is not `off` (the switch turns off both GEMVs).
-Each weight is checked again when it is packed (vcfslm.bench.linear's pack check).
+Each weight is checked again when it is packed (vcfslm.engine.linear's pack check).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def fits(k: int, rows: int) -> bool:
 
 
 def packaged_name(source: bytes) -> str:
-    """The library's name inside the wheel (a digest of its source, as vcfslm.bench.gemv's)."""
+    """The library's name inside the wheel (a digest of its source, as vcfslm.engine.gemv's)."""
     return gemv.packaged_name(source, "vcfslm-gemv-avx2")
 
 
@@ -127,7 +127,7 @@ _state: dict = {}
 
 
 def library() -> ctypes.CDLL:
-    """The checked library of this process: what vcfslm.bench.gemv_op points its op at for
+    """The checked library of this process: what vcfslm.engine.gemv_op points its op at for
     plain weights."""
     if "lib" not in _state and not status().usable:
         raise RuntimeError(f"vcfslm's AVX2 GEMV does not run here: {status().reason}")

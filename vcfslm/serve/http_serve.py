@@ -1,7 +1,7 @@
 """One serving window against an HTTP server: vcfslm's own arrival processes, each request
 sent on a thread of its own the moment it is due, its tokens timed as they stream back.
 
-The same plan as the in-process window (bench/serve.py): open-loop arrivals drawn before
+The same plan as the in-process window (serve/scheduler.py): open-loop arrivals drawn before
 the window starts, closed-loop users who send again a think time after their last token,
 only requests arriving inside the measured span counted, a cutoff after which an
 unfinished request has missed every limit. What differs is who schedules: the server
@@ -26,7 +26,7 @@ from typing import Any
 from .. import servers, serving
 from ..serving import ServeSpec
 from .openai_client import Stream
-from .serve import IDLE_POLL_S, Arrivals, Request, WindowOutcome, _Occupancy, record_fields
+from .scheduler import IDLE_POLL_S, Arrivals, Request, WindowOutcome, _Occupancy, record_fields
 
 # After the cutoff, how long the loop waits for the threads of requests still out (each
 # gives up at the cutoff on its own: this only bounds a socket that ignores its timeout).

@@ -1,5 +1,5 @@
 // y[rows, n] = x[rows, k] . W^T for 1-32 rows of bf16, with W read in place from the buffer
-// oneDNN packed it into (vcfslm.bench.gemv builds this file and checks the layout first).
+// oneDNN packed it into (vcfslm.engine.gemv builds this file and checks the layout first).
 //
 // oneDNN's bf16 inner product on AVX512-BF16 CPUs packs a [n, k] weight as AB16b64a2b:
 // [n/64][k/32][16][64][2], i.e. for each block of 64 outputs, k/2 rows of 128 bf16 that

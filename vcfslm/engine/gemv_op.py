@@ -10,9 +10,9 @@ through this op (benchmarks/step_call_path.py; benchmarks/gemv_hypotheses.py has
 paths without the step around them).
 
 The op's library holds no kernel: for each weight layout it runs the loop its module loaded
-and checked: PACKED, oneDNN's packed buffer (vcfslm.bench.gemv, AVX512-BF16; its
+and checked: PACKED, oneDNN's packed buffer (vcfslm.engine.gemv, AVX512-BF16; its
 `library_in_use` points the op at another build, and every compiled graph follows without a
-recompile); PLAIN, the dense-bf16 plan's row-major matrix (vcfslm.bench.dense_gemv, AVX2). Each
+recompile); PLAIN, the dense-bf16 plan's row-major matrix (vcfslm.engine.dense_gemv, AVX2). Each
 call names its layout. Eager calls (the pack check, an eager prefill) stay on the ctypes path;
 the op is checked against it, layout by layout, once per process before any graph uses it.
 
@@ -224,14 +224,14 @@ def take_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m vcfslm.bench.gemv_op`: builds the kernels' libraries and the op's, and prints
-    the AVX512-BF16 kernel's status (as `python -m vcfslm.bench.gemv` does) with the op's for
+    """`python -m vcfslm.engine.gemv_op`: builds the kernels' libraries and the op's, and prints
+    the AVX512-BF16 kernel's status (as `python -m vcfslm.engine.gemv` does) with the op's for
     its layout under "op", and the AVX2 kernel's with its own "op" under "avx2"."""
     import argparse
     import json
     import sys
 
-    argparse.ArgumentParser(prog="python -m vcfslm.bench.gemv_op",
+    argparse.ArgumentParser(prog="python -m vcfslm.engine.gemv_op",
                             description="Build vcfslm's GEMV libraries and their op's, and print whether they "
                                         "run here.").parse_args(argv)
     report = {**gemv.report(), "op": status(PACKED).to_dict(),

@@ -4,7 +4,7 @@ takes a flat list of tokens, for static windows and serving alike.
 Why it is built this way (gpt-fast's recipe on CPU, with Sarathi-Serve's stall-free
 batching on top):
 - Every linear holds one copy of its weight, in the layout of the CPU's fastest bf16
-  kernel (vcfslm.bench.linear), and every call goes through that kernel. The compiled
+  kernel (vcfslm.engine.linear), and every call goes through that kernel. The compiled
   graphs hold no constants, so a replica stays near 1x its weights and Inductor's FX
   graph cache can be on (the brief's "warm compilation cache").
 - Decode is memory-bound: a step reads every weight once, whatever its token count up to
@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..contract import MEASUREMENT_MODES, normalize_compile_mode
+from ..serving import Piece
 from .linear import KernelPlan, PackReport, default_plan, pack_linears
 from .loader import packed_report
-from .serve import Piece
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class DecodeEngine:
 
     model: a bf16 causal LM; its nn.Linear layers are replaced in place by packed ones
     (the originals are dropped) and its attention by `vcfslm-flat`. A model its loader
-    already packed (vcfslm.bench.loader) is taken as it is, with the loader's PackReport
+    already packed (vcfslm.engine.loader) is taken as it is, with the loader's PackReport
     (each linear was checked as it was packed). mode: "compile" or "eager". plan: the
     linear kernel (default: the best this CPU offers, or the loader's). Static windows
     call generate(); serving builds a TokenSlots on the engine.

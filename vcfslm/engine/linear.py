@@ -17,13 +17,13 @@ The kernel plan, chosen once per process from what the CPU offers:
   a GEMV that reads the packed layout faster than the plain one (measured on an AMX
   Xeon: 32.8 vs 22.7 GB/s). Rows fewer than `min_rows` are padded up to it: oneDNN's
   one-row path is slower than its few-row one, and extra rows add no weight reads.
-  Where vcfslm's own GEMV runs (vcfslm.bench.gemv: AVX512-BF16 and a compiler), calls of
+  Where vcfslm's own GEMV runs (vcfslm.engine.gemv: AVX512-BF16 and a compiler), calls of
   at most `gemv_rows` rows read the same packed bytes through it instead, unpadded: decode
   at small batch is a weight stream, and that loop streams faster than oneDNN's (and at
   5-32 rows, batch-16 decode and a short prompt's prefill, computes faster than oneDNN's
-  small-M GEMM on AVX512-BF16; beside AMX it takes 1-6 rows only, vcfslm.bench.gemv.rows_for).
+  small-M GEMM on AVX512-BF16; beside AMX it takes 1-6 rows only, vcfslm.engine.gemv.rows_for).
 - `dense-bf16` (no bf16 in oneDNN, e.g. AVX2 only): the weight stays a plain bf16
-  matrix. Where vcfslm's AVX2 GEMV runs (vcfslm.bench.dense_gemv: AVX2 with FMA and a
+  matrix. Where vcfslm's AVX2 GEMV runs (vcfslm.engine.dense_gemv: AVX2 with FMA and a
   compiler or the wheel's library), calls of at most `gemv_rows` rows (decode, a short
   prompt) go through it: it reads the plain weight once for all the rows, at ~0.95 of the
   read probe for one row. Elsewhere few rows go through ATen's bf16 GEMV one row at a time
@@ -108,16 +108,16 @@ def onednn_bf16() -> bool:
 
 def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None, gemv_rows: int = 0) -> KernelPlan:
     """The kernel plan for a CPU (pure). min_rows: override the one-row padding (onednn-packed).
-    gemv_rows: what the plan's GEMV module says of this process (vcfslm.bench.gemv's
-    usable_rows() for onednn-packed, vcfslm.bench.dense_gemv's for dense-bf16)."""
+    gemv_rows: what the plan's GEMV module says of this process (vcfslm.engine.gemv's
+    usable_rows() for onednn-packed, vcfslm.engine.dense_gemv's for dense-bf16)."""
     if has_onednn_bf16:
         return KernelPlan(ONEDNN_PACKED, DEFAULT_MIN_ROWS if min_rows is None else min_rows, gemv_rows)
     return KernelPlan(DENSE_BF16, gemv_rows=gemv_rows)
 
 
 def gemv_status(plan: KernelPlan) -> gemv.GemvStatus:
-    """Whether the plan's few-row GEMV runs in this process, and why (vcfslm.bench.gemv's for
-    onednn-packed, vcfslm.bench.dense_gemv's for dense-bf16)."""
+    """Whether the plan's few-row GEMV runs in this process, and why (vcfslm.engine.gemv's for
+    onednn-packed, vcfslm.engine.dense_gemv's for dense-bf16)."""
     return gemv.status() if plan.kernel == ONEDNN_PACKED else dense_gemv.status()
 
 
@@ -231,7 +231,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out
 
     Compiled, the GEMV's rows go to vcfslm::gemv when its op runs here (gemv_address: the
     weight's, gemv_op.address_of, else None): C++ from the graph to the kernel
-    (vcfslm.bench.gemv_op)."""
+    (vcfslm.engine.gemv_op)."""
     if torch.compiler.is_compiling():
         rows = x.numel() // x.shape[-1]
         if gemv_address is not None and rows <= gemv_rows:

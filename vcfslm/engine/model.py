@@ -184,7 +184,7 @@ class LoadedModel:
     def weight_bytes(self) -> int:
         """Bytes of every weight the replica holds, each tensor once: its parameters (a tied
         embedding once), and the weights its packed linears hold as buffers
-        (vcfslm.bench.linear; `held_nbytes`) unless they are a parameter's own storage (a
+        (vcfslm.engine.linear; `held_nbytes`) unless they are a parameter's own storage (a
         tied head on a kernel that reads the plain matrix)."""
         params = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
         held = 0
@@ -239,7 +239,7 @@ def load_model(source: str | ModelSpec, *, seed: int = 0, max_context: int | Non
     """Load (or build) a bf16 causal LM in eval mode; pin LongRoPE's short factor when the
     longest context of the run (`max_context`) fits the original window.
 
-    A folder or hub id loads through vcfslm.bench.loader: tensor by tensor from the mapped
+    A folder or hub id loads through vcfslm.engine.loader: tensor by tensor from the mapped
     safetensors files, at about one copy of the weights. plan (a linear.KernelPlan): pack
     every nn.Linear as it arrives (the engine then keeps that pack); without it the model
     comes back unpacked, as transformers builds it. before_pack(model): called once with
@@ -299,7 +299,7 @@ def checkpoint_folder(spec: ModelSpec) -> Path:
 def load_checkpoint(folder: Path, *, plan=None, prepare: Callable[[Any], None] | None = None,
                     attn_implementation: str = "sdpa"):
     """The bf16 model of a save_pretrained folder: its skeleton built from config.json with
-    no weights, then filled (and packed, with a plan) by vcfslm.bench.loader. prepare(model)
+    no weights, then filled (and packed, with a plan) by vcfslm.engine.loader. prepare(model)
     runs once loaded and before packing."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -1,6 +1,6 @@
 // y[rows, n] = x[rows, k] . W^T for 1-32 rows of bf16, with W the plain row-major bf16 weight
 // of the dense-bf16 plan (CPUs where oneDNN has no bf16: AVX2 with FMA, no AVX512-BF16).
-// vcfslm.bench.dense_gemv builds this file and checks it against F.linear first.
+// vcfslm.engine.dense_gemv builds this file and checks it against F.linear first.
 //
 // Without bf16 instructions a bf16 value is the top half of an fp32 one, so the loop widens
 // the weight with integer ops and multiplies in fp32: one 32-byte load holds 16 bf16 of a
