@@ -16,6 +16,7 @@ from vcfslm.vsphere import changes as c
 from vcfslm.vsphere import driver, reconcile, tasks
 from vcfslm.vsphere.credentials import Secret
 from vcfslm.vsphere.desired import desired_vms
+from vcfslm.vsphere.session import SessionOptions
 from vcfslm.vsphere.state import VmState
 
 
@@ -48,7 +49,8 @@ def vc(mocker):
     FakeWaiter.results = {}
     FakeWaiter.waited = []
     mocker.patch.object(driver, "Waiter", FakeWaiter)
-    v = driver.PyVmomiVCenter(inventory().vcenter, Secret("pw"), RecordingReporter(), backoff=0)
+    v = driver.PyVmomiVCenter(inventory().vcenter, Secret("pw"), RecordingReporter(),
+                               options=SessionOptions(backoff=0))
     v.session.si = MagicMock()
     v.session.si.RetrieveContent.return_value = v.session.si.content
     v.session.si.content.about.apiVersion = "8.0.3.0"

@@ -20,7 +20,8 @@ PASSWORD = "s3cr3t-Pw!"
 
 @pytest.fixture
 def session():
-    s = S.Session(inventory().vcenter, Secret(PASSWORD), RecordingReporter(), backoff=0)
+    s = S.Session(inventory().vcenter, Secret(PASSWORD), RecordingReporter(),
+                  S.SessionOptions(backoff=0))
     s.si = MagicMock()
     s.si.RetrieveContent.return_value = s.si.content
     return s

@@ -14,7 +14,7 @@ from test_vsphere_support import dv_nic, inventory, template_nic
 from vcfslm.errors import VCenterError
 from vcfslm.vsphere import tasks
 from vcfslm.vsphere.credentials import Secret
-from vcfslm.vsphere.session import Session
+from vcfslm.vsphere.session import Session, SessionOptions
 
 RUNNING, SUCCESS, ERROR = vim.TaskInfo.State.running, vim.TaskInfo.State.success, vim.TaskInfo.State.error
 
@@ -27,7 +27,7 @@ def update(**values):
 
 
 def waiter(updates, password: str = "pw") -> tasks.Waiter:
-    session = Session(inventory().vcenter, Secret(password), backoff=0)
+    session = Session(inventory().vcenter, Secret(password), options=SessionOptions(backoff=0))
     session.si = MagicMock()
     session.si.RetrieveContent.return_value = session.si.content
     pc = session.si.content.propertyCollector.CreatePropertyCollector.return_value

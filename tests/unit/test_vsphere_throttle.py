@@ -72,7 +72,8 @@ def test_jitter_spreads_workers_refused_together():
 
 @pytest.fixture
 def session(mocker):
-    s = S.Session(inventory().vcenter, Secret("pw"), backoff=0, throttle=FAST, parallel=16)
+    s = S.Session(inventory().vcenter, Secret("pw"), options=S.SessionOptions(backoff=0, throttle=FAST),
+                  parallel=16)
     s.si = MagicMock()
     s.si.RetrieveContent.return_value = s.si.content
     return s

@@ -15,7 +15,7 @@ from vcfslm.vsphere import changes as c
 from vcfslm.vsphere import reconcile, snapshot
 from vcfslm.vsphere import vnuma as V
 from vcfslm.vsphere.desired import desired_vms, vnuma_reason
-from vcfslm.vsphere.session import pyvmomi_version
+from vcfslm.vsphere.session import SessionOptions, pyvmomi_version
 
 
 @pytest.mark.parametrize("api, element", [("6.7", False), ("7.0.3.0", False), ("8.0.3", True)])
@@ -97,7 +97,8 @@ def test_a_read_back_numa_info_differing_from_the_request_fails_the_vm(mocker):
     from vcfslm.vsphere.credentials import Secret
 
     mocker.patch.object(driver, "Waiter", FakeWaiter)
-    vc = driver.PyVmomiVCenter(inventory().vcenter, Secret("pw"), RecordingReporter(), backoff=0)
+    vc = driver.PyVmomiVCenter(inventory().vcenter, Secret("pw"), RecordingReporter(),
+                                options=SessionOptions(backoff=0))
     vc.session.si = mocker.MagicMock()
     vc.session.si.RetrieveContent.return_value = vc.session.si.content
     vc.session.si.content.about.apiVersion = "8.0.3.0"

@@ -143,6 +143,7 @@ def _vcenter(inv, reporter, api_pin: str | None = None, parallel: int | None = N
     """
     from ..vsphere.credentials import resolve_password
     from ..vsphere.driver import PyVmomiVCenter
+    from ..vsphere.session import SessionOptions
 
     password = resolve_password(inv.vcenter, prompt=_prompt if sys.stdin.isatty() else None)
 
@@ -151,7 +152,7 @@ def _vcenter(inv, reporter, api_pin: str | None = None, parallel: int | None = N
 
         return AutomationClient(inv.vcenter, password)
 
-    with PyVmomiVCenter(inv.vcenter, password, reporter, api_pin=api_pin,
+    with PyVmomiVCenter(inv.vcenter, password, reporter, options=SessionOptions(api_pin=api_pin),
                         max_workers=vcenter_workers(inv, parallel)) as vc:
         yield vc, automation
 

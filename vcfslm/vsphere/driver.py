@@ -32,11 +32,10 @@ from .changes import (
 )
 from .credentials import Secret
 from .desired import DesiredVm
-from .session import Session
+from .session import Session, SessionOptions
 from .snapshot import Refs
 from .state import Snapshot, VmState
 from .tasks import TaskFailed, Waiter
-from .throttle import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +67,16 @@ class PyVmomiVCenter:
     vcenter: the inventory's vcenter section; password: a Secret; max_workers: VMs
     handled at once (the CLI resolves it with contract.parallelism); None = every VM up
     to contract.VCENTER_PARALLEL_CAP; task_timeout, ip_timeout: seconds a task / a guest
-    IP may take; retries, backoff, api_pin, throttle: see session.Session.
+    IP may take; options: retries, backoff, API pin and throttling (session.SessionOptions).
     """
 
     def __init__(self, vcenter, password: Secret, reporter: Reporter | None = None,
                  max_workers: int | None = None, task_timeout: float = 3600.0,
-                 ip_timeout: float = 900.0, retries: int = 4, backoff: float = 0.5,
-                 api_pin: str | None = None, throttle: Backoff | None = None):
+                 ip_timeout: float = 900.0, options: SessionOptions | None = None):
         # One HTTPS connection per worker, plus the calling thread's (observe, folders).
         pool = (max_workers or contract.VCENTER_PARALLEL_CAP) + 1
-        self.session = Session(vcenter, password, reporter, retries, backoff, api_pin,
-                               pool_size=pool, throttle=throttle, parallel=max_workers)
+        self.session = Session(vcenter, password, reporter, options or SessionOptions(), pool_size=pool,
+                               parallel=max_workers)
         self.reporter = self.session.reporter
         self.max_workers = max_workers
         self.task_timeout = task_timeout

@@ -14,6 +14,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pyVim.connect import Disconnect, SmartConnect
 from pyVmomi import VmomiSupport, vim, vmodl
@@ -82,28 +83,42 @@ def _trimmed(version: tuple[int, ...]) -> tuple[int, ...]:
     return version
 
 
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a session talks to vCenter, the same for every call it makes.
+
+    retries: extra attempts after a reset or an expiry; backoff: first wait (s) before
+    retrying a reset; api_pin: the API release to speak ("6.7"); None = the newest both
+    sides know; throttle: how long to keep asking a vCenter that refuses calls for load
+    (None: the default).
+    """
+
+    retries: int = 4
+    backoff: float = 0.5
+    api_pin: str | None = None
+    throttle: Backoff | None = None
+
+
 class Session:
     """One logged-in pyVmomi session; `call` runs API calls with expiry healing and retries.
 
-    vcenter: the inventory's vcenter section; password: a Secret; retries: extra
-    attempts after a reset or an expiry; backoff: first wait (s) before retrying a reset;
-    api_pin: the API release to speak ("6.7"); None = the newest both sides know;
-    pool_size: HTTPS connections kept open (one per thread calling at once); throttle:
-    how long to keep asking a vCenter that refuses calls for load (None: the default);
-    parallel: the workers of this run, named when throttling persists.
+    vcenter: the inventory's vcenter section; password: a Secret; options: retries,
+    backoff, API pin and throttling backoff (SessionOptions); pool_size: HTTPS connections
+    kept open (one per thread calling at once); parallel: the workers of this run, named
+    when throttling persists.
     """
 
     def __init__(self, vcenter, password: Secret, reporter: Reporter | None = None,
-                 retries: int = 4, backoff: float = 0.5, api_pin: str | None = None,
-                 pool_size: int = 1, throttle: Backoff | None = None, parallel: int | None = None):
+                 options: SessionOptions = SessionOptions(), pool_size: int = 1,
+                 parallel: int | None = None):
         self.cfg = vcenter
-        self.api_pin = api_pin
+        self.api_pin = options.api_pin
         self.password = password
         self.reporter = reporter or NullReporter()
-        self.retries = retries
-        self.backoff = backoff
+        self.retries = options.retries
+        self.backoff = options.backoff
         self.pool_size = pool_size
-        self.throttle = throttle or DEFAULT_BACKOFF
+        self.throttle = options.throttle or DEFAULT_BACKOFF
         self.parallel = parallel
         self.si = None
         self._content = None
