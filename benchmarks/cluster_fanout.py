@@ -33,7 +33,7 @@ from vcfslm.bench.cluster import ClusterBench, ClusterOptions, run_matrix  # noq
 from vcfslm.cli.cluster import inspect_guest  # noqa: E402
 from vcfslm.cli.guest_stage import bench_connector, ssh_connector  # noqa: E402
 from vcfslm.contract import parse_progress, rendezvous_timeout_s  # noqa: E402
-from vcfslm.guest.provision import provision_guests  # noqa: E402
+from vcfslm.guest.provision import GuestRun, provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
 from vcfslm.inventory import load_inventory  # noqa: E402
 from vcfslm.lab import generate, guests  # noqa: E402
@@ -213,7 +213,8 @@ def main() -> None:
         inv = load_inventory(write_inventory(started, work, base / "inventory.yaml", port))
         wheel = ProjectWheel()
         wheel.get()
-        prepared = provision_guests(inv, ssh_connector(inv, None), wheel=wheel, run_dir=base / "logs")
+        prepared = provision_guests(inv, ssh_connector(inv, None),
+                                    options=GuestRun(wheel=wheel, run_dir=base / "logs"))
         if not prepared.ok:
             raise SystemExit("guest stage failed:\n"
                              + "\n".join(f"{h.host}: {h.error}" for h in prepared.failed_hosts))

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vcfslm.cli.guest_stage import ssh_connector  # noqa: E402
-from vcfslm.guest.provision import provision_guests  # noqa: E402
+from vcfslm.guest.provision import GuestRun, provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
 from vcfslm.inventory import load_inventory  # noqa: E402
 from vcfslm.lab import fresh, freshroot, generate, guests, vcsim, wheelhouse  # noqa: E402
@@ -37,8 +37,8 @@ from vcfslm.lab import fresh, freshroot, generate, guests, vcsim, wheelhouse  # 
 def stage(inventory, wheel: ProjectWheel, log_dir: Path):
     """One guest stage over every node; (seconds, summary). Fails loudly when a host fails."""
     started = time.monotonic()
-    summary = provision_guests(inventory, ssh_connector(inventory, None), run_dir=log_dir,
-                               wheel=wheel)
+    summary = provision_guests(inventory, ssh_connector(inventory, None),
+                               options=GuestRun(run_dir=log_dir, wheel=wheel))
     took = time.monotonic() - started
     if not summary.ok:
         raise SystemExit("guest stage failed: " + "; ".join(f"{h.host}: {h.error}"

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from vcfslm.cli.guest_stage import ssh_connector  # noqa: E402
 from vcfslm.guest.playbook import DEFAULT_PLAYBOOKS  # noqa: E402
-from vcfslm.guest.provision import provision_guests  # noqa: E402
+from vcfslm.guest.provision import GuestRun, provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
 from vcfslm.inventory import load_inventory  # noqa: E402
 from vcfslm.lab import generate, guests  # noqa: E402
@@ -117,7 +117,8 @@ def timed(inv, playbooks, wheel, logs: Path, repeats: int, converged: bool,
         connect = CountingConnector(inv)
         cpu0, guest0 = operator_cpu(), guests_cpu(started)
         t0 = time.perf_counter()
-        summary = provision_guests(inv, connect, playbooks=playbooks, wheel=wheel, run_dir=logs)
+        summary = provision_guests(inv, connect,
+                                   options=GuestRun(playbooks=playbooks, wheel=wheel, run_dir=logs))
         times.append(time.perf_counter() - t0)
         ops.append(operator_cpu() - cpu0)
         time.sleep(0.2)  # the sessions' processes are reaped by their sshd
@@ -164,7 +165,8 @@ def main() -> None:
             # Converge (first install of the project's wheel etc.), then once more: the first
             # converged check after an install reads the venv in full and records it.
             for inv in (one, many, one, many):
-                first = provision_guests(inv, ssh_connector(inv, None), wheel=wheel, run_dir=base / "logs")
+                first = provision_guests(inv, ssh_connector(inv, None),
+                                         options=GuestRun(wheel=wheel, run_dir=base / "logs"))
                 if not first.ok:
                     raise SystemExit("provisioning failed:\n"
                                      + "\n".join(f"{h.host}: {h.error}" for h in first.failed_hosts))

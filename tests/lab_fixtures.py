@@ -142,9 +142,10 @@ def provisioned_lab(lab):
     """The lab with every guest playbook applied once (venv, this project's wheel, launch
     scripts, verification): what the bench and end-to-end tests start from."""
     from vcfslm.cli.guest_stage import ssh_connector
-    from vcfslm.guest.provision import provision_guests
+    from vcfslm.guest.provision import GuestRun, provision_guests
 
     inv = lab.load_inventory()
-    summary = provision_guests(inv, ssh_connector(inv, None), run_dir=lab.dir / "guest-logs")
+    summary = provision_guests(inv, ssh_connector(inv, None),
+                               options=GuestRun(run_dir=lab.dir / "guest-logs"))
     assert summary.ok, [(h.host, h.error) for h in summary.failed_hosts]
     return lab

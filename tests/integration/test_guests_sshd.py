@@ -22,7 +22,7 @@ import yaml
 from vcfslm.cli.guest_stage import ssh_connector
 from vcfslm.contract import guest_paths
 from vcfslm.errors import HostKeyError, TransportError
-from vcfslm.guest.provision import provision_guests, verify_guests
+from vcfslm.guest.provision import GuestRun, provision_guests, verify_guests
 from vcfslm.guest.transport import SSHTransport
 from vcfslm.guest.wheel import ProjectWheel
 from vcfslm.inventory import load_inventory
@@ -65,8 +65,10 @@ def provisioned(lab_inv, wheel, tmp_path_factory):
     """Every shipped playbook on the 4 guests, twice: (first summary, second summary)."""
     logs = tmp_path_factory.mktemp("guest-logs")
     reporter = RecordingReporter()
-    first = provision_guests(lab_inv, ssh(lab_inv), reporter, run_dir=logs / "first", wheel=wheel)
-    second = provision_guests(lab_inv, ssh(lab_inv), run_dir=logs / "second", wheel=wheel)
+    first = provision_guests(lab_inv, ssh(lab_inv), reporter,
+                             options=GuestRun(run_dir=logs / "first", wheel=wheel))
+    second = provision_guests(lab_inv, ssh(lab_inv),
+                              options=GuestRun(run_dir=logs / "second", wheel=wheel))
     return first, second, reporter, logs
 
 
@@ -103,7 +105,8 @@ def test_a_converged_run_is_one_connection_and_one_round_trip_per_host(provision
         connects.append(node.name)
         return inner(node, **kw)
 
-    summary = provision_guests(lab_inv, counting, run_dir=tmp_path / "logs", wheel=wheel)
+    summary = provision_guests(lab_inv, counting,
+                               options=GuestRun(run_dir=tmp_path / "logs", wheel=wheel))
     assert summary.ok and summary.changed == 0, failures(summary)
     assert sorted(connects) == sorted(n.name for n in lab_inv.nodes)  # five playbooks, one connection
     log = (tmp_path / "logs" / "slm-03.log").read_text()
@@ -142,16 +145,18 @@ def test_dry_run_lists_commands_and_runs_none(provisioned, lab_inv, wheel, tmp_p
     hosts_file = Path(guest_paths(lab_inv).hosts_file)
     hosts_file.unlink()
     try:
-        summary = provision_guests(lab_inv, ssh(lab_inv), playbooks=["launch"], dry_run=True,
-                                   run_dir=tmp_path, wheel=wheel)
+        summary = provision_guests(lab_inv, ssh(lab_inv),
+                                   options=GuestRun(playbooks=["launch"], dry_run=True,
+                                                    run_dir=tmp_path, wheel=wheel))
         assert summary.ok, failures(summary)
         for host, commands in summary.commands().items():
             assert any(c.startswith("put <") and c.endswith(f"-> {hosts_file} (mode 0644)")
                        for c in commands), (host, commands)
         assert not hosts_file.exists()
     finally:
-        again = provision_guests(lab_inv, ssh(lab_inv), playbooks=["launch"], hosts=["slm-01"],
-                                 run_dir=tmp_path, wheel=wheel)
+        again = provision_guests(lab_inv, ssh(lab_inv),
+                                 options=GuestRun(playbooks=["launch"], hosts=["slm-01"],
+                                                  run_dir=tmp_path, wheel=wheel))
         assert again.ok and hosts_file.exists()
 
 
@@ -283,7 +288,8 @@ def test_killing_sshd_mid_run_fails_that_host_only(tmp_path, wheel):
         reporter = RecordingReporter()
         result = {}
         run = threading.Thread(target=lambda: result.update(summary=provision_guests(
-            inv, ssh(inv), reporter, playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel)))
+            inv, ssh(inv), reporter,
+            options=GuestRun(playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel))))
         run.start()
         deadline = time.monotonic() + 30
         while not (reporter.last(victim) or "").startswith("step 1/2") and time.monotonic() < deadline:
@@ -299,12 +305,14 @@ def test_killing_sshd_mid_run_fails_that_host_only(tmp_path, wheel):
         started[1] = lab_guests.start_guest(41, tmp_path / "guests", client, port=started[1].port)
         lab_guests.write_known_hosts(client.known_hosts, started)
         inv = load_inventory(write_inventory(started, tmp_path / "work", tmp_path / "inv.yaml"))
-        again = provision_guests(inv, ssh(inv), playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel,
-                                 connect_wait_s=10)
+        again = provision_guests(inv, ssh(inv),
+                                 options=GuestRun(playbooks=[str(book)], run_dir=tmp_path / "logs",
+                                                  wheel=wheel, connect_wait_s=10))
         assert again.ok, failures(again)
         assert [h.changed for h in again.hosts] == [0, 2]
-        final = provision_guests(inv, ssh(inv), playbooks=[str(book)], run_dir=tmp_path / "logs", wheel=wheel,
-                                 connect_wait_s=10)
+        final = provision_guests(inv, ssh(inv),
+                                 options=GuestRun(playbooks=[str(book)], run_dir=tmp_path / "logs",
+                                                  wheel=wheel, connect_wait_s=10))
         assert final.ok and final.changed == 0
     finally:
         for g in started:
@@ -347,8 +355,9 @@ def test_pushing_a_model_folder_reports_bytes_per_host(lab_inv, tmp_path):
     book = tmp_path / "push.yaml"
     book.write_text(PUSH.format(folder=folder))
     reporter = RecordingReporter()
-    summary = provision_guests(lab_inv, ssh(lab_inv), reporter, playbooks=[str(book)], hosts=["slm-01"],
-                               run_dir=tmp_path / "logs")
+    summary = provision_guests(lab_inv, ssh(lab_inv), reporter,
+                               options=GuestRun(playbooks=[str(book)], hosts=["slm-01"],
+                                                run_dir=tmp_path / "logs"))
     assert summary.ok, failures(summary)
     pushed = [p for p in reporter.progresses if p.unit == "B"]
     assert pushed and {p.subject for p in pushed} == {"slm-01"}

@@ -92,8 +92,8 @@ def test_parallel_flag_reaches_the_guest_stage(unreachable, monkeypatch):
 
     seen = []
 
-    def fake(inv, connect, reporter=None, **kw):
-        seen.append(kw.get("max_workers"))
+    def fake(inv, connect, reporter=None, options=None):
+        seen.append(options.max_workers)
         return provision.RunSummary([])
 
     monkeypatch.setattr(provision, "provision_guests", fake)

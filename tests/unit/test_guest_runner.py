@@ -11,8 +11,8 @@ import pytest
 from vcfslm.errors import InventoryError, TransportError
 from vcfslm.guest.fake import FakeTransport, UnscriptedCommand
 from vcfslm.guest.playbook import load_playbook
-from vcfslm.guest.provision import provision_guests
-from vcfslm.guest.runner import run_hosts
+from vcfslm.guest.provision import GuestRun, provision_guests
+from vcfslm.guest.runner import StepSettings, run_hosts
 from vcfslm.inventory import load_inventory
 from vcfslm.progress import RecordingReporter
 
@@ -124,7 +124,7 @@ def test_hosts_run_in_parallel(inv, book):
 def test_dry_run_runs_no_changing_command(inv, book):
     # Only facts are scripted: any changing command would raise UnscriptedCommand.
     transports = {n.name: FakeTransport(n.name, {DIR_FACT: "absent\n", TOOL_FACT: "no\n"}) for n in inv.nodes}
-    summary, _ = run(inv, book, transports, dry_run=True)
+    summary, _ = run(inv, book, transports, settings=StepSettings(dry_run=True))
     assert summary.ok and summary.dry_run
     assert summary.commands()["slm-01"] == ["mkdir -p /opt/vcfslm/launch", "install-tool"]
     assert all(t.closed for t in transports.values())
@@ -132,7 +132,7 @@ def test_dry_run_runs_no_changing_command(inv, book):
 
 def test_dry_run_plans_unreachable_hosts_as_fresh(inv, book):
     transports = {n.name: TransportError(f"{n.name}: refused") for n in inv.nodes}
-    summary, _ = run(inv, book, transports, dry_run=True)
+    summary, _ = run(inv, book, transports, settings=StepSettings(dry_run=True))
     assert summary.ok
     h = summary.host("slm-01")
     assert h.note == "not reachable, planned as a fresh guest (slm-01: refused)"
@@ -153,13 +153,14 @@ def test_provision_guests_selects_hosts_and_checks_names(inv, tmp_path):
         seen.append((node.name, log_dir, wait_s))
         return converged(node.name)
 
-    summary = provision_guests(inv, connect, playbooks=[str(path)], hosts=["slm-03", "slm-01"],
-                               run_dir=tmp_path / "logs", connect_wait_s=7)
+    summary = provision_guests(inv, connect,
+                               options=GuestRun(playbooks=[str(path)], hosts=["slm-03", "slm-01"],
+                                                run_dir=tmp_path / "logs", connect_wait_s=7))
     assert [h.host for h in summary.hosts] == ["slm-01", "slm-03"]
     assert sorted(seen) == [("slm-01", tmp_path / "logs", 7), ("slm-03", tmp_path / "logs", 7)]
     assert summary.log_dir == tmp_path / "logs"
     with pytest.raises(InventoryError, match="unknown node.s. slm-09"):
-        provision_guests(inv, connect, playbooks=[str(path)], hosts=["slm-09"])
+        provision_guests(inv, connect, options=GuestRun(playbooks=[str(path)], hosts=["slm-09"]))
 
 
 def test_fake_transport_refuses_unscripted():
@@ -198,8 +199,9 @@ def test_guests_at_once_come_from_flag_then_inventory(inv, tmp_path, setting, fl
 
     hosts = [n.name for n in inv.nodes[:nodes]]
     reporter = RecordingReporter()
-    summary = provision_guests(inv, connect, reporter, playbooks=[str(path)], hosts=hosts,
-                               run_dir=tmp_path / "logs", max_workers=flag)
+    summary = provision_guests(inv, connect, reporter,
+                               options=GuestRun(playbooks=[str(path)], hosts=hosts,
+                                                run_dir=tmp_path / "logs", max_workers=flag))
     assert summary.ok, summary.rows()
     assert state["most"] == want
     assert any(f", {want} at once;" in m for m in reporter.messages)

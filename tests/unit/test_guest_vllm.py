@@ -27,7 +27,7 @@ from vcfslm.guest.playbook import (
     load_playbook,
     load_playbooks,
 )
-from vcfslm.guest.provision import provision_guests
+from vcfslm.guest.provision import GuestRun, provision_guests
 from vcfslm.guest.runner import run_hosts
 from vcfslm.guest.steps import HostContext, VerifyStep
 from vcfslm.guest.verify import server_script_problems, verify_guest
@@ -91,8 +91,9 @@ def _dry_run_playbooks(inv) -> set[str]:
     def connect(node, *, log_dir, wait_s):
         raise TransportError(f"{node.name}: not reachable")
 
-    summary = provision_guests(inv, connect, dry_run=True, hosts=["slm-01"], wheel=_Wheel(),
-                               run_dir="/tmp/vcfslm-test-unused")
+    summary = provision_guests(inv, connect,
+                               options=GuestRun(dry_run=True, hosts=["slm-01"], wheel=_Wheel(),
+                                                run_dir="/tmp/vcfslm-test-unused"))
     assert summary.ok, summary.rows()
     return {s.playbook for s in summary.hosts[0].steps}
 

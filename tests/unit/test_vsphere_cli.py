@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from vcfslm.cli import main
 from vcfslm.cli import vcenter as cli
+from vcfslm.guest.provision import GuestRun
 
 BRIEF = Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml"
 
@@ -44,7 +45,7 @@ def guest_calls(mocker):
                                duration=0.0)
 
     mocker.patch.object(cli, "_load_guest_stage",
-                        return_value=SimpleNamespace(provision_guests=provision_guests))
+                        return_value=SimpleNamespace(provision_guests=provision_guests, GuestRun=GuestRun))
     # the CLI builds the SSH connector (with the trust flag); the guest stage only uses it
     mocker.patch("vcfslm.cli.vcenter.ssh_connector", side_effect=lambda inv, rep, trust: ("ssh", trust))
     mocker.patch("vcfslm.cli.vcenter.summary_table", return_value="guests table")
@@ -57,7 +58,7 @@ def test_stage_all_runs_vms_then_guests_and_remembers_the_inventory(mocker, env,
     res = CliRunner().invoke(main, ["provision", str(BRIEF), "--trust-new-hosts", "-o", "json"], env=env)
     assert res.exit_code == 0, res.output
     # every guest at once: the brief's 4 nodes are under the SSH cap
-    assert guest_calls == [("phi3-vx650v4", ("ssh", True), {"max_workers": 4})]
+    assert guest_calls == [("phi3-vx650v4", ("ssh", True), {"options": GuestRun(max_workers=4)})]
     doc = json.loads(res.stdout)
     assert doc["changes"] == 3 and doc["guests"] == {"ok": True}
     state = json.loads(Path(env["VCFSLM_STATE"]).read_text())
@@ -152,7 +153,7 @@ def test_parallel_reaches_the_driver_and_the_guest_stage(mocker, env, guest_call
     res = CliRunner().invoke(main, ["provision", str(BRIEF), "--parallel", "2"], env=env)
     assert res.exit_code == 0, res.output
     assert built["max_workers"] == 2
-    assert guest_calls[0][2] == {"max_workers": 2}
+    assert guest_calls[0][2] == {"options": GuestRun(max_workers=2)}
 
 
 @pytest.mark.parametrize("cmd", ["provision", "destroy"])

@@ -99,6 +99,15 @@ def _hosts(value: str | None) -> list[str] | None:
     return [h.strip() for h in value.split(",") if h.strip()] if value else None
 
 
+def guest_run(options: dict):
+    """The guest run the `guests` command's options ask for (click's names -> GuestRun)."""
+    from ..guest.provision import GuestRun
+
+    return GuestRun(playbooks=list(options["playbooks"]) or None, dry_run=options["dry_run"],
+                    run_dir=options["log_dir"], hosts=_hosts(options["hosts"]),
+                    connect_wait_s=options["wait_s"], max_workers=options["parallel"])
+
+
 @click.command("guests")
 @inventory_argument
 @click.option("--playbook", "-p", "playbooks", multiple=True, metavar="NAME|FILE",
@@ -115,9 +124,7 @@ def _hosts(value: str | None) -> list[str] | None:
               metavar="SECONDS", help="How long to keep retrying SSH to guests that do not answer yet.")
 @parallel_option
 @output_option
-def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, trust_new_hosts: bool,
-           hosts: str | None, log_dir: str | None, wait_s: float, parallel: int | None,
-           output: str) -> None:
+def guests(inventory: str | None, **options) -> None:
     """Prepare existing guests over SSH with playbooks (no VM changes).
 
     \b
@@ -132,12 +139,12 @@ def guests(inventory: str | None, playbooks: tuple[str, ...], dry_run: bool, tru
     from ..guest.provision import provision_guests
 
     inv = load(inventory)
+    run = guest_run(options)
+    dry_run = run.dry_run
     with LiveHosts() as reporter:
-        summary = provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
-                                   playbooks=list(playbooks) or None, dry_run=dry_run,
-                                   run_dir=log_dir, hosts=_hosts(hosts), connect_wait_s=wait_s,
-                                   max_workers=parallel)
-    if output == "json":
+        summary = provision_guests(inv, ssh_connector(inv, reporter, options["trust_new_hosts"]), reporter,
+                                   options=run)
+    if options["output"] == "json":
         print_json(summary_json(summary))
     else:
         if dry_run:

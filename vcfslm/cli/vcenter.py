@@ -7,6 +7,7 @@ import importlib.util
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import click
 from rich.live import Live
@@ -258,7 +259,7 @@ def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict,
         workers = contract.parallelism(parallel or inv.guest.parallel, len(inv.nodes),
                                        contract.GUEST_PARALLEL_CAP)
         summary = module.provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
-                                          max_workers=workers)
+                                          options=module.GuestRun(max_workers=workers))
     # the `guests` command's renderers, so both commands show a run alike
     if output == "json":
         doc["guests"] = summary_json(summary)
@@ -302,19 +303,34 @@ def provision(inventory: str | None, allow_restart: bool, stage: str, yes: bool,
     inv = load(inventory)
     path = resolve_inventory_path(inventory)
     doc: dict = {}  # the JSON form: the VM stage's result, plus "guests"; printed once
+    options = ProvisionOptions(stage=stage, allow_restart=allow_restart, yes=yes,
+                               trust_new_hosts=trust_new_hosts, output=output, api_pin=api_pin,
+                               parallel=parallel)
     try:
-        _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc, api_pin,
-                          parallel)
+        _provision_stages(inv, path, options, doc)
     finally:
         if output == "json" and doc:
             print_json(doc)
 
 
-def _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, output, doc,
-                      api_pin=None, parallel=None) -> None:
+@dataclass(frozen=True)
+class ProvisionOptions:
+    """The `provision` command's options, as its stages read them."""
+
+    stage: str = "all"
+    allow_restart: bool = False
+    yes: bool = False
+    trust_new_hosts: bool = False
+    output: str = "text"
+    api_pin: str | None = None
+    parallel: int | None = None
+
+
+def _provision_stages(inv, path, options: ProvisionOptions, doc: dict) -> None:
+    stage, output, parallel = options.stage, options.output, options.parallel
     result = None
     if stage in ("vms", "all"):
-        result = _run_vm_stage(inv, allow_restart, yes, output, api_pin, parallel)
+        result = _run_vm_stage(inv, options.allow_restart, options.yes, output, options.api_pin, parallel)
         remember_inventory(path)
         if output == "json":
             doc.update(result.to_dict())
@@ -328,7 +344,7 @@ def _provision_stages(inv, path, stage, allow_restart, yes, trust_new_hosts, out
     else:
         remember_inventory(path)
     if stage in ("guests", "all"):
-        _guest_stage(inv, stage, output, trust_new_hosts, doc, parallel)
+        _guest_stage(inv, stage, output, options.trust_new_hosts, doc, parallel)
     if result is not None and result.pending:
         raise VCenterError(f"{len(result.pending)} VM(s) have changes pending a restart: "
                            + ", ".join(o.name for o in result.pending)

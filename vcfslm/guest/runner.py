@@ -98,28 +98,42 @@ class RunSummary:
             raise PlaybookError(f"{len(lines)} of {len(self.hosts)} host(s) failed:\n" + "\n".join(lines))
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """What every host's steps run with, the same on each host.
+
+    dry_run: gather facts and plan the commands, run none; wheel: the project wheel the
+    steps push; templates_dir: where templates are read from (None: the shipped ones).
+    """
+
+    dry_run: bool = False
+    wheel: Any = None
+    templates_dir: Path | None = None
+
+
 def run_hosts(inventory, playbooks: Sequence[Playbook], nodes: Sequence, connect: Callable[[Any], Transport],
-              *, reporter: Reporter | None = None, dry_run: bool = False, wheel: Any = None,
-              templates_dir: Path | None = None, max_workers: int | None = None,
-              log_dir: Path | None = None) -> RunSummary:
+              *, reporter: Reporter | None = None, settings: StepSettings | None = None,
+              max_workers: int | None = None, log_dir: Path | None = None) -> RunSummary:
     """Run `playbooks` on every node in parallel; `connect(node)` opens its Transport.
 
+    settings: dry run, wheel and templates (StepSettings; None: a real run, no wheel);
     max_workers: hosts worked on at once (None: every node up to GUEST_PARALLEL_CAP).
     """
     reporter = reporter or NullReporter()
+    settings = settings or StepSettings()
     started = time.monotonic()
 
     def one(node) -> HostSummary:
-        return _run_host(inventory, playbooks, node, connect, reporter, dry_run, wheel, templates_dir)
+        return _run_host(inventory, playbooks, node, connect, reporter, settings)
 
     workers = parallelism(max_workers, len(nodes), GUEST_PARALLEL_CAP)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="guest") as pool:
         hosts = list(pool.map(one, nodes))
-    return RunSummary(hosts, dry_run, time.monotonic() - started, log_dir)
+    return RunSummary(hosts, settings.dry_run, time.monotonic() - started, log_dir)
 
 
-def _run_host(inventory, playbooks, node, connect, reporter: Reporter, dry_run: bool, wheel,
-              templates_dir) -> HostSummary:
+def _run_host(inventory, playbooks, node, connect, reporter: Reporter, settings: StepSettings) -> HostSummary:
+    dry_run = settings.dry_run
     started = time.monotonic()
     summary = HostSummary(node.name)
     total = sum(len(p.steps) for p in playbooks)
@@ -134,8 +148,8 @@ def _run_host(inventory, playbooks, node, connect, reporter: Reporter, dry_run: 
             reporter.update(node.name, f"FAILED: {exc}")
             return summary
         summary.note = f"not reachable, planned as a fresh guest ({exc})"
-    ctx = HostContext(inventory, node, host_variables(inventory, node), transport, wheel,
-                      templates_dir=templates_dir, records=summary.records, reporter=reporter)
+    ctx = HostContext(inventory, node, host_variables(inventory, node), transport, settings.wheel,
+                      templates_dir=settings.templates_dir, records=summary.records, reporter=reporter)
     k = 0
     every = [step for playbook in playbooks for step in playbook.steps]
     try:
