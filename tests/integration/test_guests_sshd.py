@@ -23,7 +23,7 @@ from vcfslm.cli.guest_stage import ssh_connector
 from vcfslm.contract import guest_paths
 from vcfslm.errors import HostKeyError, TransportError
 from vcfslm.guest.provision import GuestRun, provision_guests, verify_guests
-from vcfslm.guest.transport import SSHTransport
+from vcfslm.guest.transport import SshLogin, SSHTransport
 from vcfslm.guest.wheel import ProjectWheel
 from vcfslm.inventory import load_inventory
 from vcfslm.lab import generate
@@ -126,8 +126,8 @@ def test_second_run_changes_nothing(provisioned):
 def test_guests_are_ready_for_the_bench(provisioned, lab_inv, ssh_guests):
     paths = guest_paths(lab_inv)
     g = ssh_guests[0]
-    with SSHTransport(g.name, g.address, port=g.port, user=g.user, key_file=g.key,
-                      known_hosts=g.known_hosts).connect() as t:
+    with SSHTransport(g.name, SshLogin(g.address, g.known_hosts, port=g.port, user=g.user,
+                                       key_file=g.key)).connect() as t:
         env = t.run(f". {paths.env_file} && env").stdout
         assert "GLOO_SOCKET_IFNAME=lo" in env and "HF_HUB_OFFLINE=1" in env
         assert "VCFSLM_MODEL=synthetic:tiny" in env
@@ -198,8 +198,8 @@ def test_changed_host_key_is_refused(ssh_guests, lab_inv, tmp_path):
     victim = ssh_guests[1]
     known.write_text("\n".join(line for line in lines if not line.startswith(f"[{victim.address}]:"))
                      + "\n" + other_key_line(victim, tmp_path) + "\n")
-    t = SSHTransport(victim.name, victim.address, port=victim.port, user=victim.user,
-                     key_file=victim.key, known_hosts=known, trust_new_hosts=True)
+    t = SSHTransport(victim.name, SshLogin(victim.address, known, port=victim.port, user=victim.user,
+                                           key_file=victim.key, trust_new_hosts=True))
     with pytest.raises(HostKeyError, match="CHANGED"):
         t.connect()  # even when trusting new hosts
     doc = yaml.safe_load(Path(lab_inv.source).read_text())
@@ -215,17 +215,17 @@ def test_unknown_host_refused_unless_trusted(ssh_guests, tmp_path):
     g = ssh_guests[2]
     known = tmp_path / "empty_known_hosts"
     with pytest.raises(HostKeyError, match="is unknown .ssh-ed25519 SHA256:.*--trust-new-hosts"):
-        SSHTransport(g.name, g.address, port=g.port, user=g.user, key_file=g.key, known_hosts=known).connect()
+        SSHTransport(g.name, SshLogin(g.address, known, port=g.port, user=g.user, key_file=g.key)).connect()
     reporter = RecordingReporter()
-    t = SSHTransport(g.name, g.address, port=g.port, user=g.user, key_file=g.key, known_hosts=known,
-                     trust_new_hosts=True, reporter=reporter).connect()
+    t = SSHTransport(g.name, SshLogin(g.address, known, port=g.port, user=g.user, key_file=g.key,
+                                      trust_new_hosts=True), reporter=reporter).connect()
     t.close()
     expected = subprocess.run(["ssh-keygen", "-l", "-f", "/dev/stdin"], input=g.host_public_key,
                               capture_output=True, text=True, check=True).stdout.split()[1]
     assert t.new_host_fingerprint == f"ssh-ed25519 {expected}"
     assert any(expected in m for m in reporter.messages)
     assert known.read_text().startswith(f"[{g.address}]:{g.port} ssh-ed25519 ")
-    SSHTransport(g.name, g.address, port=g.port, user=g.user, key_file=g.key, known_hosts=known).connect().close()
+    SSHTransport(g.name, SshLogin(g.address, known, port=g.port, user=g.user, key_file=g.key)).connect().close()
 
 
 # ------------------------------------------------------------------ the transport itself
@@ -234,9 +234,8 @@ def test_unknown_host_refused_unless_trusted(ssh_guests, tmp_path):
 @pytest.mark.parametrize("persistent", [True, False], ids=["one-shell", "channel-per-command"])
 def test_transport_commands_files_and_logs(ssh_guests, tmp_path, persistent):
     g = ssh_guests[3]
-    with SSHTransport(g.name, g.address, port=g.port, user=g.user, key_file=g.key,
-                      known_hosts=g.known_hosts, log_dir=tmp_path / "logs",
-                      persistent_shell=persistent).connect() as t:
+    with SSHTransport(g.name, SshLogin(g.address, g.known_hosts, port=g.port, user=g.user, key_file=g.key),
+                      log_dir=tmp_path / "logs", persistent_shell=persistent).connect() as t:
         r = t.run("echo out; echo err >&2; exit 3", check=False)
         assert (r.exit, r.stdout, r.stderr) == (3, "out\n", "err\n")
         with pytest.raises(TransportError, match=r"command failed \(exit 3\).*\n  \| err"):

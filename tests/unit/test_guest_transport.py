@@ -79,18 +79,19 @@ def test_fake_transport_script_forms(tmp_path):
 def test_connect_retries_for_a_bounded_time(tmp_path):
     import socket
 
-    from vcfslm.guest.transport import SSHTransport
+    from vcfslm.guest.transport import ConnectRetry, SshLogin, SSHTransport
     from vcfslm.progress import RecordingReporter
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: connections are refused
     reporter = RecordingReporter()
-    t = SSHTransport("slm-01", "127.0.0.1", port=port, known_hosts=tmp_path / "kh", wait_s=0.6,
-                     backoff_s=0.1, reporter=reporter)
+    t = SSHTransport("slm-01", SshLogin("127.0.0.1", tmp_path / "kh", port=port),
+                     retry=ConnectRetry(wait_s=0.6, backoff_s=0.1), reporter=reporter)
     with pytest.raises(TransportError, match=rf"slm-01: cannot connect to 127.0.0.1:{port} after [3-9] attempt"):
         t.connect()
     assert reporter.updates[0][1].startswith("connect retry 1 in 0.1s")
-    once = SSHTransport("slm-01", "127.0.0.1", port=port, known_hosts=tmp_path / "kh", wait_s=0)
+    once = SSHTransport("slm-01", SshLogin("127.0.0.1", tmp_path / "kh", port=port),
+                        retry=ConnectRetry(wait_s=0))
     with pytest.raises(TransportError, match="after 1 attempt"):
         once.connect()

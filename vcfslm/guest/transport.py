@@ -121,34 +121,59 @@ def _section(name: str, text: str) -> str:
     return f"--- {name}\n{text}" + ("" if text.endswith("\n") else "\n")
 
 
+@dataclass(frozen=True)
+class SshLogin:
+    """Where a guest's sshd listens, who logs in, and which host keys are trusted.
+
+    address/port: where sshd listens; key_file: private key path (None: the SSH agent);
+    known_hosts: the file host keys are checked against; trust_new_hosts: record an
+    unknown host's key instead of refusing it (a changed key is refused, always).
+    """
+
+    address: str
+    known_hosts: str | Path
+    port: int = 22
+    user: str = "root"
+    key_file: str | None = None
+    trust_new_hosts: bool = False
+
+
+@dataclass(frozen=True)
+class ConnectRetry:
+    """How long connecting to a guest may take: timeout (s) of one attempt (and of opening
+    a channel); wait_s: how long to keep retrying refused or timed-out connections (a
+    booting VM), with a doubling pause from backoff_s up to max_backoff_s; 0 = one attempt."""
+
+    timeout: float = 10.0
+    wait_s: float = 30.0
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+
 class SSHTransport:
     """A paramiko connection to one guest, opened by `connect()` (retried for a bounded time)."""
 
-    def __init__(self, host: str, address: str, *, port: int = 22, user: str = "root",
-                 key_file: str | None = None, known_hosts: str | Path,
-                 trust_new_hosts: bool = False, log_dir: str | Path | None = None,
-                 connect_timeout: float = 10.0, wait_s: float = 30.0, backoff_s: float = 0.5,
-                 max_backoff_s: float = 8.0, default_timeout: float = DEFAULT_TIMEOUT_S,
+    def __init__(self, host: str, login: SshLogin, *, retry: ConnectRetry | None = None,
+                 log_dir: str | Path | None = None, default_timeout: float = DEFAULT_TIMEOUT_S,
                  reporter: Reporter | None = None, persistent_shell: bool = True):
-        """host: name used in messages and the log; address/port: where sshd listens.
+        """host: name used in messages and the log; login: address, port, user, key and host
+        keys (SshLogin); retry: how connecting is retried (ConnectRetry; None: its defaults).
 
-        key_file: private key path; None = use the SSH agent. wait_s: how long to keep retrying
-        refused or timed-out connections (a booting VM), with a doubling pause from backoff_s
-        up to max_backoff_s; 0 = one attempt.
         persistent_shell: run commands through one remote shell per connection instead of
         one SSH channel each (no login-shell start-up per command); falls back by itself.
         """
+        retry = retry or ConnectRetry()
         self.host = host
-        self.address = address
-        self.port = port
-        self.user = user
-        self.key_file = str(Path(key_file).expanduser()) if key_file else None
-        self.known_hosts = Path(known_hosts).expanduser()
-        self.trust_new_hosts = trust_new_hosts
-        self.connect_timeout = connect_timeout
-        self.wait_s = wait_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.address = login.address
+        self.port = login.port
+        self.user = login.user
+        self.key_file = str(Path(login.key_file).expanduser()) if login.key_file else None
+        self.known_hosts = Path(login.known_hosts).expanduser()
+        self.trust_new_hosts = login.trust_new_hosts
+        self.connect_timeout = retry.timeout
+        self.wait_s = retry.wait_s
+        self.backoff_s = retry.backoff_s
+        self.max_backoff_s = retry.max_backoff_s
         self.default_timeout = default_timeout
         self.reporter = reporter or NullReporter()
         self.log = CommandLog(log_dir, host)
@@ -552,7 +577,7 @@ def open_node(inventory, node, *, log_dir: str | Path | None = None, trust_new_h
               reporter: Reporter | None = None, wait_s: float = 30.0) -> SSHTransport:
     """Connect to an inventory node's management IP as the inventory's guest user."""
     g = inventory.guest
-    return SSHTransport(node.name, str(node.management_ip), port=node.ssh_port, user=g.user,
-                        key_file=g.ssh_key, known_hosts=g.known_hosts,
-                        trust_new_hosts=trust_new_hosts, log_dir=log_dir, wait_s=wait_s,
+    login = SshLogin(str(node.management_ip), g.known_hosts, port=node.ssh_port, user=g.user,
+                     key_file=g.ssh_key, trust_new_hosts=trust_new_hosts)
+    return SSHTransport(node.name, login, retry=ConnectRetry(wait_s=wait_s), log_dir=log_dir,
                         reporter=reporter).connect()
