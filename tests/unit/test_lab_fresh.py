@@ -182,11 +182,12 @@ def test_fresh_inventory_is_offline_with_its_own_workdir_and_a_jumbo_bench_netwo
     shape = generate.MachineShape(cpus=2, numa_nodes=1, memory_gib=24)
     plan = _plan()
     doc = generate.lab_inventory(
-        vcenter_host="127.0.0.1", vcenter_port=8989, vcenter_user="u", ca_bundle="/ca.pem",
-        template="t", nodes=[generate.LabNode(g.name, f"DC0_C0_H{g.index}", g.management_ip,
-                                              g.bench_ip, fresh.SSH_PORT) for g in plan.guests],
-        guest_user="root", ssh_key="/k", known_hosts="/kh", workdir="/lab/work", bench_port=29500,
-        shape=shape)
+        vcenter=generate.LabVcenter(host="127.0.0.1", port=8989, user="u", ca_bundle="/ca.pem",
+                                    template="t"),
+        nodes=[generate.LabNode(g.name, f"DC0_C0_H{g.index}", g.management_ip,
+                                g.bench_ip, fresh.SSH_PORT) for g in plan.guests],
+        guest=generate.LabGuestLogin(user="root", ssh_key="/k", known_hosts="/kh", workdir="/lab/work"),
+        bench_port=29500, shape=shape)
     before = yaml.safe_dump(doc)
     out = generate.fresh_guest_document(doc, wheelhouse="/cache/wheelhouse/abc",
                                         workdir=fresh.GUEST_WORKDIR, management_mtu=1500,

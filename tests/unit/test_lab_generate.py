@@ -15,11 +15,16 @@ from vcfslm.resources import resource_dir
 def _document(shape: generate.MachineShape, nodes: int = 4) -> dict:
     ports = {f"slm-{i + 1:02d}": 40000 + i for i in range(nodes)}
     return generate.lab_inventory(
-        vcenter_host="127.0.0.1", vcenter_port=8989, vcenter_user="administrator@vsphere.local",
-        ca_bundle="/lab/vcsim/tls/ca.pem", template="vcfslm-template",
-        nodes=generate.lab_nodes(nodes, ports), guest_user="root", ssh_key="/lab/ssh/id_ed25519",
-        known_hosts="/lab/ssh/known_hosts", workdir="/lab/work", bench_port=29500, shape=shape)
+        vcenter=generate.LabVcenter(host="127.0.0.1", port=8989, user="administrator@vsphere.local",
+                                    ca_bundle="/lab/vcsim/tls/ca.pem", template="vcfslm-template"),
+        nodes=generate.lab_nodes(nodes, ports),
+        guest=generate.LabGuestLogin(user="root", ssh_key="/lab/ssh/id_ed25519",
+                                     known_hosts="/lab/ssh/known_hosts", workdir="/lab/work"),
+        bench_port=29500, shape=shape)
 
+
+# a vcsim as the SLO and vLLM tests name it
+VCSIM = generate.LabVcenter(host="127.0.0.1", port=8989, user="u", ca_bundle="/ca.pem", template="t")
 
 SHAPES = [
     generate.MachineShape(cpus=2, numa_nodes=1, memory_gib=10),
@@ -145,9 +150,9 @@ def test_scaled_slos_go_into_the_lab_inventory():
     scaled = scale_slos(DEFAULT_SLOS, scaling_for(31.9, 1.44))
     ports = {"slm-01": 40000}
     doc = generate.lab_inventory(
-        vcenter_host="127.0.0.1", vcenter_port=8989, vcenter_user="u", ca_bundle="/ca.pem",
-        template="t", nodes=generate.lab_nodes(1, ports), guest_user="root", ssh_key="/k",
-        known_hosts="/kh", workdir="/w", bench_port=29500, shape=SHAPES[0], slos=scaled)
+        vcenter=VCSIM, nodes=generate.lab_nodes(1, ports),
+        guest=generate.LabGuestLogin(user="root", ssh_key="/k", known_hosts="/kh", workdir="/w"),
+        bench_port=29500, shape=SHAPES[0], slos=scaled)
     inventory = parse_inventory(yaml.safe_dump(doc), "lab.yaml")
     assert {n: (s.tpot_ms, s.ttft_s) for n, s in inventory.slos.items()} == {"A": (377, 36.0), "B": (579, 60.0)}
     fresh = generate.fresh_guest_document(doc, wheelhouse="/wh", workdir="/root/work", management_mtu=1500,
@@ -169,10 +174,9 @@ def test_lab_vllm_settings_with_and_without_an_installed_venv():
     assert without.venv_path("/lab/work") == "/lab/work/vllm-venv"
     ports = {f"slm-{i + 1:02d}": 40000 + i for i in range(2)}
     doc = generate.lab_inventory(
-        vcenter_host="127.0.0.1", vcenter_port=8989, vcenter_user="u", ca_bundle="/ca.pem",
-        template="t", nodes=generate.lab_nodes(2, ports), guest_user="root", ssh_key="/k",
-        known_hosts="/kh", workdir="/lab/work", bench_port=29500, shape=SHAPES[0],
-        vllm_venv="/src/vcfslm/.venv-vllm")
+        vcenter=VCSIM, nodes=generate.lab_nodes(2, ports),
+        guest=generate.LabGuestLogin(user="root", ssh_key="/k", known_hosts="/kh", workdir="/lab/work"),
+        bench_port=29500, shape=SHAPES[0], vllm_venv="/src/vcfslm/.venv-vllm")
     inventory = parse_inventory(yaml.safe_dump(doc), "lab.yaml")
     assert inventory.bench.serve.vllm.venv == "/src/vcfslm/.venv-vllm"
     assert inventory.bench.serve.server == "vcfslm"       # the lab serves with vcfslm unless told

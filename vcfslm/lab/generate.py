@@ -57,6 +57,29 @@ class LabNode:
     ssh_port: int
 
 
+@dataclass(frozen=True)
+class LabVcenter:
+    """The lab's vCenter (its vcsim): where it listens, who logs in, the CA its TLS is
+    verified with, and the template VMs are cloned from."""
+
+    host: str
+    port: int
+    user: str
+    ca_bundle: str
+    template: str
+
+
+@dataclass(frozen=True)
+class LabGuestLogin:
+    """How the lab's guests are reached and where they work: the SSH user, key and
+    known_hosts file, and the work folder the guests share."""
+
+    user: str
+    ssh_key: str
+    known_hosts: str
+    workdir: str
+
+
 def machine_shape(sys_nodes: Path = SYS_NODES, meminfo: Path = Path("/proc/meminfo")) -> MachineShape:
     """This machine's CPUs (usable by us), NUMA nodes and NUMA-visible memory."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -128,9 +151,8 @@ def serve_section(vllm_venv: str | None = None) -> dict[str, Any]:
     }}
 
 
-def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca_bundle: str,
-                  template: str, nodes: Sequence[LabNode], guest_user: str, ssh_key: str,
-                  known_hosts: str, workdir: str, bench_port: int, shape: MachineShape,
+def lab_inventory(*, vcenter: LabVcenter, nodes: Sequence[LabNode], guest: LabGuestLogin,
+                  bench_port: int, shape: MachineShape,
                   slos: Mapping[str, Mapping[str, float]] | None = None,
                   vllm_venv: str | None = None) -> dict[str, Any]:
     """The lab inventory as a plain document (dump it as YAML); `slos`: None = the brief's;
@@ -138,11 +160,11 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
     return {
         "name": LAB_NAME,
         "vcenter": {
-            "host": vcenter_host,
-            "port": vcenter_port,
-            "user": vcenter_user,
+            "host": vcenter.host,
+            "port": vcenter.port,
+            "user": vcenter.user,
             "password_env": PASSWORD_ENV,
-            "ca_bundle": ca_bundle,
+            "ca_bundle": vcenter.ca_bundle,
             "insecure": False,
         },
         "placement": {
@@ -150,7 +172,7 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
             "cluster": sim.CLUSTER,
             "datastore": sim.DATASTORE,
             "folder": VM_FOLDER,
-            "template": template,
+            "template": vcenter.template,
             "networks": {
                 "management": {"portgroup": sim.MANAGEMENT_PORTGROUP, "netmask": LOOPBACK_NETMASK,
                                "mtu": LOOPBACK_MTU},
@@ -172,9 +194,9 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
             for n in nodes
         ],
         "guest": {
-            "user": guest_user,
-            "ssh_key": ssh_key,
-            "known_hosts": known_hosts,
+            "user": guest.user,
+            "ssh_key": guest.ssh_key,
+            "known_hosts": guest.known_hosts,
             "python": "python3",
             "torch": LAB_TORCH,
             "torch_index_url": None,
@@ -182,7 +204,7 @@ def lab_inventory(*, vcenter_host: str, vcenter_port: int, vcenter_user: str, ca
             "model": "synthetic:tiny",
             # One machine, one user: the guests share this folder (and its venv);
             # per-node files go in node-named subfolders.
-            "workdir": workdir,
+            "workdir": guest.workdir,
         },
         "bench": {**bench_section(shape, bench_port), "serve": serve_section(vllm_venv)},
         "slos": {name: dict(limits) for name, limits in (slos or DEFAULT_SLOS).items()},
@@ -271,12 +293,13 @@ def guests_inventory(guests: Sequence[Any], workdir: str, *, bench_port: int = 2
     vllm_venv: an installed vLLM venv the guests use (see serve_section).
     """
     doc = lab_inventory(
-        vcenter_host="127.0.0.1", vcenter_port=443, vcenter_user="lab", ca_bundle="/dev/null",
-        template="lab-template",
+        vcenter=LabVcenter(host="127.0.0.1", port=443, user="lab", ca_bundle="/dev/null",
+                           template="lab-template"),
         nodes=[LabNode(name=g.name, host=f"DC0_C0_H{i}", management_ip=g.address,
                        bench_ip=g.bench_address, ssh_port=g.port) for i, g in enumerate(guests)],
-        guest_user=guests[0].user, ssh_key=guests[0].key, known_hosts=guests[0].known_hosts,
-        workdir=workdir, bench_port=bench_port, shape=machine_shape(), vllm_venv=vllm_venv)
+        guest=LabGuestLogin(user=guests[0].user, ssh_key=guests[0].key,
+                            known_hosts=guests[0].known_hosts, workdir=workdir),
+        bench_port=bench_port, shape=machine_shape(), vllm_venv=vllm_venv)
     if ranks_per_node is not None:
         doc["bench"]["ranks_per_node"] = ranks_per_node
     return doc

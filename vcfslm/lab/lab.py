@@ -371,15 +371,16 @@ def write_lab_files(state: LabState, password: str, *, slos: Mapping[str, Mappin
         raise LabError("the lab has no vcsim or no guests to describe")
     first = state.guests[0]
     document = generate.lab_inventory(
-        vcenter_host=state.vcsim.host, vcenter_port=state.vcsim.port,
-        vcenter_user=state.vcsim.user, ca_bundle=state.vcsim.ca_file,
-        template=state.vcsim.template or vcsim.DEFAULT_TEMPLATE,
+        vcenter=generate.LabVcenter(host=state.vcsim.host, port=state.vcsim.port,
+                                    user=state.vcsim.user, ca_bundle=state.vcsim.ca_file,
+                                    template=state.vcsim.template or vcsim.DEFAULT_TEMPLATE),
         # Each guest's own addresses (loopback ones, or a fresh guest's namespace addresses).
         nodes=[generate.LabNode(name=g.name, host=vcsim.host_name(i), management_ip=g.address,
                                 bench_ip=g.bench_address, ssh_port=g.port)
                for i, g in enumerate(state.guests)],
-        guest_user=first.user, ssh_key=first.key, known_hosts=first.known_hosts,
-        workdir=str(state.dir / "work"), bench_port=state.bench_port,
+        guest=generate.LabGuestLogin(user=first.user, ssh_key=first.key,
+                                     known_hosts=first.known_hosts, workdir=str(state.dir / "work")),
+        bench_port=state.bench_port,
         shape=generate.machine_shape(), slos=slos,
         vllm_venv=None if state.fresh is not None else _path_or_none(find_vllm_venv()))
     # The simulator's template carries the newest hardware its advertised API creates;
