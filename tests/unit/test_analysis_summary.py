@@ -6,7 +6,15 @@ from test_analysis_support import brief_shaped_csv
 
 from vcfslm.analysis.cells import CLUSTER
 from vcfslm.analysis.csv_import import parse_csv
-from vcfslm.analysis.slo import DEFAULT_SLOS, LoadPoint, crossover, crossovers, parse_slo, size
+from vcfslm.analysis.slo import (
+    DEFAULT_SLOS,
+    LoadPoint,
+    Origin,
+    crossover,
+    crossovers,
+    parse_slo,
+    size,
+)
 from vcfslm.analysis.summary import (
     SummaryRow,
     reasoning_intro,
@@ -38,7 +46,7 @@ def test_rows_mark_bounds_and_the_unachievable():
 
 def test_rows_note_non_monotonic_data_and_a_cluster_reading():
     wobbly = crossover([LoadPoint(4, 120, 1, 1), LoadPoint(16, 140, 1, 4), LoadPoint(32, 125, 1, 8)], A, 512)
-    from_cluster = crossover([LoadPoint(4, 120, 1, 1)], B, 128, scope=CLUSTER)
+    from_cluster = crossover([LoadPoint(4, 120, 1, 1)], B, 128, origin=Origin(scope=CLUSTER))
     rows = summary_rows([wobbly, from_cluster], sized([wobbly, from_cluster]))
     assert [r.note for r in rows] == ["not monotonic: passes again at 32",
                                       "read from cluster cells (no single-VM data)"]

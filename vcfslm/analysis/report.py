@@ -59,6 +59,19 @@ from vcfslm.results import RunMeta, atomic_write_text
 
 DEFAULT_PEAKS = (256,)
 
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the answer is asked for: the SLOs (names or specs; empty: every SLO of the runs),
+    the judging rule (percentile of streams, serving attainment; None: the runs' own rule),
+    and the peaks and headroom sizing plans for."""
+
+    slo_specs: Sequence[str] = ()
+    percentile: str | None = None
+    peaks: Sequence[int] = DEFAULT_PEAKS
+    headroom: float = 0.0
+    attainment: float | None = None
+
 # The figures that answer the question, shown right under the answer table, in this
 # order (the models side by side first, when the inputs hold several); the others
 # (throughput, roofline) follow the detail tables.
@@ -164,12 +177,14 @@ def judging_rule(metas: Sequence[RunMeta], percentile: str | None = None, attain
     return rule, notes
 
 
-def build(analysis: Analysis, sources: Sequence[str], slo_specs: Sequence[str] = (), percentile: str | None = None,
-          peaks: Sequence[int] = DEFAULT_PEAKS, headroom: float = 0.0, attainment: float | None = None) -> Report:
-    """The report's content (pure: no files); percentile/attainment: None for the runs' own rule."""
+def build(analysis: Analysis, sources: Sequence[str], options: ReportOptions | None = None) -> Report:
+    """The report's content (pure: no files); options: SLOs, rule, peaks, headroom (None: the
+    runs' own SLOs and rule, DEFAULT_PEAKS, no headroom)."""
+    options = options or ReportOptions()
+    peaks, headroom = options.peaks, options.headroom
     known, warnings = known_slos(analysis.metas)
-    slos = resolve_slos(slo_specs, known)
-    rule, rule_notes = judging_rule(analysis.metas, percentile, attainment)
+    slos = resolve_slos(options.slo_specs, known)
+    rule, rule_notes = judging_rule(analysis.metas, options.percentile, options.attainment)
     percentile = rule.percentile
     cells = analysis.cells
     from_csv = any(c.origin == "csv" and c.tpot_ms.p90 is not None for c in cells)
@@ -221,15 +236,14 @@ def run_title(analysis: Analysis, sources: Sequence[str]) -> str:
 
 
 def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None,
-                 slo_specs: Sequence[str] = (), percentile: str | None = None,
-                 csv_files: Sequence[str | os.PathLike[str]] = (), peaks: Sequence[int] = DEFAULT_PEAKS,
-                 headroom: float = 0.0, reporter: Reporter | None = None,
-                 attainment: float | None = None) -> ReportFiles:
-    """Load, analyse, draw and write; `out_dir` defaults to the first run dir (or `<csv>-report/`)."""
+                 options: ReportOptions | None = None, csv_files: Sequence[str | os.PathLike[str]] = (),
+                 reporter: Reporter | None = None) -> ReportFiles:
+    """Load, analyse, draw and write; `out_dir` defaults to the first run dir (or `<csv>-report/`);
+    options: what the answer is asked for (see build)."""
     reporter = reporter or NullReporter()
     reporter.update("report", "loading")
     analysis, sources = load_inputs(run_dirs, csv_files)
-    report = build(analysis, sources, slo_specs, percentile, peaks, headroom, attainment)
+    report = build(analysis, sources, options)
     out = Path(out_dir) if out_dir else (Path(run_dirs[0]) if run_dirs else
                                          Path(csv_files[0]).with_name(Path(csv_files[0]).stem + "-report"))
     out.mkdir(parents=True, exist_ok=True)

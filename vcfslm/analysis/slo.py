@@ -313,11 +313,24 @@ class Crossover:
         return crossover_text(self)
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a context's tested loads come from, as its crossover says it: the scope
+    (single VM or cluster), the notes load_points wrote, the model its cells measured
+    ("" unknown) and how many models the answer beside it holds (>1 names this one)."""
+
+    scope: str = SINGLE
+    notes: Sequence[str] = ()
+    model: str = ""
+    models: int = 1
+
+
 def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_tokens: int | None = None,
-              percentile: str = judging.DEFAULT_PERCENTILE, scope: str = SINGLE, notes: Sequence[str] = (),
-              replicates: Sequence[Replicate | None] = (), confidence: float = judging.DEFAULT_CONFIDENCE,
-              model: str = "", models: int = 1) -> Crossover:
-    """The crossover of one SLO over the tested loads of one context (replicates: its bootstrap)."""
+              percentile: str = judging.DEFAULT_PERCENTILE, origin: Origin = Origin(),
+              replicates: Sequence[Replicate | None] = (),
+              confidence: float = judging.DEFAULT_CONFIDENCE) -> Crossover:
+    """The crossover of one SLO over the tested loads of one context (origin: their scope, notes
+    and model; replicates: its bootstrap)."""
     if not points:
         raise ValueError("crossover needs at least one tested load")
     ordered = sorted(points, key=lambda p: p.streams_per_vm)
@@ -337,8 +350,9 @@ def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_t
                                share, "streams")
     thin = (f"{percentile} {thin} streams/VM",) if thin else ()
     return Crossover(slo, input_tokens, output_tokens, percentile, verdicts, status, threshold,
-                     None if failing is None else int(failing), binding, later_passes, scope, tuple(notes),
-                     judging.interval(replicates, confidence), tuple(replicates), thin, model, models)
+                     None if failing is None else int(failing), binding, later_passes, origin.scope,
+                     tuple(origin.notes), judging.interval(replicates, confidence), tuple(replicates), thin,
+                     origin.model, origin.models)
 
 
 # One wording per meaning, for every table, line and JSON answer that says it: the
@@ -502,8 +516,8 @@ def crossovers(cells: Sequence[Cell], slos: Sequence[Slo], pct: str = judging.DE
                 strata = _strata(cells, inp, outp, model) if rule.replicates else {}
                 reps = judging.static_replicates(strata, [(slo.tpot_ms, slo.ttft_s)], q, rule.replicates,
                                                  rule.seed)[0] if strata else []
-                out.append(crossover(points, slo, inp, outp, q, scope, notes, reps, rule.confidence,
-                                     model, len(models)))
+                origin = Origin(scope, notes, model, len(models))
+                out.append(crossover(points, slo, inp, outp, q, origin, reps, rule.confidence))
     return out
 
 

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..contract import presets_help
 from ..errors import Problem, RunFolderError, UsageError
 from .common import RichReporter, output_option, print_json
+
+if TYPE_CHECKING:
+    from ..analysis.cells import Analysis
+    from ..analysis.slo import Slo
+    from ..judging import Rule
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])
 PERCENTILE_HELP = ("Static cells: the percentile of streams that must meet each limit (p50 is the brief's). "
@@ -56,11 +63,12 @@ def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headro
       vcfslm report runs/<id> --slo B --slo mlperf-server --attainment 0.95
       vcfslm report --csv published.csv --percentile p50 --out /tmp/published
     """
-    from ..analysis.report import render_text, write_report
+    from ..analysis.report import ReportOptions, render_text, write_report
 
     reporter = RichReporter(quiet=_verbose() == 0)
-    result = write_report(list(runs), out_dir, slos, percentile, list(csv_files), peaks, headroom, reporter,
-                          attainment)
+    options = ReportOptions(slo_specs=slos, percentile=percentile, peaks=peaks, headroom=headroom,
+                            attainment=attainment)
+    result = write_report(list(runs), out_dir, options, list(csv_files), reporter)
     # The answer first, as pre-formatted lines: off a terminal nothing may wrap or be cut.
     for line in render_text(result.report):
         click.echo(line)
@@ -119,8 +127,7 @@ def latest_run(runs_dir: Path) -> Path:
 @click.option("--percentile", type=PERCENTILE, default=None, help=PERCENTILE_HELP)
 @click.option("--attainment", type=ATTAINMENT, default=None, metavar="SHARE", help=ATTAINMENT_HELP)
 @output_option
-def size(peak_streams, peak_rps, threshold_kind, slos, input_tokens, output_tokens, results, runs_dir, headroom,
-         percentile, attainment, output) -> None:
+def size(**options) -> None:
     """Nodes needed: ceil(peak streams / single-VM threshold), with the reasoning and 95 % intervals.
 
     \b
@@ -135,41 +142,86 @@ def size(peak_streams, peak_rps, threshold_kind, slos, input_tokens, output_toke
     from ..analysis.serve import has_serving
     from ..analysis.slo import resolve_slos
 
-    if peak_rps is not None and threshold_kind == "static":
+    opts = SizeOptions.from_cli(options)
+    peak_streams, peak_rps = opts.peak_streams, opts.peak_rps
+    if peak_rps is not None and opts.threshold_kind == "static":
         raise click.UsageError("--peak-rps sizes from the serving threshold of a rate load, not the static "
                                "crossover: use --threshold serving, or --peak-streams")
     if peak_streams is None and peak_rps is None:
         raise click.UsageError("Missing option '--peak-streams' (or '--peak-rps' with --threshold serving)")
-    sources = list(results) or [latest_run(runs_dir)]
+    sources = list(opts.results) or [latest_run(opts.runs_dir)]
     run_dirs = [p for p in sources if p.is_dir()]
     csv_files = [p for p in sources if not p.is_dir()]
     analysis, names = load_inputs(run_dirs, csv_files)
     known, _ = known_slos(analysis.metas)
-    chosen = resolve_slos(slos, known)
-    rule, rule_notes = judging_rule(analysis.metas, percentile, attainment)
+    chosen = resolve_slos(opts.slos, known)
+    rule, rule_notes = judging_rule(analysis.metas, opts.percentile, opts.attainment)
     serves = has_serving(analysis.runs)
-    kind = threshold_kind or ("static" if any(c.has_data for c in analysis.cells) or not serves else "serving")
+    kind = opts.threshold_kind or ("static" if any(c.has_data for c in analysis.cells) or not serves
+                                   else "serving")
     if peak_rps is not None and kind != "serving":
         raise click.UsageError("--peak-rps sizes from the serving threshold of a rate load; these inputs have "
                                "static-batch measurements, so add --threshold serving")
-    context = (input_tokens, output_tokens)
+    inputs = SizingInputs(analysis, names, sources, chosen, rule, rule_notes)
     if kind == "serving":
-        _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output,
-                      rule, rule_notes)
+        _size_serving(inputs, opts)
         return
     if peak_streams is None:
         raise click.UsageError("Missing option '--peak-streams' (the static crossover sizes by streams)")
-    _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, rule, rule_notes, output,
-                 serves)
+    _size_static(inputs, opts, serves)
 
 
-def _size_static(analysis, names, sources, chosen, context, peak_streams, headroom, rule, rule_notes, output,
-                 serves) -> None:
+@dataclass(frozen=True)
+class SizeOptions:
+    """The `size` command's options: the peak to carry, the threshold and context to size
+    from, where the measurements are, and the judging rule."""
+
+    peak_streams: int | None = None
+    peak_rps: float | None = None
+    threshold_kind: str | None = None
+    slos: tuple[str, ...] = ()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    results: tuple[Path, ...] = ()
+    runs_dir: Path = Path("runs")
+    headroom: float = 0.0
+    percentile: str | None = None
+    attainment: float | None = None
+    output: str = "text"
+
+    @classmethod
+    def from_cli(cls, options: dict) -> SizeOptions:
+        """From click's parsed options (every field is an option of `size`, named alike)."""
+        return cls(**{f.name: options[f.name] for f in fields(cls)})
+
+    @property
+    def context(self) -> tuple[int | None, int | None]:
+        """(input tokens, output tokens) to size for; None: every tested one."""
+        return (self.input_tokens, self.output_tokens)
+
+
+@dataclass(frozen=True)
+class SizingInputs:
+    """What sizing reads: the analysed inputs and their names, the sources as given, the SLOs
+    chosen, and the judging rule with its notes."""
+
+    analysis: Analysis
+    names: list[str]
+    sources: list[Path]
+    chosen: list[Slo]
+    rule: Rule
+    rule_notes: list[str]
+
+
+def _size_static(inputs: SizingInputs, opts: SizeOptions, serves: bool) -> None:
     from ..analysis.slo import crossovers
     from ..analysis.slo import size as size_for
     from ..analysis.summary import summary_table
 
-    input_tokens, output_tokens = context
+    analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
+    rule, rule_notes = inputs.rule, inputs.rule_notes
+    peak_streams, headroom, output = opts.peak_streams, opts.headroom, opts.output
+    input_tokens, output_tokens = opts.context
     cells = [c for c in analysis.cells
              if (input_tokens is None or c.input_tokens == input_tokens)
              and (output_tokens is None or c.output_tokens == output_tokens)]
@@ -205,20 +257,22 @@ def _size_static(analysis, names, sources, chosen, context, peak_streams, headro
         click.echo(f"nodes: {a.nodes if a.nodes is not None else 'not achievable in this configuration'}")
 
 
-def _size_serving(analysis, names, sources, chosen, context, peak_streams, peak_rps, headroom, output,
-                  rule, rule_notes) -> None:
+def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
     from ..analysis.cells import model_text
     from ..analysis.serve import UNITS, analyse, compare
     from ..analysis.serve import size as size_serving
     from ..analysis.tables import serve_sizing_table
 
+    analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
+    rule, rule_notes = inputs.rule, inputs.rule_notes
+    peak_streams, peak_rps, headroom, output = opts.peak_streams, opts.peak_rps, opts.headroom, opts.output
     where = ", ".join(map(str, sources))
     serving = analyse(analysis.runs, chosen, analysis.cells, rule=rule)
     if not serving.points:
         raise UsageError([Problem(where, None, None, "", "no serving measurements among the inputs (a run of "
                                   "`vcfslm bench --serve`); size from the static crossover: --threshold static")])
-    input_tokens, output_tokens = context
+    input_tokens, output_tokens = opts.context
     picked = [t for t in serving.primaries
               if (input_tokens is None or t.key.input_tokens == input_tokens)
               and (output_tokens is None or t.key.output_tokens == output_tokens)]
