@@ -4,7 +4,7 @@ on a run's own cells."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,7 @@ from .report import latest_run
 @click.option("--fit-threads", type=click.IntRange(min=1), default=None,
               help="--validate: fit on the runs with this many threads per rank, predict the others.")
 @output_option
-def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth_gbs, gemm_tflops,
-            ranks_per_node, threads_per_rank, vnuma_nodes, batch_sizes, input_tokens, output_tokens, slos,
-            peaks, headroom, validate_runs, fit_batches, fit_threads, output) -> None:
+def predict(**options) -> None:
     """Predict TTFT, TPOT, the crossover and the nodes on a target platform, with 95 % intervals.
 
     \b
@@ -79,50 +77,107 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
       vcfslm predict --validate runs/<id> --fit-batches 1,4
       vcfslm predict --validate runs/<1-thread> --validate runs/<2-thread> --fit-threads 1
     """
+    opts = PredictOptions.from_cli(options)
+    if opts.validate_runs:
+        _validate(opts)
+        return
+    _predict(opts)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """The platform to predict for: a platform file, or a node's read bandwidth and a rank's
+    GEMM rate given as flags (else the platform measured on), with its ranks, threads or
+    vNUMA nodes changed (None: as they are)."""
+
+    platform_file: Path | None = None
+    bandwidth_gbs: float | None = None
+    gemm_tflops: float | None = None
+    ranks_per_node: int | None = None
+    threads_per_rank: int | None = None
+    vnuma_nodes: int | None = None
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """The `predict` command's options: the measurements to fit on, the target, the scenarios
+    and SLOs to answer for, and (with --validate) the runs and split to check the model on."""
+
+    results: tuple[Path, ...] = ()
+    runs_dir: Path = Path("runs")
+    measured_on: Path | None = None
+    model_name: str | None = None
+    target: TargetSpec = TargetSpec()
+    batch_sizes: list[int] | None = None
+    input_tokens: list[int] | None = None
+    output_tokens: int | None = None
+    slos: tuple[str, ...] = ()
+    peaks: tuple[int, ...] = ()
+    headroom: float = 0.0
+    validate_runs: tuple[Path, ...] = ()
+    fit_batches: list[int] | None = None
+    fit_threads: int | None = None
+    output: str = "text"
+
+    @classmethod
+    def from_cli(cls, options: dict) -> PredictOptions:
+        """From click's parsed options: the target's flags make one TargetSpec, every other
+        field is the option of its name."""
+        target = TargetSpec(**{f.name: options[f.name] for f in fields(TargetSpec)})
+        return cls(target=target, **{f.name: options[f.name] for f in fields(cls) if f.name != "target"})
+
+
+def _validate(opts: PredictOptions) -> None:
+    """--validate: fit on part of the runs' own cells, predict the rest, show the errors."""
     from ..analysis import predict as P
-    from ..analysis.calibration import KNOWN_DIMS
     from ..analysis.perfmodel import fit_model, validate
 
-    if validate_runs:
-        given = [name for name, v in (("--results", results), ("--platform", platform_file),
-                                      ("--bandwidth-gbs", bandwidth_gbs), ("--gemm-tflops", gemm_tflops),
-                                      ("--peak-streams", peaks)) if v]
-        if given:
-            raise UsageError(f"--validate checks the model on its runs' own cells; drop {', '.join(given)}")
-        inputs = load_measured(list(validate_runs), None)
-        fit, held = P.split(inputs.observations, inputs.threads, fit_batches, fit_threads)
-        reasons = P.check_validation(fit, held)
-        if reasons:
-            raise UsageError([Problem(", ".join(map(str, validate_runs)), None, None, "", r) for r in reasons])
-        model = _fit(fit_model, fit)
-        check = validate(model, held)
-        if output == "json":
-            print_json({"model": model.to_dict(), "fit_observations": len(fit),
-                        "cells": [_error_dict(c) for c in check.cells],
-                        "median_abs_error": {"tpot": check.median_abs("tpot"), "ttft": check.median_abs("ttft")}})
-            return
-        click.echo(f"fitted on {len(fit)} repeats: {P.median_rates(fit)}")
-        for line in model.statement():
-            click.echo(line)
-        click.echo("")
-        for line in P.validation_table(check).text():
-            click.echo(line)
+    t = opts.target
+    given = [name for name, v in (("--results", opts.results), ("--platform", t.platform_file),
+                                  ("--bandwidth-gbs", t.bandwidth_gbs), ("--gemm-tflops", t.gemm_tflops),
+                                  ("--peak-streams", opts.peaks)) if v]
+    if given:
+        raise UsageError(f"--validate checks the model on its runs' own cells; drop {', '.join(given)}")
+    inputs = load_measured(list(opts.validate_runs), None)
+    fit, held = P.split(inputs.observations, inputs.threads, opts.fit_batches, opts.fit_threads)
+    reasons = P.check_validation(fit, held)
+    if reasons:
+        raise UsageError([Problem(", ".join(map(str, opts.validate_runs)), None, None, "", r) for r in reasons])
+    model = _fit(fit_model, fit)
+    check = validate(model, held)
+    if opts.output == "json":
+        print_json({"model": model.to_dict(), "fit_observations": len(fit),
+                    "cells": [_error_dict(c) for c in check.cells],
+                    "median_abs_error": {"tpot": check.median_abs("tpot"), "ttft": check.median_abs("ttft")}})
         return
+    click.echo(f"fitted on {len(fit)} repeats: {P.median_rates(fit)}")
+    for line in model.statement():
+        click.echo(line)
+    click.echo("")
+    for line in P.validation_table(check).text():
+        click.echo(line)
 
-    if (bandwidth_gbs is None) != (gemm_tflops is None):
+
+def _predict(opts: PredictOptions) -> None:
+    """Fit on the measurements, predict on the target, one answer per model."""
+    from ..analysis import predict as P
+    from ..analysis.calibration import KNOWN_DIMS
+    from ..analysis.perfmodel import fit_model
+
+    spec, model_name = opts.target, opts.model_name
+    if (spec.bandwidth_gbs is None) != (spec.gemm_tflops is None):
         raise UsageError("give --bandwidth-gbs and --gemm-tflops together (or a --platform file)")
-    if platform_file and bandwidth_gbs is not None:
+    if spec.platform_file and spec.bandwidth_gbs is not None:
         raise UsageError("give either --platform or --bandwidth-gbs/--gemm-tflops, not both")
-    sources = list(results) or [latest_run(runs_dir)]
-    inputs = load_measured(sources, measured_on)
+    sources = list(opts.results) or [latest_run(opts.runs_dir)]
+    inputs = load_measured(sources, opts.measured_on)
     model = _fit(fit_model, inputs.observations)
-    target = build_target(inputs, platform_file, bandwidth_gbs, gemm_tflops, ranks_per_node, threads_per_rank,
-                          vnuma_nodes)
+    target = build_target(inputs, spec)
     from ..analysis.report import known_slos
     from ..analysis.slo import resolve_slos
 
     known, _ = known_slos(inputs.metas)
-    chosen = resolve_slos(slos, known)
+    chosen = resolve_slos(opts.slos, known)
     # One answer per model: the one asked for, else each measured model from its own cells' scenarios.
     if model_name:
         targets = [(model_name, KNOWN_DIMS[model_name], inputs.observations)]
@@ -130,12 +185,13 @@ def predict(results, runs_dir, measured_on, model_name, platform_file, bandwidth
         targets = [(name, dims, [o for o in inputs.observations if o.dims == dims])
                    for name, dims in inputs.models.items()]
     several = len(targets) > 1
-    answers = [P.predict_target(model, dims, target, P.scenarios_of(obs, batch_sizes, input_tokens, output_tokens),
-                                chosen, peaks, headroom, name if several or model_name else "")
+    answers = [P.predict_target(model, dims, target,
+                                P.scenarios_of(obs, opts.batch_sizes, opts.input_tokens, opts.output_tokens),
+                                chosen, opts.peaks, opts.headroom, name if several or model_name else "")
                for name, dims, obs in targets]
     names = [name for name, _, _ in targets]
     notes = target_notes(inputs, target) + model_notes(inputs, model_name)
-    if output == "json":
+    if opts.output == "json":
         print_json({"results": [str(s) for s in sources], "target": target.description,
                     "target_basis": target.basis, "rank_rates": target.rates, "model": model.to_dict(),
                     "models": names,
@@ -240,12 +296,13 @@ def load_measured(sources: list[Path], measured_on: Path | None) -> Measured:
     return out
 
 
-def build_target(inputs: Measured, platform_file, bandwidth_gbs, gemm_tflops, ranks_per_node, threads_per_rank,
-                 vnuma_nodes):
+def build_target(inputs: Measured, spec: TargetSpec):
     from ..analysis.calibration import rank_rates
     from ..analysis.predict import Target
     from ..hardware import load_platform, platform_from_flags, platform_from_run
 
+    platform_file, bandwidth_gbs, gemm_tflops = spec.platform_file, spec.bandwidth_gbs, spec.gemm_tflops
+    ranks_per_node, threads_per_rank, vnuma_nodes = spec.ranks_per_node, spec.threads_per_rank, spec.vnuma_nodes
     if platform_file:
         platform = load_platform(platform_file)
     elif bandwidth_gbs is not None:
