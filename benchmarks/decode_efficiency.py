@@ -8,9 +8,6 @@ Model: synthetic:phi-3-mini (exact Phi-3-mini-128k-instruct layer shapes, random
 weights); the quick mode keeps every matrix shape and drops layers.
 
 What runs, in order:
-  0. the GEMV hypotheses (benchmarks/gemv_hypotheses.py, on 4 layers' weights): what each
-     candidate kernel and layout reads, side by side with the plain read (--no-hypotheses
-     skips it);
   1. two child processes, one after the other, on one fresh Inductor cache folder: the
      first compiles cold, the second finds the FX graph cache warm. Each loads the model,
      packs it, runs batch 1 and batch `--big-batch`, and reports its resident set (after
@@ -66,7 +63,7 @@ import torch  # noqa: E402
 from vcfslm import roofline  # noqa: E402
 from vcfslm.bench import probe  # noqa: E402
 from vcfslm.bench.placement import bf16_facts, parse_cpu_flags  # noqa: E402
-from vcfslm.engine import gemv, gemv_op, linear  # noqa: E402
+from vcfslm.engine import linear  # noqa: E402
 from vcfslm.engine.decode import (  # noqa: E402
     DecodeEngine,
     current_rss_bytes,
@@ -183,18 +180,18 @@ def run_child(args, cache_dir: str) -> dict:
 
 def linears_pass(model, rows: int, compiled: bool):
     """A function that runs every packed linear of `model` once at `rows` rows, back to back,
-    with nothing in between: the weight reads of a step. Each linear is called the way the
-    step calls it: a compiled step calls vcfslm::gemv where the module has the op's address
-    (read when the pass runs: a benchmark that sets it to None gets the module), an eager step
-    calls the module."""
+    with nothing in between: the weight reads of a step. Each is called the way a step calls
+    it: through vcfslm::linear when the step is compiled (its extern call in Inductor's graph),
+    else the module's eager path; both reach linear.run_kernel."""
     layers = [m for m in model.modules() if isinstance(m, linear.PackedLinear)]
     inputs = {m.in_features: torch.randn(rows, m.in_features).to(torch.bfloat16) for m in layers}
+    op = torch.ops.vcfslm.linear.default
 
     def run() -> None:
         for m in layers:
             x = inputs[m.in_features]
-            if compiled and m.gemv_address is not None and rows <= m.gemv_rows:
-                gemv_op.call(x, m.gemv_address, m.out_features, m.bias, linear.op_layout(m.kernel))
+            if compiled:
+                op(x, m.packed_weight, m.bias, m.out_features, m.kernel, m.min_rows)
             else:
                 m(x)
 
@@ -228,10 +225,8 @@ def beside_reads(run, nbytes: int, read: probe.SustainedRead, turns: int) -> lis
 
 
 class KernelTime:
-    """The time inside the linears' kernels while `on`: the eager and oneDNN calls
-    (vcfslm.engine.linear._run, timed around the call) and a compiled graph's vcfslm::gemv
-    calls (timed inside the op, in C++: a Python timer there would be the call path it
-    measures)."""
+    """The time inside the linears' kernels while `on` (vcfslm.engine.linear.run_kernel,
+    timed around the call: the eager module's and a compiled graph's vcfslm::linear alike)."""
 
     def __init__(self):
         self._s = 0.0
@@ -242,50 +237,42 @@ class KernelTime:
             self._s += seconds
 
     def pause(self) -> None:
-        self._s += gemv_op.take_seconds()
         self.on = False
-        gemv_op.set_mode(gemv_op.RUN)
 
     def resume(self) -> None:
-        gemv_op.take_seconds()
         self.on = True
-        gemv_op.set_mode(gemv_op.TIMED)
 
     def reset(self) -> None:
-        gemv_op.take_seconds()
         self._s = 0.0
 
     @property
     def seconds(self) -> float:
-        self._s += gemv_op.take_seconds()
         return self._s
 
 
 @contextlib.contextmanager
 def linear_kernels(skip: bool):
     """Every linear's kernel timed while the yielded KernelTime is on; with `skip`, replaced
-    by an uninitialised output of its shape (vcfslm.engine.linear._run, which the eager module
-    and vcfslm::linear call, and vcfslm::gemv's skip mode)."""
-    real = linear._run
+    by an uninitialised output of its shape (vcfslm.engine.linear.run_kernel, which the eager
+    module and vcfslm::linear call, is wrapped for the block)."""
+    real = linear.run_kernel
     timing = KernelTime()
 
-    def run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
+    def run(x2, weight, bias, out_features, kernel, min_rows):
         started = time.perf_counter()
         try:
             if skip:
                 return torch.empty(x2.shape[0], out_features, dtype=x2.dtype)
-            return real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features)
+            return real(x2, weight, bias, out_features, kernel, min_rows)
         finally:
             timing.add(time.perf_counter() - started)
 
-    linear._run = run
-    gemv_op.take_seconds()
-    gemv_op.set_mode(gemv_op.SKIP if skip else gemv_op.TIMED)
+    linear.run_kernel = run
     try:
         yield timing
     finally:
-        timing.pause()   # the op's time is the block's: the next block starts from zero
-        linear._run = real
+        timing.pause()
+        linear.run_kernel = real
 
 
 def step_split(engine, prompt, tokens: int, windows: int = 2) -> dict:
@@ -396,8 +383,6 @@ def main() -> int:
     ap.add_argument("--alone-turns", type=int, default=12,
                     help="passes of the linears alone, each beside a sustained read of as many bytes")
     ap.add_argument("--no-children", action="store_true", help="skip the memory / cold-warm compile children")
-    ap.add_argument("--no-hypotheses", action="store_true", help="skip the GEMV hypothesis table")
-    ap.add_argument("--hypothesis-layers", type=int, default=4, help="Phi-3-mini layers of weights the table reads")
     ap.add_argument("--profile", action="store_true",
                     help="also print torch.profiler's top ops of one batch-1 engine window")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -411,14 +396,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     print(cpu_line())
     print(f"threads {args.threads}; prompt {args.prompt} tokens; {args.tokens} generated; model {spec_for(args.layers)}")
-    print(f"vcfslm GEMV: {gemv.status().reason}; huge pages {huge_pages_facts()}")
-    hypotheses: list[str] = []
-    if not args.no_hypotheses:
-        import gemv_hypotheses
-
-        hypotheses = gemv_hypotheses.run(args.hypothesis_layers, rounds=5, threads=args.threads)
-        for line in hypotheses:
-            print(line)
+    print(f"huge pages {huge_pages_facts()}")
 
     cold = warm = None
     if not args.no_children:

@@ -1,5 +1,5 @@
-"""What a batch-1 decode step costs beyond its weight reads, by how the compiled step calls
-its GEMV: each path's step against a pass of the same linears alone, paired step by step.
+"""What a batch-1 decode step costs beyond its weight reads, by how the compiled step is
+called: each path's step against a pass of the same linears alone, paired step by step.
 
     .venv/bin/python benchmarks/step_call_path.py                 # 8 Phi-3-mini layers, 300 steps
     .venv/bin/python benchmarks/step_call_path.py --layers 2 --steps 40 --cpp-wrapper --guards
@@ -7,18 +7,16 @@ its GEMV: each path's step against a pass of the same linears alone, paired step
 One engine, one packed model and one KV store; the step is compiled once per path and the
 paths then take turns, step by step, the order flipping every step, so the host's bandwidth
 drift (2x within seconds here) hits them alike. Each row is the median of its per-turn ratio
-to the linears alone (every packed linear once, back to back, through vcfslm::gemv: the
+to the linears alone (every packed linear once, back to back, through vcfslm::linear: the
 step's weight reads and nothing else), with the interquartile range. Paths:
-- vcfslm::linear: the op's Python kernel and ctypes to the loop (the path before
-  vcfslm.engine.gemv_op);
-- vcfslm::gemv: the dispatcher and C++ to the same loop (what the engine compiles now);
-- with --cpp-wrapper, vcfslm::gemv under Inductor's C++ wrapper (no Python between the
-  kernels at all; each graph then takes a C++ compile of its wrapper);
-- with --guards, vcfslm::gemv with Dynamo's guards not evaluated before the graph
+- the engine's compiled step: Inductor's Python wrapper, each linear an extern call to
+  vcfslm::linear (oneDNN's packed kernel, or dense-bf16's ATen ops);
+- with --cpp-wrapper, the same step under Inductor's C++ wrapper (no Python between the
+  kernels' calls; each graph then takes a C++ compile of its wrapper);
+- with --guards, the step with Dynamo's guards not evaluated before the graph
   (torch.compiler.set_stance(skip_guard_eval_unsafe=True)): what the ~2000 guards of an
   8-layer step (~7000 at full shape) cost per step. The engine keeps them: they are what
-  tells a changed module (its shapes, its kernel plan, whether it calls the op) from an
-  unchanged one.
+  tells a changed module (its shapes, its kernel plan) from an unchanged one.
 
 A second table runs the step paths again with every linear's kernel skipped (an
 uninitialised output of its shape): each path's own code in warm caches, without the weight
@@ -45,11 +43,11 @@ ask_for_huge_pages()   # the rank's environment (rank.sh)
 
 import torch  # noqa: E402
 
-from vcfslm.engine import dense_gemv, gemv, gemv_op, linear  # noqa: E402
 from vcfslm.engine.decode import DecodeEngine, synthetic_prompt  # noqa: E402
 from vcfslm.engine.model import load_model  # noqa: E402
 
 PROMPT = 32
+STEP = "step, compiled (Inductor's Python wrapper)"
 
 
 def cpp_wrapper_backend(gm, example_inputs):
@@ -105,29 +103,20 @@ def main() -> int:
     if args.skipped_steps < 0 or args.skipped_steps == 1:
         ap.error(f"--skipped-steps {args.skipped_steps}: 0 (no second table) or at least 2")
     print(cpu_line())
-    layout = linear.op_layout(linear.default_plan().kernel)
-    if not gemv_op.usable(layout):
-        print(f"vcfslm::gemv does not run here ({gemv_op.status(layout).reason}): nothing to compare")
-        return 1
     replica = load_model(spec_for(args.layers), seed=0, max_context=PROMPT + 8)
     engine = DecodeEngine(replica.model, "compile")
-    modules = [m for m in engine.model.modules() if isinstance(m, linear.PackedLinear)]
-    addresses = [m.gemv_address for m in modules]
-
-    def use_op(on: bool):
-        # Whether a module has the op's address is part of the compiled graph (Dynamo guards
-        # it): without, the graph traced through vcfslm::linear is the one that runs.
-        for m, address in zip(modules, addresses, strict=True):
-            m.gemv_address = address if on else None
-
     linears_alone = linears_pass(engine.model, rows=1, compiled=True)
+
+    def nothing() -> None:
+        pass
 
     with torch.inference_mode():
         prompt = synthetic_prompt(1, PROMPT, replica.config.vocab_size, seed=1)
         store = engine.store_for(1, PROMPT + 8)
         token = engine.prefill(prompt, store).argmax(-1).view(1, 1).contiguous()
         position = torch.full((1, 1), PROMPT, dtype=torch.long)
-        rows, live, keep = engine._static_inputs(1)
+        # One live lane in store row 0, its logits kept: a batch-1 generation's step inputs.
+        rows, live, keep = torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
 
         def step():
             engine.run_step(token, position, rows, live, keep, lanes=1)
@@ -138,15 +127,15 @@ def main() -> int:
             with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                 step()
 
-        paths = {"linears alone, through vcfslm::gemv": (lambda: use_op(True), linears_alone),
-                 "step, vcfslm::linear (Python kernel, ctypes)": (lambda: use_op(False), step),
-                 "step, vcfslm::gemv (C++ to the kernel)": (lambda: use_op(True), step)}
+        paths = {"linears alone, through vcfslm::linear": (nothing, linears_alone),
+                 STEP: (nothing, step)}
         if args.cpp_wrapper:
-            wrapped = torch.compile(engine._module, backend=cpp_wrapper_backend, fullgraph=True, dynamic=False)
-            paths["step, vcfslm::gemv, Inductor's C++ wrapper"] = (
-                lambda: use_op(True), lambda: wrapped(token, position, rows, live, keep, store.layers, 1, None, ()))
+            # The engine's eager step, traced again under a backend of its own.
+            wrapped = torch.compile(lambda: engine.run_step(token, position, rows, live, keep, lanes=1, eager=True),
+                                    backend=cpp_wrapper_backend, fullgraph=True, dynamic=False)
+            paths["step, Inductor's C++ wrapper"] = (nothing, wrapped)
         if args.guards:
-            paths["step, vcfslm::gemv, guards not evaluated"] = (lambda: use_op(True), step_unguarded)
+            paths["step, guards not evaluated"] = (nothing, step_unguarded)
         first_call_s = {}
         for name, (prepare, run) in paths.items():   # each step path compiles its graph here
             prepare()
@@ -164,9 +153,7 @@ def main() -> int:
     print("\n".join(table(times, base, first_call_s)))
     if skipped:
         print(f"every linear's kernel skipped (the step's own code, warm caches), {args.skipped_steps} turns:")
-        print("\n".join(table(skipped, "step, vcfslm::gemv (C++ to the kernel)")))
-    print(f"vcfslm::gemv: {gemv_op.status(layout).reason}; GEMV {gemv.status().reason}; "
-          f"AVX2 GEMV {dense_gemv.status().reason}")
+        print("\n".join(table(skipped, STEP)))
     return 0
 
 

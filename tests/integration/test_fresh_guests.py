@@ -137,11 +137,10 @@ def test_provision_verify_bench_then_a_second_provision_changes_nothing(fresh_la
     assert meta.complete and meta.failure is None
     assert {r.node for r in records} == {"slm-01", "slm-02"}
     assert {r.rank for r in records} == set(range(2 * 2))
-    # The guests have no compiler: the plan's GEMV (AVX512-BF16, or AVX2 where oneDNN has no
-    # bf16) runs from the library the wheel carries, or the CPU is one it does not run on.
+    # The guests have no compiler and the wheel carries none of vcfslm's own code: every rank
+    # runs a stock kernel plan, and its records name it.
     for r in records:
-        status = r.placement["gemv"]
-        assert status["origin"] == "wheel" or status["reason"] == "the CPU has no AVX512-BF16", status
+        assert r.placement["linear_kernel"] in ("onednn-packed", "dense-bf16"), r.placement
 
     again = _cli(env, "provision", "--allow-restart", "--yes", "-o", "json", timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -122,7 +122,7 @@ def test_prefill_logits_at_batch_above_one_match_the_unpacked_model():
 
 
 def test_dense_plan_prefill_and_decode_match_the_unpacked_model():
-    """The plan for CPUs without oneDNN bf16: GEMV rows for decode, fp32 SGEMM for prefill."""
+    """The plan for CPUs without oneDNN bf16: ATen's bf16 GEMV per row for decode, fp32 SGEMM for prefill."""
     from vcfslm.engine.model import load_model
 
     ref = load_model("synthetic:tiny", seed=4, max_context=80)

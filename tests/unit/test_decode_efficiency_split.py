@@ -30,51 +30,41 @@ def test_the_kernels_are_timed_only_while_on_and_skipped_ones_keep_their_shape(b
 
     calls = []
 
-    def real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
+    def real(x2, weight, bias, out_features, kernel, min_rows):
         calls.append(out_features)
         return torch.ones(x2.shape[0], out_features, dtype=x2.dtype)
 
-    monkeypatch.setattr(linear, "_run", real)
+    monkeypatch.setattr(linear, "run_kernel", real)
     x2 = torch.zeros(3, 8, dtype=torch.bfloat16)
     with bench.linear_kernels(skip=False) as timing:
-        assert linear._run(x2, None, None, "k", 1, 0, 5).sum() == 15
+        assert linear.run_kernel(x2, None, None, 5, "k", 1).sum() == 15
         counted = timing.seconds
         timing.pause()
-        linear._run(x2, None, None, "k", 1, 0, 5)
+        linear.run_kernel(x2, None, None, 5, "k", 1)
         assert timing.seconds == counted > 0
         timing.reset()
         assert timing.seconds == 0
-    assert linear._run is real and calls == [5, 5]
+    assert linear.run_kernel is real and calls == [5, 5]
     with bench.linear_kernels(skip=True):
-        y = linear._run(x2, None, None, "k", 1, 0, 7)
+        y = linear.run_kernel(x2, None, None, 7, "k", 1)
     assert y.shape == (3, 7) and y.dtype == torch.bfloat16 and calls == [5, 5]
-    assert linear._run is real
+    assert linear.run_kernel is real
 
 
-def test_the_ops_kernel_time_is_kept_by_its_block(bench, monkeypatch):
-    """vcfslm::gemv times its kernels in C++ while TIMED: what one block's steps summed stays
-    that block's, though the next block (a skipped one) starts by zeroing the op's count."""
-    from vcfslm.engine import gemv_op
+def test_the_wrapped_kernel_is_the_one_the_compiled_op_reaches(bench):
+    """A compiled graph calls vcfslm::linear; its kernel is linear.run_kernel, looked up at
+    each call, so a block's wrapper times (and skips) the compiled step's linears too."""
+    from vcfslm.engine import linear
 
-    op = {"pending": 0.0, "modes": []}
-
-    def take_seconds():
-        got, op["pending"] = op["pending"], 0.0
-        return got
-
-    monkeypatch.setattr(gemv_op, "take_seconds", take_seconds)
-    monkeypatch.setattr(gemv_op, "set_mode", op["modes"].append)
-    op["pending"] = 9.0   # left over from before the block: not the block's
+    packed = linear.PackedLinear(torch.ones(12, 8, dtype=torch.bfloat16), None, linear.KernelPlan(linear.DENSE_BF16))
+    x = torch.ones(2, 8, dtype=torch.bfloat16)
+    op = torch.ops.vcfslm.linear.default
+    with bench.linear_kernels(skip=True) as timing:
+        y = op(x, packed.packed_weight, None, 12, packed.kernel, packed.min_rows)
+    assert y.shape == (2, 12) and timing.seconds > 0
     with bench.linear_kernels(skip=False) as timing:
-        op["pending"] = 0.5   # a step's kernels
-        timing.pause()
-        op["pending"] += 7.0 if op["modes"][-1] == gemv_op.TIMED else 0.0   # a paused prefill
-        timing.resume()
-        op["pending"] = 0.25
-    with bench.linear_kernels(skip=True):
-        assert op["modes"][-1] == gemv_op.SKIP
-    assert timing.seconds == 0.75
-    assert op["modes"] == [gemv_op.TIMED, gemv_op.RUN, gemv_op.TIMED, gemv_op.RUN, gemv_op.SKIP, gemv_op.RUN]
+        y = op(x, packed.packed_weight, None, 12, packed.kernel, packed.min_rows)
+    assert torch.equal(y, torch.full((2, 12), 8.0, dtype=torch.bfloat16)) and timing.seconds > 0
 
 
 class _AheadClock:
@@ -94,7 +84,7 @@ def test_a_step_splits_into_its_linears_and_the_rest_and_the_prefill_is_not_coun
     eng, config = engine
     prompt = synthetic_prompt(1, 6, config.vocab_size, seed=3)
     rows_seen = []
-    real = linear._run
+    real = linear.run_kernel
     # The benchmark's clock runs 50 s ahead inside each prefill linear instead of sleeping:
     # counted, the prefill's 8 would add 8 x 50 s over 3 steps to each, which no real
     # kernel comes near however loaded the machine is (~370 ms a step has been seen).
@@ -107,7 +97,7 @@ def test_a_step_splits_into_its_linears_and_the_rest_and_the_prefill_is_not_coun
             clock.ahead += 50.0   # a slow prefill linear: it must not show in the step's share
         return real(x2, *rest)
 
-    monkeypatch.setattr(linear, "_run", watched)
+    monkeypatch.setattr(linear, "run_kernel", watched)
     split = bench.step_split(eng, prompt, tokens=4, windows=1)
     assert set(split) == {"tpot", "linears", "skipped"}
     assert 0 < split["linears"] < split["tpot"] and split["skipped"] > 0
@@ -117,7 +107,7 @@ def test_a_step_splits_into_its_linears_and_the_rest_and_the_prefill_is_not_coun
     linears = sum(isinstance(m, linear.PackedLinear) for m in eng.model.modules())
     assert rows_seen.count(6) == linears - 1 and rows_seen.count(1) == 1 + 3 * linears
     assert len(rows_seen) == 4 * linears
-    assert linear._run is watched and "prefill" not in vars(eng)
+    assert linear.run_kernel is watched and "prefill" not in vars(eng)
 
 
 class _Clock:
@@ -161,7 +151,7 @@ def test_each_step_is_paired_with_a_pass_of_its_linears_alone(bench, engine, mon
     from vcfslm.engine import linear
 
     eng, prompt, clock = _on_a_clock(bench, engine, monkeypatch, seed=4)
-    real = linear._run
+    real = linear.run_kernel
 
     def slow_kernels(x2, *rest):
         # 1-row kernels slow in the step and in the pass alike; the prefill's (6 rows) far
@@ -169,7 +159,7 @@ def test_each_step_is_paired_with_a_pass_of_its_linears_alone(bench, engine, mon
         clock.advance(0.05 if x2.shape[0] == 6 else 0.01)
         return real(x2, *rest)
 
-    monkeypatch.setattr(linear, "_run", slow_kernels)
+    monkeypatch.setattr(linear, "run_kernel", slow_kernels)
     even = bench.step_against_linears(eng, prompt, tokens=4, windows=2)
     assert even["pairs"] == 2 * 3
     assert even["kernels"] == pytest.approx(1.0) and even["step"] == pytest.approx(1.0)
@@ -220,43 +210,37 @@ def test_each_pass_is_judged_against_a_read_of_as_many_bytes_beside_it_the_order
 
 
 def test_the_linears_alone_are_called_as_the_step_calls_them(bench, monkeypatch):
-    """A compiled step calls vcfslm::gemv for the rows the module's GEMV takes, so the pass
-    does too; an eager step, and rows beyond the GEMV, call the module."""
-    from vcfslm.engine import gemv_op, linear
+    """A compiled step calls every linear through vcfslm::linear, so the pass does too; an
+    eager step calls the module. Either way each linear runs once, at the rows asked."""
+    from vcfslm.engine import linear
 
     plan = linear.KernelPlan(linear.DENSE_BF16)
     model = torch.nn.Sequential(*(linear.PackedLinear(torch.ones(n, 64, dtype=torch.bfloat16), None, plan)
                                   for n in (128, 192)))
-    for m in model:
-        m.gemv_address, m.gemv_rows = torch.tensor([4096]), 4   # as if the op ran here
-    model[1].gemv_address = None                                # a module the op does not take
-    op_calls, module_calls = [], []
-    monkeypatch.setattr(gemv_op, "call", lambda x, address, n, bias, layout: op_calls.append(
-        (x.shape[0], int(address), n, layout)))
-    real = linear._run
+    op_calls, kernel_calls = [], []
+    real_op = torch.ops.vcfslm.linear.default
+    real = linear.run_kernel
 
-    def module_run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features):
-        module_calls.append((x2.shape[0], out_features))
-        return real(x2, weight, bias, kernel, min_rows, gemv_rows, out_features)
+    def kernel(x2, weight, bias, out_features, kernel, min_rows):
+        kernel_calls.append((x2.shape[0], out_features))
+        return real(x2, weight, bias, out_features, kernel, min_rows)
 
-    monkeypatch.setattr(linear, "_run", module_run)
-    bench.linears_pass(model, rows=1, compiled=True)()
-    # The op is told the module's weight layout: a plain (dense-bf16) weight here.
-    assert op_calls == [(1, 4096, 128, gemv_op.PLAIN)] and module_calls == [(1, 192)]
+    monkeypatch.setattr(linear, "run_kernel", kernel)
+    with monkeypatch.context() as m:   # the pass takes the op when it is made
+        m.setattr(torch.ops.vcfslm.linear, "default", lambda *a: op_calls.append(a[3]) or real_op(*a))
+        bench.linears_pass(model, rows=1, compiled=True)()
+    assert op_calls == [128, 192] and kernel_calls == [(1, 128), (1, 192)]
     op_calls.clear()
-    module_calls.clear()
-    bench.linears_pass(model, rows=1, compiled=False)()
-    assert op_calls == [] and module_calls == [(1, 128), (1, 192)]
-    module_calls.clear()
-    bench.linears_pass(model, rows=5, compiled=True)()   # beyond the module's GEMV rows
-    assert op_calls == [] and module_calls == [(5, 128), (5, 192)]
+    kernel_calls.clear()
+    bench.linears_pass(model, rows=5, compiled=False)()
+    assert op_calls == [] and kernel_calls == [(5, 128), (5, 192)]
 
 
 def test_each_step_gets_a_read_of_its_bytes_beside_it_and_the_loops_own_time_is_kept(bench, engine, monkeypatch):
     from vcfslm.engine import linear
 
     eng, prompt, clock = _on_a_clock(bench, engine, monkeypatch, seed=5)
-    real = linear._run
+    real = linear.run_kernel
     log: list = []
 
     def kernels(x2, *rest):
@@ -264,7 +248,7 @@ def test_each_step_gets_a_read_of_its_bytes_beside_it_and_the_loops_own_time_is_
         clock.advance(0.01)
         return real(x2, *rest)
 
-    monkeypatch.setattr(linear, "_run", kernels)
+    monkeypatch.setattr(linear, "run_kernel", kernels)
     got = bench.step_against_linears(eng, prompt, tokens=4, windows=2, read=_Read(clock, log, 40.0), nbytes=123)
     assert got["pairs"] == 6 and got["read_gbs"] == [40.0] * 6
     # Each step: its 9 kernels of 10 ms; the read's second on the clock is never the step's.

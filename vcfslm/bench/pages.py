@@ -3,8 +3,8 @@
 A decode step streams every weight once; with 4 KiB pages that is a TLB miss every 4 KiB
 of a multi-GB stream. PyTorch's CPU allocator advises transparent huge pages for every
 allocation of 2 MiB or more when THP_MEM_ALLOC_ENABLE=1, and oneDNN's packed weights come
-from that allocator too. The GEMV hypothesis table (benchmarks/gemv_hypotheses.py) reads
-the same packed bytes ~0.1 of the read probe faster from 2 MiB pages on the CPUs measured.
+from that allocator too. On the CPUs measured, packed weights on 2 MiB pages read ~0.1 of
+the read probe faster than on 4 KiB ones.
 The variable is read once, at the process's first allocation: rank.sh exports it, and the
 benchmarks set it before they import torch. The kernel's THP mode decides whether the
 advice is taken (`madvise` or `always`: yes; `never`: no), so ranks record both.

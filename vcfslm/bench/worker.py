@@ -279,7 +279,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                    binding: dict[str, str]) -> int:
     from .. import roofline
     from ..engine.decode import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
-    from ..engine.linear import default_plan, gemv_status
+    from ..engine.linear import default_plan
     from ..engine.model import load_model
     from . import probe as probe_mod
     from .placement import placement_facts, placement_problems, thread_cpus
@@ -321,7 +321,6 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     placement["compile_mode"] = engine.mode
     placement["measurement_mode"] = engine.is_measurement_mode
     placement["linear_kernel"] = engine.plan.kernel
-    placement["gemv"] = gemv_status(engine.plan).to_dict()   # why the plan's few-row GEMV runs here, or not
     greedy = _greedy_text(args, engine)  # before any gate: its eager cache shape drops graphs
     gates: list = []   # every graph's gate, as each graph is compiled
 

@@ -1,7 +1,6 @@
-"""/proc/cpuinfo, read and parsed: the CPU flags the engine's kernel choices rest on.
+"""/proc/cpuinfo, read and parsed: the CPU flags a rank records (vcfslm.bench.placement).
 
-Standard library only, and no import from the rest of vcfslm: vcfslm.engine.gemv uses it
-where the wheel's build hook loads that module on its own (hatch_build.py)."""
+Standard library only, and no import from the rest of vcfslm."""
 
 from __future__ import annotations
 

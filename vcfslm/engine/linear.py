@@ -9,7 +9,8 @@ between the linears (norms,
 rotary, activations, the cache update) while the matrix products stay on the chosen kernel,
 and the graph holds no frozen constants (no second copy; the FX graph cache works).
 
-The kernel plan, chosen once per process from what the CPU offers:
+The kernel plan, chosen once per process from what the CPU offers; both are stock PyTorch
+ops, no code of vcfslm's own in the matrix products:
 
 - `onednn-packed` (oneDNN has bf16: AVX512-BF16 or AMX): the weight is reordered once
   into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`) and every call runs
@@ -17,19 +18,11 @@ The kernel plan, chosen once per process from what the CPU offers:
   a GEMV that reads the packed layout faster than the plain one (measured on an AMX
   Xeon: 32.8 vs 22.7 GB/s). Rows fewer than `min_rows` are padded up to it: oneDNN's
   one-row path is slower than its few-row one, and extra rows add no weight reads.
-  Where vcfslm's own GEMV runs (vcfslm.engine.gemv: AVX512-BF16 and a compiler), calls of
-  at most `gemv_rows` rows read the same packed bytes through it instead, unpadded: decode
-  at small batch is a weight stream, and that loop streams faster than oneDNN's (and at
-  5-32 rows, batch-16 decode and a short prompt's prefill, computes faster than oneDNN's
-  small-M GEMM on AVX512-BF16; beside AMX it takes 1-6 rows only, vcfslm.engine.gemv.rows_for).
 - `dense-bf16` (no bf16 in oneDNN, e.g. AVX2 only): the weight stays a plain bf16
-  matrix. Where vcfslm's AVX2 GEMV runs (vcfslm.engine.dense_gemv: AVX2 with FMA and a
-  compiler or the wheel's library), calls of at most `gemv_rows` rows (decode, a short
-  prompt) go through it: it reads the plain weight once for all the rows, at ~0.95 of the
-  read probe for one row. Elsewhere few rows go through ATen's bf16 GEMV one row at a time
-  (each row streams the weight again). More rows (prefill, big batches) convert the weight
-  to fp32 one cache-sized slice at a time into a reused scratch buffer and run SGEMM on
-  it, several times faster than a bf16 GEMM without hardware bf16.
+  matrix. Few rows (decode at small batch) go through ATen's bf16 GEMV (`torch.mv`) one
+  row at a time. More rows (prefill, big batches) convert the weight to fp32 one
+  cache-sized slice at a time into a reused scratch buffer and run SGEMM on it, several
+  times faster than a bf16 GEMM without hardware bf16.
 
 A weight is checked when it is packed: the packed kernel's output on a few random rows
 must match `F.linear` on the original weight, or packing fails loudly. This catches a
@@ -42,8 +35,6 @@ import gc
 from dataclasses import dataclass
 
 import torch
-
-from . import dense_gemv, gemv, gemv_op
 
 ONEDNN_PACKED = "onednn-packed"
 DENSE_BF16 = "dense-bf16"
@@ -60,42 +51,25 @@ DENSE_CHUNK_ELEMENTS = 512 * 3072
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """How every linear of a replica runs. min_rows: onednn-packed pads fewer rows to this.
-    gemv_rows: calls of at most this many rows go through vcfslm's GEMV (0: none)."""
+    """How every linear of a replica runs. min_rows: onednn-packed pads fewer rows to this."""
 
     kernel: str
     min_rows: int = 1
-    gemv_rows: int = 0
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown linear kernel {self.kernel!r}; known: {', '.join(KERNELS)}")
         if self.min_rows < 1:
             raise ValueError("min_rows must be >= 1")
-        if not 0 <= self.gemv_rows <= self.max_gemv_rows:
-            raise ValueError(f"gemv_rows must be within 0-{self.max_gemv_rows} for {self.kernel}")
-
-    @property
-    def max_gemv_rows(self) -> int:
-        """The most rows the plan's GEMV covers: the AVX512-BF16 loop on oneDNN's packed weight,
-        or the AVX2 loop on the plain one."""
-        return gemv.MAX_ROWS if self.kernel == ONEDNN_PACKED else dense_gemv.MAX_ROWS
-
-    @property
-    def gemv_label(self) -> str:
-        return gemv.LABEL if self.kernel == ONEDNN_PACKED else dense_gemv.LABEL
 
     @property
     def label(self) -> str:
-        notes = [f"rows padded to {self.min_rows}"] if self.min_rows > 1 else []
-        if self.gemv_rows:
-            notes.append(f"1-{self.gemv_rows} rows: {self.gemv_label}")
-        return self.kernel + (f" ({'; '.join(notes)})" if notes else "")
+        """The kernel path, as records and meta.json name it."""
+        return self.kernel + (f" (rows padded to {self.min_rows})" if self.min_rows > 1 else "")
 
     def rows_computed(self, rows: int) -> int:
-        """The rows a call of `rows` rows computes: padded up to min_rows unless the GEMV
-        takes it (pure)."""
-        return rows if rows <= self.gemv_rows else max(rows, self.min_rows)
+        """The rows a call of `rows` rows computes: padded up to min_rows (pure)."""
+        return max(rows, self.min_rows)
 
 
 def onednn_bf16() -> bool:
@@ -106,25 +80,16 @@ def onednn_bf16() -> bool:
         return False
 
 
-def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None, gemv_rows: int = 0) -> KernelPlan:
-    """The kernel plan for a CPU (pure). min_rows: override the one-row padding (onednn-packed).
-    gemv_rows: what the plan's GEMV module says of this process (vcfslm.engine.gemv's
-    usable_rows() for onednn-packed, vcfslm.engine.dense_gemv's for dense-bf16)."""
+def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None) -> KernelPlan:
+    """The kernel plan for a CPU (pure). min_rows: override the one-row padding (onednn-packed)."""
     if has_onednn_bf16:
-        return KernelPlan(ONEDNN_PACKED, DEFAULT_MIN_ROWS if min_rows is None else min_rows, gemv_rows)
-    return KernelPlan(DENSE_BF16, gemv_rows=gemv_rows)
-
-
-def gemv_status(plan: KernelPlan) -> gemv.GemvStatus:
-    """Whether the plan's few-row GEMV runs in this process, and why (vcfslm.engine.gemv's for
-    onednn-packed, vcfslm.engine.dense_gemv's for dense-bf16)."""
-    return gemv.status() if plan.kernel == ONEDNN_PACKED else dense_gemv.status()
+        return KernelPlan(ONEDNN_PACKED, DEFAULT_MIN_ROWS if min_rows is None else min_rows)
+    return KernelPlan(DENSE_BF16)
 
 
 def default_plan() -> KernelPlan:
-    """The plan for this process's CPU: the best kernel, with vcfslm's GEMV where it runs."""
-    has = onednn_bf16()
-    return choose_plan(has, gemv_rows=gemv.usable_rows() if has else dense_gemv.usable_rows())
+    """The plan for this process's CPU: the best stock kernel it offers."""
+    return choose_plan(onednn_bf16())
 
 
 # oneDNN's M=1 bf16 path reads the packed weight slower than its M=4 path on the CPUs
@@ -149,16 +114,13 @@ def _fp32_scratch(numel: int) -> torch.Tensor:
     return buf[:numel]
 
 
-def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str,
-         min_rows: int, gemv_rows: int, out_features: int) -> torch.Tensor:
-    """y = x2 @ weight.T + bias for a contiguous 2-D x2, on the planned kernel."""
+def run_kernel(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+               kernel: str, min_rows: int) -> torch.Tensor:
+    """y = x2 @ weight.T + bias [rows, out_features] for a contiguous 2-D x2, on the planned
+    kernel: the one call every packed linear reaches, eager or from a compiled graph
+    (vcfslm::linear). Looked up on this module at each call, so a benchmark may wrap it to
+    time or skip the matrix products (benchmarks/decode_efficiency.py does)."""
     rows = x2.shape[0]
-    if kernel == ONEDNN_PACKED and rows <= gemv_rows:
-        y = gemv.run(x2, weight, out_features)
-        return y if bias is None else y + bias
-    if kernel == DENSE_BF16 and rows <= gemv_rows:
-        y = dense_gemv.run(x2, weight)
-        return y if bias is None else y + bias
     if kernel == ONEDNN_PACKED:
         if rows < min_rows:
             padded = x2.new_zeros(min_rows, x2.shape[1])
@@ -199,13 +161,13 @@ def _fp32_product_t(x2: torch.Tensor, weight: torch.Tensor, slice32: torch.Tenso
 
 
 def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-                 kernel: str, min_rows: int, gemv_rows: int) -> torch.Tensor:
+                 kernel: str, min_rows: int) -> torch.Tensor:
     """x [..., in] -> [..., out_features] through a weight held by `kernel`'s layout."""
     lead = x.shape[:-1]
     # A contiguous 2-D input: a strided one (HF's last-position slice for batch > 1) would
     # send a 3-D matmul through bmm, which expands the weight once per stream.
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    return _run(x2, weight, bias, kernel, min_rows, gemv_rows, out_features).view(*lead, out_features)
+    return run_kernel(x2, weight, bias, out_features, kernel, min_rows).view(*lead, out_features)
 
 
 # The op a compiled graph calls: opaque to Inductor, which fuses what lies between the
@@ -213,40 +175,27 @@ def linear_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 # rather than through torch.library.custom_op: custom_op's Python autograd and dispatch
 # wrappers ran on every call, and with a decode step's 129 calls each starting with cold
 # caches behind a weight stream, that read the weights ~6% slower than the same kernel
-# called through a plain registration (benchmarks/gemv_hypotheses.py).
+# called through a plain registration.
 _OPS = torch.library.Library("vcfslm", "FRAGMENT")
-_OPS.define("linear(Tensor x, Tensor weight, Tensor? bias, int out_features, str kernel, int min_rows, "
-            "int gemv_rows) -> Tensor")
+_OPS.define("linear(Tensor x, Tensor weight, Tensor? bias, int out_features, str kernel, int min_rows) -> Tensor")
 _OPS.impl("linear", linear_eager, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("vcfslm::linear", lib=_OPS)
-def _linear_fake(x, weight, bias, out_features, kernel, min_rows, gemv_rows):
+def _linear_fake(x, weight, bias, out_features, kernel, min_rows):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-           kernel: str, min_rows: int, gemv_rows: int, gemv_address: torch.Tensor | None = None) -> torch.Tensor:
-    """The op under torch.compile; eager, its kernel called directly (no dispatcher).
-
-    Compiled, the GEMV's rows go to vcfslm::gemv when its op runs here (gemv_address: the
-    weight's, gemv_op.address_of, else None): C++ from the graph to the kernel
-    (vcfslm.engine.gemv_op)."""
+           kernel: str, min_rows: int) -> torch.Tensor:
+    """The op under torch.compile (an extern call in Inductor's graph); eager, its kernel
+    called directly (no dispatcher)."""
     if torch.compiler.is_compiling():
-        rows = x.numel() // x.shape[-1]
-        if gemv_address is not None and rows <= gemv_rows:
-            y = gemv_op.call(x.reshape(rows, x.shape[-1]), gemv_address, out_features, bias, op_layout(kernel))
-            return y.view(*x.shape[:-1], out_features)
-        return torch.ops.vcfslm.linear.default(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
-    return linear_eager(x, weight, bias, out_features, kernel, min_rows, gemv_rows)
+        return torch.ops.vcfslm.linear.default(x, weight, bias, out_features, kernel, min_rows)
+    return linear_eager(x, weight, bias, out_features, kernel, min_rows)
 
 
 # ------------------------------------------------------------------ modules
-
-
-def op_layout(kernel: str) -> int:
-    """The weight layout vcfslm::gemv reads for a plan's kernel (pure)."""
-    return gemv_op.PACKED if kernel == ONEDNN_PACKED else gemv_op.PLAIN
 
 
 class PackedLinear(torch.nn.Module):
@@ -259,42 +208,21 @@ class PackedLinear(torch.nn.Module):
         self.kernel = plan.kernel
         self.min_rows = plan.min_rows
         self.weight_nbytes = weight.numel() * weight.element_size()
-        self.gemv_rows = 0
-        address = None   # the weight's (gemv_op.address_of), where compiled graphs call vcfslm::gemv
         if plan.kernel == ONEDNN_PACKED:
             stored = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), plan.min_rows)
-            # Shapes outside the GEMV's whole blocks stay on oneDNN at every row count.
-            takes_gemv = plan.gemv_rows and gemv.fits(self.out_features, self.in_features,
-                                                      torch.ops.mkldnn._nbytes(stored), 1)
-            verdict = gemv.status
         else:
             stored = weight.detach().contiguous()
-            # Input widths outside the loop's step stay on ATen.
-            takes_gemv = plan.gemv_rows and dense_gemv.fits(self.in_features, 1)
-            verdict = dense_gemv.status
-        if takes_gemv:
-            if not verdict().usable:
-                raise ValueError(f"the plan asks for {plan.gemv_label}, which does not run here: "
-                                 f"{verdict().reason}")
-            self.gemv_rows = plan.gemv_rows
-            if gemv_op.usable(op_layout(plan.kernel)):
-                address = gemv_op.address_of(stored, op_layout(plan.kernel))
         # Buffers, not parameters: nothing may treat them as trainable or re-materialise them.
         self.register_buffer("packed_weight", stored)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        # A buffer, so compiled graphs take it as an input; not saved: an address means
-        # nothing to another process.
-        self.register_buffer("gemv_address", address, persistent=False)
         # Logical bytes (an oneDNN-packed tensor has no storage to measure).
         self.held_nbytes = self.weight_nbytes + (0 if bias is None else bias.numel() * bias.element_size())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.packed_weight, self.bias, self.out_features, self.kernel, self.min_rows,
-                      self.gemv_rows, self.gemv_address)
+        return linear(x, self.packed_weight, self.bias, self.out_features, self.kernel, self.min_rows)
 
     def extra_repr(self) -> str:
-        return (f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, gemv_rows={self.gemv_rows}, "
-                f"gemv_op={self.gemv_address is not None}")
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, min_rows={self.min_rows}"
 
 
 @dataclass(frozen=True)
@@ -320,8 +248,8 @@ class PackCheckError(RuntimeError):
 # Packing must not change what a linear computes beyond bf16 output rounding (2^-8
 # relative) plus a different accumulation order.
 PACK_CHECK_RTOL = 2e-2
-# 3 and 7 rows: vcfslm's GEMV where it runs (its streaming and its chunked loop), else
-# oneDNN's few-row path; 33: oneDNN's many-row one (prefill's, under any plan).
+# 3 and 7 rows: the few-row paths (oneDNN's GEMV, 3 rows padded to min_rows; dense-bf16's
+# per-row torch.mv at 3, its fp32 slices at 7); 33: the many-row one (prefill's, either plan).
 _CHECK_ROWS = (3, 7, 33)
 _CHECK_SLICE = 1024
 
@@ -366,9 +294,8 @@ def _check(original: torch.nn.Linear, packed: PackedLinear, gen: torch.Generator
         scale = max(want.max().item(), -want.min().item()) or 1.0
         err = got.sub_(want).abs_().max().item() / scale
         if not err <= PACK_CHECK_RTOL:  # also catches NaN
-            path = f"vcfslm GEMV, {packed.kernel}" if count <= packed.gemv_rows else packed.kernel
             raise PackCheckError(f"packed {packed.kernel} weight {tuple(w.shape)} differs from F.linear "
-                                 f"at {count} rows ({path}): max relative error {err:.3g} > {PACK_CHECK_RTOL}")
+                                 f"at {count} rows: max relative error {err:.3g} > {PACK_CHECK_RTOL}")
         worst = max(worst, err)
     return worst
 
@@ -380,8 +307,7 @@ def kernel_table(model: torch.nn.Module) -> list[str]:
     groups: dict[tuple[str, int, int, str], int] = {}
     for name, m in model.named_modules():
         if isinstance(m, PackedLinear):
-            kernel = m.kernel + (f" + GEMV at 1-{m.gemv_rows} rows" if m.gemv_rows else "")
-            key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features, kernel)
+            key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features, m.kernel)
         elif isinstance(m, torch.nn.Linear):
             key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features, "torch.nn.Linear (unpacked)")
         else:

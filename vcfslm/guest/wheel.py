@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import PlaybookError
 
 WHEEL_ENV = "VCFSLM_WHEEL"
-SOURCE_PARTS = ("vcfslm", "hatch_build.py", "templates", "playbooks", "inventories", "pyproject.toml", "README.md")
+SOURCE_PARTS = ("vcfslm", "templates", "playbooks", "inventories", "pyproject.toml", "README.md")
 
 
 @dataclass(frozen=True)
