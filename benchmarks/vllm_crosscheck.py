@@ -48,15 +48,24 @@ TOLERANCE = {"p50 TTFT (s)": 0.10, "p50 TPOT (ms)": 0.10, "completed req/s": 0.0
 
 
 def checkpoint(model: str, seed: int = 0) -> str:
+    """A synthetic model as the checkpoint folder the server loads, written once per source
+    and seed into the folder `vcfslm bench` writes it to (so either reuses the other's)."""
     if not model.startswith("synthetic:"):
         return model
-    from vcfslm.cli.bench import _checkpoint_for
+    import re
+    import shutil
 
-    class _Say:
-        def print(self, text):
-            print(f"  {text}", flush=True)
+    from vcfslm.engine.checkpoint import write_checkpoint
 
-    return _checkpoint_for(model, seed, _Say())
+    cache = Path(os.environ.get("VCFSLM_MODEL_CACHE") or "~/.cache/vcfslm/models").expanduser()
+    folder = cache / f"{re.sub(r'[^A-Za-z0-9.=-]+', '-', model)}-seed{seed}"
+    if not (folder / "config.json").exists():
+        print(f"  writing {model} (seed {seed}) as a checkpoint for the server: {folder}", flush=True)
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        write_checkpoint(model, partial, seed=seed)
+        partial.rename(folder)
+    return str(folder)
 
 
 def vcfslm_client(driver: HttpDriver, spec: ServeSpec, rate: float, seed: int) -> dict:
