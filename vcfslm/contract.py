@@ -462,18 +462,19 @@ FACT_FIELDS = ("label", "slos", "inventory_sha256", "vcenter", "guests", "versio
 _SCALAR_FACTS = ("label", "inventory_sha256")
 
 
-def build_run_meta(*, run_id: str, mode: str, nodes: Sequence[str], ranks_per_node: int,
-                   threads_per_rank: int, model: str, matrix: dict[str, Any], command: Sequence[str],
-                   previous: RunMeta | None = None, complete: bool = False,
+def build_run_meta(spec, *, previous: RunMeta | None = None, complete: bool = False,
                    failure: str | None = None, **facts: Any) -> RunMeta:
-    """A run's meta.json. `previous` is the meta of the run being resumed: its creation
-    time stays, and each of FACT_FIELDS not given anew is kept from it."""
+    """A run's meta.json from its spec (vcfslm.runspec.RunSpec, kept whole as `spec`; the
+    matrix, nodes, model, label and SLOs the report reads are the spec's). `previous` is
+    the meta of the run being resumed: its creation time stays, and each of FACT_FIELDS not
+    given anew is kept from it."""
     unknown = set(facts) - set(FACT_FIELDS)
     if unknown:
         raise TypeError(f"unknown run facts: {', '.join(sorted(unknown))}")
+    facts = {"label": spec.label, "slos": spec.slos, **facts}
     kept = {k: facts.get(k) or (getattr(previous, k) if previous else None) for k in FACT_FIELDS}
     kept.update({k: kept[k] or {} for k in FACT_FIELDS if k not in _SCALAR_FACTS})
-    return RunMeta(run_id=run_id, created=previous.created if previous else now_iso(),
-                   command=list(command), mode=mode, nodes=list(nodes), ranks_per_node=ranks_per_node,
-                   threads_per_rank=threads_per_rank, model=model, matrix=dict(matrix),
-                   complete=complete, failure=failure, **kept)
+    return RunMeta(run_id=spec.run_id, created=previous.created if previous else now_iso(),
+                   command=list(spec.command), mode=spec.mode, nodes=list(spec.nodes),
+                   ranks_per_node=spec.ranks, threads_per_rank=spec.threads, model=spec.model,
+                   matrix=spec.matrix_record(), complete=complete, failure=failure, spec=spec.record(), **kept)

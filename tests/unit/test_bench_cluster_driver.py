@@ -16,6 +16,7 @@ from vcfslm.errors import BenchError
 from vcfslm.guest.fake import FakeTransport
 from vcfslm.inventory import parse_inventory
 from vcfslm.results import WindowRecord, load_run
+from vcfslm.runspec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,11 +47,16 @@ def scripted(name: str, polls: list[str], *, lock: str = "LOCKED", ranks=range(4
     return t
 
 
-def bench_for(inv, transports: dict, tmp_path: Path, **opts) -> ClusterBench:
+def spec_of(inv, nodes, run_id: str = "r", **changes) -> RunSpec:
+    """The cluster run of the inventory's settings on `nodes`."""
+    return RunSpec.of_inventory(inv, [n.name for n in nodes], run_id, **changes)
+
+
+def bench_for(inv, transports: dict, tmp_path: Path, **changes) -> ClusterBench:
     def connect(node):
         return transports[node.name]
-    return ClusterBench(inv, inv.nodes[:len(transports)], connect,
-                        ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0, **opts))
+    return ClusterBench(inv, connect, spec_of(inv, inv.nodes[:len(transports)], **changes),
+                        ClusterOptions(runs_root=tmp_path, poll_s=0.0))
 
 
 def with_records(t: FakeTransport, run_dir: str, ranks, node: str) -> None:
@@ -143,8 +149,8 @@ def test_lost_ssh_while_running_reconnects(inv, tmp_path):
 
     a.run = flaky
     conns = iter([a, fresh])
-    bench = ClusterBench(inv, inv.nodes[:1], lambda node: next(conns),
-                         ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0))
+    bench = ClusterBench(inv, lambda node: next(conns), spec_of(inv, inv.nodes[:1], "r"),
+                         ClusterOptions(runs_root=tmp_path, poll_s=0.0))
     with_records(fresh, bench.launches[0].run_dir, range(4), "slm-01")
     meta, _ = bench.run()
     assert meta.complete
@@ -156,8 +162,8 @@ def test_progress_events_reach_the_reporter(inv, tmp_path):
     event = {"rank": 0, "phase": "measure", "scenario": 2, "scenarios": 4, "window": 1}
     a = scripted("slm-01", [f"RUNNING\n[default0]:VCFSLM-PROGRESS {json.dumps(event)}\n", "EXIT 0\n"])
     rep = RecordingReporter()
-    bench = ClusterBench(inv, inv.nodes[:1], lambda n: a,
-                         ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0), reporter=rep)
+    bench = ClusterBench(inv, lambda n: a, spec_of(inv, inv.nodes[:1], "r"),
+                         ClusterOptions(runs_root=tmp_path, poll_s=0.0), reporter=rep)
     with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
     bench.run()
     # per-rank lines are detail (shown with -v); the run's position is one Progress
@@ -228,9 +234,10 @@ def many_nodes(inv, n: int):
 def test_pool_covers_every_node_up_to_the_guest_cap(inv, tmp_path):
     from vcfslm.contract import GUEST_PARALLEL_CAP
 
-    opts = ClusterOptions(run_id="r", runs_root=tmp_path)
-    assert ClusterBench(inv, many_nodes(inv, 20), lambda n: None, opts).workers == 20
-    assert ClusterBench(inv, many_nodes(inv, 70), lambda n: None, opts).workers == GUEST_PARALLEL_CAP
+    opts = ClusterOptions(runs_root=tmp_path)
+    for n, workers in ((20, 20), (70, GUEST_PARALLEL_CAP)):
+        wide = inv.model_copy(update={"nodes": many_nodes(inv, n)})
+        assert ClusterBench(wide, lambda n: None, spec_of(wide, wide.nodes), opts).workers == workers
 
 
 def test_launch_failure_on_one_node_stops_every_node(inv, tmp_path):
@@ -268,7 +275,8 @@ def test_polling_reuses_one_connection_per_node(inv, tmp_path):
         return t
 
     connect = CountingConnector(make)
-    bench = ClusterBench(inv, inv.nodes, connect, ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0))
+    bench = ClusterBench(inv, connect, spec_of(inv, inv.nodes, "r"),
+                         ClusterOptions(runs_root=tmp_path, poll_s=0.0))
     meta, records = bench.run()
     assert meta.complete and len({r.rank for r in records}) == 16
     # one connection per node for preflight, 7 poll ticks, fetch and unlock
@@ -289,7 +297,8 @@ def test_a_dropped_connection_is_reopened_once_and_kept(inv, tmp_path):
         return t
 
     connect = CountingConnector(make)
-    bench = ClusterBench(inv, inv.nodes[:1], connect, ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0))
+    bench = ClusterBench(inv, connect, spec_of(inv, inv.nodes[:1], "r"),
+                         ClusterOptions(runs_root=tmp_path, poll_s=0.0))
     bench.preflight()
     bench.start()
     [first] = connect.made["slm-01"]
@@ -377,7 +386,8 @@ def test_the_guest_is_inspected_once_per_node_for_the_gate_and_the_record(inv, t
 
     a = scripted("slm-01", ["EXIT 0\n"])
     with_records(a, "/opt/vcfslm/runs/r", range(4), "slm-01")
-    bench = ClusterBench(inv, inv.nodes[:1], lambda n: a, ClusterOptions(run_id="r", runs_root=tmp_path, poll_s=0.0),
+    bench = ClusterBench(inv, lambda n: a, spec_of(inv, inv.nodes[:1], "r"),
+                         ClusterOptions(runs_root=tmp_path, poll_s=0.0),
                          inspect_guest=inspect)
     meta, _ = bench.run()
     assert seen == ["slm-01"]
@@ -386,8 +396,8 @@ def test_the_guest_is_inspected_once_per_node_for_the_gate_and_the_record(inv, t
     seen.clear()
     a, b = scripted("slm-01", ["EXIT 0\n"]), scripted("slm-02", ["EXIT 0\n"], ranks=range(4, 8))
     nodes = {"slm-01": a, "slm-02": b}
-    bench = ClusterBench(inv, inv.nodes[:2], lambda n: nodes[n.name],
-                         ClusterOptions(run_id="r2", runs_root=tmp_path, poll_s=0.0), inspect_guest=inspect)
+    bench = ClusterBench(inv, lambda n: nodes[n.name], spec_of(inv, inv.nodes[:2], "r2"),
+                         ClusterOptions(runs_root=tmp_path, poll_s=0.0), inspect_guest=inspect)
     with pytest.raises(BenchError, match="slm-02: expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 2 CPUs"):
         bench.run()
     assert sorted(seen) == ["slm-01", "slm-02"]

@@ -7,18 +7,17 @@ One compiled engine is shared by the module (each compile of the tiny model cost
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.bench.rank import TorchrunEnv  # noqa: E402
-from vcfslm.bench.worker import window_record  # noqa: E402
-from vcfslm.contract import normalize_compile_mode  # noqa: E402
+from vcfslm.bench.rank import RankArgs, TorchrunEnv  # noqa: E402
+from vcfslm.bench.worker import WindowFacts, window_record  # noqa: E402
+from vcfslm.contract import Matrix, normalize_compile_mode  # noqa: E402
 from vcfslm.engine.decode import DecodeEngine, Generation, synthetic_prompt  # noqa: E402
 from vcfslm.engine.linear import DENSE_BF16, KernelPlan, PackedLinear  # noqa: E402
+from vcfslm.runspec import RunSpec, WorkerSpec  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +140,9 @@ def test_dense_plan_prefill_and_decode_match_the_unpacked_model():
     assert (got - want[:, 1:]).abs().max().item() <= 0.03 * scale
 
 
-def _args(**kw):
-    base = dict(run_id="r", node="n0", nodes=1)
-    base.update(kw)
-    return argparse.Namespace(**base)
+def _args():
+    run = RunSpec(run_id="r", mode="local", model="synthetic:tiny", matrix=Matrix((1,), (8,), 4))
+    return RankArgs(WorkerSpec(run=run, out="/tmp/r", model="synthetic:tiny", nodes=1), "n0")
 
 
 def test_window_metrics_from_recorded_timestamps():
@@ -152,8 +150,9 @@ def test_window_metrics_from_recorded_timestamps():
                      first_token=100.5, last_token=102.5)
     env = TorchrunEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, group_rank=1,
                       master_addr="x", master_port=1)
-    rec = window_record(env=env, args=_args(), scenario=(4, 128, 11), window=2, gen=gen, skew_s=0.001,
-                        roofline_ms=150.0, placement={"cpu_affinity": "0-1"}, peak_rss=123)
+    rec = window_record(env=env, args=_args(), scenario=(4, 128, 11), window=2, gen=gen,
+                        facts=WindowFacts(skew_s=0.001, roofline_ms=150.0, placement={"cpu_affinity": "0-1"},
+                                          peak_rss=123))
     assert rec.ttft_s == [0.5] * 4
     assert rec.e2e_s == [2.5] * 4
     assert rec.tpot_ms == pytest.approx([200.0] * 4)  # (2.5 - 0.5) / (11 - 1) s
@@ -168,8 +167,8 @@ def test_a_compile_or_a_short_output_invalidates_the_window():
     gen = Generation(tokens=torch.zeros(2, 9, dtype=torch.long), request_start=0.0, first_token=1.0,
                      last_token=2.0, compiles=1)
     env = TorchrunEnv(0, 0, 1, 1, 0, "x", 1)
-    rec = window_record(env=env, args=_args(), scenario=(2, 16, 10), window=0, gen=gen, skew_s=0.0,
-                        roofline_ms=None, placement={}, peak_rss=0)
+    rec = window_record(env=env, args=_args(), scenario=(2, 16, 10), window=0, gen=gen,
+                        facts=WindowFacts(skew_s=0.0, roofline_ms=None, placement={}, peak_rss=0))
     assert not rec.valid
     assert any("compilation" in r for r in rec.invalid_reasons)
     assert any("(2, 9)" in r for r in rec.invalid_reasons)

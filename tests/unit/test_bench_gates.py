@@ -16,9 +16,10 @@ pytest.importorskip("transformers")
 
 from vcfslm import results  # noqa: E402
 from vcfslm.bench import worker  # noqa: E402
-from vcfslm.bench.rank import TorchrunEnv  # noqa: E402
+from vcfslm.bench.rank import RankArgs, TorchrunEnv  # noqa: E402
 from vcfslm.contract import Matrix, parse_progress  # noqa: E402
 from vcfslm.engine.decode import DecodeEngine  # noqa: E402
+from vcfslm.runspec import ProbeSpec, RunSpec, WorkerSpec  # noqa: E402
 from vcfslm.serving import ServeSpec  # noqa: E402
 from vcfslm.verdicts import NUMERICS_GATE_PREFIX  # noqa: E402
 
@@ -29,16 +30,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_rank(tmp_path, monkeypatch, capsys, *extra: str, matrix: Matrix | None = None,
-             compile_mode: str = "compile"):
+def run_rank(tmp_path, monkeypatch, capsys, matrix: Matrix | None = None,
+             compile_mode: str = "compile", **extra):
     """One rank of a run in this process; its progress events."""
     port = str(free_port())
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", port)
     matrix = matrix or Matrix((1, 2), (8,), 4, warmup=0, repeats=2)
-    args = worker.parse_args(["--model", "synthetic:tiny", "--matrix", matrix.to_json(), "--out", str(tmp_path),
-                              "--run-id", "g", "--node", "n0", "--nodes", "1", "--threads", "1", "--no-probe",
-                              "--gate-steps", "6", "--compile", compile_mode, *extra])
+    run = RunSpec(run_id="g", mode="local", model="synthetic:tiny", matrix=matrix, threads=1,
+                  probe=ProbeSpec(enabled=False), compile_mode=compile_mode, **extra)
+    args = RankArgs(WorkerSpec(run=run, out=str(tmp_path), model="synthetic:tiny", nodes=1, gate_steps=6), "n0")
     env = TorchrunEnv.from_environ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
     threads = torch.get_num_threads()
     package = logging.getLogger("vcfslm")
@@ -96,7 +97,7 @@ def test_a_perturbed_slot_step_fails_the_serving_rank(tmp_path, monkeypatch, cap
     spec = ServeSpec(loads=(2.0,), input_tokens=(8,), output_tokens=4, slots=2, chunk_tokens=4, batched_tokens=8,
                      duration_s=1.0, warmup_s=0.2, cooldown_s=0.2, warmup_windows=0, repeats=1, seed=1)
     perturb_compiled_step(monkeypatch, tokens=2 + 4)      # two lanes with a prompt piece
-    events = run_rank(tmp_path, monkeypatch, capsys, "--serve", json.dumps(spec.to_dict()),
+    events = run_rank(tmp_path, monkeypatch, capsys, serve=spec,
                       matrix=Matrix((2,), (8,), 4, 0, 1), compile_mode="eager")
     served = results.read_serve_records(tmp_path / "serving.jsonl")
     assert served and all(not r.valid for r in served)

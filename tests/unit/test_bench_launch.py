@@ -13,8 +13,13 @@ from vcfslm.bench import launch as L
 from vcfslm.bench.cluster import ClusterOptions, plan_launches
 from vcfslm.contract import Matrix
 from vcfslm.inventory import parse_inventory
+from vcfslm.runspec import ProbeSpec, RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def spec_of(inv, nodes, run_id: str, **changes) -> RunSpec:
+    return RunSpec.of_inventory(inv, [n.name for n in nodes], run_id, **changes)
 
 
 @pytest.fixture
@@ -23,7 +28,7 @@ def inv():
 
 
 def test_torchrun_lines_per_node_golden(inv):
-    launches = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))
+    launches = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())
     assert [la.global_ranks for la in launches] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
     argv = list(launches[2].torchrun_argv)
     assert argv == [
@@ -32,28 +37,33 @@ def test_torchrun_lines_per_node_golden(inv):
         "--max-restarts", "0",
         "--log-dir", "/opt/vcfslm/runs/r1/logs/slm-03/ranks", "--redirects", "3", "--tee", "3",
         "--no-python", "/opt/vcfslm/launch/rank.sh", "--",
-        "--model", "microsoft/Phi-3-mini-128k-instruct",
-        "--matrix", '{"batch_sizes": [1, 4, 8, 16], "input_tokens": [128, 512, 1024], "output_tokens": 128, '
-                    '"repeats": 3, "warmup": 1}',
-        "--out", "/opt/vcfslm/runs/r1", "--run-id", "r1", "--node", "slm-03", "--nodes", "4",
-        "--threads", "24", "--compile", "compile", "--timeout", "1800"]
+        "--spec", "/opt/vcfslm/runs/r1/spec-slm-03.json", "--node", "slm-03"]
+    job = launches[2].spec
+    assert job.model == "microsoft/Phi-3-mini-128k-instruct"
+    assert job.matrix.to_json() == ('{"batch_sizes": [1, 4, 8, 16], "input_tokens": [128, 512, 1024], '
+                                    '"output_tokens": 128, "repeats": 3, "warmup": 1}')
+    assert (job.out, job.run.run_id, job.nodes, job.run.threads, job.run.compile_mode, job.timeout_s) == (
+        "/opt/vcfslm/runs/r1", "r1", 4, 24, "compile", 1800)
+    # the launch line writes the node's spec where its ranks read it
+    assert shlex.quote(job.to_json()) in launches[2].launch_command
     # every node rendezvous on node 0's bench IP, never the management network
     assert all("172.16.25.21" in la.torchrun_argv for la in launches)
     assert not any("192.168.10.21" in la.torchrun_argv for la in launches)
 
 
 def test_options_reach_the_worker(inv):
-    [la] = plan_launches(inv, inv.nodes[:1], ClusterOptions(run_id="r2", resume=True, repeats=1,
-                                                             output_tokens=16, scenarios="b=1"))
+    spec = spec_of(inv, inv.nodes[:1], "r2", scenarios="b=1",
+                   matrix=Matrix.of_inventory(inv.bench, output_tokens=16, repeats=1))
+    [la] = plan_launches(inv, spec, ClusterOptions(resume=True))
     argv = list(la.torchrun_argv)
-    matrix = Matrix.from_json(argv[argv.index("--matrix") + 1])
+    matrix = la.spec.matrix
     assert matrix.repeats == 1 and matrix.output_tokens == 16
-    assert "--resume" in argv and argv[argv.index("--scenarios") + 1] == "b=1"
+    assert la.spec.resume and la.spec.run.scenarios == "b=1"
     assert argv[argv.index("--nnodes") + 1] == "1"
 
 
 def test_shell_snippets_parse(inv):
-    la = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))[0]
+    la = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())[0]
     for cmd in (la.launch_command, L.poll_command(la, 10), L.stop_command(la), L.lock_command(la, "r1"),
                 L.unlock_command(la)):
         subprocess.run(["bash", "-n", "-c", cmd], check=True)
@@ -141,10 +151,10 @@ def test_rendezvous_timeout_reaches_torchrun_and_the_workers(inv, monkeypatch):
     from torch.distributed.run import config_from_args, get_args_parser
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    launches = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1", probe_mib=0))
+    launches = plan_launches(inv, spec_of(inv, inv.nodes, "r1", probe=ProbeSpec.of_flags(0)), ClusterOptions())
     argv = list(launches[1].torchrun_argv)
-    assert argv[argv.index("--timeout") + 1] == str(C.process_group_timeout_s(4, 4))
-    assert "--no-probe" in argv
+    assert launches[1].spec.timeout_s == C.process_group_timeout_s(4, 4)
+    assert not launches[1].spec.run.probe.enabled
     args = get_args_parser().parse_args(argv[3:])
     config, _, _ = config_from_args(args)
     assert config.rdzv_backend == "static"
@@ -165,12 +175,12 @@ def test_launch_records_the_pid_in_the_lock_in_the_same_round_trip(tmp_path):
 def test_torchrun_console_is_unbuffered(inv):
     """torchrun's console goes to a file the operator tails: block buffering would hold
     the ranks' progress back until the run ends."""
-    la = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))[0]
+    la = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())[0]
     assert "export PYTHONUNBUFFERED=1;" in la.launch_command
 
 
 def test_each_launch_is_built_once_with_its_files_placement_and_rendezvous(inv):
-    launches = plan_launches(inv, inv.nodes, ClusterOptions(run_id="r1"))
+    launches = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())
     for la in launches:
         files = L.NodeFiles(la.run_dir, la.name)
         # the launch line names the files the launch itself polls, stops and unlocks by
@@ -180,17 +190,23 @@ def test_each_launch_is_built_once_with_its_files_placement_and_rendezvous(inv):
             (files.pid_file, files.exit_file, files.log_file, files.lock_dir)
         assert la.placement == L.RankPlacement(24, tuple(inv.rank_slots()))
         assert la.rdzv_timeout_s == C.rendezvous_timeout_s(4, 4) == 621
-        argv = list(la.torchrun_argv)
-        assert argv[argv.index("--threads") + 1] == str(la.placement.threads)
+        assert la.spec.run.threads == la.placement.threads
 
 
-def test_the_worker_reads_the_matrix_the_launcher_wrote(inv):
+def test_the_worker_reads_the_matrix_the_launcher_wrote(inv, tmp_path):
     from vcfslm.bench.worker import parse_args
 
-    [la] = plan_launches(inv, inv.nodes[:1], ClusterOptions(run_id="r1", repeats=2, output_tokens=32))
+    spec = spec_of(inv, inv.nodes[:1], "r1", matrix=Matrix.of_inventory(inv.bench, output_tokens=32, repeats=2))
+    [la] = plan_launches(inv, spec, ClusterOptions())
     argv = list(la.torchrun_argv)
-    parsed = parse_args(argv[argv.index("--no-python") + 2:])
-    assert parsed.matrix == Matrix((1, 4, 8, 16), (128, 512, 1024), 32, warmup=1, repeats=2)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(la.spec.to_json())
+    worker_argv = argv[argv.index("--no-python") + 2:]
+    assert worker_argv[:3] == ["--", "--spec", la.files.spec_file]
+    worker_argv[2] = str(spec_file)
+    parsed = parse_args(worker_argv)
+    assert parsed.spec.matrix == Matrix((1, 4, 8, 16), (128, 512, 1024), 32, warmup=1, repeats=2)
+    assert parsed.spec == la.spec and parsed.node == la.name
 
 
 # ------------------------------------------------------------------ rank.sh's placement

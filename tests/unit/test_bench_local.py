@@ -16,6 +16,7 @@ from vcfslm.contract import Matrix
 from vcfslm.errors import UsageError
 from vcfslm.guest.templates import render_template
 from vcfslm.results import WindowRecord
+from vcfslm.runspec import ProbeSpec, RunSpec
 
 
 def test_plan_ranks_maps_topology_slots_onto_real_cpu_ids():
@@ -47,21 +48,25 @@ def test_plan_ranks_refuses_oversubscription():
         local.plan_ranks({0: (0, 1), 1: (2, 3)}, ranks=1, threads=3)
 
 
-def test_torchrun_command_separates_worker_arguments():
+def test_torchrun_command_separates_worker_arguments(tmp_path):
     matrix = Matrix((1, 4), (128,), 16, warmup=0, repeats=2)
-    args = local.worker_arguments(model="synthetic:tiny", matrix=matrix, run_dir=Path("/r/x"), run_id="x",
-                                  threads=2, resume=True, scenarios="1x*", probe=False)
-    cmd = local.torchrun_command("/py", 2, Path("/r/x/launch/rank.sh"), args)
+    spec = RunSpec(run_id="x", mode="local", model="synthetic:tiny", matrix=matrix, threads=2, scenarios="1x*",
+                   probe=ProbeSpec(enabled=False), nodes=("local",))
+    job = local.worker_spec(spec, Path("/r/x"), resume=True)
+    spec_file = tmp_path / "spec-local.json"
+    spec_file.write_text(job.to_json())
+    cmd = local.torchrun_command("/py", 2, Path("/r/x/launch/rank.sh"), launch.worker_args(str(spec_file), "local"))
     assert cmd[:8] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                        "--no-python", "/r/x/launch/rank.sh"]
     assert cmd[8] == "--"  # torchrun would reject the worker's --node as an abbreviation
     tail = cmd[9:]
-    assert tail[tail.index("--node") + 1] == "local" and Matrix.from_json(tail[tail.index("--matrix") + 1]) == matrix
-    assert "--resume" in tail and "--no-probe" in tail and tail[tail.index("--scenarios") + 1] == "1x*"
+    assert tail == ["--spec", str(spec_file), "--node", "local"]
     from vcfslm.bench.worker import parse_args
 
     parsed = parse_args(cmd[8:])
-    assert parsed.matrix.batch_sizes == (1, 4) and parsed.matrix.warmup == 0 and parsed.resume and parsed.no_probe
+    assert parsed.spec.matrix == matrix and parsed.spec.matrix.warmup == 0
+    assert parsed.spec.resume and not parsed.spec.run.probe.enabled and parsed.spec.run.scenarios == "1x*"
+    assert parsed.node == "local" and parsed.spec.out == "/r/x" and parsed.spec.run.threads == 2
 
 
 def test_progress_status_line():
@@ -176,15 +181,15 @@ def test_bench_and_probe_are_registered():
     assert "bench" in result.output and "probe" in result.output
 
 
-@pytest.mark.parametrize("flags, expected", [(["--probe-mib", "64"], ["--probe-mib", "64"]),
-                                             (["--no-probe"], ["--no-probe"])])
+@pytest.mark.parametrize("flags, expected", [(["--probe-mib", "64"], {"enabled": True, "mib": 64}),
+                                             (["--no-probe"], {"enabled": False, "mib": None})])
 def test_probe_settings_reach_the_cluster_workers(flags, expected):
     inventory = str(Path(__file__).resolve().parents[2] / "inventories" / "lab.yaml")
     result = invoke("bench", "--nodes", "1", "--dry-run", "-i", inventory, "-o", "json", *flags)
     assert result.exit_code == 0, result.output
     [launch] = json.loads(result.stdout)
-    argv = launch["torchrun"]
-    assert argv[argv.index(expected[0]):argv.index(expected[0]) + len(expected)] == expected
+    assert launch["spec"]["run"]["probe"] == expected
+    assert "spec-" in launch["torchrun"][launch["torchrun"].index("--spec") + 1]
 
 
 def _config_file(tmp_path, **changes) -> str:
@@ -229,3 +234,42 @@ def test_model_presets_lists_every_preset_as_json():
     assert [r["name"] for r in rows] == list(presets.PRESET_NAMES)
     qwen = next(r for r in rows if r["name"] == "qwen2.5-7b")
     assert (qwen["kv_heads"], qwen["head_dim"], qwen["tied"], qwen["params_b"]) == (4, 128, False, 7.62)
+
+
+def test_a_resume_keeps_the_spec_it_recorded_when_the_inventory_changed(tmp_path, monkeypatch):
+    """`--resume` runs what meta.json recorded, not what the inventory says since."""
+    import yaml
+
+    given = []
+
+    def fake_torchrun(cmd, log_path, reporter, timeout, tracker=None):
+        given.append(json.loads(Path(cmd[cmd.index("--spec") + 1]).read_text()))
+        return 0, [], []
+
+    monkeypatch.setattr(local, "_run_streaming", fake_torchrun)
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "inventories" / "lab.yaml").read_text())
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(doc))
+    runs = str(tmp_path / "runs")
+    first = invoke("bench", "--local", "-i", str(inventory), "--model", "synthetic:tiny", "--ranks", "1",
+                   "--threads", "1", "--no-numactl", "--runs-dir", runs, "--run-id", "r1")
+    assert first.exit_code == 0, first.output
+    recorded = json.loads((tmp_path / "runs" / "r1" / "meta.json").read_text())["spec"]
+    assert recorded["matrix"]["batch_sizes"] == [1, 2] and recorded["compile_mode"] == "compile"
+
+    doc["bench"].update(batch_sizes=[8], input_tokens=[64], output_tokens=16, repeats=5, compile="eager")
+    doc["slos"] = {"gold": {"tpot_ms": 50, "ttft_s": 1}}
+    doc["slo"] = {**doc.get("slo", {}), "percentile": "p99"}
+    inventory.write_text(yaml.safe_dump(doc))
+    again = invoke("bench", "--local", "-i", str(inventory), "--resume", "r1", "--runs-dir", runs)
+    assert again.exit_code == 0, again.output
+
+    first_run, resumed_run = (dict(g["run"], command=None) for g in given)
+    assert resumed_run == first_run
+    assert resumed_run["matrix"] == {"batch_sizes": [1, 2], "input_tokens": [16, 32], "output_tokens": 8,
+                                     "warmup": 1, "repeats": 2}
+    assert resumed_run["slos"] == {"A": {"tpot_ms": 130, "ttft_s": 3}, "B": {"tpot_ms": 200, "ttft_s": 5}}
+    assert given[1]["resume"] and not given[0]["resume"]
+    meta = json.loads((tmp_path / "runs" / "r1" / "meta.json").read_text())
+    assert dict(meta["spec"], command=None) == dict(recorded, command=None)
+    assert meta["matrix"]["batch_sizes"] == [1, 2] and meta["matrix"]["compile"] == "compile"

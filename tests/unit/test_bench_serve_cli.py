@@ -3,8 +3,6 @@ defaults), bad combinations exit 2 naming the flag, the workers get it as JSON."
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from click.testing import CliRunner
 
@@ -13,6 +11,7 @@ from vcfslm.cli import main
 from vcfslm.cli.bench_serve import serve_spec
 from vcfslm.contract import Matrix, serve_complete, serve_limits, serve_matrix
 from vcfslm.errors import UsageError
+from vcfslm.runspec import RunSpec, WorkerSpec
 from vcfslm.serving import ServeSpec
 
 
@@ -79,12 +78,12 @@ def test_workers_get_the_spec_and_limits_as_json():
     spec = ServeSpec(loads=(1.0, 2.0), input_tokens=(128,), output_tokens=16, slots=4)
     matrix = serve_matrix(spec)
     assert (matrix.batch_sizes, matrix.input_tokens, matrix.output_tokens) == ((4,), (128,), 16)
-    args = worker_args(model="synthetic:tiny", matrix=Matrix(matrix.batch_sizes, matrix.input_tokens, 16, 0, 1),
-                       out="/tmp/r", run_id="r", node="n", nodes=1, threads=1, serve=spec,
-                       slos=serve_limits(None))
-    got = ServeSpec.of_record(json.loads(args[args.index("--serve") + 1]))
-    assert got == spec
-    assert set(json.loads(args[args.index("--slos") + 1])) == {"A", "B"}
+    run = RunSpec(run_id="r", mode="local", model="synthetic:tiny", threads=1, serve=spec,
+                  matrix=Matrix(matrix.batch_sizes, matrix.input_tokens, 16, 0, 1))
+    assert worker_args("/tmp/r/spec-n.json", "n") == ["--spec", "/tmp/r/spec-n.json", "--node", "n"]
+    got = WorkerSpec.from_json(WorkerSpec(run=run, out="/tmp/r", model="synthetic:tiny").to_json())
+    assert got.run.serve == spec
+    assert set(got.run.serve_limits()) == {"A", "B"} and got.run.serve_limits() == serve_limits(None)
 
 
 class _R:

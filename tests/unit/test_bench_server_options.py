@@ -50,7 +50,7 @@ def test_cluster_workers_get_the_server_with_their_own_address_and_scripts(tmp_p
                     "--server", "vllm")
     assert result.exit_code == 0, result.output
     launches = json.loads(result.stdout)
-    specs = [json.loads(la["torchrun"][la["torchrun"].index("--server") + 1]) for la in launches]
+    specs = [la["spec"]["server"] for la in launches]
     doc = yaml.safe_load(Path(inv).read_text())
     assert [s["host"] for s in specs] == [str(n["bench_ip"]) for n in doc["nodes"][:2]]
     assert {s["launch_dir"] for s in specs} == {doc["guest"]["workdir"] + "/launch"}
@@ -62,14 +62,16 @@ def test_cluster_servers_listen_on_loopback_by_default(tmp_path):
     result = invoke("bench", "--nodes", "1", "--dry-run", "-i", inv, "-o", "json", "--serve", "--rates", "1")
     assert result.exit_code == 0, result.output
     [launch] = json.loads(result.stdout)
-    spec = json.loads(launch["torchrun"][launch["torchrun"].index("--server") + 1])
+    spec = launch["spec"]["server"]
     assert spec["host"] == "127.0.0.1" and spec["listen"] == "loopback"
 
 
 def test_the_rank_engine_passes_no_server():
     result = invoke("bench", "--nodes", "1", "--dry-run", "-i", str(LAB), "-o", "json", "--serve", "--rates", "1")
     assert result.exit_code == 0, result.output
-    assert "--server" not in json.loads(result.stdout)[0]["torchrun"]
+    [launch] = json.loads(result.stdout)
+    assert "--server" not in launch["torchrun"] and launch["spec"]["server"] is None
+    assert launch["spec"]["run"]["serve"]["loads"] == [1.0]
 
 
 def test_a_synthetic_guest_model_is_refused_for_a_server():

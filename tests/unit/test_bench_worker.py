@@ -10,6 +10,7 @@ import pytest
 from vcfslm import results
 from vcfslm.bench import rank, worker
 from vcfslm.contract import Matrix, parse_progress
+from vcfslm.runspec import ProbeSpec, RunSpec, WorkerSpec
 
 
 def record(rank=0, batch=1, inp=128, out=16, window=0, **kw):
@@ -24,36 +25,50 @@ def record(rank=0, batch=1, inp=128, out=16, window=0, **kw):
 
 
 MATRIX = Matrix((1, 4), (128, 512), 16)
-ARGS = ["--model", "synthetic:tiny", "--matrix", MATRIX.to_json(), "--out", "/tmp/x", "--run-id", "r",
-        "--node", "n0", "--nodes", "2"]
+
+
+def spec_file(tmp_path, matrix: str | None = None, **run) -> str:
+    """A worker spec file as the launcher writes it; `matrix` replaces its matrix's JSON."""
+    spec = RunSpec(run_id="r", mode="cluster", model="synthetic:tiny", matrix=MATRIX, **run)
+    data = json.loads(WorkerSpec(run=spec, out="/tmp/x", model="synthetic:tiny", nodes=2).to_json())
+    if matrix is not None:
+        data["run"]["matrix"] = json.loads(matrix)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data))
+    return str(path)
 
 
 def matrix_json(**changes) -> str:
     return json.dumps({**MATRIX.to_dict(), **changes})
 
 
-def test_parse_args_contract():
-    a = worker.parse_args(ARGS + ["--resume", "--scenarios", "1x*", "--threads", "3", "--no-probe",
-                                  "--seed", "7"])
-    assert (a.matrix.batch_sizes, a.matrix.input_tokens, a.matrix.output_tokens) == ((1, 4), (128, 512), 16)
-    assert (a.matrix.warmup, a.matrix.repeats, a.node, a.nodes, a.threads, a.seed) == (1, 3, "n0", 2, 3, 7)
-    assert a.resume and a.no_probe and a.scenarios == "1x*" and a.compile == "compile"
+def test_parse_args_contract(tmp_path):
+    path = spec_file(tmp_path, scenarios="1x*", threads=3, probe=ProbeSpec(enabled=False), seed=7)
+    a = worker.parse_args(["--spec", path, "--node", "n0"])
+    s = a.spec
+    assert (s.matrix.batch_sizes, s.matrix.input_tokens, s.matrix.output_tokens) == ((1, 4), (128, 512), 16)
+    assert (s.matrix.warmup, s.matrix.repeats, a.node, s.nodes, s.run.threads, s.seed) == (1, 3, "n0", 2, 3, 7)
+    assert not s.resume and not s.run.probe.enabled and s.run.scenarios == "1x*" and s.run.compile_mode == "compile"
 
 
-def test_parse_args_drops_torchruns_separator_and_accepts_node_name():
-    a = worker.parse_args(["--"] + [("--node-name" if x == "--node" else x) for x in ARGS])
+def test_parse_args_drops_torchruns_separator_and_accepts_node_name(tmp_path):
+    a = worker.parse_args(["--", "--spec", spec_file(tmp_path), "--node-name", "n0"])
     assert a.node == "n0"
 
 
 @pytest.mark.parametrize("bad", [matrix_json(output_tokens=1), matrix_json(batch_sizes=[1, "x"]),
-                                 matrix_json(batch_sizes=[0]), matrix_json(repeats=0), "1,4",
+                                 matrix_json(batch_sizes=[0]), matrix_json(repeats=0), '"1,4"',
                                  json.dumps({k: v for k, v in MATRIX.to_dict().items() if k != "warmup"})])
-def test_parse_args_rejects(bad, capsys):
-    argv = list(ARGS)
-    argv[argv.index("--matrix") + 1] = bad
+def test_parse_args_rejects(bad, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
-        worker.parse_args(argv)
+        worker.parse_args(["--spec", spec_file(tmp_path, matrix=bad), "--node", "n0"])
     assert exc.value.code == 2
+
+
+def test_parse_args_rejects_a_missing_spec_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        worker.parse_args(["--spec", str(tmp_path / "none.json"), "--node", "n0"])
+    assert exc.value.code == 2 and "cannot read --spec" in capsys.readouterr().err
 
 
 def test_torchrun_env():

@@ -13,6 +13,7 @@ from vcfslm import contract as K
 from vcfslm.errors import InventoryError
 from vcfslm.inventory import parse_inventory
 from vcfslm.results import RunMeta
+from vcfslm.runspec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIEF = (ROOT / "inventories" / "vx650v4-4node.yaml").read_text()
@@ -93,11 +94,11 @@ def test_the_guest_stage_and_the_bench_stage_read_one_layout(inv):
     from vcfslm.guest.playbook import host_variables
 
     variables = host_variables(inv, inv.nodes[0])
-    [la] = plan_launches(inv, inv.nodes[:1], ClusterOptions(run_id="r"))
+    [la] = plan_launches(inv, RunSpec.of_inventory(inv, [inv.nodes[0].name], "r"), ClusterOptions())
     argv = list(la.torchrun_argv)
     assert argv[0] == variables["python"]
     assert variables["rank_script"] in argv
-    assert argv[argv.index("--model") + 1] == variables["model_ref"]
+    assert la.spec.model == variables["model_ref"]
     assert la.run_dir == f"{variables['runs_dir']}/r"
 
 
@@ -155,10 +156,11 @@ def test_progress_parser_ignores_what_is_not_an_event(line):
 # ------------------------------------------------------------------ run metadata
 
 
-def meta(**kw) -> RunMeta:
-    base = dict(run_id="r", mode="local", nodes=["local"], ranks_per_node=2, threads_per_rank=1,
-                model="synthetic:tiny", matrix={"batch_sizes": [1]}, command=["vcfslm", "bench"])
-    return K.build_run_meta(**{**base, **kw})
+def meta(matrix=None, **kw) -> RunMeta:
+    spec = RunSpec(run_id="r", mode="local", nodes=("local",), ranks=2, threads=1, model="synthetic:tiny",
+                   matrix=K.Matrix((1,) if matrix is None else tuple(matrix["batch_sizes"]), (8,), 4),
+                   command=("vcfslm", "bench"))
+    return K.build_run_meta(spec, **kw)
 
 
 def test_run_meta_fresh():
@@ -174,7 +176,8 @@ def test_a_resume_keeps_creation_and_facts_it_does_not_gather_again():
     again = meta(previous=first, matrix={"batch_sizes": [1, 2]}, ranks={"0": {"engine": "compile"}})
     assert again.created == "2026-01-01T00:00:00+00:00" and again.failure is None
     assert again.guests == first.guests and again.probe == first.probe and again.inventory_sha256 == "abc"
-    assert again.matrix == {"batch_sizes": [1, 2]} and again.ranks == {"0": {"engine": "compile"}}
+    assert again.matrix["batch_sizes"] == [1, 2] and again.spec["matrix"]["batch_sizes"] == [1, 2]
+    assert again.ranks == {"0": {"engine": "compile"}}
     assert again.label == "baseline" and again.slos == first.slos
     assert meta(previous=first, label="rerun").label == "rerun"
 

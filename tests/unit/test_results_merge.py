@@ -73,8 +73,9 @@ def test_rank_zeros_gather_writes_the_one_order(tmp_path):
         def barrier(self):
             pass
 
-    env = SimpleNamespace(rank=0, world_size=NODES * RANKS)
-    assert worker._finish(None, env, tmp_path, {}, Dist(), [], {"rank": 0}, "results.jsonl", n=2) == 0
+    env = SimpleNamespace(rank=0, world_size=NODES * RANKS, local_rank=0)
+    args = SimpleNamespace(spec=SimpleNamespace(out=str(tmp_path)), node="n0")
+    assert worker._finish(args, env, Dist(), [], {"rank": 0}, "results.jsonl", n=2) == 0
     assert window_keys(read_records(tmp_path / "results.jsonl")) == expected_windows()
 
 

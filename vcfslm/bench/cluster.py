@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,24 +25,19 @@ from typing import Any
 from .. import __version__
 from ..contract import (
     GUEST_PARALLEL_CAP,
-    Matrix,
     build_run_meta,
     guest_paths,
-    matrix_record,
     model_ref,
     parallelism,
     parse_progress,
     process_group_timeout_s,
     rendezvous_timeout_s,
-    serve_limits,
-    serve_matrix,
 )
 from ..errors import BenchError, CommandFailed, TransportError, VcfslmError
 from ..progress import NullReporter, Reporter
 from ..results import (
     SERVE_RESULTS,
     RunMeta,
-    load_run,
     merge_records,
     rank_summaries,
     read_meta,
@@ -53,80 +47,60 @@ from ..results import (
     write_meta,
     write_records,
 )
-from ..servers import ServerSpec
-from ..serving import ServeSpec
+from ..runspec import RunSpec, WorkerSpec
 from . import launch as L
 from .tracker import BenchTracker
 
 
 @dataclass
 class ClusterOptions:
-    """What the user asked for beyond the inventory."""
+    """How the operator drives the run; what the run measures is its RunSpec."""
 
-    run_id: str
     runs_root: Path = Path("runs")
-    label: str | None = None
     resume: bool = False
-    scenarios: str | None = None
-    repeats: int | None = None
-    output_tokens: int | None = None
-    timeout_s: float | None = None
-    compile_mode: str | None = None
     poll_s: float = 1.0
-    probe_mib: int | None = None      # the workers' bandwidth probe buffer; 0 = no probe
-    command: list[str] = field(default_factory=lambda: list(sys.argv))
-    serve: ServeSpec | None = None    # serving mode: the load each rank takes
-    slos: dict[str, Any] | None = None  # --slo: the run's SLOs instead of the inventory's
-    percentile: str | None = None     # --percentile: the static rule recorded, else the inventory's
-    server: ServerSpec | None = None  # serving mode: who serves (None or vcfslm: the rank engine)
 
 
-def run_matrix(inv, opts: ClusterOptions) -> Matrix:
-    """The inventory's matrix with this run's overrides (a serving run's: contract.serve_matrix)."""
-    if opts.serve is not None:
-        return serve_matrix(opts.serve)
-    return Matrix.of_inventory(inv.bench, output_tokens=opts.output_tokens, repeats=opts.repeats)
+def run_nodes(inv, spec: RunSpec) -> list:
+    """The inventory's nodes the spec names, in inventory order."""
+    wanted = set(spec.nodes)
+    return [n for n in inv.nodes if n.name in wanted]
 
 
-def run_slos(inv, opts: ClusterOptions) -> dict[str, Any]:
-    """The SLOs the run records (and a serving run's workers judge by): --slo, else the inventory's."""
-    return opts.slos or {k: v.model_dump() for k, v in inv.slos.items()}
+def plan_launches(inv, spec: RunSpec, opts: ClusterOptions) -> list[L.NodeLaunch]:
+    """One NodeLaunch per node of the run (pure: the --dry-run output is exactly this).
 
-
-def plan_launches(inv, nodes: Sequence, opts: ClusterOptions) -> list[L.NodeLaunch]:
-    """One NodeLaunch per selected node (pure: the --dry-run output is exactly this)."""
+    The inventory gives where things are (guest layout, addresses, port, rank slots); what
+    runs is the spec's."""
+    nodes = run_nodes(inv, spec)
     paths = guest_paths(inv)
-    run_dir = f"{paths.runs_dir}/{opts.run_id}"
-    ranks = inv.bench.ranks_per_node
+    run_dir = f"{paths.runs_dir}/{spec.run_id}"
+    ranks = spec.ranks
     master = str(nodes[0].bench_ip)
-    matrix = run_matrix(inv, opts)
     # What rank.sh must apply for this launch (the preflight compares the rendered one).
-    placement = L.RankPlacement(inv.bench.threads_per_rank, tuple(inv.rank_slots()))
+    placement = L.RankPlacement(spec.threads, tuple(inv.rank_slots()))
     rdzv_timeout = rendezvous_timeout_s(len(nodes), ranks)
     pg_timeout = process_group_timeout_s(len(nodes), ranks)
     out = []
     for i, node in enumerate(nodes):
-        args = L.worker_args(model=model_ref(inv), matrix=matrix, out=run_dir, run_id=opts.run_id,
-                             node=node.name, nodes=len(nodes), threads=placement.threads,
-                             compile_mode=opts.compile_mode or inv.bench.compile, resume=opts.resume,
-                             scenarios=opts.scenarios, timeout_s=pg_timeout, probe_mib=opts.probe_mib,
-                             serve=opts.serve, slos=serve_limits(run_slos(inv, opts)) if opts.serve else None,
-                             server=opts.server.on_node(paths.launch_dir, str(node.bench_ip))
-                             if opts.serve and opts.server else None)
-        argv = L.torchrun_argv(torchrun=[paths.python, "-m", "torch.distributed.run"], nnodes=len(nodes), nproc_per_node=ranks,
-                               node_rank=i, master_addr=master, master_port=inv.bench.port,
-                               rank_script=paths.rank_script,
-                               log_dir=f"{run_dir}/logs/{node.name}/ranks", args=args,
-                               rdzv_timeout_s=rdzv_timeout)
+        server = spec.server.on_node(paths.launch_dir, str(node.bench_ip)) \
+            if spec.serve is not None and spec.server is not None and not spec.server.in_process else None
+        worker = WorkerSpec(run=spec, out=run_dir, model=model_ref(inv), nodes=len(nodes), resume=opts.resume,
+                            timeout_s=pg_timeout, server=server)
         files = L.NodeFiles(run_dir, node.name)
+        argv = L.torchrun_argv([paths.python, "-m", "torch.distributed.run"],
+                               L.Rendezvous(len(nodes), ranks, i, master, inv.bench.port, rdzv_timeout),
+                               rank_script=paths.rank_script, log_dir=f"{run_dir}/logs/{node.name}/ranks",
+                               args=L.worker_args(files.spec_file, node.name))
         # PYTHONUNBUFFERED: torchrun tees the ranks into a file; block-buffered, the operator
         # would see progress only every few KiB (or when the run ends).
         env = {"VCFSLM_PID_DIR": f"{run_dir}/pids", "VCFSLM_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"}
         cmd = L.detached(argv, run_dir=run_dir, pid_file=files.pid_file, exit_file=files.exit_file,
-                         log_file=files.log_file, env=env, pid_copy=f"{files.lock_dir}/pid")
+                         log_file=files.log_file, env=env, pid_copy=f"{files.lock_dir}/pid",
+                         files={files.spec_file: worker.to_json()})
         out.append(L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, cmd,
                                 tuple(range(i * ranks, (i + 1) * ranks)), tuple(argv), placement,
-                                rdzv_timeout))
+                                rdzv_timeout, worker))
     return out
 
 
@@ -196,25 +170,25 @@ RANK_SCRIPT_MARK = "VCFSLM-RANK-SCRIPT"
 class ClusterBench:
     """One cluster run: preflight, launch, watch, stop, collect."""
 
-    def __init__(self, inv, nodes: Sequence, connect: Callable[[Any], Any], opts: ClusterOptions,
+    def __init__(self, inv, connect: Callable[[Any], Any], spec: RunSpec, opts: ClusterOptions,
                  reporter: Reporter | None = None,
                  inspect_guest: Callable[[Any, Any], GuestReport] | None = None,
                  vcenter_facts: Callable[[Any, list[str]], dict] | None = None):
-        self.inv, self.nodes, self.connect, self.opts = inv, list(nodes), connect, opts
+        self.inv, self.connect, self.spec, self.opts = inv, connect, spec, opts
+        self.nodes = run_nodes(inv, spec)
         self.reporter = reporter or NullReporter()
         self.inspect_guest = inspect_guest
         self.vcenter_facts = vcenter_facts
         self.facts: dict[str, Any] = {}
-        self.launches = plan_launches(inv, self.nodes, opts)
+        self.launches = plan_launches(inv, spec, opts)
         self.states = {la.name: NodeState(la) for la in self.launches}
-        self.local_dir = Path(opts.runs_root) / opts.run_id
+        self.local_dir = Path(opts.runs_root) / spec.run_id
         self._transports: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self.connects = 0  # connections opened (one per node, plus one per reconnect)
         self._vcenter: dict[str, Any] = {}
-        self.tracker = BenchTracker(inv.bench.warmup + (opts.repeats or inv.bench.repeats),
-                                    started=time.monotonic())
+        self.tracker = BenchTracker(spec.matrix.warmup + spec.matrix.repeats, started=time.monotonic())
 
     # -- connections -----------------------------------------------------------------
 
@@ -281,7 +255,7 @@ class ClusterBench:
                      f"{shlex.quote(paths.python)} -c 'import torch.distributed.run, vcfslm; "
                      f"print(\"VERSION\", vcfslm.__version__)' 2>/dev/null "
                      f"|| echo MISSING torch or vcfslm in {paths.venv} '(run: vcfslm provision --stage guests)'")
-            server = self.opts.server if self.opts.serve is not None else None
+            server = self.spec.server if self.spec.serve is not None else None
             if server is not None and server.backend is not None:
                 # The server's own venv and its scripts, as the guest stage leaves them.
                 script = f"{paths.launch_dir}/{server.backend.script_name(0)}"
@@ -306,7 +280,7 @@ class ClusterBench:
                 problems += report.problems
                 self.facts[la.name] = report.facts
             if not problems:
-                got = t.run(L.lock_command(la, self.opts.run_id), timeout=30, check=False).stdout.strip()
+                got = t.run(L.lock_command(la, self.spec.run_id), timeout=30, check=False).stdout.strip()
                 if not got.startswith("LOCKED"):
                     problems.append(f"another bench holds the lock ({got.split(' ', 1)[-1]}); "
                                     f"if it is dead remove {la.lock_dir}")
@@ -379,7 +353,7 @@ class ClusterBench:
 
     def watch(self) -> str | None:
         """Poll until every node exits; the first failure (or timeout) as text, else None."""
-        timeout = self.opts.timeout_s or self.inv.bench.timeout_s
+        timeout = self.spec.timeout_s or self.inv.bench.timeout_s
         deadline = time.monotonic() + timeout
         lost_since: dict[str, float] = {}
         while True:
@@ -436,27 +410,19 @@ class ClusterBench:
         records = merge_records(read_records(p) for p in sorted(ranks_dir.glob("rank-*.jsonl")))
         write_records(self.local_dir / "results.jsonl", records)
         served = merge_records(read_serve_records(p) for p in sorted(ranks_dir.glob("serve-*.jsonl")))
-        if served or self.opts.serve is not None:
+        if served or self.spec.serve is not None:
             write_records(self.local_dir / SERVE_RESULTS, served)
         return records
 
     # -- the whole run -------------------------------------------------------------------
 
     def meta(self, complete: bool, failure: str | None) -> RunMeta:
-        inv = self.inv
         previous = None
         if self.opts.resume and (self.local_dir / "meta.json").exists():
             previous = read_meta(self.local_dir)
         return build_run_meta(
-            run_id=self.opts.run_id, mode="cluster", nodes=[n.name for n in self.nodes],
-            ranks_per_node=inv.bench.ranks_per_node, threads_per_rank=inv.bench.threads_per_rank,
-            model=inv.guest.model, command=self.opts.command, label=self.opts.label,
-            matrix=matrix_record(run_matrix(inv, self.opts), scenarios=self.opts.scenarios,
-                                 compile_mode=self.opts.compile_mode or inv.bench.compile,
-                                 serve=self.opts.serve, percentile=self.opts.percentile or inv.slo.percentile,
-                                 server=self.opts.server),
-            complete=complete, failure=failure, previous=previous, slos=run_slos(inv, self.opts),
-            inventory_sha256=inventory_sha256(inv.source), versions={"vcfslm": __version__},
+            self.spec, complete=complete, failure=failure, previous=previous,
+            inventory_sha256=inventory_sha256(self.inv.source), versions={"vcfslm": __version__},
             vcenter=self._vcenter, guests=self.facts,
             ranks=rank_summaries(read_rank_facts(self.local_dir / "ranks")))
 
@@ -495,8 +461,8 @@ class ClusterBench:
         return meta, records
 
     def _failure_text(self, failure: str) -> str:
-        lines = [f"run {self.opts.run_id} incomplete: {failure}",
-                 f"finished windows kept in {self.local_dir}; continue with: vcfslm bench --resume {self.opts.run_id}"]
+        lines = [f"run {self.spec.run_id} incomplete: {failure}",
+                 f"finished windows kept in {self.local_dir}; continue with: vcfslm bench --resume {self.spec.run_id}"]
         for name, st in self.states.items():
             if st.state != "exited" or st.exit_code != 0:
                 lines.append(f"last lines of {name} ({st.state}{'' if st.exit_code is None else f', exit {st.exit_code}'}):")
@@ -511,16 +477,4 @@ class ClusterBench:
             self._pool = None
 
 
-def resume_options(run_dir: Path) -> dict:
-    """What a run recorded about itself, so --resume RUN repeats its matrix and nodes."""
-    meta, _ = load_run(run_dir)
-    return {"nodes": meta.nodes, "repeats": meta.matrix.get("repeats"),
-            "output_tokens": meta.matrix.get("output_tokens"), "scenarios": meta.matrix.get("scenarios"),
-            "compile": meta.matrix.get("compile"),
-            "serve": ServeSpec.of_record(meta.matrix["serve"]) if meta.matrix.get("serve") else None,
-            "label": meta.label, "percentile": (meta.matrix.get("judging") or {}).get("percentile"),
-            "server": meta.matrix.get("server") if meta.matrix.get("serve") else None}
-
-
-__all__ = ["ClusterBench", "ClusterOptions", "GuestReport", "NotRun", "fan_out", "plan_launches", "resume_options",
-           "run_matrix"]
+__all__ = ["ClusterBench", "ClusterOptions", "GuestReport", "NotRun", "fan_out", "plan_launches", "run_nodes"]

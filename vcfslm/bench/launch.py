@@ -22,14 +22,12 @@ stage rendered (rank.sh) and checks that its threads and NUMA placement are the 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..contract import Matrix
+from ..runspec import WorkerSpec
 from ..topology import RankSlot, parse_cpu_list
 
 RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
@@ -59,6 +57,11 @@ class NodeFiles:
     def lock_dir(self) -> str:
         return f"{self.run_dir}/../.lock-{self.name}"
 
+    @property
+    def spec_file(self) -> str:
+        """The node's worker spec (vcfslm.runspec.WorkerSpec), which its ranks read."""
+        return f"{self.run_dir}/spec-{self.name}.json"
+
 
 @dataclass(frozen=True)
 class RankPlacement:
@@ -84,6 +87,7 @@ class NodeLaunch:
     torchrun_argv: tuple[str, ...] = field(default=(), compare=False)
     placement: RankPlacement | None = field(default=None, compare=False)
     rdzv_timeout_s: int | None = field(default=None, compare=False)
+    spec: WorkerSpec | None = field(default=None, compare=False)   # what the node's ranks read
 
     @property
     def files(self) -> NodeFiles:
@@ -106,73 +110,63 @@ class NodeLaunch:
         return self.files.lock_dir
 
 
-def worker_args(*, model: str, matrix: Matrix, out: str, run_id: str, node: str, nodes: int,
-                threads: int, compile_mode: str = "compile", resume: bool = False,
-                scenarios: str | None = None, timeout_s: float | None = None,
-                probe_mib: int | None = None, serve=None, slos: dict[str, Any] | None = None,
-                server=None) -> list[str]:
-    """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper).
-
-    matrix: what the run measures, passed typed (`Matrix.to_json`, read back with
-    `Matrix.from_json`). timeout_s: the process-group timeout (None: the worker's default);
-    probe_mib: the bandwidth probe's buffer (None: the worker's default, 0: no probe).
-    serve: a ServeSpec (serving mode) and slos its limits, both passed as JSON; server: a
-    ServerSpec (vcfslm.servers) when an HTTP server serves instead of the engine.
-    """
-    args = ["--model", model, "--matrix", matrix.to_json(), "--out", out, "--run-id", run_id,
-            "--node", node, "--nodes", str(nodes), "--threads", str(threads), "--compile", compile_mode]
-    if resume:
-        args.append("--resume")
-    if scenarios:
-        args += ["--scenarios", scenarios]
-    if timeout_s is not None:
-        args += ["--timeout", f"{timeout_s:g}"]
-    if probe_mib == 0:
-        args.append("--no-probe")
-    elif probe_mib is not None:
-        args += ["--probe-mib", str(probe_mib)]
-    if serve is not None:
-        args += ["--serve", json.dumps(serve.to_dict(), sort_keys=True),
-                 "--slos", json.dumps(slos or {}, sort_keys=True)]
-        if server is not None and not server.in_process:
-            args += ["--server", json.dumps(server.to_dict(), sort_keys=True)]
-    return args
+def worker_args(spec_file: str, node: str) -> list[str]:
+    """Arguments of `python -m vcfslm.bench.worker` (after the rank wrapper): the node's
+    worker spec (vcfslm.runspec.WorkerSpec, one JSON file in the run folder) and the node's
+    name; the rest each rank reads from torchrun's environment."""
+    return ["--spec", spec_file, "--node", node]
 
 
-def torchrun_argv(*, torchrun: Sequence[str], nnodes: int, nproc_per_node: int, node_rank: int,
-                  master_addr: str, master_port: int, rank_script: str, log_dir: str,
-                  args: Sequence[str], rdzv_timeout_s: int | None = None) -> list[str]:
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where and how one node's torchrun meets the others: a static rendezvous on node 0's
+    bench IP. timeout_s: how long node 0's agent waits for every node (and the others for
+    node 0's store); None: torchrun's default (900 s)."""
+
+    nnodes: int
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    timeout_s: int | None = None
+
+
+def torchrun_argv(torchrun: Sequence[str], rdzv: Rendezvous, *, rank_script: str, log_dir: str,
+                  args: Sequence[str]) -> list[str]:
     """torchrun with a static rendezvous on node 0's bench IP and the rank wrapper.
 
     torchrun: how to start it, e.g. [venv python, "-m", "torch.distributed.run"] (the module
-    works wherever torch imports; the console script may live elsewhere).
-    rdzv_timeout_s: how long node 0's agent waits for every node (and the others for node
-    0's store); the static backend reads only `timeout` from --rdzv-conf (join_timeout and
-    read_timeout belong to the c10d/etcd backends). None: torchrun's default (900 s).
+    works wherever torch imports; the console script may live elsewhere). The static backend
+    reads only `timeout` from --rdzv-conf (join_timeout and read_timeout belong to the
+    c10d/etcd backends).
     """
-    rdzv = ["--rdzv-conf", f"timeout={int(rdzv_timeout_s)}"] if rdzv_timeout_s is not None else []
-    return [*torchrun, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
-            "--node-rank", str(node_rank), "--master-addr", master_addr,
-            "--master-port", str(master_port), *rdzv, "--max-restarts", "0",
+    conf = ["--rdzv-conf", f"timeout={int(rdzv.timeout_s)}"] if rdzv.timeout_s is not None else []
+    return [*torchrun, "--nnodes", str(rdzv.nnodes), "--nproc-per-node", str(rdzv.nproc_per_node),
+            "--node-rank", str(rdzv.node_rank), "--master-addr", rdzv.master_addr,
+            "--master-port", str(rdzv.master_port), *conf, "--max-restarts", "0",
             "--log-dir", log_dir, "--redirects", "3", "--tee", "3",
             # "--" keeps torchrun's parser off the worker's options (--node vs --node-rank).
             "--no-python", rank_script, "--", *args]
 
 
 def detached(argv: Sequence[str], *, run_dir: str, pid_file: str, exit_file: str, log_file: str,
-             env: dict[str, str] | None = None, pid_copy: str | None = None) -> str:
+             env: dict[str, str] | None = None, pid_copy: str | None = None,
+             files: dict[str, str] | None = None) -> str:
     """Shell that starts argv in its own session, records its pid and, later, its exit code.
 
     pid_copy: a second file that gets the pid in the same round trip (the bench lock's, so a
-    later run can tell a live holder from a stale lock).
+    later run can tell a live holder from a stale lock). files: path -> text, written before
+    argv starts (the node's worker spec), in the same round trip.
     """
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted((env or {}).items()))
     inner = f"{exports}{shlex.join(argv)}; echo $? > {shlex.quote(exit_file)}.tmp && " \
             f"mv {shlex.quote(exit_file)}.tmp {shlex.quote(exit_file)}"
     log_parent = log_file.rsplit("/", 1)[0]
     # Separate statements: a `&&` chain ending in `&` would background the mkdir too.
+    writes = "".join(f"printf '%s\\n' {shlex.quote(text)} > {shlex.quote(path)} || exit 1; "
+                     for path, text in sorted((files or {}).items()))
     return (f"mkdir -p {shlex.quote(run_dir)}/pids {shlex.quote(log_parent)} || exit 1; "
-            f"rm -f {shlex.quote(exit_file)}; "
+            f"{writes}rm -f {shlex.quote(exit_file)}; "
             f"setsid nohup bash -c {shlex.quote(inner)} > {shlex.quote(log_file)} 2>&1 < /dev/null & "
             f"echo $! > {shlex.quote(pid_file)}; "
             + (f"cp {shlex.quote(pid_file)} {shlex.quote(pid_copy)} 2>/dev/null; " if pid_copy else "")

@@ -35,17 +35,15 @@ from ..contract import (
     Matrix,
     build_run_meta,
     host_inductor_cache,
-    matrix_record,
-    new_run_id,
     parse_progress,
     serve_complete,
-    serve_limits,
 )
 from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
+from ..runspec import RunSpec, WorkerSpec
 from ..servers import ServerSpec
 from ..serving import ServeSpec
-from .launch import report_event, worker_args
+from .launch import NodeFiles, report_event, worker_args
 from .tracker import BenchTracker
 
 NODE_NAME = "local"
@@ -99,20 +97,12 @@ def default_threads(node_cpus: dict[int, Sequence[int]], ranks: int) -> int:
     return max(1, min(size, total // max(ranks, 1)))
 
 
-def worker_arguments(*, model: str, matrix: Matrix, run_dir: Path, run_id: str, node: str = NODE_NAME,
-                     nodes: int = 1, threads: int, resume: bool = False, scenarios: str | None = None,
-                     probe: bool = True, probe_mib: int = 1024, seed: int = 0,
-                     compile_mode: str = "compile", serve: ServeSpec | None = None,
-                     slos: dict[str, Any] | None = None, server: ServerSpec | None = None) -> list[str]:
-    """The worker's command-line arguments (after torchrun's "--"): the cluster's, plus the
-    local-only seed and probe settings."""
-    args = worker_args(model=model, matrix=matrix, out=str(run_dir), run_id=run_id, node=node, nodes=nodes,
-                       threads=threads, compile_mode=compile_mode, resume=resume, scenarios=scenarios, serve=serve,
-                       slos=slos, server=server)
-    args += ["--seed", str(seed), "--probe-mib", str(probe_mib)]
-    if not probe:
-        args.append("--no-probe")
-    return args
+def worker_spec(spec: RunSpec, run_dir: Path, resume: bool = False) -> WorkerSpec:
+    """What this machine's ranks read (the worker's --spec file): the run's spec, the run
+    folder, the model as given."""
+    return WorkerSpec(run=spec, out=str(run_dir), model=spec.model, resume=resume,
+                      server=spec.server if spec.serve is not None and spec.server is not None
+                      and not spec.server.in_process else None)
 
 
 def torchrun_command(python: str, ranks: int, wrapper: Path, worker_args: list[str]) -> list[str]:
@@ -147,37 +137,41 @@ def machine_node_cpus() -> dict[int, tuple[int, ...]]:
 # ------------------------------------------------------------------ the driver
 
 
-def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None = None,
-              runs_dir: str | Path = "runs", run_id: str | None = None, resume: bool = False,
-              use_numactl: bool = True, seed: int = 0, compile_mode: str = "compile",
-              probe: bool = True, probe_mib: int = 1024, scenarios: str | None = None,
-              label: str | None = None, command: list[str] | None = None,
-              slos: dict[str, Any] | None = None, inductor_cache_dir: str | None = None,
-              python: str | None = None, timeout: float | None = None,
-              reporter: Reporter | None = None, serve: ServeSpec | None = None,
-              render_wrapper: Callable[[dict[str, Any]], str], percentile: str | None = None,
-              server: ServerSpec | None = None, server_python: str | None = None,
-              render_template: Callable[[str, dict[str, Any]], str] | None = None) -> LocalRun:
-    """Run the matrix with `ranks` workers on this machine; returns the run (records gathered).
+@dataclass(frozen=True)
+class LocalLaunch:
+    """How a local run is started on this machine (what it measures is its RunSpec).
 
-    resume: continue the run `run_id` in place (its finished scenarios are skipped).
-    serve: serving mode (continuous batching under `serve`'s load); `matrix` then only
-    sizes the numerics gate (contract.serve_matrix).
-    percentile: the static rule the run records (vcfslm.judging; the report's default).
-    render_wrapper: the rank wrapper (rank.sh) from its template context; the guests' own
-    template, handed in by the caller so that the bench stage never imports the guest stage.
-    server: an HTTP server serves instead of the engine (vcfslm.servers); its launch
-    scripts, one per NUMA node the ranks use, are rendered into the run folder with
-    `render_template(name, context)`, for the server's own interpreter `server_python`.
+    resume: continue the run in place (its finished scenarios are skipped). python: the
+    ranks' interpreter (default: this one). server_python: the interpreter of an HTTP
+    server's own venv (serving with --server)."""
+
+    runs_dir: str | Path = "runs"
+    resume: bool = False
+    python: str | None = None
+    inductor_cache_dir: str | None = None
+    server_python: str | None = None
+
+
+def run_local(spec: RunSpec, launch: LocalLaunch = LocalLaunch(), *,
+              render_template: Callable[[str, dict[str, Any]], str],
+              reporter: Reporter | None = None) -> LocalRun:
+    """Run `spec` with its ranks on this machine; returns the run (records gathered).
+
+    A serving spec (`spec.serve`) runs continuous batching under its load; its matrix then
+    only sizes the numerics gate (contract.serve_matrix). render_template(name, context):
+    the guests' templates (the rank wrapper rank.sh.j2, an HTTP server's launch scripts,
+    one per NUMA node the ranks use, rendered into the run folder), handed in by the caller
+    so that the bench stage never imports the guest stage.
     Raises BenchError when torchrun or a rank fails (meta.json records the failure).
     """
     reporter = reporter or NullReporter()
-    python = python or sys.executable
+    python = launch.python or sys.executable
     node_cpus = machine_node_cpus()
-    threads = threads or default_threads(node_cpus, ranks)
-    slots = plan_ranks(node_cpus, ranks, threads)
-    run_id = run_id or new_run_id(NODE_NAME, 1)
-    run_dir = Path(runs_dir) / run_id
+    threads = spec.threads or default_threads(node_cpus, spec.ranks)
+    slots = plan_ranks(node_cpus, spec.ranks, threads)
+    spec = spec.replaced(threads=threads)
+    run_id, resume = spec.run_id, launch.resume
+    run_dir = Path(launch.runs_dir) / run_id
     if resume and not (run_dir / "meta.json").exists():
         raise RunFolderError([Problem(str(run_dir / "meta.json"), None, None, "",
                                       f"cannot resume {run_id}: no such file")])
@@ -187,38 +181,35 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     log_dir = run_dir / "logs" / NODE_NAME
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    cache_dir = str(host_inductor_cache(inductor_cache_dir, os.environ))
-    use_numactl = use_numactl and shutil.which("numactl") is not None
+    cache_dir = str(host_inductor_cache(launch.inductor_cache_dir, os.environ))
+    use_numactl = spec.numactl and shutil.which("numactl") is not None
     context = {"python": python, "threads_per_rank": threads, "inductor_cache_dir": cache_dir,
                "use_numactl": use_numactl, "ranks": slots, "env_file": ""}
     wrapper = run_dir / "launch" / "rank.sh"
-    results.atomic_write_text(wrapper, render_wrapper(context))
+    results.atomic_write_text(wrapper, render_template("rank.sh.j2", context))
     wrapper.chmod(0o755)
 
-    if serve is not None and server is not None and not server.in_process:
-        server = render_server_scripts(run_dir / "launch", server, slots, serve, model, use_numactl,
-                                       server_python, render_template)
-    meta = _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
-                         compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve, percentile,
-                         server)
+    serve, matrix = spec.serve, spec.matrix
+    if serve is not None and spec.server is not None and not spec.server.in_process:
+        spec = spec.replaced(server=render_server_scripts(run_dir / "launch", spec.server, slots, serve, spec.model,
+                                                          use_numactl, launch.server_python, render_template))
+    meta = _initial_meta(run_dir, spec, resume, node_cpus, slots, use_numactl)
     results.write_meta(run_dir, meta)
 
-    args = worker_arguments(model=model, matrix=matrix, run_dir=run_dir.resolve(), run_id=run_id,
-                            threads=threads, resume=resume, scenarios=scenarios, probe=probe,
-                            probe_mib=probe_mib, seed=seed, compile_mode=compile_mode, serve=serve,
-                            slos=serve_limits(meta.slos) if serve else None, server=server)
-    cmd = torchrun_command(python, ranks, wrapper.resolve(), args)
-    reporter.log(f"run {run_id}: {ranks} rank(s) x {threads} thread(s), "
+    spec_file = Path(NodeFiles(str(run_dir.resolve()), NODE_NAME).spec_file)
+    results.atomic_write_text(spec_file, worker_spec(spec, run_dir.resolve(), resume).to_json() + "\n")
+    cmd = torchrun_command(python, spec.ranks, wrapper.resolve(), worker_args(str(spec_file), NODE_NAME))
+    reporter.log(f"run {run_id}: {spec.ranks} rank(s) x {threads} thread(s), "
                  f"{'numactl' if use_numactl else 'no numactl'}; folder {run_dir}")
     tracker = BenchTracker(matrix.warmup + matrix.repeats, started=time.monotonic())
-    rc, tail, failures = _run_streaming(cmd, log_dir / "torchrun.log", reporter, timeout, tracker)
+    rc, tail, failures = _run_streaming(cmd, log_dir / "torchrun.log", reporter, spec.timeout_s, tracker)
 
     records = results.read_records(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else []
     served = run_dir / results.SERVE_RESULTS
     serve_records = results.read_serve_records(served) if serve and served.exists() else []
-    _finish_meta(meta, run_dir, records, matrix, ranks, scenarios)
+    _finish_meta(meta, run_dir, records, matrix, spec.ranks, spec.scenarios)
     if serve:
-        meta.complete = serve_complete(serve_records, serve, ranks)
+        meta.complete = serve_complete(serve_records, serve, spec.ranks)
     if rc != 0:
         detail = "; ".join(failures) or "\n".join(f"  | {line}" for line in tail)
         meta.failure = f"torchrun exited {rc}: {detail}"[:4000]
@@ -231,19 +222,15 @@ def run_local(*, model: str, matrix: Matrix, ranks: int = 1, threads: int | None
     return LocalRun(run_dir, meta, records, serve_records)
 
 
-def _initial_meta(run_dir, run_id, resume, command, ranks, threads, model, matrix, label, seed,
-                  compile_mode, scenarios, slos, node_cpus, slots, use_numactl, serve=None,
-                  percentile=None, server=None) -> results.RunMeta:
+def _initial_meta(run_dir: Path, spec: RunSpec, resume: bool, node_cpus, slots, use_numactl: bool) -> results.RunMeta:
     # A resume keeps the run's creation time and facts; its matrix may extend the run's.
     previous = results.read_meta(run_dir) if resume else None
     guests = None if previous else {
         NODE_NAME: {"numa_nodes": {str(k): topology.format_cpu_list(v) for k, v in node_cpus.items()},
                     "ranks": slots, "numactl": use_numactl}}
-    return build_run_meta(
-        run_id=run_id, mode="local", nodes=[NODE_NAME], ranks_per_node=ranks, threads_per_rank=threads,
-        model=model, matrix=matrix_record(matrix, compile_mode=compile_mode, scenarios=scenarios, seed=seed,
-                                          serve=serve, percentile=percentile, server=server),
-        command=command or sys.argv, label=label, slos=slos, previous=previous, guests=guests)
+    if not spec.command:
+        spec = spec.replaced(command=sys.argv)
+    return build_run_meta(spec, previous=previous, guests=guests)
 
 
 def render_server_scripts(launch_dir: Path, server: ServerSpec, slots: list[dict[str, Any]], serve: ServeSpec,

@@ -9,7 +9,6 @@ No torch here: the module is imported before any rank has chosen its threads.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 from .. import results
 from ..contract import format_progress
 from ..results import WindowRecord
+from ..runspec import WorkerSpec
 
 # The workers' one logger: every kind of rank writes its events under the same name.
 log = logging.getLogger("vcfslm.bench.worker")
@@ -48,11 +48,25 @@ class TorchrunEnv:
                    master_port=int(env.get("MASTER_PORT", 29500)))
 
 
-def rank_window(args: argparse.Namespace, env: TorchrunEnv) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RankArgs:
+    """The worker's command line: its node's spec (the file the launcher wrote) and the
+    node's name; the rank's place in the run is torchrun's environment (TorchrunEnv)."""
+
+    spec: WorkerSpec
+    node: str
+
+
+def rank_base(args: RankArgs, env: TorchrunEnv) -> dict[str, Any]:
+    """What every progress line of this rank starts with."""
+    return {"rank": env.rank, "node": args.node, "local_rank": env.local_rank}
+
+
+def rank_window(args: RankArgs, env: TorchrunEnv) -> dict[str, Any]:
     """The RankWindow fields of this rank's records (static and serving alike)."""
-    return {"run_id": args.run_id, "node": args.node, "node_rank": env.group_rank, "rank": env.rank,
+    return {"run_id": args.spec.run.run_id, "node": args.node, "node_rank": env.group_rank, "rank": env.rank,
             "local_rank": env.local_rank, "world_size": env.world_size,
-            "ranks_per_node": env.local_world_size, "nodes": args.nodes}
+            "ranks_per_node": env.local_world_size, "nodes": args.spec.nodes}
 
 
 # ------------------------------------------------------------------ resume

@@ -18,7 +18,6 @@ is measured again.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -31,7 +30,15 @@ from ..results import ServeRecord
 from ..serve.scheduler import record_fields, run_window
 from ..serving import ServeSpec
 from ..verdicts import recompiled
-from .rank import agreed_skips, drop_scenarios, rank_window, serve_file
+from .rank import (
+    RankArgs,
+    agreed_skips,
+    drop_scenarios,
+    progress,
+    rank_base,
+    rank_window,
+    serve_file,
+)
 
 log = logging.getLogger("vcfslm.bench.worker")
 # A bound on the sweep's extra windows whatever the budget: windows that come out invalid
@@ -87,9 +94,8 @@ class SlotDriver:
         self.slots.release()
 
 
-def serve_windows(args, env, out: Path, base: dict, driver, placement: dict,
-                  rank_invalid: list[str], dist, progress, allowed_cpus: str | None = None,
-                  stops: list | None = None) -> list[ServeRecord]:
+def serve_windows(args: RankArgs, env, dist, driver, placement: dict, rank_invalid: list[str], *,
+                  allowed_cpus: str | None = None, stops: list | None = None) -> list[ServeRecord]:
     """Run every load of the spec (and the sweep's) for each context; this rank's records.
 
     driver: the backend (SlotDriver, or bench.http_backend.HttpDriver): its window()
@@ -98,17 +104,20 @@ def serve_windows(args, env, out: Path, base: dict, driver, placement: dict,
     stops: gets one {slo, input_tokens, reason} per SLO and context the sweep finished."""
     from .placement import placement_problems, thread_cpus
 
-    spec = ServeSpec.of_record(json.loads(args.serve))
-    limits: dict[str, Any] = json.loads(args.slos) if args.slos else {}
+    spec = args.spec.run.serve
+    if spec is None:
+        raise ValueError("serve_windows: the run's spec has no serving settings")
+    limits: dict[str, Any] = args.spec.run.serve_limits()
+    out, base, resume = Path(args.spec.out), rank_base(args, env), args.spec.resume
     server_checks = getattr(driver, "thread_problems", None)
 
     my_file = serve_file(out, env.rank)
-    kept = results.read_serve_records(my_file) if args.resume and my_file.exists() else []
+    kept = results.read_serve_records(my_file) if resume and my_file.exists() else []
     finished = results.finished_scenarios(kept, spec.repeats)
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, sorted(finished))
     skip = agreed_skips([{tuple(s) for s in g} for g in gathered])
-    if args.resume:
+    if resume:
         drop_scenarios(my_file, {r.scenario for r in kept} - skip, kind=ServeRecord)
     elif my_file.exists():
         my_file.unlink()

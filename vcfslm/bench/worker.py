@@ -1,11 +1,12 @@
 """The rank worker: the process torchrun starts for each rank (through rank.sh).
 
-    python -m vcfslm.bench.worker --model SRC --matrix MATRIX_JSON --out DIR --run-id ID \\
-        --node NAME --nodes N [--resume] [--scenarios FILTER] [--threads T] [--no-probe] [--seed S]
+    python -m vcfslm.bench.worker --spec FILE --node NAME
 
-MATRIX_JSON is the run's matrix as the launcher encodes it (contract.Matrix.to_json), e.g.
-{"batch_sizes": [1, 4], "input_tokens": [128, 512], "output_tokens": 128, "warmup": 1,
-"repeats": 3}.
+FILE is the node's worker spec as the launcher writes it into the run folder
+(vcfslm.runspec.WorkerSpec, one JSON object): the run's whole spec (model, matrix,
+scenarios, seed, compile mode, probes, serving settings, SLOs) and where this node runs it
+(the run folder, the model as this machine names it, the number of nodes, resume, the
+process group's timeout, an HTTP server's address).
 
 It reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, MASTER_ADDR/PORT), joins a gloo process group (bounded timeout), loads one
@@ -51,27 +52,29 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import results
-from ..contract import ACCEPTED_COMPILE_MODES, COLLECTIVE_TIMEOUT_S, Matrix
 from ..results import WindowRecord
+from ..runspec import WorkerSpec
 from ..servers import ServerSpec
 from ..serving import ServeSpec
 from ..verdicts import recompiled
 from .rank import (
+    RankArgs,
     TorchrunEnv,
     agreed_skips,
     drop_scenarios,
     facts_file,
     progress,
+    rank_base,
     rank_file,
     rank_window,
 )
@@ -82,53 +85,26 @@ log = logging.getLogger("vcfslm.bench.worker")
 # ------------------------------------------------------------------ arguments
 
 
-def matrix_arg(text: str) -> Matrix:
-    """`--matrix`: the launcher's Matrix.to_json, read back typed."""
+def spec_arg(path: str) -> WorkerSpec:
+    """`--spec`: the launcher's WorkerSpec file, read back typed."""
     try:
-        return Matrix.from_json(text)
+        return WorkerSpec.from_json(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read --spec {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"bad --matrix: {exc}") from None
+        raise argparse.ArgumentTypeError(f"bad --spec {path}: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vcfslm.bench.worker",
                                 description="One benchmark rank (started by torchrun).")
-    p.add_argument("--model", required=True, help="model source (folder, hub id, synthetic:NAME)")
-    p.add_argument("--matrix", type=matrix_arg, required=True, metavar="JSON",
-                   help="what to measure, as the launcher writes it (contract.Matrix.to_json): "
-                        "batch_sizes, input_tokens, output_tokens (>= 2), warmup, repeats")
-    p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--run-id", required=True)
+    p.add_argument("--spec", type=spec_arg, required=True, metavar="FILE",
+                   help="the node's worker spec, as the launcher writes it (vcfslm.runspec.WorkerSpec)")
     p.add_argument("--node", "--node-name", dest="node", required=True, help="node name for the records")
-    p.add_argument("--nodes", type=int, required=True, help="number of nodes in the run")
-    p.add_argument("--resume", action="store_true", help="skip scenarios this run already finished")
-    p.add_argument("--scenarios", default=None,
-                   help="only these scenarios: comma-separated BATCHxINPUT patterns, '*' wildcard "
-                        "(e.g. '1x*,16x128')")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: OMP_NUM_THREADS, else the CPUs this rank may use)")
-    p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe (no roofline)")
-    p.add_argument("--probe-mib", type=int, default=1024, help="probe buffer size in MiB")
-    p.add_argument("--seed", type=int, default=0, help="weights (synthetic) and prompt seed")
-    p.add_argument("--compile", choices=ACCEPTED_COMPILE_MODES, default="compile",
-                   help="decode step: compile (torch.compile over packed linears, the measurement "
-                        "mode) or eager (a baseline); autotune/freezing/default mean compile")
-    p.add_argument("--gate-steps", type=int, default=8,
-                   help="teacher-forced steps of the numerics gate at start (0: no gate)")
-    p.add_argument("--timeout", type=float, default=float(COLLECTIVE_TIMEOUT_S),
-                   help="seconds a collective may wait for the other ranks")
-    p.add_argument("--serve", default=None, metavar="JSON",
-                   help="serving mode: the ServeSpec as JSON (vcfslm.serving); the static matrix "
-                        "options then only size the numerics gate")
-    p.add_argument("--slos", default=None, metavar="JSON",
-                   help="serving mode: SLO name -> {tpot_ms, ttft_s}, for goodput and the sweep")
-    p.add_argument("--server", default=None, metavar="JSON",
-                   help="serving mode: the ServerSpec as JSON (vcfslm.servers); an HTTP server is "
-                        "started per rank from its vNUMA node's launch script instead of the engine")
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> RankArgs:
     """Parse worker arguments; a leading "--" is dropped.
 
     torchrun's own parser rejects `--node` after the script as an ambiguous
@@ -140,20 +116,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     args = parser.parse_args(argv)
-    if args.matrix.output_tokens < 2:
-        parser.error("--matrix: output_tokens must be >= 2 (TPOT needs two tokens)")
-    if args.matrix.repeats < 1 or args.matrix.warmup < 0:
-        parser.error("--matrix: repeats must be >= 1 and warmup >= 0")
-    return args
+    return RankArgs(args.spec, args.node)
 
 
 # ------------------------------------------------------------------ scenarios
 
 
-def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple[int, int, int],
-                  window: int, gen, skew_s: float, roofline_ms: float | None, placement: dict,
-                  peak_rss: int, extra_invalid: list[str] | None = None, rss: int = 0,
-                  roofline_ttft: float | None = None) -> WindowRecord:
+@dataclass(frozen=True)
+class WindowFacts:
+    """What a window's record carries beside its generation: the start skew, where the rank
+    ran, its memory, the scenario's roofline floors and why the window is invalid."""
+
+    skew_s: float
+    placement: dict
+    peak_rss: int
+    rss: int = 0
+    roofline_ms: float | None = None
+    roofline_ttft: float | None = None
+    invalid: tuple[str, ...] = ()
+
+
+def window_record(*, env: TorchrunEnv, args: RankArgs, scenario: tuple[int, int, int], window: int, gen,
+                  facts: WindowFacts) -> WindowRecord:
     """A WindowRecord from one generation's timestamps (pure apart from its inputs)."""
     batch, input_tokens, output_tokens = scenario
     first = [gen.first_token] * batch  # a batch's streams get their tokens together
@@ -161,18 +145,18 @@ def window_record(*, env: TorchrunEnv, args: argparse.Namespace, scenario: tuple
     ttft, tpot, e2e = results.stream_metrics(gen.request_start, first, last, output_tokens)
     wall = gen.last_token - gen.request_start
     generated = int(gen.tokens.shape[0] * gen.tokens.shape[1])
-    reasons = list(extra_invalid or [])
+    reasons = list(facts.invalid)
     if gen.compiles:
         reasons.append(recompiled(gen.compiles))
     if tuple(gen.tokens.shape) != (batch, output_tokens):
         reasons.append(f"generated shape {tuple(gen.tokens.shape)} != ({batch}, {output_tokens})")
     return WindowRecord(
         **rank_window(args, env), batch_per_rank=batch, input_tokens=input_tokens,
-        output_tokens=output_tokens, window=window, start_skew_s=skew_s, wall_s=wall,
+        output_tokens=output_tokens, window=window, start_skew_s=facts.skew_s, wall_s=wall,
         generated_tokens=generated, rank_tps=generated / wall if wall > 0 else 0.0,
-        ttft_s=ttft, tpot_ms=tpot, e2e_s=e2e, peak_rss_bytes=peak_rss, rss_bytes=rss,
+        ttft_s=ttft, tpot_ms=tpot, e2e_s=e2e, peak_rss_bytes=facts.peak_rss, rss_bytes=facts.rss,
         recompiles=gen.compiles, valid=not reasons, invalid_reasons=reasons,
-        roofline_tpot_ms=roofline_ms, roofline_ttft_s=roofline_ttft, placement=placement)
+        roofline_tpot_ms=facts.roofline_ms, roofline_ttft_s=facts.roofline_ttft, placement=facts.placement)
 
 
 # ------------------------------------------------------------------ output
@@ -199,11 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     binding = start_binding()
     args = parse_args(argv)
     env = TorchrunEnv.from_environ()
-    out = Path(args.out)
+    out = Path(args.spec.out)
     out.mkdir(parents=True, exist_ok=True)
     _setup_logging(out, args.node, env.rank)
-    log.info("argv %s env %s", sys.argv, env)
-    base = {"rank": env.rank, "node": args.node, "local_rank": env.local_rank}
+    log.info("argv %s env %s spec %s", sys.argv, env, args.spec.to_json())
+    base = rank_base(args, env)
     try:
         return run(args, env, out, base, binding)
     except Exception as exc:
@@ -212,24 +196,24 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def run(args: argparse.Namespace, env: TorchrunEnv, out: Path, base: dict[str, Any],
+def run(args: RankArgs, env: TorchrunEnv, out: Path, base: dict[str, Any],
         binding: dict[str, str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    threads = args.threads or _default_threads()
+    threads = args.spec.run.threads or _default_threads()
     torch.set_num_threads(threads)
     progress({**base, "phase": "start", "threads": threads, "world_size": env.world_size,
               "pid": os.getpid()})
 
     dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+                            timeout=datetime.timedelta(seconds=args.spec.timeout_s))
     try:
-        server = ServerSpec.of_record(json.loads(args.server)) if args.server else ServerSpec()
-        if args.serve and not server.in_process:
+        server = args.spec.server or ServerSpec()
+        if args.spec.run.serve is not None and not server.in_process:
             from .http_worker import run_http_serving
 
-            return run_http_serving(args, env, out, base, dist, binding or {}, server, _finish)
+            return run_http_serving(args, env, dist, binding or {}, _finish)
         return _run_scenarios(args, env, out, base, torch, dist, binding or {})
     finally:
         dist.destroy_process_group()
@@ -284,9 +268,10 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     from . import probe as probe_mod
     from .placement import placement_facts, placement_problems, thread_cpus
 
-    scenarios = args.matrix.scenarios(args.scenarios)
+    job = args.spec
+    scenarios = job.matrix.scenarios(job.run.scenarios)
     max_context = max((i + o for _, i, o in scenarios), default=0)
-    spec = ServeSpec.of_record(json.loads(args.serve)) if args.serve else None
+    spec = job.run.serve
     gate = reference = None
 
     def before_pack(model) -> None:
@@ -297,22 +282,22 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         reference = _reference(model, gate)
 
     # Packed as it loads: a checkpoint's tensors go one by one into the kernel's layout.
-    loaded = load_model(args.model, seed=args.seed, max_context=max_context or None,
+    loaded = load_model(job.model, seed=job.seed, max_context=max_context or None,
                         plan=default_plan(), before_pack=before_pack)
-    engine = DecodeEngine(loaded.model, args.compile)   # keeps the load's pack
+    engine = DecodeEngine(loaded.model, job.run.compile_mode)   # keeps the load's pack
     _inject_numerics_fault(env.rank, engine)
     progress({**base, "phase": "loaded", "model": loaded.facts["source"], "load_s": loaded.facts["load_s"],
               "params": loaded.facts["params"], "engine": engine.label})
 
     bandwidth = gemm = decode_linears = None
-    if not args.no_probe:
+    if job.run.probe.enabled:
         dist.barrier()  # probe together: ranks of a node share its memory system
         threads = torch.get_num_threads()
-        bandwidth = probe_mod.measure_bandwidth(threads, args.probe_mib)
+        bandwidth = probe_mod.measure_bandwidth(threads, job.probe_mib)
         gemm = probe_mod.measure_gemm(threads, plan=engine.plan)
-        decode_linears = probe_mod.measure_decode_linears(threads, mib=min(args.probe_mib, probe_mod.DECODE_MIB),
+        decode_linears = probe_mod.measure_decode_linears(threads, mib=min(job.probe_mib, probe_mod.DECODE_MIB),
                                                           plan=engine.plan)
-        torch.set_num_threads(args.threads or _default_threads())
+        torch.set_num_threads(job.run.threads or _default_threads())
         progress({**base, "phase": "probed", "read_gbs": round(bandwidth.read_gbs, 2),
                   "triad_gbs": round(bandwidth.triad_gbs, 2), "gemm_tflops": round(gemm.tflops, 4)})
 
@@ -339,7 +324,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
              "numerics": numerics_facts(),
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
     results.atomic_write_json(facts_file(out, env.rank), facts)
-    if args.serve:
+    if spec is not None:
         from .serve_worker import SlotDriver, serve_windows
 
         facts["sweep"] = []
@@ -363,24 +348,24 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         facts["numerics"] = numerics_facts()
         results.atomic_write_json(facts_file(out, env.rank), facts)
         try:
-            mine = serve_windows(args, env, out, base, driver, placement, rank_invalid, dist, progress,
-                                 binding.get("cpus"), stops=facts["sweep"])
+            mine = serve_windows(args, env, dist, driver, placement, rank_invalid,
+                                 allowed_cpus=binding.get("cpus"), stops=facts["sweep"])
         finally:
             driver.stop()
         engine.release()
         # What stopped each SLO's sweep travels with the rank's facts into meta.json.
         results.atomic_write_json(facts_file(out, env.rank), facts)
-        return _finish(args, env, out, base, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))
+        return _finish(args, env, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))
 
     my_file = rank_file(out, env.rank)
-    finished = results.finished_scenarios(results.read_records(my_file), args.matrix.repeats) \
-        if args.resume and my_file.exists() else set()
+    finished = results.finished_scenarios(results.read_records(my_file), job.matrix.repeats) \
+        if job.resume and my_file.exists() else set()
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, sorted(finished))
     skip = agreed_skips([{tuple(s) for s in g} for g in gathered]) & set(scenarios)
     rerun = {s for s in scenarios if s not in skip}
-    dropped = drop_scenarios(my_file, rerun) if args.resume else 0
-    if not args.resume and my_file.exists():
+    dropped = drop_scenarios(my_file, rerun) if job.resume else 0
+    if not job.resume and my_file.exists():
         my_file.unlink()  # a fresh run in an old folder starts clean
     if dropped:
         log.info("dropped %d partial record(s) of scenarios to rerun", dropped)
@@ -394,7 +379,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             progress({**where, "phase": "skip", "window": 0})
             continue
         prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
-                                  seed=args.seed * 1_000_003 + batch * 7919 + input_tokens)
+                                  seed=job.seed * 1_000_003 + batch * 7919 + input_tokens)
         tpot_floor, ttft_floor = roofline.scenario_floors(
             loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, input_tokens,
             output_tokens, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
@@ -408,7 +393,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             graph_invalid = [checked.invalid_reason] if not checked.passed else []
             facts["numerics"] = numerics_facts()
             results.atomic_write_json(facts_file(out, env.rank), facts)
-        phases = [("warmup", w) for w in range(args.matrix.warmup)] + [("measure", w) for w in range(args.matrix.repeats)]
+        phases = [("warmup", w) for w in range(job.matrix.warmup)] + [("measure", w) for w in range(job.matrix.repeats)]
         for phase, window in phases:
             _injected_delay(env.rank)
             dist.barrier()
@@ -422,10 +407,9 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
             moved = placement_problems(process_cpus=allowed, process_mems=None, intended_cpus=None,
                                        intended_node=None, threads=thread_cpus())
             record = window_record(env=env, args=args, scenario=scenario, window=window, gen=gen,
-                                   skew_s=skew, roofline_ms=tpot_floor, placement=placement,
-                                   peak_rss=peak_rss_bytes(), rss=current_rss_bytes(),
-                                   roofline_ttft=ttft_floor,
-                                   extra_invalid=graph_invalid + rank_invalid + moved)
+                                   facts=WindowFacts(skew, placement, peak_rss_bytes(), current_rss_bytes(),
+                                                     tpot_floor, ttft_floor,
+                                                     tuple(graph_invalid + rank_invalid + moved)))
             if phase == "measure":
                 results.append_record(my_file, record)
             progress({**where, "phase": phase, "window": window,
@@ -437,17 +421,17 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                       "roofline_ttft_s": ttft_floor and round(ttft_floor, 4),
                       "rss_gb": round(record.rss_bytes / 1e9, 3),
                       "peak_rss_gb": round(record.peak_rss_bytes / 1e9, 3)})
-        progress({**where, "phase": "done", "window": args.matrix.repeats})
+        progress({**where, "phase": "done", "window": job.matrix.repeats})
     engine.release()
 
     dist.barrier()
     mine = results.read_records(my_file) if my_file.exists() else []
-    return _finish(args, env, out, base, dist, mine, facts, "results.jsonl", n=n)
+    return _finish(args, env, dist, mine, facts, "results.jsonl", n=n)
 
 
-def _finish(args, env: TorchrunEnv, out: Path, base: dict, dist, mine: list, facts: dict, merged_name: str,
-            *, n: int) -> int:
+def _finish(args: RankArgs, env: TorchrunEnv, dist, mine: list, facts: dict, merged_name: str, *, n: int) -> int:
     """Rank 0 gathers every rank's records and facts and writes the merged files."""
+    out, base = Path(args.spec.out), rank_base(args, env)
     all_records: list[Any] = [None] * env.world_size if env.rank == 0 else None
     dist.gather_object(mine, all_records, dst=0)
     all_facts: list[Any] = [None] * env.world_size if env.rank == 0 else None
@@ -469,9 +453,9 @@ def _greedy_text(args, engine) -> dict | None:
     from ..engine.model import load_tokenizer
     from ..engine.numerics import greedy_text
 
-    if args.gate_steps <= 0:
+    if args.spec.gate_steps <= 0:
         return None
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_tokenizer(args.spec.model)
     if tokenizer is None:
         return None
     try:
@@ -490,14 +474,15 @@ def _gate_inputs(args, vocab: int, spec: ServeSpec | None, scenarios):
     from ..engine.decode import slot_gate_fit
     from ..engine.numerics import GATE_PROMPT_TOKENS, REFERENCE_ROWS, gate_inputs, static_gate_fit
 
-    if args.gate_steps <= 0 or not (scenarios or spec):
+    gate_steps, seed = args.spec.gate_steps, args.spec.seed
+    if gate_steps <= 0 or not (scenarios or spec):
         return None
     if spec is None:
-        prompt_tokens, steps = static_gate_fit(GATE_PROMPT_TOKENS, args.gate_steps,
+        prompt_tokens, steps = static_gate_fit(GATE_PROMPT_TOKENS, gate_steps,
                                                min(i + o for _, i, o in scenarios))
-        return gate_inputs(REFERENCE_ROWS, steps, vocab, args.seed, prompt_tokens=prompt_tokens)
-    prompt_tokens, steps = slot_gate_fit(GATE_PROMPT_TOKENS, args.gate_steps, spec.max_context)
-    return gate_inputs(1, steps, vocab, args.seed, prompt_tokens=prompt_tokens) if steps else None
+        return gate_inputs(REFERENCE_ROWS, steps, vocab, seed, prompt_tokens=prompt_tokens)
+    prompt_tokens, steps = slot_gate_fit(GATE_PROMPT_TOKENS, gate_steps, spec.max_context)
+    return gate_inputs(1, steps, vocab, seed, prompt_tokens=prompt_tokens) if steps else None
 
 
 def _reference(model, gate):
@@ -513,7 +498,8 @@ def _static_gate(args, engine, vocab: int, gate, scenario: tuple[int, int, int],
     from ..engine.numerics import gate_inputs, run_gate, static_graph
 
     batch, input_tokens, output_tokens = scenario
-    prompt, forced = gate_inputs(batch, int(gate[1].shape[1]), vocab, args.seed, prompt_tokens=int(gate[0].shape[1]))
+    prompt, forced = gate_inputs(batch, int(gate[1].shape[1]), vocab, args.spec.seed,
+                                 prompt_tokens=int(gate[0].shape[1]))
     return run_gate(engine, prompt, forced, max_len=input_tokens + output_tokens,
                     reference=reference, graph=static_graph(batch, input_tokens),
                     shape={"batch": batch, "input_tokens": input_tokens, "output_tokens": output_tokens,

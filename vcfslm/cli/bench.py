@@ -11,16 +11,15 @@ import json
 import shutil
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
-from ..contract import ACCEPTED_COMPILE_MODES, Matrix, serve_matrix
+from ..contract import ACCEPTED_COMPILE_MODES, Matrix, new_run_id, serve_matrix
 from ..errors import BenchError, Problem, UsageError
-from ..serving import ServeSpec
+from ..runspec import ProbeSpec, RunSpec
 from .bench_serve import check_serve_flags, serve_options, serve_spec, server_spec
 from .bench_summary import print_run_summary
 from .common import (
@@ -119,7 +118,7 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
         bad = sorted(given & set(CLUSTER_ONLY))
         if bad:
             raise UsageError(f"--local cannot be combined with {_flags(bad)}")
-        _bench_local(inventory, opts, verbose, slos)
+        _bench_local(inventory, opts, given, slos, verbose)
         return
     bad = sorted(given & set(LOCAL_ONLY))
     if bad:
@@ -128,13 +127,7 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
         raise UsageError("choose a mode: --local (this machine) or --nodes N / --hosts A,B (the cluster)")
     from .cluster import run_cluster
 
-    run_cluster(inventory=inventory, nodes=opts["nodes"], hosts=opts["hosts"], resume=opts["resume"],
-                serve=opts if opts["serve"] else None, slos=slos, percentile=opts["percentile"],
-                run_id=opts["run_id"], label=opts["label"], scenarios=opts["scenarios"],
-                repeats=opts["repeats"], output_tokens=opts["output_tokens"], timeout=opts["timeout"],
-                dry_run=opts["dry_run"], runs_dir=opts["runs_dir"], compile_mode=opts["compile_mode"],
-                trust_new_hosts=opts["trust_new_hosts"], output=opts["output"], verbose=verbose,
-                probe_mib=0 if opts["no_probe"] else opts["probe_mib"])
+    run_cluster(inventory, opts, slos, verbose)
 
 
 def _flags(names: list[str]) -> str:
@@ -150,63 +143,113 @@ def _parse_slos(specs) -> dict[str, Any] | None:
     return {s.name: s.limits() for s in parsed} or None
 
 
-def _bench_local(inventory: str | None, opts: dict[str, Any], verbose: int = 0,
-                 slos: dict[str, Any] | None = None) -> None:
-    """Resolve the local run's settings (flags > resumed meta > inventory > defaults) and run it."""
-    from ..bench.local import run_local
-    from ..engine.model import ModelSourceError, parse_model_spec, synthetic_config
+def _bench_local(inventory: str | None, opts: dict[str, Any], given: set[str],
+                 slos: dict[str, Any] | None = None, verbose: int = 0) -> None:
+    """Build the local run's spec (flags > resumed run > inventory > defaults) and run it."""
+    from ..bench.local import LocalLaunch, run_local
     from ..guest.templates import render_template
+
+    runs_dir, resume = opts["runs_dir"], False
+    if opts["resume"]:
+        run_dir = Path(opts["resume"]) if Path(opts["resume"]).is_dir() else Path(opts["runs_dir"]) / opts["resume"]
+        spec = _resumed_local_spec(run_dir, opts, given)
+        runs_dir, resume = str(run_dir.parent), True
+    else:
+        spec = _new_local_spec(inventory, opts, slos)
+    launch = LocalLaunch(runs_dir=runs_dir, resume=resume,
+                         server_python=_server_python(opts.get("server_python"),
+                                                      spec.server if spec.serve is not None else None))
+    quiet = opts["output"] == "json"
+    with RichReporter(err_console, quiet=quiet, verbose=verbose > 0) as reporter:
+        run = run_local(spec, launch, render_template=render_template, reporter=reporter)
+    print_run_summary(run.meta, run.records, run.run_dir, opts["output"],
+                      f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
+                      f"{run.meta.threads_per_rank} thread(s), {run.meta.model}")
+
+
+def _new_local_spec(inventory: str | None, opts: dict[str, Any], slos: dict[str, Any] | None) -> RunSpec:
+    """A new local run's spec: the flags over the inventory's settings over the defaults."""
+    from ..bench.local import NODE_NAME
 
     settings = _local_defaults()
     if inventory:
         settings.update(_from_inventory(inventory))
-    resume_id = None
-    if opts["resume"]:
-        run_dir = Path(opts["resume"]) if Path(opts["resume"]).is_dir() else Path(opts["runs_dir"]) / opts["resume"]
-        settings.update(_from_meta(run_dir))
-        resume_id, opts["runs_dir"] = run_dir.name, str(run_dir.parent)
     for key in ("model", "ranks", "threads", "batch_sizes", "input_tokens", "output_tokens", "warmup",
                 "repeats", "seed", "compile_mode", "probe_mib", "scenarios", "label", "percentile"):
         if opts.get(key) is not None:
             settings[key] = opts[key]
     if slos:
         settings["slos"] = slos
-    try:
-        spec = parse_model_spec(settings["model"])
-        if spec.kind == "synthetic":
-            synthetic_config(spec)  # the family is built and runnable, before anything starts
-    except ModelSourceError as exc:
-        raise UsageError([Problem("", None, None, "--model", str(exc))]) from None
+    _check_model(settings["model"])
     matrix = Matrix(tuple(settings["batch_sizes"]), tuple(settings["input_tokens"]),
                     settings["output_tokens"], settings["warmup"], settings["repeats"])
     _refuse_what_does_not_fit(settings["model"], settings["ranks"], matrix)
     serve = server = None
-    if opts["serve"] or settings.get("previous_serve"):
-        serve = serve_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_serve"),
+    if opts["serve"]:
+        serve = serve_spec(opts, inventory=settings.get("serve"), previous=None,
                            input_tokens=settings["input_tokens"], output_tokens=settings["output_tokens"],
                            repeats=settings["repeats"], seed=settings["seed"],
                            attainment=settings.get("attainment"))
         matrix = serve_matrix(serve)
-        server = server_spec(opts, inventory=settings.get("serve"), previous=settings.get("previous_server"))
-        if not server.in_process and settings["model"].startswith("synthetic:"):
-            settings["model"] = _checkpoint_for(settings["model"], settings["seed"], err_console)
-    quiet = opts["output"] == "json"
-    with RichReporter(err_console, quiet=quiet, verbose=verbose > 0) as reporter:
-        run = run_local(model=settings["model"], matrix=matrix, ranks=settings["ranks"],
-                        threads=settings.get("threads"), runs_dir=opts["runs_dir"],
-                        run_id=resume_id or opts["run_id"], resume=bool(resume_id),
-                        use_numactl=not opts["no_numactl"], seed=settings["seed"],
-                        compile_mode=settings["compile_mode"], probe=not opts["no_probe"],
-                        probe_mib=settings["probe_mib"], scenarios=settings.get("scenarios"),
-                        label=settings.get("label"), command=["vcfslm", *sys.argv[1:]],
-                        slos=settings.get("slos"), timeout=opts["timeout"], reporter=reporter,
-                        serve=serve, render_wrapper=partial(render_template, "rank.sh.j2"),
-                        percentile=settings["percentile"], server=server,
-                        server_python=_server_python(opts.get("server_python"), server),
-                        render_template=render_template)
-    print_run_summary(run.meta, run.records, run.run_dir, opts["output"],
-                      f"run {run.meta.run_id}: {run.meta.ranks_per_node} rank(s) x "
-                      f"{run.meta.threads_per_rank} thread(s), {run.meta.model}")
+        server = server_spec(opts, inventory=settings.get("serve"), previous=None)
+    spec = RunSpec.from_cli({
+        "run_id": opts["run_id"] or new_run_id(NODE_NAME, 1), "mode": "local", "model": settings["model"],
+        "matrix": matrix, "compile_mode": settings["compile_mode"], "scenarios": settings["scenarios"],
+        "seed": settings["seed"], "ranks": settings["ranks"], "threads": settings["threads"],
+        "nodes": (NODE_NAME,), "label": settings["label"], "slos": settings.get("slos") or {},
+        "percentile": settings["percentile"],
+        "probe": ProbeSpec(enabled=not opts["no_probe"], mib=settings["probe_mib"]),
+        "serve": serve, "server": server, "timeout_s": opts["timeout"], "numactl": not opts["no_numactl"],
+        "command": ["vcfslm", *sys.argv[1:]]})
+    if server is not None and not server.in_process and spec.model.startswith("synthetic:"):
+        spec = spec.replaced(model=_checkpoint_for(spec.model, settings["seed"], err_console))
+    return spec
+
+
+def _resumed_local_spec(run_dir: Path, opts: dict[str, Any], given: set[str]) -> RunSpec:
+    """The spec the run recorded in its meta.json, whole (whatever the inventory says now),
+    with the flags a resume may still give over it (a longer matrix, more repeats, ...)."""
+    from ..results import read_meta
+
+    if not (run_dir / "meta.json").exists():
+        raise UsageError(f"--resume: no run at {run_dir} (expected {run_dir}/meta.json)")
+    meta = read_meta(run_dir)
+    if meta.mode != "local":
+        raise UsageError(f"--resume: {run_dir} is a {meta.mode} run; resume it without --local")
+    spec = RunSpec.of_meta(meta, str(run_dir / "meta.json"))
+    changes: dict[str, Any] = {"run_id": run_dir.name, "command": ["vcfslm", *sys.argv[1:]]}
+    for key in ("model", "ranks", "threads", "seed", "compile_mode", "scenarios", "label"):
+        if opts.get(key) is not None:
+            changes[key] = opts[key]
+    if opts.get("probe_mib") is not None or "no_probe" in given:
+        changes["probe"] = ProbeSpec(enabled=not opts["no_probe"], mib=opts.get("probe_mib") or spec.probe.mib)
+    if opts.get("timeout") is not None:
+        changes["timeout_s"] = opts["timeout"]
+    if "no_numactl" in given:
+        changes["numactl"] = not opts["no_numactl"]
+    m = spec.matrix
+    if spec.serve is None:
+        changes["matrix"] = Matrix(tuple(opts.get("batch_sizes") or m.batch_sizes),
+                                   tuple(opts.get("input_tokens") or m.input_tokens),
+                                   opts.get("output_tokens") or m.output_tokens,
+                                   m.warmup if opts.get("warmup") is None else opts["warmup"],
+                                   opts.get("repeats") or m.repeats)
+    spec = spec.replaced(**changes)
+    _check_model(spec.model)
+    _refuse_what_does_not_fit(spec.model, spec.ranks, spec.matrix)
+    return spec
+
+
+def _check_model(model: str) -> None:
+    """The model source parses, and a synthetic family is built and runnable, before anything starts."""
+    from ..engine.model import ModelSourceError, parse_model_spec, synthetic_config
+
+    try:
+        spec = parse_model_spec(model)
+        if spec.kind == "synthetic":
+            synthetic_config(spec)
+    except ModelSourceError as exc:
+        raise UsageError([Problem("", None, None, "--model", str(exc))]) from None
 
 
 def _refuse_what_does_not_fit(model: str, ranks: int, matrix: Matrix) -> None:
@@ -248,25 +291,6 @@ def _from_inventory(path: str) -> dict[str, Any]:
             "repeats": b.repeats, "compile_mode": b.compile, "serve": b.serve.model_dump(),
             "slos": {k: v.model_dump() for k, v in inv.slos.items()},
             "percentile": inv.slo.percentile, "attainment": inv.slo.attainment}
-
-
-def _from_meta(run_dir: Path) -> dict[str, Any]:
-    from ..results import read_meta
-
-    if not (run_dir / "meta.json").exists():
-        raise UsageError(f"--resume: no run at {run_dir} (expected {run_dir}/meta.json)")
-    meta = read_meta(run_dir)
-    if meta.mode != "local":
-        raise UsageError(f"--resume: {run_dir} is a {meta.mode} run; resume it without --local")
-    m = meta.matrix
-    return {"model": meta.model, "ranks": meta.ranks_per_node, "threads": meta.threads_per_rank,
-            "batch_sizes": m["batch_sizes"], "input_tokens": m["input_tokens"],
-            "output_tokens": m["output_tokens"], "warmup": m.get("warmup", 1), "repeats": m["repeats"],
-            "seed": m.get("seed", 0), "compile_mode": m.get("compile", "compile"),
-            "scenarios": m.get("scenarios"), "label": meta.label, "slos": meta.slos,
-            "percentile": (m.get("judging") or {}).get("percentile") or "p90",
-            "previous_serve": ServeSpec.of_record(m["serve"]) if m.get("serve") else None,
-            "previous_server": m.get("server") if m.get("serve") else None}
 
 
 def _checkpoint_for(source: str, seed: int, console_) -> str:

@@ -8,75 +8,45 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from ..contract import new_run_id, select_nodes
-from ..errors import UsageError
+from ..contract import Matrix, new_run_id, select_nodes, serve_matrix
+from ..errors import Problem, UsageError
+from ..runspec import ProbeSpec, RunSpec
 from .bench_summary import print_run_summary
 from .common import RichReporter, console, err_console, load, print_json, to_jsonable
 from .guest_stage import bench_connector
 
 
-def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, resume: str | None,
-                run_id: str | None, label: str | None, scenarios: str | None, repeats: int | None,
-                output_tokens: int | None, timeout: float | None, dry_run: bool, runs_dir: str,
-                compile_mode: str | None,
-                trust_new_hosts: bool, output: str, verbose: int = 0, probe_mib: int | None = None,
-                serve: dict | None = None, slos: dict | None = None, percentile: str | None = None) -> None:
-    """Select nodes, then preflight, launch, watch and collect the cluster run.
+def run_cluster(inventory: str | None, opts: dict[str, Any], slos: dict | None = None, verbose: int = 0) -> None:
+    """Build the run's spec (a resumed run's own, the flags over it), then preflight, launch,
+    watch and collect the cluster run.
 
-    probe_mib: the workers' bandwidth probe buffer (None: their default; 0: no probes).
-    serve: the --serve flags (serving mode), resolved against the inventory's bench.serve.
-    slos: --slo, instead of the inventory's SLOs.
-    percentile: --percentile, the static rule recorded (else the inventory's slo.percentile).
+    opts: the bench command's flags (--nodes/--hosts select, --probe-mib/--no-probe the
+    workers' probes, --serve and its flags serving mode, resolved against the inventory's
+    bench.serve). slos: --slo, instead of the inventory's SLOs.
     """
     from ..bench import cluster as C
 
     inv = load(inventory)
-    runs_root = Path(runs_dir)
-    names = [h for h in (hosts or "").split(",") if h.strip()] or None
-    previous_serve = previous_server = None
-    if resume:
-        run_path = Path(resume) if Path(resume).is_dir() else runs_root / resume
-        if not (run_path / "meta.json").exists():
-            raise UsageError(f"--resume: no run at {run_path} (expected {run_path}/meta.json)")
-        previous = C.resume_options(run_path)
-        run_id, runs_root = run_path.name, run_path.parent
-        names, nodes = previous["nodes"], None
-        repeats = repeats or previous["repeats"]
-        output_tokens = output_tokens or previous["output_tokens"]
-        scenarios = scenarios or previous["scenarios"]
-        label = label or previous["label"]
-        compile_mode = compile_mode or previous["compile"]
-        previous_serve = previous["serve"]
-        previous_server = previous["server"]
-        percentile = previous["percentile"]
-    spec = server = None
-    if serve is not None or previous_serve is not None:
-        from .bench_serve import serve_spec, server_spec
-
-        spec = serve_spec(serve or {}, inventory=inv.bench.serve.model_dump(), previous=previous_serve,
-                          input_tokens=inv.bench.input_tokens,
-                          output_tokens=output_tokens or inv.bench.output_tokens,
-                          repeats=repeats or inv.bench.repeats, attainment=inv.slo.attainment)
-        server = server_spec(serve or {}, inventory=inv.bench.serve.model_dump(), previous=previous_server)
-        if not server.in_process and inv.guest.model.startswith("synthetic:"):
-            from ..errors import Problem
-            from ..inventory import SERVER_NEEDS_FOLDER
-
-            raise UsageError([Problem(inv.source, None, None, "guest.model",
-                                      SERVER_NEEDS_FOLDER.format(server=server.name, model=inv.guest.model))])
-    selected = select_nodes(inv, nodes, names)
-    opts = C.ClusterOptions(run_id=run_id or new_run_id(inv.name, len(selected)), runs_root=runs_root,
-                            label=label, resume=bool(resume), scenarios=scenarios, repeats=repeats,
-                            output_tokens=output_tokens, timeout_s=timeout, compile_mode=compile_mode,
-                            probe_mib=probe_mib, command=["vcfslm", *sys.argv[1:]], serve=spec,
-                            slos=slos, percentile=percentile, server=server)
-    if dry_run:
-        launches = C.plan_launches(inv, selected, opts)
-        if output == "json":
+    runs_root = Path(opts["runs_dir"])
+    if opts["resume"]:
+        run_path = Path(opts["resume"]) if Path(opts["resume"]).is_dir() else runs_root / opts["resume"]
+        spec = resumed_spec(run_path, opts)
+        runs_root = run_path.parent
+        select_nodes(inv, None, spec.nodes)   # every node the run had is still in the inventory
+    else:
+        spec = cluster_spec(inv, opts, slos)
+    _refuse_a_server_without_a_folder(inv, spec.server if spec.serve is not None else None)
+    drive = C.ClusterOptions(runs_root=runs_root, resume=bool(opts["resume"]))
+    if opts["dry_run"]:
+        launches = C.plan_launches(inv, spec, drive)
+        if opts["output"] == "json":
             print_json([{"node": la.name, "address": la.address, "run_dir": la.run_dir,
-                         "torchrun": list(la.torchrun_argv), "command": la.launch_command}
+                         "torchrun": list(la.torchrun_argv), "command": la.launch_command,
+                         "spec": la.spec.model_dump(mode="json") if la.spec else None}
                         for la in launches])
             return
         for la in launches:
@@ -84,22 +54,86 @@ def run_cluster(*, inventory: str | None, nodes: int | None, hosts: str | None, 
             console.print("  " + shlex.join(la.torchrun_argv), soft_wrap=True)
         return
 
-    log_dir = runs_root / opts.run_id / "logs" / "ssh"
+    log_dir = runs_root / spec.run_id / "logs" / "ssh"
     with RichReporter(err_console, verbose=verbose > 0) as reporter:
-        meta, records, local_dir = _run(inv, selected, opts, reporter, log_dir, trust_new_hosts)
-    print_run_summary(meta, records, local_dir, output,
+        meta, records, local_dir = _run(inv, spec, drive, reporter, log_dir, opts["trust_new_hosts"])
+    print_run_summary(meta, records, local_dir, opts["output"],
                       f"run {meta.run_id} ({len(meta.nodes)} node(s), {meta.ranks_per_node} ranks each)")
 
 
-def _run(inv, selected, opts, reporter, log_dir, trust_new_hosts):
+def cluster_spec(inv, opts: dict[str, Any], slos: dict | None = None) -> RunSpec:
+    """A new cluster run's spec: the flags over the inventory's bench settings."""
+    serve = server = None
+    if opts.get("serve"):
+        from .bench_serve import serve_spec, server_spec
+
+        serve = serve_spec(opts, inventory=inv.bench.serve.model_dump(), previous=None,
+                           input_tokens=inv.bench.input_tokens,
+                           output_tokens=opts.get("output_tokens") or inv.bench.output_tokens,
+                           repeats=opts.get("repeats") or inv.bench.repeats, attainment=inv.slo.attainment)
+        server = server_spec(opts, inventory=inv.bench.serve.model_dump(), previous=None)
+        _refuse_a_server_without_a_folder(inv, server)
+    names = [h for h in (opts.get("hosts") or "").split(",") if h.strip()] or None
+    selected = select_nodes(inv, opts.get("nodes"), names)
+    matrix = serve_matrix(serve) if serve is not None else Matrix.of_inventory(
+        inv.bench, output_tokens=opts.get("output_tokens"), repeats=opts.get("repeats"))
+    changes: dict[str, Any] = {"matrix": matrix, "serve": serve, "server": server, "scenarios": opts.get("scenarios"),
+                               "label": opts.get("label"), "probe": ProbeSpec.of_flags(_probe_mib(opts)),
+                               "command": ["vcfslm", *sys.argv[1:]]}
+    for field, flag in (("compile_mode", "compile_mode"), ("percentile", "percentile"), ("timeout_s", "timeout")):
+        if opts.get(flag) is not None:
+            changes[field] = opts[flag]
+    if slos:
+        changes["slos"] = slos
+    run_id = opts.get("run_id") or new_run_id(inv.name, len(selected))
+    return RunSpec.of_inventory(inv, [n.name for n in selected], run_id, **changes)
+
+
+def resumed_spec(run_path: Path, opts: dict[str, Any]) -> RunSpec:
+    """The spec a cluster run recorded, with the flags a resume may still give over it
+    (--repeats, --output-tokens, --scenarios, --label, --compile, --timeout, the probes)."""
+    from ..results import read_meta
+
+    if not (run_path / "meta.json").exists():
+        raise UsageError(f"--resume: no run at {run_path} (expected {run_path}/meta.json)")
+    spec = RunSpec.of_meta(read_meta(run_path), str(run_path / "meta.json"))
+    changes: dict[str, Any] = {"run_id": run_path.name, "command": ["vcfslm", *sys.argv[1:]]}
+    if spec.serve is None and (opts.get("repeats") or opts.get("output_tokens")):
+        changes["matrix"] = replace(spec.matrix, repeats=opts.get("repeats") or spec.matrix.repeats,
+                                    output_tokens=opts.get("output_tokens") or spec.matrix.output_tokens)
+    for field, flag in (("scenarios", "scenarios"), ("label", "label"), ("compile_mode", "compile_mode"),
+                        ("timeout_s", "timeout")):
+        if opts.get(flag):
+            changes[field] = opts[flag]
+    if _probe_mib(opts) is not None:
+        changes["probe"] = ProbeSpec.of_flags(_probe_mib(opts))
+    return spec.replaced(**changes)
+
+
+def _probe_mib(opts: dict[str, Any]) -> int | None:
+    return 0 if opts.get("no_probe") else opts.get("probe_mib")
+
+
+def _refuse_a_server_without_a_folder(inv, server) -> None:
+    """An HTTP server loads a model folder: a synthetic guest.model cannot be served."""
+    if server is None or server.in_process:
+        return
+    if inv.guest.model.startswith("synthetic:"):
+        from ..inventory import SERVER_NEEDS_FOLDER
+
+        raise UsageError([Problem(inv.source, None, None, "guest.model",
+                                  SERVER_NEEDS_FOLDER.format(server=server.name, model=inv.guest.model))])
+
+
+def _run(inv, spec: RunSpec, drive, reporter, log_dir, trust_new_hosts):
     """Preflight, launch, watch and collect; (meta, records, the local run folder)."""
     from ..bench import cluster as C
 
     connect = bench_connector(inv, reporter, log_dir, trust_new_hosts)
-    bench = C.ClusterBench(inv, selected, connect, opts, reporter=reporter, inspect_guest=inspect_guest,
+    bench = C.ClusterBench(inv, connect, spec, drive, reporter=reporter, inspect_guest=inspect_guest,
                            vcenter_facts=_observed_vms)
-    reporter.log(f"run {opts.run_id}: {len(selected)} node(s) x {inv.bench.ranks_per_node} rank(s), "
-                 f"rendezvous {selected[0].bench_ip}:{inv.bench.port} "
+    reporter.log(f"run {spec.run_id}: {len(bench.nodes)} node(s) x {spec.ranks} rank(s), "
+                 f"rendezvous {bench.nodes[0].bench_ip}:{inv.bench.port} "
                  f"(timeout {bench.rendezvous_timeout_s} s)")
     meta, records = bench.run()
     return meta, records, bench.local_dir

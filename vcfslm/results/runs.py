@@ -130,6 +130,7 @@ class RunMeta:
     probe: Object = field(default_factory=dict)        # bandwidth per node/rank
     slos: Object = field(default_factory=dict)
     ranks: Object = field(default_factory=dict)        # per global rank: engine, numerics gate
+    spec: Object = field(default_factory=dict)         # the run's whole spec (vcfslm.runspec.RunSpec)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunMeta:
