@@ -203,36 +203,45 @@ def reference_logits(model, prompt, forced):
     return out.logits[:, -steps:, :].float()
 
 
-def _against_reference(compiled, reference, *, rtol: float, min_top1: float) -> GateResult | None:
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a graph's logits may stray and still pass its gate (see compare_logits):
+    rtol, of the largest logit; min_top1, the share of positions whose top-1 must agree."""
+
+    rtol: float = DEFAULT_RTOL
+    min_top1: float = DEFAULT_MIN_TOP1
+
+    def compare(self, compiled, eager) -> GateResult:
+        return compare_logits(compiled, eager, rtol=self.rtol, min_top1=self.min_top1)
+
+
+def _against_reference(compiled, reference, tolerance: Tolerance) -> GateResult | None:
     if reference is None:
         return None
     rows = min(int(compiled.shape[0]), int(reference.shape[0]))
-    return compare_logits(compiled[:rows], reference[:rows], rtol=rtol, min_top1=min_top1)
+    return tolerance.compare(compiled[:rows], reference[:rows])
 
 
-def run_gate(engine, prompt, forced, *, max_len: int | None = None, rtol: float = DEFAULT_RTOL,
-             min_top1: float = DEFAULT_MIN_TOP1, reference=None, graph: str = "",
-             shape: dict | None = None) -> GraphGate:
+def run_gate(engine, prompt, forced, *, max_len: int | None = None, tolerance: Tolerance = Tolerance(),
+             reference=None, graph: str = "", shape: dict | None = None) -> GraphGate:
     """Teacher-force `forced` [batch, steps] after `prompt` through the engine's compiled step
     and its eager modules at a store of `max_len` (a scenario's context: its graph); compare,
     and compare the first rows with `reference` (reference_logits of the same rows) if given."""
     compiled = engine.step_logits(prompt, forced, compiled=True, max_len=max_len)
     eager = engine.step_logits(prompt, forced, compiled=False, max_len=max_len)
-    return GraphGate(graph, compare_logits(compiled, eager, rtol=rtol, min_top1=min_top1),
-                     _against_reference(compiled, reference, rtol=rtol, min_top1=min_top1), shape or {})
+    return GraphGate(graph, tolerance.compare(compiled, eager),
+                     _against_reference(compiled, reference, tolerance), shape or {})
 
 
-def slot_gates(checks: dict, reference=None, *, rtol: float = DEFAULT_RTOL,
-               min_top1: float = DEFAULT_MIN_TOP1) -> list[GraphGate]:
+def slot_gates(checks: dict, reference=None, *, tolerance: Tolerance = Tolerance()) -> list[GraphGate]:
     """The gate of every slot-step graph from TokenSlots.prime's compiled and eager logits;
     the one-lane decode graph is also compared with `reference` [1, steps, vocab] (the
     unpacked model on the prime's prompt and forced tokens)."""
     out = []
     for (lanes, piece), (compiled, eager) in sorted(checks.items()):
         against = reference if (lanes, piece) == (1, 0) else None
-        out.append(GraphGate(slot_graph(lanes, piece),
-                             compare_logits(compiled[None], eager[None], rtol=rtol, min_top1=min_top1),
-                             _against_reference(compiled[None], against, rtol=rtol, min_top1=min_top1),
+        out.append(GraphGate(slot_graph(lanes, piece), tolerance.compare(compiled[None], eager[None]),
+                             _against_reference(compiled[None], against, tolerance),
                              {"lanes": lanes, "piece_tokens": piece, "tokens": lanes + piece}))
     return out
 
