@@ -1,10 +1,11 @@
-"""The checkpoint loader: save_pretrained folders of each family load tensor by tensor, pack as
-they arrive, and compute what transformers' own from_pretrained model computes; a bad
-checkpoint is a clear error; a 1-layer Phi-3-mini-width load stays near one copy of its
-weights at its peak."""
+"""The checkpoint loader: save_pretrained folders of each family load (safe_open into a
+meta-device skeleton) a linear or a tensor at a time, pack as they arrive, and compute what
+transformers' own from_pretrained model computes; a bad checkpoint is a clear error; a
+1-layer Phi-3-mini-width load stays near one copy of its weights at its peak."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -202,6 +203,9 @@ def test_before_pack_sees_the_mapped_model_and_the_engine_keeps_the_loaders_pack
     ranges = _mapped_ranges(".safetensors")
     assert not any(lo <= t.data_ptr() < hi for t in loaded.model.state_dict().values() for lo, hi in ranges
                    if not t.is_mkldnn)
+    # every handle is dropped: no file of the checkpoint stays mapped (its pages in RSS)
+    gc.collect()
+    assert not [line for line in Path("/proc/self/maps").read_text().splitlines() if str(folder) in line]
 
     def no_second_pack(*args, **kwargs):
         raise AssertionError("the engine packed a packed model again")
@@ -320,6 +324,9 @@ def test_checkpoint_files_refuse_a_broken_index_or_header(tmp_path):
     (folder / "elsewhere.bin").write_bytes(b"\x10\x00")
     (folder / "elsewhere.bin").rename(folder / shard)
     with pytest.raises(CheckpointError, match=f"^{folder / shard}: too short for a safetensors file"):
+        checkpoint_entries(folder)
+    (folder / shard).write_bytes((10).to_bytes(8, "little") + b"not json!!")
+    with pytest.raises(CheckpointError, match=rf"^{folder / shard}: not a readable safetensors file \(.*JSON"):
         checkpoint_entries(folder)
 
 

@@ -1,29 +1,28 @@
-"""Where each tensor of a safetensors checkpoint lies: its file, dtype, shape and byte range.
+"""The files and tensors of a safetensors checkpoint folder, read with the safetensors library.
 
 A folder written by `save_pretrained` holds either one `model.safetensors` or shards named
-by `model.safetensors.index.json`. A safetensors file is an 8-byte little-endian header
-length, a JSON header (name -> dtype, shape, data_offsets), then the tensors' bytes. The
-header is read here without the safetensors library: the loader maps the bytes itself, so
-that it can view them without a copy and give each tensor's pages back once it is packed.
-
-Pure file reading: no torch, nothing loaded but the headers.
+by `model.safetensors.index.json`. `open_file` opens one of them with `safe_open` (which
+maps the file: a tensor it returns is a view of the mapping, read from disk as it is
+touched); `checkpoint_entries` lists every tensor of the folder (name, file, dtype, shape)
+from the files' headers, reading no tensor, and checks the folder against its index.
+Whatever is wrong with a folder is a CheckpointError naming the folder or the file.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
+
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-# Bytes per element of the dtypes safetensors writes.
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-# A header larger than this is not a safetensors header (the format caps it at 100 MB).
-MAX_HEADER_BYTES = 100_000_000
+# safetensors' words for a header it cannot read ("<prefix><reason>"), and the reason it
+# gives a file too short to hold a header.
+_SAFETENSORS_PREFIX = "Error while deserializing header: "
+_HEADER_TOO_SMALL = "header too small"
 
 
 class CheckpointError(ValueError):
@@ -32,14 +31,17 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class TensorEntry:
-    """One tensor of a checkpoint: `start` is its first byte's offset in `path`."""
+    """One tensor of a checkpoint: its name, file, dtype as safetensors writes it ("BF16"),
+    and shape."""
 
     name: str
     path: Path
     dtype: str
     shape: tuple[int, ...]
-    start: int
-    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -62,42 +64,34 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
+def open_file(path: Path):
+    """`safe_open(path, framework="pt")`: the file mapped, its header checked by safetensors.
+    The mapping lives as long as the handle or any tensor taken from it."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except SafetensorError as exc:
+        reason = str(exc).removeprefix(_SAFETENSORS_PREFIX)
+        if reason == _HEADER_TOO_SMALL:
+            raise CheckpointError(f"{path}: too short for a safetensors file") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file ({reason})") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
 def read_header(path: Path) -> list[TensorEntry]:
-    """The tensors of one safetensors file, in the order of their bytes."""
+    """The tensors of one safetensors file, in its header's order."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{path}: too short for a safetensors file")
-        (length,) = struct.unpack("<Q", head)
-        if length > min(MAX_HEADER_BYTES, size - 8):
-            raise CheckpointError(f"{path}: not a safetensors file (header length {length})")
-        try:
-            header = json.loads(fh.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{path}: unreadable safetensors header ({exc})") from None
-    base = 8 + length
+    handle = open_file(path)
     entries = []
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: tensor {name}: malformed header entry {meta!r}") from None
-        if dtype not in DTYPE_BYTES:
-            raise CheckpointError(f"{path}: tensor {name}: unsupported dtype {dtype}")
-        if end - begin != math.prod(shape) * DTYPE_BYTES[dtype] or begin < 0 or base + end > size:
-            raise CheckpointError(f"{path}: tensor {name}: bytes {begin}..{end} do not hold {dtype} {list(shape)} "
-                                  f"within the file ({size} bytes)")
-        entries.append(TensorEntry(name, path, dtype, shape, base + begin, end - begin))
-    return sorted(entries, key=lambda e: e.start)
+    for name in handle.keys():
+        part = handle.get_slice(name)
+        entries.append(TensorEntry(name, path, part.get_dtype(), tuple(int(d) for d in part.get_shape())))
+    return entries
 
 
 def checkpoint_entries(folder: Path) -> list[TensorEntry]:
-    """Every tensor of a checkpoint folder, file by file in byte order; names are unique and,
-    for a sharded checkpoint, in the shard its index names."""
+    """Every tensor of a checkpoint folder, file by file; names are unique and, for a sharded
+    checkpoint, in the shard its index names."""
     folder = Path(folder)
     index = folder / INDEX_NAME
     expected = _index_map(index) if index.is_file() else None

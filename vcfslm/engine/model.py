@@ -239,12 +239,13 @@ def load_model(source: str | ModelSpec, *, seed: int = 0, max_context: int | Non
     """Load (or build) a bf16 causal LM in eval mode; pin LongRoPE's short factor when the
     longest context of the run (`max_context`) fits the original window.
 
-    A folder or hub id loads through vcfslm.engine.loader: tensor by tensor from the mapped
-    safetensors files, at about one copy of the weights. plan (a linear.KernelPlan): pack
-    every nn.Linear as it arrives (the engine then keeps that pack); without it the model
-    comes back unpacked, as transformers builds it. before_pack(model): called once with
-    the whole model loaded (for a checkpoint: zero-copy views of the mapped files) and not
-    yet packed. Raises ModelSourceError for a checkpoint the model does not match.
+    A folder or hub id loads through vcfslm.engine.loader: a unit at a time from the
+    safetensors files (safe_open) into a meta-device skeleton, at about one copy of the
+    weights. plan (a linear.KernelPlan): pack every nn.Linear as it arrives (the engine then
+    keeps that pack); without it the model comes back unpacked, as transformers builds it.
+    before_pack(model): called once with the whole model loaded (for a checkpoint: zero-copy
+    views of the mapped files) and not yet packed. Raises ModelSourceError for a checkpoint
+    the model does not match.
     """
     spec = parse_model_spec(source) if isinstance(source, str) else source
     started = time.perf_counter()
@@ -257,20 +258,20 @@ def load_model(source: str | ModelSpec, *, seed: int = 0, max_context: int | Non
         if max_context:
             pinned = pin_short_rope(model, max_context)
             drop_idle_sliding_window(model.config, max_context)
-        if before_pack is not None:
-            before_pack(model)
 
     if spec.kind == "synthetic":
         config = synthetic_config(spec)
         model = build_random_model(config, seed=seed, attn_implementation=attn_implementation)
         prepare(model)
+        if before_pack is not None:
+            before_pack(model)
         if plan is not None:
             from .linear import pack_linears
             from .loader import mark_packed
 
             mark_packed(model, pack_linears(model, plan))
     else:
-        model = load_checkpoint(checkpoint_folder(spec), plan=plan, prepare=prepare,
+        model = load_checkpoint(checkpoint_folder(spec), plan=plan, prepare=prepare, before_pack=before_pack,
                                 attn_implementation=attn_implementation)
     loaded = LoadedModel(model, spec, time.perf_counter() - started, pinned)
     loaded.facts = describe(loaded)
@@ -297,22 +298,27 @@ def checkpoint_folder(spec: ModelSpec) -> Path:
 
 
 def load_checkpoint(folder: Path, *, plan=None, prepare: Callable[[Any], None] | None = None,
-                    attn_implementation: str = "sdpa"):
-    """The bf16 model of a save_pretrained folder: its skeleton built from config.json with
-    no weights, then filled (and packed, with a plan) by vcfslm.engine.loader. prepare(model)
-    runs once loaded and before packing."""
+                    before_pack: Callable[[Any], None] | None = None, attn_implementation: str = "sdpa"):
+    """The bf16 model of a save_pretrained folder: its skeleton built from config.json on the
+    meta device, its non-persistent buffers computed, then filled (and packed, with a plan)
+    by vcfslm.engine.loader. prepare(model) runs on the skeleton (it may set the config, the
+    mode and buffers, not read a weight); before_pack(model) once the whole model is there
+    as views of the mapped files, before packing."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from .checkpoint_files import CheckpointError
-    from .loader import load_weights, parameters_on_meta
+    from .loader import load_weights
 
     config = AutoConfig.from_pretrained(folder)
     config._attn_implementation = attn_implementation
-    with parameters_on_meta():
+    with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    rebuild_nonpersistent_buffers(model)
+    if prepare is not None:
+        prepare(model)
     try:
-        load_weights(model, folder, plan=plan, before_pack=prepare)
+        load_weights(model, folder, plan=plan, before_pack=before_pack)
     except CheckpointError as exc:
         raise ModelSourceError(str(exc)) from exc
     return model
@@ -389,7 +395,8 @@ def _tile_from_pool(flat, pool, offset: int) -> None:
 
 def rebuild_nonpersistent_buffers(model) -> None:
     """Give every non-persistent buffer its real value after a meta-device build: they are
-    not in a checkpoint and `to_empty` leaves them as uninitialised memory.
+    not in a checkpoint, and are left on the meta device (or, after `to_empty`, as
+    uninitialised memory).
 
     - A module that holds such buffers and no parameters (every family's rotary embedding,
       whatever its buffers are called: Gemma 3 keeps one inv_freq per layer type) is built
@@ -410,6 +417,8 @@ def rebuild_nonpersistent_buffers(model) -> None:
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, fresh)
         elif buffers == {"embed_scale"} and hasattr(module, "scalar_embed_scale"):
+            if module.embed_scale.is_meta:
+                module.embed_scale = torch.empty_like(module.embed_scale, device="cpu")
             with torch.no_grad():
                 module.embed_scale.copy_(torch.tensor(module.scalar_embed_scale))
         else:
