@@ -1,10 +1,13 @@
-"""End to end: the README's lab walkthrough, command by command, on a fresh lab.
+"""End to end: the documented lab walkthrough, command by command, on a fresh lab; and every
+command README.md and docs/*.md show, checked as written.
 
-Every command of the README's "The local lab" block runs as written (the benches get a
-smaller matrix so CI stays quick), then the outputs are checked: the VMs in vcsim carry
-the inventory's configuration, the guests pass verification, both run directories are
-complete (tests/run_checks.py: every rank, window and gate; nothing left running), the
-report holds the crossover table, and `lab down` leaves nothing running.
+Every command of docs/operations.md's "The local lab" block runs as written (the benches
+get a smaller matrix so CI stays quick), then the outputs are checked: the VMs in vcsim
+carry the inventory's configuration, the guests pass verification, both run directories
+are complete (tests/run_checks.py: every rank, window and gate; nothing left running), the
+report holds the crossover table, and `lab down` leaves nothing running. The README's
+"From the demo to your vCenter" block and every other bash block of the README and docs/
+are parsed by the CLI, make and the benchmark scripts (tests/doc_commands.py).
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doc_commands import README, ROOT, block_commands, check_command, check_text, doc_files
 from run_checks import assert_complete, run_processes
 
 from vcfslm.lab import generate
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+# The lab walkthrough lives in the operations page; the README links to it.
+LAB_DOC = ROOT / "docs" / "operations.md"
+LAB_HEADING = "## The local lab"
+VCENTER_HEADING = "## From the demo to your vCenter"
 # Smaller matrix for CI: one input length, one measured window, 64 MiB probe buffers (a
 # probe of the default 1 GiB per rank is half of a lab run and no check reads it); the
 # 4-node run eager and without probes (its 8 ranks' GEMM probes on 2 cores were half its
@@ -34,33 +40,34 @@ README = ROOT / "README.md"
 FAST = ["--scenarios", "*x16", "--repeats", "1", "--probe-mib", "64"]
 
 
-def readme_block(heading: str) -> list[str]:
-    """The commands of the first ```bash block after `heading` (comments dropped)."""
-    text = README.read_text()
-    section = text.split(heading, 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    lines = [line.split(" #", 1)[0].strip() for line in section.splitlines()]
-    return [line for line in lines if line and not line.startswith("#")]
+def lab_commands() -> list[str]:
+    """The lab walkthrough's commands, each as one shell line."""
+    return [shlex.join(argv) for argv in block_commands(LAB_DOC, LAB_HEADING)]
 
 
-def test_readme_lab_block_is_the_pipeline():
-    cmds = readme_block("## The local lab")
-    subcommands = [shlex.split(c)[1] for c in cmds if c.startswith("vcfslm")]
+def test_lab_block_is_the_pipeline():
+    subcommands = [argv[1] for argv in block_commands(LAB_DOC, LAB_HEADING) if argv[0] == "vcfslm"]
     assert subcommands == ["lab", "validate", "plan", "provision", "bench", "bench", "report", "size",
                            "lab", "lab"]
 
 
+def test_readme_links_the_lab_walkthrough():
+    assert "docs/operations.md" in README.read_text()
+
+
 def test_readme_vcenter_block_commands_parse():
     """The own-vCenter walkthrough: every vcfslm command in it is a real command with real options."""
-    from click.testing import CliRunner
+    cmds = block_commands(README, VCENTER_HEADING)
+    vcfslm_cmds = [argv for argv in cmds if argv[0] == "vcfslm"]
+    assert len(vcfslm_cmds) >= 8, cmds
+    for argv in vcfslm_cmds:
+        assert check_command(argv) == [], argv
 
-    from vcfslm.cli import main
 
-    for cmd in readme_block("## From the demo to your vCenter"):
-        argv = shlex.split(cmd)
-        if argv[0] != "vcfslm":
-            continue
-        result = CliRunner().invoke(main, [*argv[1:], "--help"])
-        assert result.exit_code == 0, (cmd, result.output)
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_doc_commands_work_as_written(doc):
+    """Every vcfslm command, make target and benchmark script a doc shows exists, with its options."""
+    assert check_text(doc.read_text()) == []
 
 
 def test_demo_script_is_valid_bash():
@@ -69,14 +76,14 @@ def test_demo_script_is_valid_bash():
 
 @pytest.fixture(scope="module")
 def walkthrough(tmp_path_factory):
-    """Run the README's lab block in a fresh folder with its own lab; yield what it left."""
+    """Run the documented lab block in a fresh folder with its own lab; yield what it left."""
     work = tmp_path_factory.mktemp("readme")
     lab_dir = work / "lab"
     env = {**os.environ, "VCFSLM_LAB_DIR": str(lab_dir), "VCFSLM_STATE": str(work / "state.json"),
            "COLUMNS": "200"}
     env.pop("VCFSLM_INVENTORY", None)
     outputs: dict[str, subprocess.CompletedProcess] = {}
-    cmds = readme_block("## The local lab")
+    cmds = lab_commands()
     try:
         for cmd in cmds:
             argv = shlex.split(cmd)
