@@ -7,7 +7,8 @@ Every stage that needs one of these imports it from here and never re-derives it
 - the default SLOs and the named presets;
 - the guest layout (where the guest stage puts the venv, scripts, models and runs) and the
   model reference the worker on a guest is given;
-- node selection (`--nodes N` / `--hosts A,B`);
+- node selection (`--nodes N` / `--hosts A,B`), and a cluster run's nodes as the bench
+  drives them (`NodeTarget`, sliced from the inventory by `targets_of`, in the CLI);
 - the rendezvous budget of a cluster run (torchrun's and the workers' process group);
 - the scenario matrix, its `--scenarios` filter, and its encoding on the worker's command
   line;
@@ -30,7 +31,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from . import presets
+from . import presets, topology
 from .errors import InventoryError, Problem
 from .results import RunMeta
 from .servers import VLLM
@@ -120,10 +121,9 @@ def host_inductor_cache(explicit: str | None, environ) -> Path:
     return Path(explicit or environ.get("TORCHINDUCTOR_CACHE_DIR") or HOST_INDUCTOR_CACHE).expanduser()
 
 
-def guest_paths(inventory) -> GuestPaths:
-    work = inventory.guest.workdir.rstrip("/")
-    venv = inventory.guest.venv_path.rstrip("/")
-    vllm_venv = inventory.bench.serve.vllm.venv_path(work).rstrip("/")
+def layout_paths(workdir: str, venv: str, vllm_venv: str) -> GuestPaths:
+    """The guest layout under `workdir`, with vcfslm's venv and vLLM's (pure)."""
+    work, venv, vllm_venv = workdir.rstrip("/"), venv.rstrip("/"), vllm_venv.rstrip("/")
     launch = f"{work}/launch"
     return GuestPaths(workdir=work, venv=venv, python=f"{venv}/bin/python",
                       torchrun=f"{venv}/bin/torchrun", launch_dir=launch,
@@ -134,6 +134,13 @@ def guest_paths(inventory) -> GuestPaths:
                       inductor_cache_dir=f"{work}/cache/inductor",
                       vllm_venv=vllm_venv, vllm_python=f"{vllm_venv}/bin/python",
                       vllm_entry=f"{launch}/{VLLM.entry}")
+
+
+def guest_paths(inventory) -> GuestPaths:
+    """The inventory's guest layout (the guest stage's reading; the bench gets it in its
+    NodeTargets)."""
+    work = inventory.guest.workdir.rstrip("/")
+    return layout_paths(work, inventory.guest.venv_path, inventory.bench.serve.vllm.venv_path(work))
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -162,18 +169,22 @@ def synthetic_config_on_guest(models_dir: str, model: str) -> str:
     return f"{models_dir.rstrip('/')}/{model_slug(model)}/config.json"
 
 
-def model_ref(inventory) -> str:
-    """The model as the worker on a guest names it: synthetic spec (a config file at its
-    staged place), hub id, or staged folder."""
-    model = inventory.guest.model
+def guest_model(model: str, models_dir: str) -> str:
+    """A model source as the worker on a guest names it: synthetic spec (a config file at
+    its staged place under `models_dir`), hub id, or staged folder (pure)."""
     if model_kind(model) == "dir":
-        return f"{guest_paths(inventory).models_dir}/{Path(model).expanduser().name}"
+        return f"{models_dir.rstrip('/')}/{Path(model).expanduser().name}"
     if model_kind(model) == "synthetic":
         spec = presets.parse_synthetic(model)
         if spec.config_path is not None:
-            staged = synthetic_config_on_guest(guest_paths(inventory).models_dir, model)
+            staged = synthetic_config_on_guest(models_dir, model)
             return str(presets.SyntheticSpec(config_path=staged, layers=spec.layers))
     return model
+
+
+def model_ref(inventory) -> str:
+    """The inventory's guest.model as the worker on a guest names it (guest_model)."""
+    return guest_model(inventory.guest.model, guest_paths(inventory).models_dir)
 
 
 # ------------------------------------------------------------------ node selection
@@ -228,6 +239,42 @@ def select_nodes(inventory, count: int | None = None, names: Iterable[str] | Non
         raise InventoryError([Problem(inventory.source, None, None, "--nodes",
                                       f"{count} nodes asked, the inventory has {len(nodes)}")])
     return nodes[:count]
+
+
+@dataclass(frozen=True)
+class NodeTarget:
+    """One node of a cluster run as the bench drives it: where SSH reaches it, where its
+    ranks meet, the guest layout the guest stage left on it, and where each of its local
+    ranks runs (what the rendered rank.sh must apply, which the preflight checks). The CLI
+    slices these from the inventory (`targets_of`); nothing below it reads the inventory."""
+
+    name: str
+    address: str                         # management IP (SSH)
+    ssh_port: int
+    bench_ip: str                        # the bench network; node 0's is the rendezvous
+    rdzv_port: int                       # torchrun's static rendezvous, on node 0's bench IP
+    paths: GuestPaths
+    slots: tuple[topology.RankSlot, ...]
+
+
+def targets_of(inventory, names: Sequence[str], ranks: int | None = None,
+               threads: int | None = None) -> tuple[NodeTarget, ...]:
+    """The inventory's nodes named in `names` (inventory order) as NodeTargets, each with
+    `ranks` ranks of `threads` threads placed on the VM's vNUMA nodes (default: the
+    inventory's bench settings). InventoryError when a name is unknown (select_nodes) or
+    the ranks do not fit the VM the inventory describes."""
+    vm, bench = inventory.vm, inventory.bench
+    ranks = ranks or bench.ranks_per_node
+    threads = threads or bench.threads_per_rank
+    try:
+        slots = tuple(topology.rank_slots(vm.vcpus, vm.vnuma_nodes, ranks, threads))
+    except ValueError as exc:
+        raise InventoryError([Problem(inventory.source, None, None, "vm",
+                                      f"{ranks} rank(s) of {threads} thread(s) per node: {exc}")]) from None
+    paths = guest_paths(inventory)
+    return tuple(NodeTarget(n.name, str(n.management_ip), int(n.ssh_port), str(n.bench_ip), int(bench.port),
+                            paths, slots)
+                 for n in select_nodes(inventory, names=names))
 
 
 # ------------------------------------------------------------------ the rendezvous

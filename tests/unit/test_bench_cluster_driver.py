@@ -12,6 +12,7 @@ import pytest
 from vcfslm import __version__
 from vcfslm.bench import launch as L
 from vcfslm.bench.cluster import ClusterBench, ClusterOptions
+from vcfslm.contract import targets_of
 from vcfslm.errors import BenchError
 from vcfslm.guest.fake import FakeTransport
 from vcfslm.inventory import parse_inventory
@@ -52,10 +53,15 @@ def spec_of(inv, nodes, run_id: str = "r", **changes) -> RunSpec:
     return RunSpec.of_inventory(inv, [n.name for n in nodes], run_id, **changes)
 
 
+def targets(inv):
+    """Every node of the inventory as the bench drives it (the CLI's slice)."""
+    return targets_of(inv, [n.name for n in inv.nodes])
+
+
 def bench_for(inv, transports: dict, tmp_path: Path, **changes) -> ClusterBench:
     def connect(node):
         return transports[node.name]
-    return ClusterBench(inv, connect, spec_of(inv, inv.nodes[:len(transports)], **changes),
+    return ClusterBench(targets(inv), connect, spec_of(inv, inv.nodes[:len(transports)], **changes),
                         ClusterOptions(runs_root=tmp_path, poll_s=0.0))
 
 
@@ -149,7 +155,7 @@ def test_lost_ssh_while_running_reconnects(inv, tmp_path):
 
     a.run = flaky
     conns = iter([a, fresh])
-    bench = ClusterBench(inv, lambda node: next(conns), spec_of(inv, inv.nodes[:1], "r"),
+    bench = ClusterBench(targets(inv), lambda node: next(conns), spec_of(inv, inv.nodes[:1], "r"),
                          ClusterOptions(runs_root=tmp_path, poll_s=0.0))
     with_records(fresh, bench.launches[0].run_dir, range(4), "slm-01")
     meta, _ = bench.run()
@@ -162,7 +168,7 @@ def test_progress_events_reach_the_reporter(inv, tmp_path):
     event = {"rank": 0, "phase": "measure", "scenario": 2, "scenarios": 4, "window": 1}
     a = scripted("slm-01", [f"RUNNING\n[default0]:VCFSLM-PROGRESS {json.dumps(event)}\n", "EXIT 0\n"])
     rep = RecordingReporter()
-    bench = ClusterBench(inv, lambda n: a, spec_of(inv, inv.nodes[:1], "r"),
+    bench = ClusterBench(targets(inv), lambda n: a, spec_of(inv, inv.nodes[:1], "r"),
                          ClusterOptions(runs_root=tmp_path, poll_s=0.0), reporter=rep)
     with_records(a, bench.launches[0].run_dir, range(4), "slm-01")
     bench.run()
@@ -237,7 +243,7 @@ def test_pool_covers_every_node_up_to_the_guest_cap(inv, tmp_path):
     opts = ClusterOptions(runs_root=tmp_path)
     for n, workers in ((20, 20), (70, GUEST_PARALLEL_CAP)):
         wide = inv.model_copy(update={"nodes": many_nodes(inv, n)})
-        assert ClusterBench(wide, lambda n: None, spec_of(wide, wide.nodes), opts).workers == workers
+        assert ClusterBench(targets(wide), lambda n: None, spec_of(wide, wide.nodes), opts).workers == workers
 
 
 def test_launch_failure_on_one_node_stops_every_node(inv, tmp_path):
@@ -275,7 +281,7 @@ def test_polling_reuses_one_connection_per_node(inv, tmp_path):
         return t
 
     connect = CountingConnector(make)
-    bench = ClusterBench(inv, connect, spec_of(inv, inv.nodes, "r"),
+    bench = ClusterBench(targets(inv), connect, spec_of(inv, inv.nodes, "r"),
                          ClusterOptions(runs_root=tmp_path, poll_s=0.0))
     meta, records = bench.run()
     assert meta.complete and len({r.rank for r in records}) == 16
@@ -297,7 +303,7 @@ def test_a_dropped_connection_is_reopened_once_and_kept(inv, tmp_path):
         return t
 
     connect = CountingConnector(make)
-    bench = ClusterBench(inv, connect, spec_of(inv, inv.nodes[:1], "r"),
+    bench = ClusterBench(targets(inv), connect, spec_of(inv, inv.nodes[:1], "r"),
                          ClusterOptions(runs_root=tmp_path, poll_s=0.0))
     bench.preflight()
     bench.start()
@@ -379,14 +385,15 @@ def test_the_guest_is_inspected_once_per_node_for_the_gate_and_the_record(inv, t
 
     seen = []
 
-    def inspect(inv_, t):
+    def inspect(target, t):
+        assert target.name == t.host    # the node's own target, with the transport to it
         seen.append(t.host)
         problems = ["expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 2 CPUs"] if t.host == "slm-02" else []
         return GuestReport(problems, {"numa_nodes": [{"id": 0}], "host": t.host})
 
     a = scripted("slm-01", ["EXIT 0\n"])
     with_records(a, "/opt/vcfslm/runs/r", range(4), "slm-01")
-    bench = ClusterBench(inv, lambda n: a, spec_of(inv, inv.nodes[:1], "r"),
+    bench = ClusterBench(targets(inv), lambda n: a, spec_of(inv, inv.nodes[:1], "r"),
                          ClusterOptions(runs_root=tmp_path, poll_s=0.0),
                          inspect_guest=inspect)
     meta, _ = bench.run()
@@ -396,9 +403,27 @@ def test_the_guest_is_inspected_once_per_node_for_the_gate_and_the_record(inv, t
     seen.clear()
     a, b = scripted("slm-01", ["EXIT 0\n"]), scripted("slm-02", ["EXIT 0\n"], ranks=range(4, 8))
     nodes = {"slm-01": a, "slm-02": b}
-    bench = ClusterBench(inv, lambda n: nodes[n.name], spec_of(inv, inv.nodes[:2], "r2"),
+    bench = ClusterBench(targets(inv), lambda n: nodes[n.name], spec_of(inv, inv.nodes[:2], "r2"),
                          ClusterOptions(runs_root=tmp_path, poll_s=0.0), inspect_guest=inspect)
     with pytest.raises(BenchError, match="slm-02: expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 2 CPUs"):
         bench.run()
     assert sorted(seen) == ["slm-01", "slm-02"]
     assert not any("setsid" in c for c in a.calls + b.calls)
+
+
+def test_the_bench_records_the_facts_the_cli_hands_it(inv, tmp_path):
+    """The inventory's hash and vCenter's view come from the CLI; the bench reads no inventory."""
+    asked = []
+
+    def vcenter(names):
+        asked.append(names)
+        return {"vms": {n: {"cpus": 96} for n in names}}
+
+    a = scripted("slm-01", ["EXIT 0\n"])
+    with_records(a, "/opt/vcfslm/runs/r", range(4), "slm-01")
+    bench = ClusterBench(targets(inv), lambda n: a, spec_of(inv, inv.nodes[:1], "r"),
+                         ClusterOptions(runs_root=tmp_path, poll_s=0.0, inventory_sha256="c0ffee"),
+                         vcenter_facts=vcenter)
+    meta, _ = bench.run()
+    assert asked == [["slm-01"]]
+    assert (meta.inventory_sha256, meta.vcenter) == ("c0ffee", {"vms": {"slm-01": {"cpus": 96}}})

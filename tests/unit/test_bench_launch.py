@@ -22,13 +22,18 @@ def spec_of(inv, nodes, run_id: str, **changes) -> RunSpec:
     return RunSpec.of_inventory(inv, [n.name for n in nodes], run_id, **changes)
 
 
+def targets(inv):
+    """Every node of the inventory as the launch plan takes it (the CLI's slice)."""
+    return C.targets_of(inv, [n.name for n in inv.nodes])
+
+
 @pytest.fixture
 def inv():
     return parse_inventory((ROOT / "inventories" / "vx650v4-4node.yaml").read_text(), "brief.yaml")
 
 
 def test_torchrun_lines_per_node_golden(inv):
-    launches = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())
+    launches = plan_launches(targets(inv), spec_of(inv, inv.nodes, "r1"), ClusterOptions())
     assert [la.global_ranks for la in launches] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
     argv = list(launches[2].torchrun_argv)
     assert argv == [
@@ -51,10 +56,33 @@ def test_torchrun_lines_per_node_golden(inv):
     assert not any("192.168.10.21" in la.torchrun_argv for la in launches)
 
 
+def test_the_plan_takes_targets_not_an_inventory():
+    """Where a node is and what its guest holds come in its NodeTarget; what runs (model,
+    ranks, threads) is the spec's, even where the inventory since says otherwise."""
+    from vcfslm import topology
+
+    slots = tuple(topology.rank_slots(8, 2, 2, 4))
+    paths = C.layout_paths("/srv/w/", "/srv/w/venv", "/srv/w/vllm")
+    nodes = (C.NodeTarget("a", "10.0.0.1", 2222, "10.1.0.1", 29600, paths, slots),
+             C.NodeTarget("b", "10.0.0.2", 22, "10.1.0.2", 29600, paths, slots))
+    spec = RunSpec(run_id="r", mode="cluster", model="./models/phi3", matrix=Matrix((1,), (16,), 4),
+                   ranks=2, threads=4, nodes=("b",))
+    [la] = plan_launches(nodes, spec, ClusterOptions())
+    argv = list(la.torchrun_argv)
+    assert (la.name, la.address, la.bench_ip, la.run_dir) == ("b", "10.0.0.2", "10.1.0.2", "/srv/w/runs/r")
+    assert argv[:3] == ["/srv/w/venv/bin/python", "-m", "torch.distributed.run"]
+    assert argv[argv.index("--master-addr") + 1:argv.index("--master-port") + 2] == ["10.1.0.2", "--master-port",
+                                                                                    "29600"]
+    assert la.placement == L.RankPlacement(4, slots) and la.global_ranks == (0, 1)
+    assert la.spec.model == "/srv/w/models/phi3"
+    with pytest.raises(ValueError, match="no target for node.s. c of run r"):
+        plan_launches(nodes, spec.replaced(nodes=("a", "c")), ClusterOptions())
+
+
 def test_options_reach_the_worker(inv):
     spec = spec_of(inv, inv.nodes[:1], "r2", scenarios="b=1",
                    matrix=Matrix.of_inventory(inv.bench, output_tokens=16, repeats=1))
-    [la] = plan_launches(inv, spec, ClusterOptions(resume=True))
+    [la] = plan_launches(targets(inv), spec, ClusterOptions(resume=True))
     argv = list(la.torchrun_argv)
     matrix = la.spec.matrix
     assert matrix.repeats == 1 and matrix.output_tokens == 16
@@ -63,7 +91,7 @@ def test_options_reach_the_worker(inv):
 
 
 def test_shell_snippets_parse(inv):
-    la = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())[0]
+    la = plan_launches(targets(inv), spec_of(inv, inv.nodes, "r1"), ClusterOptions())[0]
     for cmd in (la.launch_command, L.poll_command(la, 10), L.stop_command(la), L.lock_command(la, "r1"),
                 L.unlock_command(la)):
         subprocess.run(["bash", "-n", "-c", cmd], check=True)
@@ -151,7 +179,7 @@ def test_rendezvous_timeout_reaches_torchrun_and_the_workers(inv, monkeypatch):
     from torch.distributed.run import config_from_args, get_args_parser
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    launches = plan_launches(inv, spec_of(inv, inv.nodes, "r1", probe=ProbeSpec.of_flags(0)), ClusterOptions())
+    launches = plan_launches(targets(inv), spec_of(inv, inv.nodes, "r1", probe=ProbeSpec.of_flags(0)), ClusterOptions())
     argv = list(launches[1].torchrun_argv)
     assert launches[1].spec.timeout_s == C.process_group_timeout_s(4, 4)
     assert not launches[1].spec.run.probe.enabled
@@ -175,12 +203,12 @@ def test_launch_records_the_pid_in_the_lock_in_the_same_round_trip(tmp_path):
 def test_torchrun_console_is_unbuffered(inv):
     """torchrun's console goes to a file the operator tails: block buffering would hold
     the ranks' progress back until the run ends."""
-    la = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())[0]
+    la = plan_launches(targets(inv), spec_of(inv, inv.nodes, "r1"), ClusterOptions())[0]
     assert "export PYTHONUNBUFFERED=1;" in la.launch_command
 
 
 def test_each_launch_is_built_once_with_its_files_placement_and_rendezvous(inv):
-    launches = plan_launches(inv, spec_of(inv, inv.nodes, "r1"), ClusterOptions())
+    launches = plan_launches(targets(inv), spec_of(inv, inv.nodes, "r1"), ClusterOptions())
     for la in launches:
         files = L.NodeFiles(la.run_dir, la.name)
         # the launch line names the files the launch itself polls, stops and unlocks by
@@ -197,7 +225,7 @@ def test_the_worker_reads_the_matrix_the_launcher_wrote(inv, tmp_path):
     from vcfslm.bench.worker import parse_args
 
     spec = spec_of(inv, inv.nodes[:1], "r1", matrix=Matrix.of_inventory(inv.bench, output_tokens=32, repeats=2))
-    [la] = plan_launches(inv, spec, ClusterOptions())
+    [la] = plan_launches(targets(inv), spec, ClusterOptions())
     argv = list(la.torchrun_argv)
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(la.spec.to_json())

@@ -52,6 +52,29 @@ def test_select_nodes_names_the_flag_and_the_file(inv, count, names, message):
     assert str(err.value) == message and err.value.exit_code == 2
 
 
+def test_targets_slice_the_selected_nodes_for_the_bench(inv):
+    from vcfslm import topology
+
+    targets = K.targets_of(inv, ["slm-03", "slm-01"])
+    # inventory order, each node's addresses and ports, the one guest layout, the rank slots
+    assert [t.name for t in targets] == ["slm-01", "slm-03"]
+    first = targets[0]
+    assert (first.address, first.ssh_port, first.bench_ip, first.rdzv_port) == (
+        str(inv.nodes[0].management_ip), inv.nodes[0].ssh_port, str(inv.nodes[0].bench_ip), inv.bench.port)
+    assert first.paths == K.guest_paths(inv)
+    assert first.slots == tuple(inv.rank_slots())
+    # the run's own ranks and threads, where they differ from the inventory's
+    [t] = K.targets_of(inv, ["slm-02"], ranks=2, threads=12)
+    assert t.slots == tuple(topology.rank_slots(inv.vm.vcpus, inv.vm.vnuma_nodes, 2, 12))
+
+
+def test_targets_refuse_unknown_nodes_and_ranks_the_vm_cannot_place(inv):
+    with pytest.raises(InventoryError, match="--hosts: unknown node.s. slm-09"):
+        K.targets_of(inv, ["slm-09"])
+    with pytest.raises(InventoryError, match=r"brief.yaml: vm: 3 rank\(s\) of 40 thread\(s\) per node"):
+        K.targets_of(inv, ["slm-01"], ranks=3, threads=40)
+
+
 # ------------------------------------------------------------------ guest layout
 
 
@@ -80,6 +103,7 @@ def test_guest_layout(inv):
 def test_model_kind_and_ref(model, kind, ref):
     assert K.model_kind(model) == kind
     assert K.model_ref(with_model(model)) == ref
+    assert K.guest_model(model, "/opt/vcfslm/models/") == ref
 
 
 def test_model_kind_of_an_existing_folder_and_of_nonsense(tmp_path, monkeypatch):
@@ -94,7 +118,8 @@ def test_the_guest_stage_and_the_bench_stage_read_one_layout(inv):
     from vcfslm.guest.playbook import host_variables
 
     variables = host_variables(inv, inv.nodes[0])
-    [la] = plan_launches(inv, RunSpec.of_inventory(inv, [inv.nodes[0].name], "r"), ClusterOptions())
+    [la] = plan_launches(K.targets_of(inv, [inv.nodes[0].name]), RunSpec.of_inventory(inv, [inv.nodes[0].name], "r"),
+                         ClusterOptions())
     argv = list(la.torchrun_argv)
     assert argv[0] == variables["python"]
     assert variables["rank_script"] in argv

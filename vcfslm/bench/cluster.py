@@ -5,6 +5,9 @@ torchrun at once (static rendezvous on node 0's bench IP), polls their logs, sto
 all of them on the first failure, timeout or interrupt, and fetches the records into
 `runs/<run-id>/`. Command lines come from `launch.py`; SSH from a `Transport`.
 
+What runs is the RunSpec's; where (each node's addresses, ports, guest layout and rank
+slots) is one `contract.NodeTarget` per node, which the CLI slices from the inventory.
+
 Every phase fans out over the nodes at once (`fan_out`, one worker pool for the run, as
 wide as the guest fan-out allows). Each node keeps one transport for the whole run,
 reconnected only when it drops, and one poll is one command on it.
@@ -12,7 +15,7 @@ reconnected only when it drops, and one poll is one command on it.
 
 from __future__ import annotations
 
-import hashlib
+import math
 import shlex
 import threading
 import time
@@ -25,9 +28,9 @@ from typing import Any
 from .. import __version__
 from ..contract import (
     GUEST_PARALLEL_CAP,
+    NodeTarget,
     build_run_meta,
-    guest_paths,
-    model_ref,
+    guest_model,
     parallelism,
     parse_progress,
     process_group_timeout_s,
@@ -54,42 +57,48 @@ from .tracker import BenchTracker
 
 @dataclass
 class ClusterOptions:
-    """How the operator drives the run; what the run measures is its RunSpec."""
+    """How the operator drives the run; what the run measures is its RunSpec.
+
+    inventory_sha256: the hash of the file the run was planned from (meta.json's), or None."""
 
     runs_root: Path = Path("runs")
     resume: bool = False
     poll_s: float = 1.0
+    inventory_sha256: str | None = None
 
 
-def run_nodes(inv, spec: RunSpec) -> list:
-    """The inventory's nodes the spec names, in inventory order."""
-    wanted = set(spec.nodes)
-    return [n for n in inv.nodes if n.name in wanted]
+def run_targets(targets: Sequence[NodeTarget], spec: RunSpec) -> list[NodeTarget]:
+    """The targets of the nodes the spec names, in the order given; ValueError when the
+    spec names a node no target is for."""
+    missing = [n for n in spec.nodes if n not in {t.name for t in targets}]
+    if missing:
+        raise ValueError(f"no target for node(s) {', '.join(missing)} of run {spec.run_id}")
+    return [t for t in targets if t.name in set(spec.nodes)]
 
 
-def plan_launches(inv, spec: RunSpec, opts: ClusterOptions) -> list[L.NodeLaunch]:
+def plan_launches(targets: Sequence[NodeTarget], spec: RunSpec, opts: ClusterOptions) -> list[L.NodeLaunch]:
     """One NodeLaunch per node of the run (pure: the --dry-run output is exactly this).
 
-    The inventory gives where things are (guest layout, addresses, port, rank slots); what
+    The targets give where things are (guest layout, addresses, port, rank slots); what
     runs is the spec's."""
-    nodes = run_nodes(inv, spec)
-    paths = guest_paths(inv)
-    run_dir = f"{paths.runs_dir}/{spec.run_id}"
+    nodes = run_targets(targets, spec)
+    run_dir = f"{nodes[0].paths.runs_dir}/{spec.run_id}"
     ranks = spec.ranks
-    master = str(nodes[0].bench_ip)
-    # What rank.sh must apply for this launch (the preflight compares the rendered one).
-    placement = L.RankPlacement(spec.threads, tuple(inv.rank_slots()))
+    master = nodes[0].bench_ip
     rdzv_timeout = rendezvous_timeout_s(len(nodes), ranks)
     pg_timeout = process_group_timeout_s(len(nodes), ranks)
     out = []
     for i, node in enumerate(nodes):
-        server = spec.server.on_node(paths.launch_dir, str(node.bench_ip)) \
+        paths = node.paths
+        # What rank.sh must apply for this launch (the preflight compares the rendered one).
+        placement = L.RankPlacement(spec.threads, node.slots)
+        server = spec.server.on_node(paths.launch_dir, node.bench_ip) \
             if spec.serve is not None and spec.server is not None and not spec.server.in_process else None
-        worker = WorkerSpec(run=spec, out=run_dir, model=model_ref(inv), nodes=len(nodes), resume=opts.resume,
-                            timeout_s=pg_timeout, server=server)
+        worker = WorkerSpec(run=spec, out=run_dir, model=guest_model(spec.model, paths.models_dir),
+                            nodes=len(nodes), resume=opts.resume, timeout_s=pg_timeout, server=server)
         files = L.NodeFiles(run_dir, node.name)
         argv = L.torchrun_argv([paths.python, "-m", "torch.distributed.run"],
-                               L.Rendezvous(len(nodes), ranks, i, master, inv.bench.port, rdzv_timeout),
+                               L.Rendezvous(len(nodes), ranks, i, master, nodes[0].rdzv_port, rdzv_timeout),
                                rank_script=paths.rank_script, log_dir=f"{run_dir}/logs/{node.name}/ranks",
                                args=L.worker_args(files.spec_file, node.name))
         # PYTHONUNBUFFERED: torchrun tees the ranks into a file; block-buffered, the operator
@@ -98,7 +107,7 @@ def plan_launches(inv, spec: RunSpec, opts: ClusterOptions) -> list[L.NodeLaunch
         cmd = L.detached(argv, run_dir=run_dir, pid_file=files.pid_file, exit_file=files.exit_file,
                          log_file=files.log_file, env=env, pid_copy=f"{files.lock_dir}/pid",
                          files={files.spec_file: worker.to_json()})
-        out.append(L.NodeLaunch(i, node.name, str(node.management_ip), str(node.bench_ip), run_dir, cmd,
+        out.append(L.NodeLaunch(i, node.name, node.address, node.bench_ip, run_dir, cmd,
                                 tuple(range(i * ranks, (i + 1) * ranks)), tuple(argv), placement,
                                 rdzv_timeout, worker))
     return out
@@ -136,13 +145,6 @@ def fan_out(fn: Callable[[Any], Any], items: Sequence, pool: Executor, *,
     return out
 
 
-def inventory_sha256(path: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
 @dataclass
 class NodeState:
     launch: L.NodeLaunch
@@ -168,19 +170,23 @@ RANK_SCRIPT_MARK = "VCFSLM-RANK-SCRIPT"
 
 
 class ClusterBench:
-    """One cluster run: preflight, launch, watch, stop, collect."""
+    """One cluster run: preflight, launch, watch, stop, collect.
 
-    def __init__(self, inv, connect: Callable[[Any], Any], spec: RunSpec, opts: ClusterOptions,
-                 reporter: Reporter | None = None,
-                 inspect_guest: Callable[[Any, Any], GuestReport] | None = None,
-                 vcenter_facts: Callable[[Any, list[str]], dict] | None = None):
-        self.inv, self.connect, self.spec, self.opts = inv, connect, spec, opts
-        self.nodes = run_nodes(inv, spec)
+    targets: the run's nodes (contract.NodeTarget; at least the spec's). connect(target)
+    opens a Transport to one. inspect_guest(target, transport) reads a guest's facts once
+    for the preflight and meta.json; vcenter_facts(names) what vCenter reports of the VMs."""
+
+    def __init__(self, targets: Sequence[NodeTarget], connect: Callable[[NodeTarget], Any], spec: RunSpec,
+                 opts: ClusterOptions, reporter: Reporter | None = None,
+                 inspect_guest: Callable[[NodeTarget, Any], GuestReport] | None = None,
+                 vcenter_facts: Callable[[list[str]], dict] | None = None):
+        self.connect, self.spec, self.opts = connect, spec, opts
+        self.nodes = run_targets(targets, spec)
         self.reporter = reporter or NullReporter()
         self.inspect_guest = inspect_guest
         self.vcenter_facts = vcenter_facts
         self.facts: dict[str, Any] = {}
-        self.launches = plan_launches(inv, spec, opts)
+        self.launches = plan_launches(self.nodes, spec, opts)
         self.states = {la.name: NodeState(la) for la in self.launches}
         self.local_dir = Path(opts.runs_root) / spec.run_id
         self._transports: dict[str, Any] = {}
@@ -245,10 +251,11 @@ class ClusterBench:
     def preflight(self) -> None:
         """Scripts, venv, version, rank.sh's placement against the launch's, the in-guest
         checks (NUMA, bench network), the bench lock."""
-        paths = guest_paths(self.inv)
+        targets = {n.name: n for n in self.nodes}
 
         def check(la: L.NodeLaunch) -> list[str]:
             t = self._t(la.name)
+            paths = targets[la.name].paths
             problems = []
             probe = (f"test -x {shlex.quote(paths.rank_script)} || echo MISSING the rank script "
                      f"{paths.rank_script} '(run: vcfslm provision --stage guests)'; "
@@ -276,7 +283,7 @@ class ClusterBench:
                 problems += L.placement_mismatches(L.parse_rank_script(rank_script), la.placement,
                                                    la.global_ranks, paths.rank_script)
             if self.inspect_guest is not None:
-                report = self.inspect_guest(self.inv, t)
+                report = self.inspect_guest(targets[la.name], t)
                 problems += report.problems
                 self.facts[la.name] = report.facts
             if not problems:
@@ -353,7 +360,7 @@ class ClusterBench:
 
     def watch(self) -> str | None:
         """Poll until every node exits; the first failure (or timeout) as text, else None."""
-        timeout = self.spec.timeout_s or self.inv.bench.timeout_s
+        timeout = self.spec.timeout_s or math.inf    # the CLI gives every run one
         deadline = time.monotonic() + timeout
         lost_since: dict[str, float] = {}
         while True:
@@ -422,7 +429,7 @@ class ClusterBench:
             previous = read_meta(self.local_dir)
         return build_run_meta(
             self.spec, complete=complete, failure=failure, previous=previous,
-            inventory_sha256=inventory_sha256(self.inv.source), versions={"vcfslm": __version__},
+            inventory_sha256=self.opts.inventory_sha256, versions={"vcfslm": __version__},
             vcenter=self._vcenter, guests=self.facts,
             ranks=rank_summaries(read_rank_facts(self.local_dir / "ranks")))
 
@@ -430,7 +437,7 @@ class ClusterBench:
         """Preflight, launch, watch, collect; BenchError (after a clean stop) on any failure."""
         self.local_dir.mkdir(parents=True, exist_ok=True)
         if self.vcenter_facts is not None:
-            self._vcenter = self.vcenter_facts(self.inv, [n.name for n in self.nodes])
+            self._vcenter = self.vcenter_facts([n.name for n in self.nodes])
         write_meta(self.local_dir, self.meta(False, None))
         try:
             self.preflight()
@@ -477,4 +484,4 @@ class ClusterBench:
             self._pool = None
 
 
-__all__ = ["ClusterBench", "ClusterOptions", "GuestReport", "NotRun", "fan_out", "plan_launches", "run_nodes"]
+__all__ = ["ClusterBench", "ClusterOptions", "GuestReport", "NotRun", "fan_out", "plan_launches", "run_targets"]

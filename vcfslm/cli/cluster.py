@@ -1,18 +1,20 @@
 """The cluster mode of `vcfslm bench` (`--nodes N`, `--hosts a,b`, `--resume RUN`).
 
 Builds the real drivers (SSH transports, the guest preflight) and renders progress;
-the work itself is `vcfslm.bench.cluster.ClusterBench`.
+the work itself is `vcfslm.bench.cluster.ClusterBench`. The inventory is read here only:
+the bench gets the run's spec and one `NodeTarget` per node (`contract.targets_of`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..contract import Matrix, new_run_id, select_nodes, serve_matrix
+from ..contract import Matrix, NodeTarget, new_run_id, select_nodes, serve_matrix, targets_of
 from ..errors import Problem, UsageError
 from ..runspec import ProbeSpec, RunSpec
 from .bench_summary import print_run_summary
@@ -36,13 +38,17 @@ def run_cluster(inventory: str | None, opts: dict[str, Any], slos: dict | None =
         run_path = Path(opts["resume"]) if Path(opts["resume"]).is_dir() else runs_root / opts["resume"]
         spec = resumed_spec(run_path, opts)
         runs_root = run_path.parent
-        select_nodes(inv, None, spec.nodes)   # every node the run had is still in the inventory
+        if spec.timeout_s is None:            # a run recorded before runs kept their timeout
+            spec = spec.replaced(timeout_s=inv.bench.timeout_s)
     else:
         spec = cluster_spec(inv, opts, slos)
     _refuse_a_server_without_a_folder(inv, spec.server if spec.serve is not None else None)
-    drive = C.ClusterOptions(runs_root=runs_root, resume=bool(opts["resume"]))
+    # Every node the run has is in the inventory (InventoryError names the flag if not).
+    targets = targets_of(inv, spec.nodes, spec.ranks, spec.threads)
+    drive = C.ClusterOptions(runs_root=runs_root, resume=bool(opts["resume"]),
+                             inventory_sha256=inventory_sha256(inv.source))
     if opts["dry_run"]:
-        launches = C.plan_launches(inv, spec, drive)
+        launches = C.plan_launches(targets, spec, drive)
         if opts["output"] == "json":
             print_json([{"node": la.name, "address": la.address, "run_dir": la.run_dir,
                          "torchrun": list(la.torchrun_argv), "command": la.launch_command,
@@ -56,7 +62,7 @@ def run_cluster(inventory: str | None, opts: dict[str, Any], slos: dict | None =
 
     log_dir = runs_root / spec.run_id / "logs" / "ssh"
     with RichReporter(err_console, verbose=verbose > 0) as reporter:
-        meta, records, local_dir = _run(inv, spec, drive, reporter, log_dir, opts["trust_new_hosts"])
+        meta, records, local_dir = _run(inv, targets, spec, drive, reporter, log_dir, opts["trust_new_hosts"])
     print_run_summary(meta, records, local_dir, opts["output"],
                       f"run {meta.run_id} ({len(meta.nodes)} node(s), {meta.ranks_per_node} ranks each)")
 
@@ -125,18 +131,37 @@ def _refuse_a_server_without_a_folder(inv, server) -> None:
                                   SERVER_NEEDS_FOLDER.format(server=server.name, model=inv.guest.model))])
 
 
-def _run(inv, spec: RunSpec, drive, reporter, log_dir, trust_new_hosts):
-    """Preflight, launch, watch and collect; (meta, records, the local run folder)."""
+def _run(inv, targets: tuple[NodeTarget, ...], spec: RunSpec, drive, reporter, log_dir: Path,
+         trust_new_hosts: bool):
+    """Preflight, launch, watch and collect; (meta, records, the local run folder).
+
+    The bench gets the targets, and drivers bound to the inventory here, never the
+    inventory itself."""
     from ..bench import cluster as C
 
-    connect = bench_connector(inv, reporter, log_dir, trust_new_hosts)
-    bench = C.ClusterBench(inv, connect, spec, drive, reporter=reporter, inspect_guest=inspect_guest,
-                           vcenter_facts=_observed_vms)
+    open_node = bench_connector(inv, reporter, log_dir, trust_new_hosts)
+
+    def connect(target: NodeTarget):
+        return open_node(inv.node(target.name))
+
+    def inspect(target: NodeTarget, transport):
+        return inspect_guest(inv, transport)
+
+    bench = C.ClusterBench(targets, connect, spec, drive, reporter=reporter, inspect_guest=inspect,
+                           vcenter_facts=lambda names: _observed_vms(inv, names))
     reporter.log(f"run {spec.run_id}: {len(bench.nodes)} node(s) x {spec.ranks} rank(s), "
-                 f"rendezvous {bench.nodes[0].bench_ip}:{inv.bench.port} "
+                 f"rendezvous {bench.nodes[0].bench_ip}:{bench.nodes[0].rdzv_port} "
                  f"(timeout {bench.rendezvous_timeout_s} s)")
     meta, records = bench.run()
     return meta, records, bench.local_dir
+
+
+def inventory_sha256(path: str) -> str | None:
+    """The inventory file's sha256 (meta.json's `inventory_sha256`), None if unreadable."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def inspect_guest(inv, transport):
