@@ -45,6 +45,19 @@ def test_plan_follows_the_cpu():
         KernelPlan("fast")
 
 
+def test_records_name_the_kernel_path():
+    """The plan's label and the pack report are what meta.json and the records carry."""
+    assert KernelPlan(ONEDNN_PACKED, 4).label == "onednn-packed (rows padded to 4)"
+    assert KernelPlan(ONEDNN_PACKED, 1).label == "onednn-packed"
+    assert KernelPlan(DENSE_BF16).label == "dense-bf16"
+    assert KernelPlan(ONEDNN_PACKED, 4).rows_computed(1) == 4 and KernelPlan(DENSE_BF16).rows_computed(1) == 1
+    report = pack_linears(net(), KernelPlan(DENSE_BF16))
+    got = report.to_dict()
+    assert set(got) == {"kernel", "min_rows", "label", "linears", "weight_bytes", "pack_check_max_rel_error", "shapes"}
+    assert (got["kernel"], got["min_rows"], got["label"], got["linears"]) == (DENSE_BF16, 1, "dense-bf16", 2)
+    assert got["shapes"] == ["  1 x 0               96 -> 160    dense-bf16", "  1 x 2              160 -> 48     dense-bf16"]
+
+
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label)
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 70])
 def test_packed_linear_matches_f_linear(plan, rows):
