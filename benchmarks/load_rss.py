@@ -5,13 +5,16 @@ transformers' from_pretrained, each in a fresh child process, one after the othe
     .venv/bin/python benchmarks/load_rss.py /tmp/phi3-full
     .venv/bin/python benchmarks/load_rss.py /tmp/phi3-full --ways loader,from_pretrained
 
+A quicker run (about a minute a way on 2 cores): synthetic:phi-3-mini,layers=4 (1.3 GB).
+
 Ways:
-- loader: load_model(folder, plan=...): tensor by tensor from the mapped files, each
-  linear packed as it arrives and its pages given back (vcfslm.engine.loader);
+- loader: load_model(folder, plan=...): a meta-device skeleton filled a linear (or a tensor)
+  at a time through safetensors' safe_open and load_state_dict(assign=True), each linear
+  packed as it arrives and its file handle dropped after it (vcfslm.engine.loader);
 - loader+hook: the same with a before_pack hook that runs one forward pass of 8 tokens on
   the mapped, unpacked model (what a numerics gate's reference costs: every page is read);
-- loader+engine: load_model(folder) unpacked (every tensor copied, its pages given back),
-  then DecodeEngine packs (the worker's call sequence when it passes no plan);
+- loader+engine: load_model(folder) unpacked (every tensor copied out of its file), then
+  DecodeEngine packs (the worker's call sequence when it passes no plan);
 - from_pretrained: AutoModelForCausalLM.from_pretrained(folder, dtype=bf16), then
   DecodeEngine packs (the load before the loader).
 
