@@ -10,6 +10,13 @@ All guests are this machine: N ranks share its CPUs, so the ratio measures the
 orchestration *and* N times the model work on the same cores. It is > 1 by design.
 
     .venv/bin/python benchmarks/cluster_fanout.py [--nodes 16] [--compile eager|compile]
+
+A small invocation (2 nodes, one scenario; about a minute here):
+
+    .venv/bin/python benchmarks/cluster_fanout.py --nodes 2 --scenarios 1x16
+
+Each run is planned as `vcfslm bench` plans one: a RunSpec of the inventory's bench
+settings with the flags over them, and one NodeTarget per node (contract.targets_of).
 """
 
 from __future__ import annotations
@@ -29,15 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vcfslm.bench import launch as L  # noqa: E402
-from vcfslm.bench.cluster import ClusterBench, ClusterOptions, run_matrix  # noqa: E402
-from vcfslm.cli.cluster import inspect_guest  # noqa: E402
+from vcfslm.bench.cluster import ClusterBench, ClusterOptions  # noqa: E402
+from vcfslm.cli.cluster import inspect_guest, inventory_sha256  # noqa: E402
 from vcfslm.cli.guest_stage import bench_connector, ssh_connector  # noqa: E402
-from vcfslm.contract import parse_progress, rendezvous_timeout_s  # noqa: E402
+from vcfslm.contract import Matrix, parse_progress, rendezvous_timeout_s, targets_of  # noqa: E402
 from vcfslm.guest.provision import GuestRun, provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
 from vcfslm.inventory import load_inventory  # noqa: E402
 from vcfslm.lab import generate, guests  # noqa: E402
 from vcfslm.lab.lab import seed_guest_venv  # noqa: E402
+from vcfslm.runspec import ProbeSpec, RunSpec  # noqa: E402
 
 FIRST_INDEX = 139  # 127.0.0.150.. : away from the lab's, the tests' and ssh_fanout's guests
 PHASES = ("preflight", "start", "watch", "collect")
@@ -136,12 +144,20 @@ def first_seen(events, phase: str) -> list[float]:
     return sorted(seen.values())
 
 
+def run_spec(inv, nodes: int, run_id: str, args) -> RunSpec:
+    """The run on the inventory's first `nodes` nodes: its bench settings, the flags over them."""
+    return RunSpec.of_inventory(inv, [n.name for n in inv.nodes[:nodes]], run_id, compile_mode=args.compile,
+                                probe=ProbeSpec.of_flags(args.probe_mib), scenarios=args.scenarios,
+                                command=("benchmarks/cluster_fanout.py", *sys.argv[1:]))
+
+
 def one_run(inv, nodes: int, run_id: str, runs: Path, args) -> dict:
-    opts = ClusterOptions(run_id=run_id, runs_root=runs, compile_mode=args.compile, poll_s=args.poll,
-                          probe_mib=args.probe_mib, scenarios=args.scenarios,
-                          command=["benchmarks/cluster_fanout.py"])
-    connect = bench_connector(inv, None, runs / run_id / "logs" / "ssh")
-    bench = TimedBench(inv, inv.nodes[:nodes], connect, opts, inspect_guest=inspect_guest)
+    spec = run_spec(inv, nodes, run_id, args)
+    targets = targets_of(inv, spec.nodes, spec.ranks, spec.threads)
+    opts = ClusterOptions(runs_root=runs, poll_s=args.poll, inventory_sha256=inventory_sha256(inv.source))
+    open_node = bench_connector(inv, None, runs / run_id / "logs" / "ssh")
+    bench = TimedBench(targets, lambda target: open_node(inv.node(target.name)), spec, opts,
+                       inspect_guest=lambda target, transport: inspect_guest(inv, transport))
     sampler = Sampler(Path(inv.guest.workdir) / "runs" / run_id, run_id)
     sampler.start()
     started, cpu = time.perf_counter(), time.process_time()
@@ -151,13 +167,13 @@ def one_run(inv, nodes: int, run_id: str, runs: Path, args) -> dict:
         sampler.stop.set()
         sampler.join()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    scenarios = len(run_matrix(inv, opts).scenarios(opts.scenarios))
-    expected = nodes * inv.bench.ranks_per_node * scenarios * inv.bench.repeats
+    scenarios = len(spec.matrix.scenarios(spec.scenarios))
+    expected = nodes * spec.ranks * scenarios * spec.matrix.repeats
     per_rank: dict[int, int] = {}
     for r in records:
         per_rank[r.rank] = per_rank.get(r.rank, 0) + 1
-    missing = [rank for rank in range(nodes * inv.bench.ranks_per_node)
-               if per_rank.get(rank, 0) != scenarios * inv.bench.repeats]
+    missing = [rank for rank in range(nodes * spec.ranks)
+               if per_rank.get(rank, 0) != scenarios * spec.matrix.repeats]
     if not meta.complete or len(records) != expected or missing:
         raise SystemExit(f"{run_id}: incomplete: {len(records)}/{expected} records, ranks short: {missing}")
     skews = [r.start_skew_s * 1000 for r in records]
@@ -228,7 +244,7 @@ def main() -> None:
         if tmp is not None:
             tmp.cleanup()
     shape = generate.machine_shape()
-    scenarios = len(run_matrix(inv, ClusterOptions(run_id="x")).scenarios(args.scenarios))
+    scenarios = len(Matrix.of_inventory(inv.bench).scenarios(args.scenarios))
     print(f"cluster bench fan-out: 1 vs {args.nodes} lab nodes x 1 rank, synthetic:tiny, "
           f"{args.compile}, {scenarios} scenarios x ({inv.bench.warmup} warmup + {inv.bench.repeats} "
           f"measured) windows, this machine: {shape.cpus} CPUs, {shape.memory_gib} GiB "

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from vcfslm import results, serving
-from vcfslm.bench.local import run_local
+from vcfslm.bench.local import NODE_NAME, LocalLaunch, run_local
 from vcfslm.contract import serve_matrix
 from vcfslm.errors import BenchError
 from vcfslm.guest.templates import render_template
+from vcfslm.runspec import ProbeSpec, RunSpec
 from vcfslm.servers import ServerSpec
 from vcfslm.serving import ServeSpec
 
@@ -45,11 +46,11 @@ def model_folder(tmp: Path) -> Path:
 
 def run(tmp: Path, spec: ServeSpec, *, resume: bool = False, python: Path, model: Path, port: int,
         run_id: str = "srv"):
-    return run_local(model=str(model), matrix=serve_matrix(spec), ranks=1, runs_dir=tmp / "runs", run_id=run_id,
-                     resume=resume, probe=False, slos=SLOS, serve=spec,
-                     server=ServerSpec(name="vllm", port=port, health_timeout_s=600),
-                     server_python=str(python), render_template=render_template,
-                     render_wrapper=lambda ctx: render_template("rank.sh.j2", ctx), timeout=900)
+    run_spec = RunSpec(run_id=run_id, mode="local", model=str(model), matrix=serve_matrix(spec), seed=0, ranks=1,
+                       nodes=(NODE_NAME,), slos=SLOS, probe=ProbeSpec(enabled=False), serve=spec,
+                       server=ServerSpec(name="vllm", port=port, health_timeout_s=600), timeout_s=900)
+    return run_local(run_spec, LocalLaunch(runs_dir=tmp / "runs", resume=resume, server_python=str(python)),
+                     render_template=render_template)
 
 
 def server_processes(marker: str) -> list[str]:
