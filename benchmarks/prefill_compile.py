@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from decode_efficiency import cpu_line, linear_kernels, spec_for  # noqa: E402  (one CPU line, one model spec)
 
-from vcfslm.engine.decode import CompileCounter, DecodeEngine, synthetic_prompt  # noqa: E402
+from vcfslm.engine.decode import CompileCounter, DecodeEngine, KvStep, synthetic_prompt  # noqa: E402
 from vcfslm.engine.model import load_model  # noqa: E402
 
 OUTPUT_TOKENS = 32   # the store's room after the prompt, as a static window has it
@@ -45,7 +45,7 @@ class Prefill(torch.nn.Module):
 
     def forward(self, prompt, positions, store):
         return self.model(input_ids=prompt, position_ids=positions, use_cache=False, logits_to_keep=1,
-                          kv_store=store).logits[:, -1, :]
+                          kv_step=KvStep(store)).logits[:, -1, :]
 
 
 def outside_linears_ms(engine: DecodeEngine, prompt: torch.Tensor, store, repeats: int = 3) -> float:

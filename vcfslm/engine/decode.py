@@ -54,6 +54,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
@@ -169,24 +170,51 @@ def _sdpa():
     return sdpa_attention_forward
 
 
+class PromptPieces(NamedTuple):
+    """The prompt pieces a flat step carries after its decode lanes: the store row (slot)
+    each attends over, int64 [pieces], and each one's (offset after the lanes, length)."""
+
+    rows: torch.Tensor
+    spans: tuple[tuple[int, int], ...]
+
+
+class KvStep(NamedTuple):
+    """What flat_attention reads besides the attention inputs (a NamedTuple: Dynamo traces
+    it as plainly as the tensors and ints it holds).
+
+    store: the KV store's per-layer (keys, values). rows None: a one-piece prefill. Else a
+    flat step: token t is written at (rows[t], positions[t]); lanes: the decode lanes in
+    front; pieces: the prompt pieces after them (None: none), each under its part of
+    prompt_mask [1, 1, T - lanes, context].
+    """
+
+    store: Any
+    rows: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    lanes: int = 0
+    pieces: PromptPieces | None = None
+    prompt_mask: torch.Tensor | None = None
+
+
 def flat_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *,
-                   kv_store=None, kv_rows=None, kv_positions=None, prompt_mask=None,
-                   decode_lanes: int = 0, prompt_rows=None, prompt_spans: tuple = (), **kwargs):
+                   kv_step: KvStep | None = None, **kwargs):
     """Attention over the engine's KV store (see the module docstring).
 
-    Without `kv_store` it is transformers' sdpa attention. With it and no `kv_rows`, a
+    Without `kv_step` it is transformers' sdpa attention. With it and no `kv_step.rows`, a
     one-piece prefill: rows [:batch] at positions [:length] take the new K/V, and the
-    prompt attends causally to itself exactly as sdpa would. With `kv_rows` a flat step:
-    query [1, heads, T, dim], token t written at (kv_rows[t], kv_positions[t]); lanes
-    0..decode_lanes-1 attend over their own rows under `attention_mask` [lanes, 1, 1,
-    context]; prompt piece j (tokens lanes+offset .. +length, `prompt_spans[j]`) attends
-    over store row `prompt_rows[j]` (its slot) under its part of `prompt_mask` [1, 1,
+    prompt attends causally to itself exactly as sdpa would. With rows a flat step:
+    query [1, heads, T, dim], token t written at (rows[t], positions[t]); lanes
+    0..lanes-1 attend over their own rows under `attention_mask` [lanes, 1, 1,
+    context]; prompt piece j (tokens lanes+offset .. +length, `pieces.spans[j]`) attends
+    over store row `pieces.rows[j]` (its slot) under its part of `prompt_mask` [1, 1,
     T - lanes, context].
     """
     sdpa = _sdpa()
-    if kv_store is None:
+    if kv_step is None:
         return sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    keys, values = kv_store[module.layer_idx]
+    keys, values = kv_step.store[module.layer_idx]
+    kv_rows, kv_positions, prompt_mask = kv_step.rows, kv_step.positions, kv_step.prompt_mask
+    prompt_rows, prompt_spans = (kv_step.pieces.rows, kv_step.pieces.spans) if kv_step.pieces else (None, ())
     if kv_rows is None:
         batch, _, length, _ = key.shape
         keys[:batch, :, :length] = key
@@ -197,7 +225,7 @@ def flat_attention(module, query, key, value, attention_mask, scaling=None, drop
     # the whole store per layer and step).
     keys[kv_rows, :, kv_positions] = key[0].transpose(0, 1)
     values[kv_rows, :, kv_positions] = value[0].transpose(0, 1)
-    lanes = decode_lanes
+    lanes = kv_step.lanes
     # A sliding-window layer (Mistral v0.1, Qwen2 past max_window_layers, Gemma 3's local
     # layers) sees only the keys within `window` of the query, as transformers' own mask
     # has it (key > query - window); the step's masks are causal only, so it is added here.
@@ -309,20 +337,18 @@ class _FlatStep(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens, positions, rows, live, keep, store, lanes: int, prompt_rows=None,
-                prompt_spans: tuple = ()):
+    def forward(self, tokens, positions, rows, live, keep, store, lanes: int, pieces: PromptPieces | None = None):
         context = store[0][0].shape[2]
         keys = torch.arange(context, device=positions.device)
         lane_pos = positions[0, :lanes]
         # Lane i sees keys 0..its position when live, key 0 only when free.
         lane_mask = ((keys[None] <= lane_pos[:, None]) & live[:, None]) | (keys[None] == 0)
         prompt_mask = None
-        if prompt_spans:
+        if pieces:
             prompt_mask = (keys[None] <= positions[0, lanes:, None])[None, None]
+        kv_step = KvStep(store, rows, positions[0], lanes, pieces, prompt_mask)
         logits = self.model(input_ids=tokens, position_ids=positions, attention_mask=lane_mask[:, None, None, :],
-                            use_cache=False, logits_to_keep=keep, kv_store=store, kv_rows=rows,
-                            kv_positions=positions[0], prompt_mask=prompt_mask, decode_lanes=lanes,
-                            prompt_rows=prompt_rows, prompt_spans=prompt_spans).logits[0]
+                            use_cache=False, logits_to_keep=keep, kv_step=kv_step).logits[0]
         return logits.argmax(dim=-1), logits
 
 
@@ -416,16 +442,14 @@ class DecodeEngine:
     # ------------------------------------------------------------------- steps
 
     def run_step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, live: torch.Tensor,
-                 keep: torch.Tensor, *, lanes: int, prompt_rows: torch.Tensor | None = None,
-                 prompt_spans: tuple[tuple[int, int], ...] = (), eager: bool = False):
+                 keep: torch.Tensor, *, lanes: int, pieces: PromptPieces | None = None, eager: bool = False):
         """One flat step (compiled unless eager): (greedy tokens [kept], logits [kept, vocab]).
 
         tokens, positions: int64 [1, T]; rows: int64 [T] (each token's store row); live: bool
-        [lanes]; keep: int64 indices of the tokens whose logits are wanted; prompt_spans:
-        (offset after the lanes, length) of each prompt piece, prompt_rows: int64 [pieces],
-        the row each attends over."""
+        [lanes]; keep: int64 indices of the tokens whose logits are wanted; pieces: the prompt
+        pieces after the lanes, each one's row and (offset after the lanes, length) (None: none)."""
         step = self._module if eager else self._step
-        return step(tokens, positions, rows, live, keep, self.store.layers, lanes, prompt_rows, prompt_spans)
+        return step(tokens, positions, rows, live, keep, self.store.layers, lanes, pieces)
 
     @torch.inference_mode()
     def prefill(self, prompt: torch.Tensor, store: KVStore | None = None) -> torch.Tensor:
@@ -434,7 +458,7 @@ class DecodeEngine:
         batch, length = prompt.shape
         positions = torch.arange(length, dtype=torch.long).unsqueeze(0).expand(batch, -1)
         out = self.model(input_ids=prompt, position_ids=positions, use_cache=False, logits_to_keep=1,
-                         kv_store=store.layers)
+                         kv_step=KvStep(store.layers))
         return out.logits[:, -1, :]
 
     def _static_inputs(self, batch: int):
@@ -623,15 +647,15 @@ class TokenSlots:
             # A primed step's one span covers the padding too (it sees key 0 of the row).
             spans.append((offset, self.chunk_tokens if primed else n))
             offset += n
-        prompt_rows = torch.tensor([p.slot for p in pieces], dtype=torch.long) if pieces else None
+        flat_pieces = (PromptPieces(torch.tensor([p.slot for p in pieces], dtype=torch.long), tuple(spans))
+                       if pieces else None)
         nxt, logits = self.engine.run_step(tokens, positions, rows, live, torch.tensor(keep), lanes=lanes,
-                                           prompt_rows=prompt_rows, prompt_spans=tuple(spans),
-                                           eager=not primed)
+                                           pieces=flat_pieces, eager=not primed)
         if twin and primed:
             # The eager twin rewrites the same K/V at the same places: the next step sees
             # one history whichever ran last.
             _, again = self.engine.run_step(tokens, positions, rows, live, torch.tensor(keep), lanes=lanes,
-                                            prompt_rows=prompt_rows, prompt_spans=tuple(spans), eager=True)
+                                            pieces=flat_pieces, eager=True)
             real = torch.tensor([*active, *range(lanes, lanes + len(pieces))], dtype=torch.long)
             graph = (lanes, self.chunk_tokens if pieces else 0)
             self.twin_logits = (graph, logits[real].float().clone(), again[real].float().clone())
