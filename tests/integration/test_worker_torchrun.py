@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from vcfslm import results
+from vcfslm.bench.launch import NodeFiles, worker_args
 from vcfslm.contract import Matrix
+from vcfslm.runspec import ProbeSpec, RunSpec, WorkerSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("torch")
@@ -23,16 +25,20 @@ pytest.importorskip("transformers")
 PREFIX = "VCFSLM-PROGRESS "
 
 
-def torchrun(out: Path, *extra: str, scenarios_b=("1", "2"), env_extra=None, probe=True) -> subprocess.Popen:
+def torchrun(out: Path, *, resume: bool = False, scenarios_b=("1", "2"), env_extra=None,
+             probe: bool = True) -> subprocess.Popen:
     """Two worker ranks on this machine, one thread each, the eager decode step (fast to start);
-    probe=False: no rank probes (a test that reads no probe figure saves both ranks' GEMM probe)."""
+    probe=False: no rank probes (a test that reads no probe figure saves both ranks' GEMM probe).
+    The ranks read their node's worker spec, written where a launch writes it."""
+    matrix = Matrix(tuple(int(b) for b in scenarios_b), (8,), 5, warmup=1, repeats=2)
+    run = RunSpec(run_id="t", mode="local", model="synthetic:tiny", matrix=matrix, compile_mode="eager",
+                  ranks=2, threads=1, nodes=("local",),
+                  probe=ProbeSpec(mib=32) if probe else ProbeSpec(enabled=False))
+    spec_file = Path(NodeFiles(str(out), "local").spec_file)
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(WorkerSpec(run=run, out=str(out), model=run.model, nodes=1, resume=resume).to_json())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "vcfslm.bench.worker", "--",
-           "--model", "synthetic:tiny",
-           "--matrix", Matrix(tuple(int(b) for b in scenarios_b), (8,), 5, warmup=1, repeats=2).to_json(),
-           "--out", str(out),
-           "--run-id", "t", "--node", "local", "--nodes", "1", "--threads", "1",
-           "--compile", "eager", *(["--probe-mib", "32"] if probe else ["--no-probe"]), *extra]
+           "-m", "vcfslm.bench.worker", "--", *worker_args(str(spec_file), "local")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -122,7 +128,7 @@ def test_resume_after_a_killed_rank(tmp_path):
     partial = results.read_records(tmp_path / "ranks" / "rank-1.jsonl")
     assert {r.batch_per_rank for r in partial} == {1}
 
-    rc, lines = finish(torchrun(tmp_path, "--resume", probe=False))
+    rc, lines = finish(torchrun(tmp_path, resume=True, probe=False))
     assert rc == 0, "\n".join(lines[-30:])
     ev = events(lines)
     assert {(e["rank"], e["scenario"]) for e in ev if e["phase"] == "skip"} == {(0, 1), (1, 1)}
