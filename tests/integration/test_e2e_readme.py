@@ -145,8 +145,11 @@ def test_both_runs_complete_and_the_report_answers(walkthrough):
     ranks = inv["bench"]["ranks_per_node"]
     for run, nodes in (("lab-1n", 1), ("lab-4n", 4)):
         # every rank, every scenario, every window, its skew, its numerics gate and its log
-        _, records = assert_complete(work / "runs" / run, nodes, ranks, len(inv["bench"]["batch_sizes"]), 1)
+        meta, records = assert_complete(work / "runs" / run, nodes, ranks, len(inv["bench"]["batch_sizes"]), 1)
         assert {(r.batch_per_rank, r.input_tokens) for r in records} == {(b, 16) for b in inv["bench"]["batch_sizes"]}
+        if nodes > 1:   # a cluster run records what vcsim reports of its VMs
+            assert "unreachable" not in meta.vcenter, meta.vcenter
+            assert set(meta.vcenter["vms"]) == set(meta.nodes), meta.vcenter
         assert not run_processes(run)
     cluster = next(p.stdout for c, p in outputs.items() if "--run-id lab-4n" in c)
     assert "vcfslm report" in cluster   # the run tells what to do with it next

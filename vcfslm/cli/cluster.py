@@ -179,8 +179,10 @@ def _observed_vms(inv, names: list[str]) -> dict:
     try:
         from ..vsphere.credentials import resolve_password
         from ..vsphere.driver import PyVmomiVCenter
+        from ..vsphere.session import SessionOptions
 
-        with PyVmomiVCenter(inv.vcenter, resolve_password(inv.vcenter, prompt=None), retries=0) as vc:
+        with PyVmomiVCenter(inv.vcenter, resolve_password(inv.vcenter, prompt=None),
+                            options=SessionOptions(retries=0)) as vc:
             snapshot = vc.observe(inv)
         return {"api_version": snapshot.api_version,
                 "vms": {n: to_jsonable(snapshot.vms[n]) for n in names if n in snapshot.vms}}
