@@ -49,7 +49,10 @@ def test_dry_run_prints_each_nodes_command(provisioned_lab, tmp_path):
         assert argv[argv.index("--master-addr") + 1] == master
         # the rendezvous budget of a 4-node run, for torchrun and for the workers' group
         assert argv[argv.index("--rdzv-conf") + 1] == f"timeout={rendezvous_timeout_s(4, inv.bench.ranks_per_node)}"
-        assert argv[argv.index("--timeout") + 1] == str(process_group_timeout_s(4, inv.bench.ranks_per_node))
+        # the workers' group timeout is in the node's worker spec, which the launch line writes
+        assert p["spec"]["timeout_s"] == process_group_timeout_s(4, inv.bench.ranks_per_node)
+        assert argv[-4:] == ["--spec", f"{p['run_dir']}/spec-{p['node']}.json", "--node", p["node"]]
+        assert p["spec"]["out"] == p["run_dir"] and p["spec"]["nodes"] == 4
     assert not list(tmp_path.iterdir())  # nothing launched, nothing written
 
 
