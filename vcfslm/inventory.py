@@ -3,7 +3,7 @@
 `load_inventory(path)` returns a validated, frozen `Inventory` or raises
 `InventoryError` listing every problem at once, each naming the file, line,
 column and key path (`cluster.yaml:14:5 vm.vnuma_nodes: ...`). Nothing is
-contacted while loading. Field descriptions below are the reference the README
+contacted while loading. Field descriptions below are the reference docs/operations.md
 and `vcfslm schema` (JSON Schema, for yaml-language-server) are built from.
 """
 
