@@ -2,7 +2,9 @@
 
 `RunSpec` is built once, in `cli/`, from the inventory and the flags (a resumed run's from
 its own meta.json, the flags over it) and checked there; below the CLI each stage takes
-the slice it needs (the matrix, the serving settings, a node's worker spec). It is
+the slice it needs (the matrix, the serving settings, a node's worker spec). Where a
+cluster run goes is not the spec's: the CLI hands the bench one `contract.NodeTarget` per
+node (addresses, ports, guest layout, rank slots), never the inventory. It is
 written whole into meta.json (`spec`), so `--resume` reads back exactly what the run was
 asked, whatever the inventory says since. `WorkerSpec` is one node's share of it: the
 one JSON file its workers read (`python -m vcfslm.bench.worker --spec FILE --node NAME`);
