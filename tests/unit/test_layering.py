@@ -89,7 +89,7 @@ def test_each_library_has_one_owner():
 
 def test_worker_never_imports_ssh_or_vcenter():
     for rel, path in modules():
-        if rel.startswith("bench/") and rel != "bench/launch.py":
+        if rel.startswith(("bench/", "engine/", "serve/")):
             assert not imports(path) & {"paramiko", "pyVmomi", "click"}, rel
 
 
@@ -110,9 +110,6 @@ def test_nothing_below_cli_prints():
 # Each check is a function of (module path, source) so that it can be shown to fail on a
 # deliberate leak as well as to pass on the tree.
 
-# What bench/ may take from the guest stage: the Transport protocol (it drives one) and
-# nothing else; the layout and the other shared facts come from the run contract.
-BENCH_MAY_IMPORT_FROM_GUEST = {"vcfslm.guest.transport": {"Transport"}}
 # The real drivers: built only by the CLI (docs/ARCHITECTURE.md), and by their own module.
 DRIVERS = {"SSHTransport": "guest/transport.py", "open_node": "guest/transport.py",
            "PyVmomiVCenter": "vsphere/driver.py", "AutomationClient": "vsphere/tags.py"}
@@ -125,28 +122,6 @@ def absolute(rel: str, node: ast.ImportFrom) -> str:
     package = ["vcfslm", *rel.split("/")[:-1]]
     base = package[: len(package) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
-
-
-def bench_guest_leaks(rel: str, source: str) -> list[str]:
-    if not rel.startswith("bench/"):
-        return []
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom):
-            module = absolute(rel, node)
-            names = {a.name for a in node.names}
-            if module == "vcfslm.guest" and names:
-                modules = {f"vcfslm.guest.{n}" for n in names}
-                out += [f"{rel}:{node.lineno} imports {m}" for m in sorted(modules)
-                        if m not in BENCH_MAY_IMPORT_FROM_GUEST]
-            elif module.startswith("vcfslm.guest."):
-                extra = names - BENCH_MAY_IMPORT_FROM_GUEST.get(module, set())
-                if extra:
-                    out.append(f"{rel}:{node.lineno} imports {', '.join(sorted(extra))} from {module}")
-        elif isinstance(node, ast.Import):
-            out += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names
-                    if a.name.startswith("vcfslm.guest")]
-    return out
 
 
 def driver_constructions(rel: str, source: str) -> list[str]:
@@ -176,7 +151,7 @@ def private_cli_imports(rel: str, source: str) -> list[str]:
     return out
 
 
-BOUNDARIES = (bench_guest_leaks, driver_constructions, private_cli_imports)
+BOUNDARIES = (driver_constructions, private_cli_imports)
 
 
 @pytest.mark.parametrize("check", BOUNDARIES, ids=lambda c: c.__name__)
@@ -186,14 +161,6 @@ def test_stage_boundaries_hold_on_the_tree(check):
 
 
 @pytest.mark.parametrize(("check", "rel", "source", "expected"), [
-    (bench_guest_leaks, "bench/local.py", "from ..guest.templates import render_template",
-     "bench/local.py:1 imports render_template from vcfslm.guest.templates"),
-    (bench_guest_leaks, "bench/cluster.py", "from ..guest import playbook",
-     "bench/cluster.py:1 imports vcfslm.guest.playbook"),
-    (bench_guest_leaks, "bench/cluster.py", "import vcfslm.guest.steps",
-     "bench/cluster.py:1 imports vcfslm.guest.steps"),
-    (bench_guest_leaks, "bench/launch.py", "from ..guest.transport import Transport, open_node",
-     "bench/launch.py:1 imports open_node from vcfslm.guest.transport"),
     (driver_constructions, "guest/provision.py",
      "from .transport import open_node\ndef f(inv, n):\n    return open_node(inv, n)",
      "guest/provision.py:3 builds open_node"),
@@ -207,8 +174,6 @@ def test_stage_boundaries_catch_a_deliberate_leak(check, rel, source, expected):
 
 
 @pytest.mark.parametrize(("check", "rel", "source"), [
-    (bench_guest_leaks, "bench/launch.py", "from ..guest.transport import Transport"),
-    (bench_guest_leaks, "guest/provision.py", "from .templates import render_template"),
     (driver_constructions, "cli/guest_stage.py", "open_node(inv, node)"),
     (driver_constructions, "guest/transport.py", "SSHTransport(name, host)"),
     (private_cli_imports, "cli/bench.py", "from .common import console, __all__"),
@@ -346,3 +311,156 @@ def test_the_owner_table_is_read_from_the_document():
     text = ("## Third-party libraries and their one owner\n\n| library | imported only by |\n|---|---|\n"
             "| `a`, `b` | `x/y.py`, `z/` |\n\n## Next\n| `c` | `q.py` |\n")
     assert owners_from_doc(text) == {"a": {"x/y.py", "z/"}, "b": {"x/y.py", "z/"}}
+
+
+def test_a_room_leak_names_an_import_the_room_table_forbids():
+    sources = {"__init__.py": "", "bench/__init__.py": "", "bench/launch.py": "from ..guest import transport\n",
+               "guest/__init__.py": "", "guest/transport.py": ""}
+    assert room_leaks(import_graph(sources), ROOMS) == [
+        "vcfslm.bench.launch (bench) imports vcfslm.guest.transport (guest)"]
+
+
+# ---------------------------------------------------------------- allowances in use
+#
+# A rule that allows what nothing does is a stale map: every room a room may import, and
+# every owner of a library, must be used by the tree.
+
+
+def unused_room_allowances(graph: dict[str, set[str]], rooms: dict[str, tuple[list[str], set[str]]]
+                           ) -> list[str]:
+    used = {(room_of(me, rooms), room_of(d, rooms)) for me, deps in graph.items() for d in deps}
+    return [f"{room} may import {other}, and nothing in {room} does" for room, (_p, may) in sorted(rooms.items())
+            for other in sorted(may - {room}) if (room, other) not in used]
+
+
+def unused_owners(sources: dict[str, set[str]], owners: dict[str, set[str]]) -> list[str]:
+    """sources: module path (relative to vcfslm/) -> the library roots it imports."""
+    out = []
+    for lib, places in sorted(owners.items()):
+        for place in sorted(places):
+            if not any(allowed(rel, {place}) and lib in libs for rel, libs in sources.items()):
+                out.append(f"{place} owns {lib} and does not import it")
+    return out
+
+
+def test_every_room_allowance_is_used():
+    assert unused_room_allowances(import_graph(tree_sources()), ROOMS) == []
+
+
+def test_every_library_owner_imports_its_library():
+    assert unused_owners({rel: imports(path) for rel, path in modules()}, OWNERS) == []
+
+
+def test_an_unused_allowance_is_found():
+    rooms = {"core": (["vcfslm/*.py"], {"core"}), "lab": (["vcfslm/lab/"], {"lab", "core", "guest"}),
+             "guest": (["vcfslm/guest/"], {"guest", "core"})}
+    graph = {"vcfslm.lab.a": {"vcfslm.errors"}, "vcfslm.guest.b": set(), "vcfslm.errors": set()}
+    assert unused_room_allowances(graph, rooms) == ["guest may import core, and nothing in guest does",
+                                                    "lab may import guest, and nothing in lab does"]
+    assert unused_owners({"bench/a.py": {"torch"}}, {"torch": {"bench/", "engine/"}}) == [
+        "engine/ owns torch and does not import it"]
+
+
+# ---------------------------------------------------------------- what only one room does
+
+# torch's compiled paths: the engine builds and calls compiled graphs; nothing else does.
+COMPILED_PATHS = ("torch.compile", "torch.compiler", "torch._dynamo", "torch._inductor")
+
+
+def compiled_path_uses(rel: str, source: str) -> list[str]:
+    if rel.startswith("engine/"):
+        return []
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            dotted = ast.unparse(node)
+            if dotted.startswith(COMPILED_PATHS) and dotted.split(".")[1] == node.attr or \
+                    dotted in COMPILED_PATHS:
+                out.append(f"{rel}:{node.lineno} uses {dotted}")
+        elif isinstance(node, ast.Import):
+            out += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith(COMPILED_PATHS)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(COMPILED_PATHS):
+            out.append(f"{rel}:{node.lineno} imports {node.module}")
+    return out
+
+
+def test_only_the_engine_uses_torchs_compiled_paths():
+    wrong = [w for rel, path in modules() for w in compiled_path_uses(rel, path.read_text())]
+    assert not wrong, wrong
+
+
+def test_a_compiled_path_outside_the_engine_is_found():
+    assert compiled_path_uses("bench/worker.py", "import torch\nf = torch.compile(g)\n") == [
+        "bench/worker.py:2 uses torch.compile"]
+    assert compiled_path_uses("serve/x.py", "from torch._inductor import config\n") == [
+        "serve/x.py:1 imports torch._inductor"]
+    assert compiled_path_uses("engine/decode.py", "import torch\nf = torch.compile(g)\n") == []
+
+
+# ---------------------------------------------------------------- benchmarks/
+#
+# The scripts under benchmarks/ import each other (one CPU line for all) and vcfslm. They
+# hold the same two rules as the package: no import cycle, and vcfslm's private names
+# (`_name`) stay private: a script measures through the public API, which tests keep.
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+def benchmark_sources() -> dict[str, str]:
+    return {path.stem: path.read_text() for path in sorted(BENCHMARKS.glob("*.py"))}
+
+
+def benchmark_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Script -> the sibling scripts it imports (they put benchmarks/ on sys.path)."""
+    graph = {}
+    for name, source in sources.items():
+        deps = set()
+        for node in ast.walk(ast.parse(source, name)):
+            if isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                deps.add(node.module.split(".")[0])
+        graph[name] = {d for d in deps if d in sources and d != name}
+    return graph
+
+
+def private_vcfslm_uses(name: str, source: str) -> list[str]:
+    """`from vcfslm.x import _y`, and `m._y` where m is a vcfslm module or name bound by import."""
+    tree = ast.parse(source, name)
+    bound: set[str] = set()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vcfslm":
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{name}.py:{node.lineno} imports {a.name} from {node.module}")
+                bound.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "vcfslm"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                out.append(f"{name}.py:{node.lineno} uses {ast.unparse(node)}")
+    return out
+
+
+def test_benchmarks_have_no_import_cycle():
+    graph = {f"vcfslm.{k}": {f"vcfslm.{d}" for d in v} for k, v in benchmark_graph(benchmark_sources()).items()}
+    assert cycles(graph) == []
+
+
+def test_benchmarks_use_no_private_name_of_vcfslm():
+    wrong = [w for name, source in benchmark_sources().items() for w in private_vcfslm_uses(name, source)]
+    assert not wrong, wrong
+
+
+def test_benchmark_checks_catch_a_deliberate_leak():
+    graph = benchmark_graph({"a": "from b import x\n", "b": "import a\n", "c": "import json\n"})
+    assert graph == {"a": {"b"}, "b": {"a"}, "c": set()}
+    source = ("from vcfslm.engine import linear\nfrom vcfslm.bench.probe import _best\n"
+              "import vcfslm.engine.gemv as g\ny = linear._run(x)\nz = g._library()\nw = linear.pack_linears\n")
+    assert private_vcfslm_uses("s", source) == [
+        "s.py:2 imports _best from vcfslm.bench.probe", "s.py:4 uses linear._run", "s.py:5 uses g._library"]
