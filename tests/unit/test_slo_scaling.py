@@ -10,10 +10,20 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from vcfslm.analysis.slo_scaling import Rates, probe_rates, run_rates, scale_slos, scaling_for
+from vcfslm import presets, roofline
+from vcfslm.analysis.slo_scaling import (
+    REFERENCE_MODEL,
+    Rates,
+    model_cost,
+    probe_rates,
+    run_rates,
+    scale_slos,
+    scaling_for,
+)
 from vcfslm.cli import main
 from vcfslm.contract import DEFAULT_SLOS
 from vcfslm.errors import PlatformError, RunFolderError
+from vcfslm.lab import generate
 
 
 def _node(read_gbs, tflops, node=0) -> dict:
@@ -109,6 +119,103 @@ def test_lines_say_so_when_nothing_is_scaled():
     lines = scaling_for(200.0, 40.0).lines()
     assert len(lines) == 1 and lines[0].startswith("SLOs as the brief's (this machine is no slower")
     assert "(TPOT x1.00)" in lines[0] and "(TTFT x1.0)" in lines[0]
+
+
+# ---------------------------------------------------------------- the model's floors
+
+DEMO = "synthetic:phi-3-mini,layers=1"
+
+
+def test_a_models_cost_is_its_decode_step_bytes_and_prompt_flops():
+    cost = model_cost(DEMO, 16)
+    counts = presets.counts_of_source(DEMO)
+    assert cost.name == DEMO and cost.prompt_tokens == 16
+    assert cost.decode_bytes == counts.step_weight_bytes + 16 * counts.kv_bytes_per_token
+    assert cost.prefill_flops == roofline.prefill_flops(counts.dims(), 1, 16)
+    assert model_cost("microsoft/Phi-3-mini-128k-instruct", 16).decode_bytes == \
+        model_cost(REFERENCE_MODEL, 16).decode_bytes
+
+
+@pytest.mark.parametrize("source", ["synthetic:tiny", "synthetic:tiny-64", "/models/mine", "org/unknown"])
+def test_a_shape_not_known_without_loading_has_no_cost(source):
+    assert model_cost(source) is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_a_prompt_length_must_be_whole_tokens(bad):
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        model_cost(DEMO, bad)
+
+
+def test_phi3_mini_itself_reduces_to_the_machine_scaling():
+    machine = scaling_for(31.9, 1.44)
+    phi3 = scaling_for(31.9, 1.44, model=model_cost(REFERENCE_MODEL, 16))
+    assert (phi3.model_tpot_factor, phi3.model_ttft_factor) == (1.0, 1.0)
+    assert (phi3.tpot_factor, phi3.ttft_factor) == (machine.tpot_factor, machine.ttft_factor)
+    assert scale_slos(DEFAULT_SLOS, phi3) == scale_slos(DEFAULT_SLOS, machine)
+
+
+def test_the_limit_is_the_ratio_of_the_two_floors():
+    """TPOT x (the model's decode floor here / Phi-3-mini's on the testbed rank), TTFT x the
+    prefill floors' ratio, at the same prompt length; the lab's 2 ranks share the probed node."""
+    demo, phi3 = model_cost(DEMO, 16), model_cost(REFERENCE_MODEL, 16)
+    scaling = scaling_for(15.5, 0.137, model=demo, ranks=2)
+    here_decode = roofline.roofline_tpot_ms(demo.decode_bytes, 15.5 / 2)
+    there_decode = roofline.roofline_tpot_ms(phi3.decode_bytes, 92.4)
+    assert scaling.tpot_factor == pytest.approx(here_decode / there_decode)
+    here_prefill = roofline.roofline_ttft_s(demo.prefill_flops, 0.137 / 2)
+    there_prefill = roofline.roofline_ttft_s(phi3.prefill_flops, 17.28)
+    assert scaling.ttft_factor == pytest.approx(here_prefill / there_prefill)
+    scaled = scale_slos(DEFAULT_SLOS, scaling)
+    assert scaled["A"]["tpot_ms"] == round(130 * here_decode / there_decode)
+    assert scaled["B"]["ttft_s"] == round(5 * here_prefill / there_prefill, 1)
+
+
+def test_a_smaller_model_may_tighten_the_brief_limits():
+    """Only the machine's ratio is clamped at 1: a model 18x lighter than Phi-3-mini on a
+    machine 12x slower gets a TPOT limit under the brief's 130 ms."""
+    scaling = scaling_for(15.5, 0.137, model=model_cost(DEMO, 16), ranks=2)
+    assert scaling.machine_tpot_factor == pytest.approx(92.4 / 7.75)
+    assert scaling.model_tpot_factor == pytest.approx(0.0569, abs=1e-4)
+    assert scale_slos(DEFAULT_SLOS, scaling)["A"]["tpot_ms"] == 88
+    fast = scaling_for(200.0, 40.0, model=model_cost(DEMO, 16))
+    assert fast.machine_tpot_factor == 1.0 and fast.tpot_factor == pytest.approx(fast.model_tpot_factor)
+    assert fast.scales
+
+
+def test_ranks_share_the_probed_node():
+    shared = scaling_for(31.9, 1.44, ranks=2)
+    assert (shared.rank_read_gbs, shared.rank_gemm_tflops) == (15.95, 0.72)
+    assert shared.tpot_factor == pytest.approx(2 * scaling_for(31.9, 1.44).tpot_factor)
+    assert scale_slos(DEFAULT_SLOS, shared) == {"A": {"tpot_ms": 753, "ttft_s": 72.0},
+                                                "B": {"tpot_ms": 1159, "ttft_s": 120.0}}
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_ranks_must_be_a_whole_number(bad):
+    with pytest.raises(ValueError, match="ranks"):
+        scaling_for(31.9, 1.44, ranks=bad)
+
+
+def test_limits_under_a_second_keep_two_figures():
+    scaled = scale_slos({"fast": {"tpot_ms": 130.0, "ttft_s": 3.0}},
+                        scaling_for(200.0, 40.0, model=model_cost(DEMO, 16)))
+    assert scaled == {"fast": {"tpot_ms": 7, "ttft_s": 0.099}}
+
+
+def test_lines_show_the_model_ratio():
+    scaling = scaling_for(15.5, 0.137, model=model_cost(DEMO, 16), ranks=2)
+    assert scaling.lines(DEFAULT_SLOS) == [
+        "SLOs scaled to this machine and model: read 15.5 GB/s over 2 ranks (7.8 each) vs the testbed rank's "
+        "92.4 (TPOT x11.92), bf16 GEMM 0.137 over 2 ranks (0.0685 each) vs 17.28 TFLOP/s (TTFT x252.3); "
+        "testbed vx650v4-6747p",
+        "model synthetic:phi-3-mini,layers=1 vs phi-3-mini at 16-token prompts: decode step 0.424 vs 7.45 GB "
+        "(TPOT x0.0569), prefill 3.82 vs 116 GFLOP (TTFT x0.0329); together TPOT x0.678, TTFT x8.3",
+        "SLO-A: TPOT <= 88 ms, TTFT <= 24.9 s (the brief's 130 ms, 3 s)",
+        "SLO-B: TPOT <= 136 ms, TTFT <= 41.5 s (the brief's 200 ms, 5 s)",
+    ]
+    faster = scaling_for(200.0, 40.0, model=model_cost(DEMO, 16)).lines()
+    assert faster[0].startswith("SLOs scaled to the model (this machine is no slower than the testbed rank): ")
 
 
 # ---------------------------------------------------------------- this machine's figures
@@ -210,6 +317,8 @@ def fake_up(monkeypatch):
 
     monkeypatch.setattr(lab_mod, "up", up)
     monkeypatch.setattr(lab_mod, "status", lambda folder: [])
+    # One CPU: the lab runs one rank, which has the probed node to itself.
+    monkeypatch.setattr(generate, "machine_shape", lambda: generate.MachineShape(cpus=1, numa_nodes=1, memory_gib=16))
     return calls
 
 
@@ -235,12 +344,16 @@ def test_lab_up_scales_the_slos_and_prints_how(tmp_path, fake_up):
     result = CliRunner().invoke(main, ["lab", "up", "--slos-from", str(probe), "--dir", str(tmp_path / "lab")],
                                 env={"COLUMNS": "40"})
     assert result.exit_code == 0, result.output
+    # synthetic:tiny has no published shape: the machine's scaling alone, and a line says so.
     expected = scaling_for(31.9, 1.44).lines(DEFAULT_SLOS)
+    expected.insert(1, "model synthetic:tiny: no published shape, so the limits are scaled by the machine alone")
     lines = result.stdout.splitlines()
     assert all(line in lines for line in expected), lines
     (kwargs,) = fake_up
-    assert kwargs["slos"] == {"A": {"tpot_ms": 377, "ttft_s": 36.0}, "B": {"tpot_ms": 579, "ttft_s": 60.0}}
-    assert kwargs["slo_notes"] == [f"slos: the brief's A and B scaled by {probe}", *expected]
+    # lab.up takes the model, SLOs and notes as one LabBench now (the model sets the matrix).
+    bench = kwargs["bench"]
+    assert bench.slos == {"A": {"tpot_ms": 377, "ttft_s": 36.0}, "B": {"tpot_ms": 579, "ttft_s": 60.0}}
+    assert bench.slo_notes == [f"slos: the brief's A and B scaled by {probe}", *expected]
 
 
 def test_lab_up_without_slos_from_keeps_the_brief_slos(tmp_path, fake_up):
@@ -248,5 +361,37 @@ def test_lab_up_without_slos_from_keeps_the_brief_slos(tmp_path, fake_up):
     assert result.exit_code == 0, result.output
     assert "SLO" not in result.stdout
     (kwargs,) = fake_up
-    assert kwargs["slos"] is None and list(kwargs["slo_notes"]) == []
+    assert kwargs["bench"].slos is None and list(kwargs["bench"].slo_notes) == []
 
+
+
+def test_lab_up_scales_by_the_model_and_the_ranks_sharing_a_node(tmp_path, fake_up, monkeypatch):
+    monkeypatch.setattr(generate, "machine_shape", lambda: generate.MachineShape(cpus=2, numa_nodes=1, memory_gib=16))
+    probe = _write(tmp_path / "probe.json", [_node(15.5, 0.137)])
+    result = CliRunner().invoke(main, ["lab", "up", "--model", DEMO, "--slos-from", str(probe),
+                                       "--dir", str(tmp_path / "lab")], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    scaling = scaling_for(15.5, 0.137, model=model_cost(DEMO, 16), ranks=2)
+    lines = result.stdout.splitlines()
+    assert all(line in lines for line in scaling.lines(DEFAULT_SLOS)), lines
+    (kwargs,) = fake_up
+    bench = kwargs["bench"]
+    assert bench.model == DEMO
+    assert bench.slos == {"A": {"tpot_ms": 88, "ttft_s": 24.9}, "B": {"tpot_ms": 136, "ttft_s": 41.5}}
+
+
+def test_lab_up_with_phi3_mini_keeps_the_machine_ratio(tmp_path, fake_up, monkeypatch):
+    """The full Phi-3-mini: one rank per node (two would not fit the lab VM), the model ratio 1."""
+    monkeypatch.setattr(generate, "machine_shape", lambda: generate.MachineShape(cpus=2, numa_nodes=1, memory_gib=16))
+    probe = _write(tmp_path / "probe.json", [_node(31.9, 1.44)])
+    result = CliRunner().invoke(main, ["lab", "up", "--model", "synthetic:phi-3-mini", "--slos-from", str(probe),
+                                       "--dir", str(tmp_path / "lab")])
+    assert result.exit_code == 0, result.output
+    (kwargs,) = fake_up
+    assert kwargs["bench"].slos == {"A": {"tpot_ms": 377, "ttft_s": 36.0}, "B": {"tpot_ms": 579, "ttft_s": 60.0}}
+
+
+def test_lab_up_refuses_an_unknown_synthetic_model(tmp_path, fake_up):
+    result = CliRunner().invoke(main, ["lab", "up", "--model", "synthetic:nope", "--dir", str(tmp_path / "lab")])
+    assert result.exit_code == 2 and "--model" in result.stderr and "nope" in result.stderr
+    assert fake_up == []

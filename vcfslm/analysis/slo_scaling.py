@@ -1,19 +1,37 @@
-"""The brief's SLOs scaled to the machine that runs them (pure: no printing, no torch).
+"""The brief's SLOs scaled to the machine and the model that run them (pure: no printing, no torch).
 
-The brief's SLOs (contract.DEFAULT_SLOS) are set for one rank of its testbed: a vNUMA
-node of 24 vCPUs of a Xeon 6747P (platforms/vx650v4-6747p.yaml). A small development
-machine reads memory and multiplies far slower, so it can never meet them and every
-load it tries fails. Decode is bound by reading the weights and prefill by the GEMM
-rate, so each limit is scaled by the matching ratio:
+The brief's SLOs (contract.DEFAULT_SLOS) are set for Phi-3-mini on one rank of its
+testbed: a vNUMA node of 24 vCPUs of a Xeon 6747P (platforms/vx650v4-6747p.yaml). A small
+development machine reads memory and multiplies far slower, so it can never meet them and
+every load it tries fails. Decode is bound by reading the weights and prefill by the GEMM
+rate, so each limit is scaled by the matching ratio of floors (vcfslm/roofline.py):
 
-    TPOT limit x (testbed rank's read GB/s / this rank's read GB/s)
-    TTFT limit x (testbed rank's bf16 GEMM TFLOP/s / this rank's)
+    TPOT limit x (model's decode floor here / Phi-3-mini's decode floor on the testbed)
+    TTFT limit x (model's prefill floor here / Phi-3-mini's prefill floor on the testbed)
 
-each factor only when it is above 1 (a faster machine keeps the brief's SLOs), TPOT
-rounded to whole ms and TTFT to 0.1 s. This machine's figures come from a
-`vcfslm probe -o json` file or from a run's meta.json (what its ranks probed); either
-way the slowest NUMA node or rank is taken, as the slowest rank decides whether a load
-meets an SLO.
+A decode floor is the bytes of one batch-1 decode step (presets.counts: every weight once,
+one stream's KV cache at the prompt) over the rank's read bandwidth; a prefill floor is one
+prompt's FLOPs over the rank's bf16 GEMM rate, both models at the same prompt length. Each
+ratio is the machine's (testbed rank's rate / this rank's) times the model's (its bytes or
+FLOPs / Phi-3-mini's). The machine's is taken only when it is above 1 (a faster machine
+keeps the brief's SLOs for Phi-3-mini); the model's always, so for Phi-3-mini itself, or
+without a model, the scaling is the machine's alone. TPOT is rounded to whole ms and TTFT
+to 0.1 s (two significant figures below 1 s).
+
+This machine's figures come from a `vcfslm probe -o json` file or from a run's meta.json
+(what its ranks probed); either way the slowest NUMA node or rank is taken, as the slowest
+rank decides whether a load meets an SLO. A probe measures a whole NUMA node; when
+`ranks` ranks share it (the lab runs 2 ranks of 1 thread on one node), each rank draws
+on a 1/ranks share of its bandwidth and GEMM rate, as the testbed's rank draws on its own
+vNUMA node.
+
+Why floors and not a measured step: the lab's SLOs are set before anything is benchmarked,
+from the probe alone, and a floor depends on nothing but the shape and the probe. It tells
+what a step costs only when the step is bandwidth-bound; a model whose step is dominated
+by fixed per-step overhead (synthetic:tiny: ~1 ms against a floor of microseconds) gets
+limits no load can meet. The demo therefore benchmarks a model whose batch-1 decode sits
+near its floor on a small machine (one layer of Phi-3-mini and its lm_head, 0.42 GB per
+step), and synthetic:tiny, which has no published shape, is scaled by the machine alone.
 """
 
 from __future__ import annotations
@@ -27,10 +45,14 @@ from typing import Any, NamedTuple
 
 from ..errors import InputError, PlatformError, Problem, RunFolderError
 from ..hardware import load_platform
+from ..presets import SYNTHETIC_PREFIX, counts_of_source
+from ..roofline import decode_step_bytes, prefill_flops
 from ..yamldoc import read_document
 from .calibration import rank_rates
 
 REFERENCE_PLATFORM = "vx650v4-6747p"   # the brief's testbed (platforms/vx650v4-6747p.yaml)
+REFERENCE_MODEL = SYNTHETIC_PREFIX + "phi-3-mini"   # the brief's model, whose SLOs they are
+DEFAULT_PROMPT_TOKENS = 16                          # the lab's shortest prompt
 
 Limits = Mapping[str, float | None]
 
@@ -43,37 +65,118 @@ class Rates(NamedTuple):
 
 
 @dataclass(frozen=True)
+class ModelCost:
+    """What one model costs at a prompt length: the numerators of its two floors."""
+
+    name: str
+    prompt_tokens: int
+    decode_bytes: float     # one batch-1 decode step: every weight once + one stream's KV at the prompt
+    prefill_flops: float    # one prompt of prompt_tokens, batch 1
+
+
+def model_cost(source: str, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> ModelCost | None:
+    """A model's costs from its shape alone (a preset, `synthetic:NAME[,layers=N]`, its hub id
+    or a synthetic config file); None when the shape is not known without loading it."""
+    if not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool) or prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be a whole number of tokens >= 1; got {prompt_tokens!r}")
+    counts = counts_of_source(source)
+    if counts is None:
+        return None
+    dims = counts.dims()
+    return ModelCost(name=source, prompt_tokens=prompt_tokens,
+                     decode_bytes=decode_step_bytes(dims.step_weight_bytes, dims.kv_bytes_per_token, 1,
+                                                    prompt_tokens),
+                     prefill_flops=prefill_flops(dims, 1, prompt_tokens))
+
+
+@dataclass(frozen=True)
 class Scaling:
-    """A reference rank's rates against this machine's, and the factors they give."""
+    """A reference rank's rates against this machine's, optionally a model's costs against
+    the reference model's, and the factors they give."""
 
     reference: str
     reference_read_gbs: float
     reference_gemm_tflops: float
-    read_gbs: float
+    read_gbs: float          # this machine's NUMA node, as probed
     gemm_tflops: float
+    ranks: int = 1           # ranks sharing that node's bandwidth and GEMM rate
+    model: ModelCost | None = None
+    reference_model: ModelCost | None = None
+
+    @property
+    def rank_read_gbs(self) -> float:
+        return self.read_gbs / self.ranks
+
+    @property
+    def rank_gemm_tflops(self) -> float:
+        return self.gemm_tflops / self.ranks
+
+    @property
+    def machine_tpot_factor(self) -> float:
+        return max(1.0, self.reference_read_gbs / self.rank_read_gbs)
+
+    @property
+    def machine_ttft_factor(self) -> float:
+        return max(1.0, self.reference_gemm_tflops / self.rank_gemm_tflops)
+
+    @property
+    def model_tpot_factor(self) -> float:
+        """The model's bytes per decode step over the reference model's (1 without a model)."""
+        if self.model is None or self.reference_model is None:
+            return 1.0
+        return self.model.decode_bytes / self.reference_model.decode_bytes
+
+    @property
+    def model_ttft_factor(self) -> float:
+        """The model's prompt FLOPs over the reference model's (1 without a model)."""
+        if self.model is None or self.reference_model is None:
+            return 1.0
+        return self.model.prefill_flops / self.reference_model.prefill_flops
 
     @property
     def tpot_factor(self) -> float:
-        return max(1.0, self.reference_read_gbs / self.read_gbs)
+        return self.machine_tpot_factor * self.model_tpot_factor
 
     @property
     def ttft_factor(self) -> float:
-        return max(1.0, self.reference_gemm_tflops / self.gemm_tflops)
+        return self.machine_ttft_factor * self.model_ttft_factor
 
     @property
     def scales(self) -> bool:
-        """True when either limit changes (this machine is slower than the reference)."""
-        return self.tpot_factor > 1.0 or self.ttft_factor > 1.0
+        """True when either limit changes (this machine is slower than the reference, or the
+        model is not the reference model)."""
+        return self.tpot_factor != 1.0 or self.ttft_factor != 1.0
+
+    @property
+    def by_model(self) -> bool:
+        return self.model is not None and self.reference_model is not None
 
     def lines(self, slos: Mapping[str, Limits] | None = None) -> list[str]:
         """Human lines showing the scaling; with `slos`, one more line per SLO scaled."""
-        figures = (f"read {self.read_gbs:.1f} GB/s vs the testbed rank's {self.reference_read_gbs:g}"
-                   f" (TPOT x{self.tpot_factor:.2f}), bf16 GEMM {self.gemm_tflops:.3g} vs "
-                   f"{self.reference_gemm_tflops:g} TFLOP/s (TTFT x{self.ttft_factor:.1f}); "
-                   f"testbed {self.reference}")
-        head = "SLOs scaled to this machine: " if self.scales else \
-            "SLOs as the brief's (this machine is no slower than the testbed rank): "
+        def rate(value: float, fmt: str, unit: str) -> str:
+            if self.ranks == 1:
+                return f"{value:{fmt}}{unit}"
+            return f"{value:{fmt}}{unit} over {self.ranks} ranks ({value / self.ranks:{fmt}} each)"
+
+        figures = (f"read {rate(self.read_gbs, '.1f', ' GB/s')} vs the testbed rank's "
+                   f"{self.reference_read_gbs:g} (TPOT x{self.machine_tpot_factor:.2f}), bf16 GEMM "
+                   f"{rate(self.gemm_tflops, '.3g', '')} vs {self.reference_gemm_tflops:g} TFLOP/s "
+                   f"(TTFT x{self.machine_ttft_factor:.1f}); testbed {self.reference}")
+        machine = self.machine_tpot_factor > 1.0 or self.machine_ttft_factor > 1.0
+        if self.by_model:
+            head = ("SLOs scaled to this machine and model: " if machine else
+                    "SLOs scaled to the model (this machine is no slower than the testbed rank): ")
+        else:
+            head = "SLOs scaled to this machine: " if self.scales else \
+                "SLOs as the brief's (this machine is no slower than the testbed rank): "
         out = [head + figures]
+        if self.by_model:
+            m, ref = self.model, self.reference_model
+            out.append(f"model {m.name} vs {ref.name.removeprefix(SYNTHETIC_PREFIX)} at {m.prompt_tokens}-token "
+                       f"prompts: decode step {m.decode_bytes / 1e9:.3g} vs {ref.decode_bytes / 1e9:.3g} GB "
+                       f"(TPOT x{self.model_tpot_factor:.3g}), prefill {m.prefill_flops / 1e9:.3g} vs "
+                       f"{ref.prefill_flops / 1e9:.3g} GFLOP (TTFT x{self.model_ttft_factor:.3g}); "
+                       f"together TPOT x{self.tpot_factor:.3g}, TTFT x{self.ttft_factor:.3g}")
         if slos:
             scaled = scale_slos(slos, self)
             out += [f"SLO-{name}: {_limit('TPOT', scaled[name]['tpot_ms'], 'ms')}, "
@@ -101,20 +204,31 @@ def reference_rates(reference: str = REFERENCE_PLATFORM) -> tuple[str, Rates]:
     return platform.name, Rates(rates.read_gbs, rates.gemm_tflops)
 
 
-def scaling_for(read_gbs: float, gemm_tflops: float, reference: str = REFERENCE_PLATFORM) -> Scaling:
-    """The scaling from `reference`'s rank to a rank reading `read_gbs` and multiplying at `gemm_tflops`."""
+def scaling_for(read_gbs: float, gemm_tflops: float, reference: str = REFERENCE_PLATFORM, *,
+                model: ModelCost | None = None, ranks: int = 1) -> Scaling:
+    """The scaling from `reference`'s rank running Phi-3-mini to a rank reading `read_gbs` and
+    multiplying at `gemm_tflops` (a NUMA node's figures, shared by `ranks` ranks) and running
+    `model` (None: Phi-3-mini, so the machine's ratio alone)."""
     for what, value, unit in (("read_gbs", read_gbs, "GB/s"), ("gemm_tflops", gemm_tflops, "TFLOP/s")):
         if not _positive(value):
             raise ValueError(f"{what} must be a positive number of {unit}; got {value!r}")
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise ValueError(f"ranks must be a whole number >= 1; got {ranks!r}")
     name, ref = reference_rates(reference)
+    reference_model = None if model is None else model_cost(REFERENCE_MODEL, model.prompt_tokens)
     return Scaling(reference=name, reference_read_gbs=ref.read_gbs,
-                   reference_gemm_tflops=ref.gemm_tflops, read_gbs=float(read_gbs), gemm_tflops=float(gemm_tflops))
+                   reference_gemm_tflops=ref.gemm_tflops, read_gbs=float(read_gbs), gemm_tflops=float(gemm_tflops),
+                   ranks=ranks, model=model, reference_model=reference_model)
 
 
 def scale_slos(slos: Mapping[str, Limits], scaling: Scaling) -> dict[str, dict[str, float | None]]:
-    """The same SLOs with TPOT and TTFT limits scaled (whole ms, 0.1 s); a None limit stays None."""
+    """The same SLOs with TPOT and TTFT limits scaled (whole ms, 0.1 s; two significant
+    figures below 1 ms or 1 s); a None limit stays None."""
     def scaled(value: float | None, factor: float, digits: int | None) -> float | None:
-        return None if value is None else round(value * factor, digits)
+        if value is None:
+            return None
+        x = value * factor
+        return float(f"{x:.2g}") if x < 1 else round(x, digits)
 
     return {name: {"tpot_ms": scaled(limits.get("tpot_ms"), scaling.tpot_factor, None),
                    "ttft_s": scaled(limits.get("ttft_s"), scaling.ttft_factor, 1)}
