@@ -26,9 +26,15 @@ Sizing: nodes = ceil(peak / (threshold x (1 - headroom))), exactly.
 Confidence: a bootstrap resampled the way the data was drawn. Windows are drawn with
 replacement within each rank (a rank's windows are its repeats); for serving, each drawn
 window's requests are drawn again with replacement (two stages). Each replicate is judged
-by the same rule, and its threshold and node count taken; the interval is the central
-`confidence` share of the replicates (95 % by default), seeded so a report is repeatable
-and every rank of a sweep reaches the same interval.
+by the same rule and says where the threshold lies: at or above its largest passing load
+and below its first failing load (an untested load in that gap may pass or fail). The
+interval covers both: its low end is the lower `(1 - confidence) / 2` quantile of the
+replicates' thresholds, its high end the upper quantile of their first failing loads,
+exclusive (`[4–<16]`: at least 4, below 16). A replicate that passed every load has no
+failing load: its end is the largest load as a bound (`≥ 16`). Node counts follow from
+the interval's ends by the sizing law (`nodes_of`; an exclusive end F gives at least
+floor(peak / F) + 1 nodes). Seeded, so a report is repeatable and every rank of a sweep
+reaches the same interval.
 """
 
 from __future__ import annotations
@@ -222,7 +228,9 @@ class Interval:
 
     low/high None: that end is "none" (the replicate failed even the lowest load: no
     threshold, no node count). An end that is a bound (every tested load passed in
-    that replicate) is flagged, so a threshold reads "≥ 8" and a node count "≤ 4"."""
+    that replicate) is flagged, so a threshold reads "≥ 8" and a node count "≤ 4".
+    high_open: the high end is a first failing load, exclusive: the threshold is below it
+    (`<16`); it is never a bound at the same time."""
 
     low: float | None
     high: float | None
@@ -230,29 +238,33 @@ class Interval:
     high_bound: bool = False
     replicates: int = 0
     confidence: float = DEFAULT_CONFIDENCE
+    high_open: bool = False
 
     def text(self, fmt=lambda v: f"{v:g}", none: str = "none", mark: str = "≥ ") -> str:
-        """`[4–8]`, `[none–4]`, `[8–≥ 16]` (mark "≤ " for node counts); the same value twice reads
-        `[8–8]` (every replicate agreed); "none" or a bound at both ends says nothing more: ""."""
+        """`[4–<8]`, `[none–<4]`, `[8–≥ 16]` (mark "≤ " for node counts), `[32–64]` for inclusive
+        ends; "none" or a bound at both ends says nothing more: ""."""
         if self.low == self.high and (self.low is None or (self.low_bound and self.high_bound)):
             return ""
-        def end(v, bound):
-            return none if v is None else (mark if bound else "") + fmt(v)
-        return f"[{end(self.low, self.low_bound)}–{end(self.high, self.high_bound)}]"
+        def end(v, bound, open_=False):
+            return none if v is None else ("<" if open_ else mark if bound else "") + fmt(v)
+        return f"[{end(self.low, self.low_bound)}–{end(self.high, self.high_bound, self.high_open)}]"
 
     def to_dict(self) -> dict[str, Any]:
+        # "high" is the first failing load when high_is_exclusive (the threshold is below it).
         return {"low": self.low, "high": self.high, "low_is_lower_bound": self.low_bound,
-                "high_is_lower_bound": self.high_bound, "replicates": self.replicates,
-                "confidence": self.confidence}
+                "high_is_lower_bound": self.high_bound, "high_is_exclusive": self.high_open,
+                "replicates": self.replicates, "confidence": self.confidence}
 
 
 @dataclass(frozen=True)
 class Replicate:
-    """One bootstrap replicate's reading: its threshold (None: none passes) and whether it
-    passed every tested load (so the threshold is a lower bound)."""
+    """One bootstrap replicate's reading: its threshold (None: none passes), whether it
+    passed every tested load (so the threshold is a lower bound), and its first failing
+    load (None: every load passed, or not known): the threshold lies in [threshold, failing)."""
 
     threshold: float | None
     all_pass: bool
+    failing: float | None = None
 
 
 def replicate_of(verdicts: Mapping[float, bool | None]) -> Replicate | None:
@@ -260,41 +272,67 @@ def replicate_of(verdicts: Mapping[float, bool | None]) -> Replicate | None:
     passing, failing = threshold(verdicts)
     if passing is None and failing is None:
         return None
-    return Replicate(passing, failing is None)
+    return Replicate(passing, failing is None, failing)
+
+
+def _upper(r: Replicate) -> tuple[tuple[int, float], float | None, bool, bool]:
+    """Where a replicate's threshold ends above, as (sort key, value, is a bound, is exclusive):
+    none (it failed the lowest load) lowest, then its first failing load (exclusive), or its
+    threshold when no failing load is known; an all-pass replicate's threshold (a bound) highest."""
+    if r.threshold is None:
+        return (0, -math.inf), None, False, False
+    if r.all_pass:
+        return (2, r.threshold), r.threshold, True, False
+    if r.failing is not None:
+        return (1, r.failing), r.failing, False, True
+    return (1, r.threshold), r.threshold, False, False
 
 
 def interval(replicates: Sequence[Replicate], confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:
-    """The central `confidence` share of the replicates' thresholds ("none" below every load)."""
+    """Where the threshold lies, `confidence` sure: from the lower quantile of the replicates'
+    thresholds ("none" below every load) to the upper quantile of their first failing loads
+    (exclusive), so the interval covers the gap between tested loads as well as the sampling."""
     reps = [r for r in replicates if r is not None]
     if not reps:
         return None
+    lo, hi = _ends(len(reps), confidence)
     # None sorts below every load; an all-pass replicate at the same load ranks above a
     # replicate that failed just above it (its true threshold may be higher).
-    ordered = sorted(reps, key=lambda r: (-math.inf if r.threshold is None else r.threshold, r.all_pass))
-    lo, hi = _ends(len(ordered), confidence)
-    a, b = ordered[lo], ordered[hi]
-    return Interval(a.threshold, b.threshold, a.all_pass, b.all_pass, len(ordered), confidence)
+    lows = sorted(reps, key=lambda r: (-math.inf if r.threshold is None else r.threshold, r.all_pass))
+    a = lows[lo]
+    _key, high, high_bound, high_open = sorted((_upper(r) for r in reps), key=lambda u: u[0])[hi]
+    return Interval(a.threshold, high, a.all_pass, high_bound, len(reps), confidence, high_open)
 
 
-def nodes_interval(replicates: Sequence[Replicate], per_vm_of, peak: float, headroom: float = 0.0,
+def nodes_of(iv: Interval, peak: float, headroom: float = 0.0) -> Interval:
+    """The node counts a threshold interval (per-VM capacity) implies by the sizing law.
+
+    Its low threshold gives the most nodes (an upper bound "≤" when that end is a bound;
+    None, no count suffices, when it is "none"); its high end the fewest: an exclusive end F
+    (the threshold is below F) gives floor(peak / (F x (1 - headroom))) + 1, a bound "≥ H"
+    gives "≤ ceil(peak / H')", an inclusive end ceil(peak / H'). Node counts are whole: both
+    ends are inclusive."""
+    def most(v):
+        return nodes_required(peak, v, headroom) if v is not None and v > 0 else None
+
+    if iv.high is None or not iv.high > 0:
+        fewest = None
+    elif iv.high_open:
+        if not peak > 0:
+            raise ValueError(f"peak must be positive, not {peak}")
+        effective = Fraction(str(iv.high)) * (1 - Fraction(str(headroom)))
+        fewest = math.floor(Fraction(str(peak)) / effective) + 1
+    else:
+        fewest = most(iv.high)
+    return Interval(fewest, most(iv.low), iv.high_bound, iv.low_bound, iv.replicates, iv.confidence)
+
+
+def nodes_interval(replicates: Sequence[Replicate], peak: float, headroom: float = 0.0,
                    confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:
-    """The central share of the node counts the replicates imply (per_vm_of: a replicate's
-    per-VM capacity, e.g. its streams at the threshold; None or 0: no node count suffices).
-
-    An all-pass replicate's count is an upper bound; "none" (no count) sorts above all."""
-    counts = []
-    for r in replicates:
-        if r is None:
-            continue
-        per_vm = per_vm_of(r) if r.threshold is not None else None
-        counts.append((nodes_required(peak, per_vm, headroom) if per_vm else None, r.all_pass))
-    if not counts:
-        return None
-    # An upper-bound count ranks below an exact one of the same value (fewer may do).
-    ordered = sorted(counts, key=lambda c: (math.inf if c[0] is None else c[0], not c[1]))
-    lo, hi = _ends(len(ordered), confidence)
-    (n_lo, b_lo), (n_hi, b_hi) = ordered[lo], ordered[hi]
-    return Interval(n_lo, n_hi, b_lo, b_hi, len(ordered), confidence)
+    """The node counts the replicates' threshold interval implies (`nodes_of`); the replicates
+    read in per-VM capacity (e.g. streams per VM at their threshold and failing loads)."""
+    iv = interval(replicates, confidence)
+    return None if iv is None else nodes_of(iv, peak, headroom)
 
 
 def _ends(n: int, confidence: float) -> tuple[int, int]:

@@ -22,9 +22,12 @@ server):
 - A load meets an SLO when at least the stated share (`attainment`, default 90 %) of the
   counted requests of every rank met every limit at once: TTFT (queue included) and TPOT
   (`vcfslm.judging`, which also says how sure that is).
-- A sweep bisects between the largest passing and the first failing load, then adds
-  windows at those two loads until the threshold's bootstrap interval is narrower than
-  `sweep_precision` (relative to the threshold) or `sweep_budget_s` is spent.
+- A sweep bisects between the largest passing and the first failing load, then refines
+  until the threshold's interval (`vcfslm.judging`: from the replicates' thresholds up to
+  their first failing loads, exclusive) is narrower than `sweep_precision` (relative to the
+  threshold) or `sweep_budget_s` is spent: a new load inside the bracket while the gap
+  between the passing and the failing load alone is wider than that, else more windows
+  at the loads the replicates disagree about.
 """
 
 from __future__ import annotations
@@ -399,12 +402,35 @@ def _round_rate(rate: float) -> float:
 
 @dataclass(frozen=True)
 class Refinement:
-    """What the sweep does next for one SLO once bisection is done: measure `loads` once
-    more (empty: stop), and why."""
+    """What the sweep does next for one SLO once bisection is done, and why: measure the
+    existing `loads` once more, or measure `new_load` (not yet measured, inside the gap
+    between the passing and the first failing load); neither: stop."""
 
     loads: tuple[float, ...]
     interval: judging.Interval | None
     reason: str
+    new_load: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return not self.loads and self.new_load is None
+
+
+@dataclass(frozen=True)
+class RefineRule:
+    """How far the sweep narrows a threshold after bisection: until its interval is within
+    `precision` of it (relative), within `budget_s` of extra windows; users are whole numbers,
+    and the bootstrap is seeded."""
+
+    precision: float = 0.25
+    budget_s: float = 600.0
+    load_kind: str = "rate"
+    replicates: int = judging.REPLICATES
+    seed: int = 0
+
+    @classmethod
+    def of_spec(cls, spec: ServeSpec) -> RefineRule:
+        return cls(spec.sweep_precision, spec.sweep_budget_s, spec.load_kind, seed=spec.seed)
 
 
 def threshold_interval(results: Mapping[float, LoadResult], limit: Mapping[str, Any], share: float,
@@ -417,28 +443,40 @@ def threshold_interval(results: Mapping[float, LoadResult], limit: Mapping[str, 
     return judging.interval([r for r, _ in reps])
 
 
-def refine(results: Mapping[float, LoadResult], limit: Mapping[str, Any], share: float, precision: float,
-           spent_s: float, budget_s: float, replicates: int = judging.REPLICATES, seed: int = 0) -> Refinement:
-    """Which loads need another window so the threshold's interval narrows below `precision`
-    (its width relative to the threshold), within `budget_s` of extra windows.
+def refine(results: Mapping[float, LoadResult], limit: Mapping[str, Any], share: float, rule: RefineRule,
+           spent_s: float = 0.0) -> Refinement:
+    """What narrows the threshold's interval below `rule.precision` (its width, from its low end
+    up to its exclusive high end, relative to the threshold), within `rule.budget_s` of extra
+    windows (`spent_s` so far).
 
-    The loads measured again are the ones the interval spans up to the first failing load:
-    there the replicates disagree about the verdict."""
+    While the gap between the largest passing and the first failing load alone is wider than
+    the precision, no number of windows can narrow the interval enough: the next step is a new
+    load halfway into the gap (rounded as `next_load` does). Otherwise the replicates disagree:
+    the loads the interval spans up to the first failing load get one more window each."""
     verdicts = {load: meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share) for load, res in results.items()}
     passing, failing = judging.threshold(verdicts)
     if passing is None or failing is None:
         return Refinement((), None, "no bracket: " + ("even the smallest load fails" if failing is not None
                                                      else "every load passes"))
-    iv = threshold_interval(results, limit, share, replicates, seed)
+    iv = threshold_interval(results, limit, share, rule.replicates, rule.seed)
     if iv is None:
         return Refinement((), None, "nothing to resample")
     low = 0.0 if iv.low is None else iv.low
     high = failing if iv.high is None or iv.high_bound else iv.high
     width = (high - low) / passing
-    if width <= precision:
-        return Refinement((), iv, f"interval {iv.text()} is within {precision:.0%} of the threshold")
-    if budget_s <= 0 or spent_s >= budget_s:
-        return Refinement((), iv, f"budget of {budget_s:g} s spent ({spent_s:.0f} s of extra windows); "
+    if width <= rule.precision:
+        return Refinement((), iv, f"interval {iv.text()} is within {rule.precision:.0%} of the threshold")
+    if rule.budget_s <= 0 or spent_s >= rule.budget_s:
+        return Refinement((), iv, f"budget of {rule.budget_s:g} s spent ({spent_s:.0f} s of extra windows); "
                                   f"interval {iv.text()} is {width:.0%} of the threshold")
+    why = f"interval {iv.text()} is {width:.0%} of the threshold"
+    gap = (failing - passing) / passing
+    if gap > rule.precision:
+        inside = next_load({passing: True, failing: False}, rule.load_kind, 0, 1)
+        if inside is not None and inside not in verdicts and passing < inside < failing:
+            return Refinement((), iv, f"{why}, the gap {passing:g}–{failing:g} alone {gap:.0%}", inside)
+        if iv.low == passing and iv.high_open and iv.high == failing:
+            # The replicates agree and no load fits between: more windows would change nothing.
+            return Refinement((), iv, f"{why}, and no load to try between {passing:g} and {failing:g}")
     loads = tuple(load for load in sorted(verdicts) if verdicts[load] is not None and low <= load <= failing)
-    return Refinement(loads, iv, f"interval {iv.text()} is {width:.0%} of the threshold")
+    return Refinement(loads, iv, why)

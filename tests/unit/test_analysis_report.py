@@ -39,7 +39,7 @@ def test_html_is_self_contained_escaped_and_answer_first(tmp_path):
              'id="fig-1-throughput"', 'id="fig-5-roofline"', "<h2>Run r</h2>"]
     assert [html.index(m) for m in order] == sorted(html.index(m) for m in order)
     assert html.count("data:image/png;base64,") == 4 and 'id="fig-2' not in html
-    assert html.count("<details>") == 2 and "<summary>SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s): 16 [16–16] streams/VM " \
+    assert html.count("<details>") == 2 and "<summary>SLO-A (TPOT ≤ 130 ms, TTFT ≤ 3 s): 16 [16–&lt;32] streams/VM " \
         "at 128 input tokens</summary>" in html
     assert "http://" not in html and "https://" not in html
     assert result.skipped_figures == [
@@ -66,7 +66,7 @@ def test_markdown_holds_crossover_sizing_and_validity(tmp_path):
                           "| nodes for 256 streams | nodes for 1000 streams | note |"]
     thin = "few samples: p90 judged on fewer than 50 streams at 4 (4), 16 (16), 32 (32) streams/VM"
     assert f"| synthetic:tiny | SLO-B | 128 | ≥ 64 | > 64 | – | ≤ 4 | ≤ 16 | {thin} |" in lines
-    assert f"| synthetic:tiny | SLO-A | 128 | 16 [16–16] | 32 | TPOT | 16 [16–16] | 63 [63–63] | {thin} |" in lines
+    assert f"| synthetic:tiny | SLO-A | 128 | 16 [16–<32] | 32 | TPOT | 16 [9–16] | 63 [32–63] | {thin} |" in lines
     assert lines.index("## Answer") < lines.index("## Validity warnings") < lines.index("## Key figures") \
         < lines.index("## Reasoning per SLO") < lines.index("## Tables") < lines.index("## More figures")
     # The reasoning: one entry per SLO, one line per context under it.
@@ -141,8 +141,8 @@ def test_a_serving_run_beside_a_static_one_adds_a_serving_section_and_keeps_the_
         < lines.index("## Validity warnings") < lines.index("## Key figures") < lines.index("## Reasoning per SLO") \
         < lines.index("## Serving") < lines.index("## Tables") < lines.index("## More figures")
     thin = "few samples: 90 % attainment judged on fewer than 50 requests at 4 (40), 8 (40), 16 (40) req/s/VM"
-    assert f"| SLO-A | 128 | req/s | 4 [4–4] | 8 | TPOT | 8.0 [8.0–8.0] | 16 | 0.50 | 32 [32–32] | {thin} |" in lines
-    assert (f"| SLO-B | 128 | req/s | 8 [8–8] | 16 | TPOT and TTFT | 20.0 [20.0–20.0] | ≥ 64 | ≤ 0.31 | 13 [13–13] "
+    assert f"| SLO-A | 128 | req/s | 4 [4–<8] | 8 | TPOT | 8.0 [8.0–<20.0] | 16 | 0.50 | 32 [13–32] | {thin} |" in lines
+    assert (f"| SLO-B | 128 | req/s | 8 [8–<16] | 16 | TPOT and TTFT | 20.0 [20.0–<48.0] | ≥ 64 | ≤ 0.31 | 13 [6–13] "
             f"| {thin} |") in lines
     serving = md.split("\n## Serving\n")[1].split("\n## Tables\n")[0]
     for name in ("fig-7-serve-latency.png", "fig-8-serve-goodput.png", "fig-9-serve-vs-static.png"):
@@ -150,7 +150,7 @@ def test_a_serving_run_beside_a_static_one_adds_a_serving_section_and_keeps_the_
     assert ("- SLO-A, 128-token inputs: serving carries 8.0 concurrent streams/VM at its threshold, static "
             "batches 16 at their crossover (static p90 of streams, serving 90 % attainment): ratio 0.50.") in lines
     assert any(line.startswith("- SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s), serving requests/s") and line.endswith(
-        "Nodes: 256 streams → ceil(256 / 20) = 13 [13–13]. By rate: nodes = ceil(peak requests/s / 8) "
+        "Nodes: 256 streams → ceil(256 / 20) = 13 [6–13]. By rate: nodes = ceil(peak requests/s / 8) "
         "(vcfslm size --threshold serving --peak-rps X).") for line in lines)
     assert "### Serving, single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64" in lines
     assert "| 2 | 8 | 40 | 0 | 2.00 | 2.00 | 150.0 | 150.0 | 20.0 | 4.00 | 0.00 | 4.00 | 0.0 % | 100.0 % | 4/4 |" \
@@ -209,17 +209,17 @@ def test_runs_of_two_models_give_one_answer_row_per_model_never_folded(tmp_path)
     assert t.columns[:3] == ["model", "SLO", "input tokens"]
     col = {name: i for i, name in enumerate(t.columns)}
     got = [(r[0], r[1], r[col["threshold (streams/VM)"]], r[col["nodes for 256 streams"]]) for r in t.rows]
-    assert got == [("synthetic:phi-3-mini", "SLO-A", "16 [16–16]", "16 [16–16]"),
+    assert got == [("synthetic:phi-3-mini", "SLO-A", "16 [16–<32]", "16 [9–16]"),
                    ("synthetic:llama-3.2-3b", "SLO-A", "none", "not achievable"),
                    ("synthetic:phi-3-mini", "SLO-B", "≥ 64", "≤ 4"),
-                   ("synthetic:llama-3.2-3b", "SLO-B", "32 [32–32]", "8 [8–8]")]
+                   ("synthetic:llama-3.2-3b", "SLO-B", "32 [32–<64]", "8 [5–8]")]
     # Each sentence names its model once the answer holds several.
     assert [x.model for x in report.crossovers] == ["synthetic:phi-3-mini", "synthetic:llama-3.2-3b"] * 2
     assert report.sizings[3].reasoning.startswith("synthetic:llama-3.2-3b, SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s)")
     assert report.sizings[3].to_dict()["model"] == "synthetic:llama-3.2-3b"
     assert [r.headline for r in report.reasons][1] == (
         "SLO-B (TPOT ≤ 200 ms, TTFT ≤ 5 s): ≥ 64 streams/VM at synthetic:phi-3-mini, 128 input tokens; "
-        "32 [32–32] streams/VM at synthetic:llama-3.2-3b, 128 input tokens")
+        "32 [32–<64] streams/VM at synthetic:llama-3.2-3b, 128 input tokens")
     # The detail table tells the two models' rows apart too.
     assert report.tables[0].columns[0] == "model" and len(report.tables[0].rows) == 2 * len(SHORT)
 
@@ -232,7 +232,7 @@ def test_a_report_of_two_models_draws_streams_per_model_among_the_key_figures(tm
     lines = md.splitlines()
     assert "| model | SLO | input tokens | threshold (streams/VM) | first failing (streams/VM) | binding " \
            "| nodes for 256 streams | note |" in lines
-    assert any(line.startswith("| synthetic:llama-3.2-3b | SLO-B | 128 | 32 [32–32] | 64 | TPOT | 8 [8–8] |")
+    assert any(line.startswith("| synthetic:llama-3.2-3b | SLO-B | 128 | 32 [32–<64] | 64 | TPOT | 8 [5–8] |")
                for line in lines)
     key = md.split("## Key figures")[1].split("## Reasoning")[0]
     assert key.index("(fig-10-models.png)") < key.index("(fig-3-tpot-slo.png)")

@@ -383,34 +383,45 @@ class ServeThreshold:
             return f"> {fmt_load(judged[-1].load_per_vm)}" if judged else "–"
         return fmt_load(self.failing_per_vm)
 
+    @property
+    def interval_per_vm(self) -> Interval | None:
+        """The threshold load's interval per VM (the bootstrap's is per rank)."""
+        iv, k = self.interval, self.key.ranks_per_vm
+        if iv is None:
+            return None
+        return replace(iv, low=None if iv.low is None else iv.low * k, high=None if iv.high is None else iv.high * k)
+
     def per_vm_replicates(self, which: str) -> list[Replicate | None]:
-        """The replicates read per VM: `load` (requests/s or users) or `streams` (busy slots)."""
+        """The replicates read per VM: `load` (requests/s or users) or `streams` (busy slots, by
+        Little's law, at the replicate's threshold and at its first failing load)."""
         k = self.key.ranks_per_vm
+
+        def read(load, active):
+            if load is None:
+                return None
+            return load * k if which == "load" else active.get(load, 0.0) * k
+
         out: list[Replicate | None] = []
         for rep, active in self.replicates:
             if rep is None or rep.threshold is None:
-                out.append(rep)
+                out.append(rep if rep is None else Replicate(None, rep.all_pass, read(rep.failing, active)))
                 continue
-            value = rep.threshold * k if which == "load" else active.get(rep.threshold, 0.0) * k
-            out.append(Replicate(value, rep.all_pass))
+            value, failing = read(rep.threshold, active), read(rep.failing, active)
+            # Slots full at both loads: the failing load's streams bound nothing above the threshold's.
+            out.append(Replicate(value, rep.all_pass, failing if failing is not None and failing > value else None))
         return out
 
     def summary(self) -> str:
         return threshold_reason(self)
 
     def to_dict(self) -> dict[str, Any]:
-        def per_vm(iv):
-            if iv is None:
-                return None
-            k = self.key.ranks_per_vm
-            return {**iv.to_dict(), "low": None if iv.low is None else iv.low * k,
-                    "high": None if iv.high is None else iv.high * k}
+        per_vm = self.interval_per_vm
         return {**key_dict(self.key), "slo": self.slo.to_dict(), "rule": self.rule, "attainment": self.share,
                 "status": self.status,
                 "load_unit": f"{self.key.unit} per VM", "threshold_load_per_rank": self.passing,
                 "threshold_load_per_vm": self.load_per_vm, "first_failing_load_per_rank": self.failing,
                 "first_failing_load_per_vm": self.failing_per_vm,
-                "threshold_interval_per_vm": per_vm(self.interval),
+                "threshold_interval_per_vm": None if per_vm is None else per_vm.to_dict(),
                 "threshold_streams_per_vm": self.streams_per_vm, "threshold_is_lower_bound": self.status == "above",
                 "streams_interval": None if self.streams_interval is None else self.streams_interval.to_dict(),
                 "binding": self.binding, "non_monotonic_loads_per_rank": list(self.non_monotonic),
@@ -772,15 +783,15 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
         if streams and streams > 0:
             by_streams, _, law = sizing_law(peak_streams, streams, headroom, ".3g")
             lines.append(f"Nodes = {law}" + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
-            streams_span = judging.nodes_interval(t.per_vm_replicates("streams"), lambda r: r.threshold,
-                                                  peak_streams, headroom, conf)
+            streams_span = (None if t.streams_interval is None
+                            else judging.nodes_of(t.streams_interval, peak_streams, headroom))
         else:
             lines.append("No concurrent streams were measured at the threshold: nodes by streams cannot be read.")
     if peak_rps is not None and rate:
         by_rate, _, law = sizing_law(peak_rps, rate, headroom, ".3g", "g")
         lines.append(f"By rate: nodes = {law}" + (f" (headroom {headroom:.0%})" if headroom else "") + ".")
-        rate_span = judging.nodes_interval(t.per_vm_replicates("load"), lambda r: r.threshold, peak_rps,
-                                           headroom, conf)
+        per_vm = t.interval_per_vm
+        rate_span = None if per_vm is None else judging.nodes_of(per_vm, peak_rps, headroom)
     spans = [f"{label} {iv.text(mark='≤ ')}" for label, iv in (("by streams", streams_span), ("by rate", rate_span))
              if iv is not None and iv.text(mark="≤ ")]
     if spans and t.interval_text:

@@ -619,8 +619,7 @@ def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
     """Nodes for `peak_streams` under crossover `c`, with the reasoning as text."""
     _check_sizing_inputs(peak_streams, headroom)
     head = f"{c.model_label}{c.slo.describe()}, {c.input_tokens}-token inputs, {c.rule}"
-    span = judging.nodes_interval(c.replicates, lambda r: r.threshold, peak_streams, headroom,
-                                  c.interval.confidence if c.interval else judging.DEFAULT_CONFIDENCE)
+    span = None if c.interval is None else judging.nodes_of(c.interval, peak_streams, headroom)
     if c.status == "none":
         floor = c.floor
         reasoning = (f"{head}: no node count suffices. The SLO is not achievable in this configuration: "

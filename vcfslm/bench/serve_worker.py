@@ -217,15 +217,24 @@ def serve_windows(args: RankArgs, env, dist, driver, placement: dict, rank_inval
 
 
 def _refine(spec: ServeSpec, name: str, limit: dict, records_of, measure_extra) -> str:
-    """Add windows at the bracketing loads until the threshold's interval is narrow enough
-    or the budget is spent; why it stopped."""
+    """Narrow the threshold's interval until it is within the precision or the budget is spent:
+    a new load inside the gap while the gap alone is too wide, else one more window at each
+    load the replicates disagree about; why it stopped.
+
+    A new load's window is numbered after the repeats, as every added window is, so
+    `extra_seconds` counts it against the budget."""
     share = serving.share_for(limit, spec.attainment)
+    rule = serving.RefineRule.of_spec(spec)
     for _ in range(MAX_REFINE_ROUNDS):
         records = records_of()
-        step = serving.refine(serving.load_results(records), limit, share, spec.sweep_precision,
-                              extra_seconds(records, spec.repeats), spec.sweep_budget_s, seed=spec.seed)
-        if not step.loads:
+        step = serving.refine(serving.load_results(records), limit, share, rule,
+                              extra_seconds(records, spec.repeats))
+        if step.done:
             return step.reason
+        if step.new_load is not None:
+            log.info("sweep %s: %s; a new load at %g", name, step.reason, step.new_load)
+            measure_extra(step.new_load, max(spec.repeats, next_window(records, step.new_load)))
+            continue
         log.info("sweep %s: %s; one more window at %s", name, step.reason, ", ".join(f"{v:g}" for v in step.loads))
         for load in step.loads:
             measure_extra(load, next_window(records, load))
