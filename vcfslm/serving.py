@@ -80,8 +80,8 @@ class ServeSpec:
     sweep_steps: int = 3                    # bisection steps per SLO and context
     seed: int = 0
     attainment: float = judging.DEFAULT_ATTAINMENT   # share of requests that must meet every limit
-    sweep_precision: float = 0.25           # stop adding windows once the interval is this narrow (relative)
-    sweep_budget_s: float = 600.0           # ... or once the extra windows took this long (0: none)
+    sweep_precision: float = 0.25           # stop refining once the interval is this narrow (relative)
+    sweep_budget_s: float = 600.0           # ... or once the added windows took this long (0: none)
 
     def __post_init__(self):
         problems = spec_problems(self)

@@ -194,6 +194,24 @@ def test_sizing_law_from_the_serving_threshold_by_streams_and_by_rate(tmp_path):
     d = s.to_dict()
     assert d["threshold_kind"] == "serving" and d["threshold_streams_per_vm"] == 20.0
     assert d["threshold_load_per_vm"] == 8.0 and d["load_unit"] == "req/s per VM"
+    # Every replicate passes 8 req/s/VM and fails 16: the threshold is somewhere in [8, 16), and the
+    # streams there in [20, 48) (the busy slots at both loads, by Little's law). Nodes follow from the
+    # ends: by rate ceil(40 / 8) = 5 at most and floor(40 / 16) + 1 = 3 at least; by streams
+    # ceil(256 / 20) = 13 and floor(256 / 48) + 1 = 6.
+    plain = size(b, 256, 40.0)
+    assert plain.answer_text("rate") == "8 [8–<16] req/s/VM, 20.0 [20.0–<48.0] streams/VM → 5 [3–5] nodes"
+    assert plain.answer_text("streams") == "8 [8–<16] req/s/VM, 20.0 [20.0–<48.0] streams/VM → 13 [6–13] nodes"
+    assert ("95% interval: threshold [8–<16] req/s/VM, nodes by streams [6–13], by rate [3–5] (400 bootstrap "
+            "replicates).") in plain.reasoning
+    d = plain.to_dict()
+    assert d["threshold_interval_per_vm"] == {"low": 8.0, "high": 16.0, "low_is_lower_bound": False,
+                                              "high_is_lower_bound": False, "high_is_exclusive": True,
+                                              "replicates": 400, "confidence": 0.95}
+    assert (d["nodes_by_rate_interval"]["low"], d["nodes_by_rate_interval"]["high"]) == (3, 5)
+    assert d["nodes_by_streams_interval"]["high_is_exclusive"] is False
+    # With 20 % headroom the ends are derated too: 256 / (48 x 0.8) = 6.7 -> 7; 40 / (16 x 0.8) = 3.1 -> 4.
+    assert s.answer_text("rate") == "8 [8–<16] req/s/VM, 20.0 [20.0–<48.0] streams/VM → 7 [4–7] nodes"
+    assert s.interval_text("streams") == "[7–16]"
     with pytest.raises(UsageError, match="peak streams must be a positive"):
         size(b, 0)
 

@@ -19,9 +19,10 @@ threshold here is the one the in-run sweep bisects towards):
 - The threshold per series and SLO is `judging.threshold` over `serving.meets` verdicts:
   the largest passing load before the first failing one (ascending). "below": even the
   smallest load tried fails; "above": every load tried passes (a lower bound). Its 95 %
-  interval, and the streams and node counts it implies, come from a two-stage bootstrap
-  (windows within ranks, then requests within windows); a load judged on fewer requests
-  than its share needs is flagged.
+  interval comes from a two-stage bootstrap (windows within ranks, then requests within
+  windows) and reaches up to the replicates' first failing loads, exclusive (`[4–<8]`); the
+  streams interval reads the busy slots at both ends, and the node counts follow from the
+  ends. A load judged on fewer requests than its share needs is flagged.
 - The answer per SLO x context reads single-VM series when there are any (cluster ones
   otherwise); of several series the one with the fewest concurrent streams per VM at its
   threshold (the conservative reading).
@@ -364,7 +365,7 @@ class ServeThreshold:
 
     @property
     def interval_text(self) -> str:
-        """The threshold load's interval per VM, `[0.5–1]`, or ""."""
+        """The threshold load's interval per VM, `[0.5–<1]`, or ""."""
         if self.interval is None:
             return ""
         return self.interval.text(lambda v: fmt_load(v * self.key.ranks_per_vm))
@@ -722,7 +723,7 @@ class ServeSizing:
         return "" if iv is None else iv.text(lambda v: f"{v:g}", mark="≤ ")
 
     def answer_text(self, which: str = "streams") -> str:
-        """`2000 [1000–2000] req/s/VM, 3.2 [3.0–3.9] streams/VM → 20 [17–22] nodes`."""
+        """`2000 [1000–<2500] req/s/VM, 3.2 [3.0–<3.9] streams/VM → 80 [66–86] nodes`."""
         t = self.threshold
         parts = [" ".join(x for x in (t.threshold_text, t.interval_text) if x) + f" {t.key.unit}/VM"]
         if t.streams_per_vm is not None and t.status in ("threshold", "above"):

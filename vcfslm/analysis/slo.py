@@ -6,14 +6,15 @@ percentile of its streams, default p90; an SLO may carry its own). A value exact
 the limit meets it (<=). When a load passes again after a failure the data are
 non-monotonic; the threshold stays below the first failure (the conservative reading)
 and the report says so. Each crossover carries its 95 % bootstrap interval (windows
-resampled within ranks) and flags loads judged on too few streams. Cells of different
+resampled within ranks), from its replicates' thresholds up to their first failing loads,
+exclusive (`[4–<16]`), and flags loads judged on too few streams. Cells of different
 models are never judged together: each model gets its own crossover, and once there
 are several every sentence names its model.
 
 Sizing: nodes = ceil(peak streams / threshold), with headroom h the threshold is
 derated to threshold x (1 - h) first (`sizing_law`, the one home of the law and its
 sentence, which serving's sizing uses too); the node count carries the interval the
-threshold's replicates imply.
+threshold interval's ends imply (`judging.nodes_of`).
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ class Crossover:
 
     @property
     def interval_text(self) -> str:
-        """`[4–8]`, or "" without an interval."""
+        """`[4–<16]`, or "" without an interval."""
         return "" if self.interval is None else self.interval.text(lambda v: f"{v:g}")
 
     def summary(self) -> str:
@@ -407,7 +408,7 @@ def crossover_text(c: Crossover) -> str:
 
 
 def interval_sentence(iv: Interval, unit: str) -> str:
-    """`95 % interval [4–8] streams/VM (400 bootstrap replicates, windows resampled within ranks).`"""
+    """`95 % interval [4–<16] streams/VM (400 bootstrap replicates, windows resampled within ranks).`"""
     return (f"{iv.confidence:.0%} interval {iv.text()} {unit} ({iv.replicates} bootstrap replicates, "
             "windows resampled within ranks).")
 
@@ -548,7 +549,7 @@ class Sizing:
         return "" if self.nodes_interval is None else self.nodes_interval.text(lambda v: f"{v:g}", mark="≤ ")
 
     def answer_text(self) -> str:
-        """`8 [4–8] streams/VM → 32 [32–64] nodes`: the threshold and the node count with their intervals."""
+        """`8 [4–<16] streams/VM → 32 [17–64] nodes`: the threshold and the node count with their intervals."""
         c = self.crossover
         # No threshold: the sentence says so in words ("not achievable streams/VM → ...").
         value = NOT_ACHIEVABLE if c.status == "none" else c.threshold_text

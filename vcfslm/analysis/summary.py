@@ -2,7 +2,7 @@
 
 - `summary_rows`: one row per SLO x context x model — the model, single-VM threshold, first failing
   load, binding indicator and nodes for each peak, each with its 95 % bootstrap interval
-  (`8 [4–8]`, `32 [32–64]`). A bound is marked: "≥ 64" when every tested load met the
+  (`8 [4–<16]`, `32 [17–64]`). A bound is marked: "≥ 64" when every tested load met the
   SLO (the crossover lies above the tested range, so the node counts are "≤"), "none"
   when even the lowest tested load fails. Models are never folded into one row: the
   rows of one SLO and context stand side by side, one per model.
@@ -36,7 +36,7 @@ class SummaryRow:
 
 
 def threshold_text(c: Crossover) -> str:
-    """`8 [4–8]`: the threshold ("none", "≥ 64" for the bounds) and its interval when known."""
+    """`8 [4–<16]`: the threshold ("none", "≥ 64" for the bounds) and its interval when known."""
     text = c.threshold_text
     return f"{text} {c.interval_text}" if c.interval_text else text
 
@@ -46,7 +46,7 @@ def first_failing_text(c: Crossover) -> str:
 
 
 def nodes_text(s: Sizing) -> str:
-    """`32 [32–64]`; "≤ 4" when every tested load passed (fewer nodes may do); "not achievable"."""
+    """`32 [17–64]`; "≤ 4" when every tested load passed (fewer nodes may do); "not achievable"."""
     if s.nodes is None:
         return NOT_ACHIEVABLE
     text = s.nodes_text
@@ -110,8 +110,9 @@ def summary_table(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], pe
              f"Nodes = {law_formula(headroom='headroom' if headroom else None)}.",
              "“≥ n”: every tested load met the SLO, so the threshold is at least n and the node count "
              "“≤” an upper bound; “none”: even the lowest tested load fails, and no node count helps.",
-             "[a–b]: the 95 % bootstrap interval (windows resampled within ranks, each replicate judged "
-             "by the same rule)."]
+             "[a–<b]: the 95 % bootstrap interval (windows resampled within ranks, each replicate judged "
+             "by the same rule): at least a and below b, the first failing load of the replicates, so it "
+             "covers the untested gap too; the node counts follow from its ends."]
     return Table(title, cols, grid, notes)
 
 

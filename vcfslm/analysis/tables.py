@@ -417,8 +417,9 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     title += f", headroom {headroom:.0%})" if headroom else ")"
     notes = ["Threshold: the largest load tried at which the stated share of requests met every limit at once "
              "(TTFT with the queue, and TPOT), before the first failing load; an unfinished request met none. "
-             "“< n”: even the smallest load tried fails; “≥ n”: every load tried meets it. [a–b]: the 95 % "
-             "bootstrap interval (windows within ranks, requests within windows).",
+             "“< n”: even the smallest load tried fails; “≥ n”: every load tried meets it. [a–<b]: the 95 % "
+             "bootstrap interval (windows within ranks, requests within windows): at least a and below b, "
+             "the first failing load of the replicates.",
              "Streams/VM at threshold: time-averaged busy slots × ranks per VM (Little's law, measured). "
              "Serving / static: those streams over the static-batch crossover, given only where the static "
              "percentile is the same share as the attainment (p90 beside 90 %). "
@@ -505,4 +506,5 @@ def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
     return Table("Sizing from the serving threshold", cols, rows,
                  [f"Nodes by streams = {law_formula(PER_VM_STREAMS, 'headroom')}; "
                   f"by rate = {law_formula('threshold req/s per VM', 'headroom', 'peak req/s')}. “≤ n”: every load "
-                  "tried met the SLO, so fewer nodes may do. [a–b]: the 95 % bootstrap interval."])
+                  "tried met the SLO, so fewer nodes may do. [a–b]: the 95 % bootstrap interval, from the "
+                  "threshold's ends."])

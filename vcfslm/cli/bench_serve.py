@@ -73,9 +73,9 @@ def serve_options(f):
         click.option("--sweep-steps", type=click.IntRange(min=0), default=None,
                      help="Serve: bisection steps per SLO and context (default 3)."),
         click.option("--sweep-precision", type=click.FloatRange(min=0, min_open=True), default=None,
-                     metavar="X", help="Serve: after bisecting, add windows at the bracketing loads until the "
-                                       "threshold's 95%% interval is narrower than X times the threshold "
-                                       "(default 0.25) ..."),
+                     metavar="X", help="Serve: after bisecting, add loads inside the gap and windows where the "
+                                       "replicates disagree until the threshold's 95%% interval (up to the first "
+                                       "failing load) is narrower than X times the threshold (default 0.25) ..."),
         click.option("--sweep-budget", type=click.FloatRange(min=0), default=None, metavar="S",
                      help="Serve: ... or until those extra windows took S seconds (default 600; 0: none). "
                           "The run says which of the two stopped it."),
