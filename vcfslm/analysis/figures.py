@@ -445,7 +445,8 @@ def serve_vs_static_figure(serving, run_title: str):
     ax.legend(fontsize=8)
     return fig, title, ("Static: the largest batch-per-rank × ranks per VM meeting the SLO. Serving: the "
                         "time-averaged busy slots per VM at the largest passing load. The label is their ratio; "
-                        "“≥”/“≤” where a side is a bound. Whiskers: 95 % bootstrap intervals.")
+                        "“≥”/“≤” where a side is a bound. Whiskers: 95 % bootstrap intervals, up to the first "
+                        "failing load.")
 
 
 def models_figure(crossovers: Sequence[Crossover], run_title: str):
@@ -482,8 +483,9 @@ def models_figure(crossovers: Sequence[Crossover], run_title: str):
     ax.legend(title="model", fontsize=8)
     return fig, title, ("Each bar: the largest tested streams per VM that meets the SLO before the first failing "
                         "load, for one model, labelled as the answer table says it; “≥”: every tested load met "
-                        "it (the bar is the largest tested), “none”: even the lowest failed. Whiskers: 95 % bootstrap intervals. Nodes for a peak "
-                        "follow by the sizing law from each bar.")
+                        "it (the bar is the largest tested), “none”: even the lowest failed. Whiskers: 95 % "
+                        "bootstrap intervals, up to the first failing load. Nodes for a peak follow by the sizing "
+                        "law from each bar.")
 
 
 def _bars(values, intervals):
