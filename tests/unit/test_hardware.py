@@ -128,3 +128,22 @@ def test_flags_make_a_platform_and_refuse_absurd_values():
 
 def test_probe_rows_helper_is_a_valid_list():
     assert platform_from_probe(probe_rows(1)).numa_nodes == 1
+
+
+def test_a_spec_platforms_stream_bandwidth_is_carried_into_the_fits_probe_units():
+    from vcfslm.analysis.calibration import PHI3_MINI_DIMS, stream_transfer
+    from vcfslm.analysis.perfmodel import Observation, RankRates, Scenario
+
+    measured = RankRates(36.0, 0.45, (1, 4), (42.0, 40.0), triad_gbs=30.0)
+    obs = [Observation(Scenario(1, 128, 8), 250.0, 3.0, measured, PHI3_MINI_DIMS)]
+    transfer = stream_transfer(obs)
+    assert (transfer.read, transfer.linear, transfer.triad_gbs) == pytest.approx((1.2, 1.4, 30.0))
+    testbed = load_platform(ROOT / "platforms" / "vx650v4-6747p.yaml")
+    r = rank_rates(testbed, transfer)
+    assert r.read_gbs == pytest.approx(92.4 * 1.2) and r.linear_gbs == pytest.approx(92.4 * 1.4)
+    assert r.gemm_tflops == rank_rates(testbed).gemm_tflops
+    # without a triad (a CSV's rates, an older run) nothing is carried; nor onto a measured platform
+    assert stream_transfer([Observation(Scenario(1, 128, 8), 250.0, 3.0, RankRates(36.0, 0.45),
+                                        PHI3_MINI_DIMS)]) is None
+    probed = platform_from_flags(40.0, 0.5).model_copy(update={"basis": "measured"})
+    assert rank_rates(probed, transfer) == rank_rates(probed)

@@ -197,3 +197,13 @@ def test_statement_names_every_fitted_value():
     assert text.startswith("decode step = linears(batch) / eta_w")
     assert "eta_w = 0.800" in text and "eta_kv = 0.100" in text and "eta_p = 0.900" in text
     assert "batch ≤ 16, input ≤ 512" in text
+
+
+def test_without_a_curve_the_linears_stream_at_linear_gbs_and_the_kv_at_read_gbs():
+    s = P.Scenario(batch=2, input_tokens=10, output_tokens=4)
+    plain = P.terms(TOY, P.RankRates(read_gbs=10.0, gemm_tflops=1.0), s)
+    faster = P.terms(TOY, P.RankRates(read_gbs=10.0, gemm_tflops=1.0, linear_gbs=20.0), s)
+    assert faster.linears_s == pytest.approx(plain.linears_s / 2)    # 1e9 B at 20 GB/s
+    assert faster.kv_s == plain.kv_s and faster.weights_s == plain.weights_s
+    with pytest.raises(ValueError, match="triad_gbs"):
+        P.RankRates(10.0, 1.0, triad_gbs=0.0)

@@ -44,12 +44,53 @@ class RunCalibration:
     ranks_per_node: int
 
 
-def rank_rates(p: Platform) -> RankRates:
-    """What one rank of `p` draws on."""
+@dataclass(frozen=True)
+class StreamTransfer:
+    """The calibration machine's probes over its STREAM-like triad: what a target's STREAM
+    bandwidth is in the units the fit's efficiencies were measured against.
+
+    A spec platform's bandwidth is a STREAM figure (the SR650 V4 review's triad), but eta_w
+    was fitted against the rank's own probes: the linears against the decode-batch curve's
+    one-row rate, the KV cache against the read probe. Evaluating the target's STREAM figure
+    with that eta_w assumes probe = STREAM there, which no machine holds: on a 2-vCPU AMX
+    Xeon the engine's step reads at eta_w = 0.98 of its probe but ~0.74 of STREAM, so a
+    prediction that assumed 1 came out ~25 % fast (batch-1 TPOT 84 ms where the brief's
+    testbed measured ~116: 7.6 GB / 116 ms = 65.5 GB/s, 0.71 of its 92.4 GB/s STREAM share).
+    The ratio is a property of the CPU and its kernels, measured on the calibration
+    machine in one probe pass (read, triad, then the curve), and carried to the target:
+    target read = STREAM x read / triad, target one-row linear rate = STREAM x curve(1) / triad.
+    """
+
+    read: float       # probe read_gbs / triad_gbs
+    linear: float     # the decode-batch curve's one-row rate / triad_gbs (read without a curve)
+    triad_gbs: float  # the calibration machine's triad, for the note
+
+    def text(self) -> str:
+        return (f"the target's bandwidth is a STREAM figure: carried into the fit's probe units with this "
+                f"machine's probe / triad (triad {self.triad_gbs:.1f} GB/s): x {self.linear:.2f} for the "
+                f"linears (decode-batch probe at one row), x {self.read:.2f} for the KV cache (read probe)")
+
+
+def stream_transfer(observations: Iterable[Observation]) -> StreamTransfer | None:
+    """The median probe / triad ratios of the observations' ranks; None when none probed a triad
+    (a CSV's rates, older runs)."""
+    rates = {o.rates for o in observations if o.rates.triad_gbs}
+    if not rates:
+        return None
+    read = statistics.median(r.read_gbs / r.triad_gbs for r in rates)
+    linear = statistics.median((r.decode_gbs[0] if r.decode_gbs else r.read_gbs) / r.triad_gbs for r in rates)
+    return StreamTransfer(read, linear, statistics.median(r.triad_gbs for r in rates))
+
+
+def rank_rates(p: Platform, transfer: StreamTransfer | None = None) -> RankRates:
+    """What one rank of `p` draws on. transfer: the fit's probe / triad ratios, applied to a
+    spec platform's (STREAM) bandwidth; a measured platform is already in probe units."""
     read_gbs = p.bandwidth_gbs / p.ranks_per_numa_node
     gemm = p.gemm_tflops_per_cpu * p.threads
     curve = p.decode_linears
     if curve is None:
+        if transfer is not None and p.basis == "spec":
+            return RankRates(read_gbs * transfer.read, gemm, linear_gbs=read_gbs * transfer.linear)
         return RankRates(read_gbs, gemm)
     # One row streams at the rank's bandwidth; the extra time of more rows is compute, which
     # scales with the threads.
@@ -65,6 +106,7 @@ def run_calibration(run: RunFile) -> RunCalibration:
     facts = _rank_facts(run)
     where = str(run.path)
     probes = [f["probe"]["read_gbs"] for f in facts if _num((f.get("probe") or {}).get("read_gbs"))]
+    triads = [f["probe"]["triad_gbs"] for f in facts if _num((f.get("probe") or {}).get("triad_gbs"))]
     gemms = [f["gemm"]["tflops"] for f in facts if _num((f.get("gemm") or {}).get("tflops"))]
     missing = []
     if not probes:
@@ -79,7 +121,8 @@ def run_calibration(run: RunFile) -> RunCalibration:
         raise UsageError([Problem(where, None, None, "", f"cannot calibrate on this run: it lacks {m}")
                           for m in missing])
     rows, gbs = _curve(facts)
-    rates = RankRates(statistics.median(probes), statistics.median(gemms), rows, gbs)
+    rates = RankRates(statistics.median(probes), statistics.median(gemms), rows, gbs,
+                      triad_gbs=statistics.median(triads) if triads else None)
     return RunCalibration(meta.run_id, dims, rates, meta.threads_per_rank, meta.ranks_per_node)
 
 

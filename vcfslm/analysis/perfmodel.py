@@ -55,16 +55,26 @@ from ..roofline import (
 @dataclass(frozen=True)
 class RankRates:
     """What one rank can draw on: its share of the NUMA node's read bandwidth, its GEMM rate,
-    and (when probed) the weight rate of the engine's linear kernel at each decode batch."""
+    and (when probed) the weight rate of the engine's linear kernel at each decode batch.
+
+    triad_gbs: the STREAM-like triad the rank's bandwidth probe measured beside read_gbs (a
+    run's rates; None elsewhere): what carries a fit to a target whose bandwidth is a STREAM
+    figure (`calibration.StreamTransfer`). linear_gbs: without a decode-batch curve, the rate
+    one row streams weights through the linear kernel (None: read_gbs).
+    """
 
     read_gbs: float
     gemm_tflops: float
     decode_rows: tuple[int, ...] = ()
     decode_gbs: tuple[float, ...] = ()
+    triad_gbs: float | None = None
+    linear_gbs: float | None = None
 
     def __post_init__(self):
-        for name in ("read_gbs", "gemm_tflops"):
+        for name in ("read_gbs", "gemm_tflops", "triad_gbs", "linear_gbs"):
             value = getattr(self, name)
+            if value is None and name not in ("read_gbs", "gemm_tflops"):
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number, not {value!r}")
         if len(self.decode_rows) != len(self.decode_gbs):
@@ -142,7 +152,8 @@ def terms(dims: ModelDims, rates: RankRates, s: Scenario) -> Terms:
     weights_s = dims.step_weight_bytes / bw
     per_byte = rates.seconds_per_weight_byte(s.batch)
     if per_byte is None:
-        linears_s = max(weights_s, decode_linear_flops(dims, s.batch) / rate)
+        streamed_s = dims.step_weight_bytes / (rates.linear_gbs * 1e9) if rates.linear_gbs else weights_s
+        linears_s = max(streamed_s, decode_linear_flops(dims, s.batch) / rate)
     else:
         linears_s = dims.step_weight_bytes * per_byte
     return Terms(

@@ -297,7 +297,7 @@ def load_measured(sources: list[Path], measured_on: Path | None) -> Measured:
 
 
 def build_target(inputs: Measured, spec: TargetSpec):
-    from ..analysis.calibration import rank_rates
+    from ..analysis.calibration import rank_rates, stream_transfer
     from ..analysis.predict import Target
     from ..hardware import load_platform, platform_from_flags, platform_from_run
 
@@ -315,11 +315,17 @@ def build_target(inputs: Measured, spec: TargetSpec):
         platform = platform_from_run(cal.run_id, cal.rates, cal.threads_per_rank, cal.ranks_per_node)
     platform = platform.with_changes(ranks_per_node=ranks_per_node, threads_per_rank=threads_per_rank,
                                      vnuma_nodes=vnuma_nodes)
-    return Target(platform.describe(), rank_rates(platform), platform.ranks, platform.basis)
+    return Target(platform.describe(), rank_rates(platform, stream_transfer(inputs.observations)),
+                  platform.ranks, platform.basis)
 
 
 def target_notes(inputs: Measured, target) -> list[str]:
+    from ..analysis.calibration import stream_transfer
+
     notes = []
+    transfer = stream_transfer(inputs.observations)
+    if transfer is not None and target.basis == "spec":
+        notes.append(transfer.text())
     measured_basis = "measured" if inputs.calibrations else (inputs.measured_platform.basis
                                                              if inputs.measured_platform else "measured")
     if target.basis != measured_basis:
