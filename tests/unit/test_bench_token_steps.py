@@ -322,3 +322,33 @@ def test_buckets_and_the_default_chunk():
     assert chunk_for_probes(7_500_000_000, 30.0, 0.3, rows, (30,) * 7) == 64   # ... or the curve, if larger
     assert chunk_for_probes(7_500_000_000, 30.0, 2.4, None, None) == 80
     assert free_rows((1, 2), (10.0, 5.0)) == 1 and chunk_for_probes(1, 30.0, 2.4, (1, 2), (10.0, 5.0)) == 16
+
+
+def test_a_chunk_per_lane_count_primes_its_own_graphs_and_times_its_steps(tiny):
+    """The SLO rule's chunks: one per lane count, each lane count's piece graph at its own
+    chunk; timing the decode steps before priming and the piece steps after compiles
+    nothing the windows would not, and admission keeps to the next step's chunk."""
+    engine = DecodeEngine(tiny.model, "compile")
+    slots = TokenSlots(engine, 2, CONTEXT, 4, 16)
+    assert slots.rule == "kernel" and not slots.capped and slots.step_chunk() == 4
+    with pytest.raises(ValueError, match="every lane count"):
+        slots.set_chunks({1: 8}, "slo:tpot<=100ms")
+    with pytest.raises(ValueError, match="exceed batched_tokens"):
+        slots.set_chunks({1: 32, 2: 4}, "slo:tpot<=100ms")
+    slots.set_chunks({1: 8, 2: 4}, "slo:tpot<=100ms")
+    assert slots.chunk_tokens == 8 and slots.capped and slots.buckets() == (1, 2, 1 + 8, 2 + 4)
+    p = prompt(6, 9)
+    with torch.inference_mode():
+        decode = slots.time_steps(p)
+        assert set(decode) == {1, 2} and all(v > 0 for v in decode.values())
+        slots.prime(p)
+        graphs = slots.compiles
+        assert graphs == len(slots.buckets()) == 4
+        pieces = slots.time_steps(p, pieces=True)
+        assert set(pieces) == {1, 2} and slots.compiles == graphs
+        assert slots.free() == [0, 1]
+        first = slots.admit(1, prompt(12, 4))                 # 12 tokens at one lane: 8 + 4
+        assert slots.step_chunk() == 4                          # slot 1 busy: two lanes
+        out = slots.step(Piece(0, prompt(9, 2), 0, 4, 9))
+        assert out.compiled and out.bucket == 2 + 4 and 1 in out.decoded
+    assert first is not None and slots.compiles == graphs

@@ -144,6 +144,107 @@ def chunk_for_probes(step_weight_bytes: int, read_gbs: float | None, gemm_tflops
     return int(min(MAX_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, free // 8 * 8)))
 
 
+# The SLO rule (Sarathi-Serve's token budget): the prompt tokens a step takes beside running
+# decodes are the most whose step, by the rank's own numbers, stays within the tightest TPOT
+# limit less this margin. 10 %: the decode steps' run-to-run spread on the 2-core VMs
+# measured (a few %) plus the piece's cost read off the probe's 512 MiB curve rather than
+# the model's own linears, and what the per-step estimate leaves out (a piece's attention,
+# the context growing by the output tokens).
+SLO_MARGIN = 0.10
+# ... and never fewer than this (the step still moves every prompt in: progress when the
+# decodes alone already take the limit), a multiple of the kernels' row padding.
+MIN_SLO_CHUNK_TOKENS = 8
+
+
+def linears_s(rows: int, step_weight_bytes: int, gemm_tflops: float | None, read_gbs: float | None = None,
+              curve_rows=None, curve_gbs=None) -> float:
+    """The step's linears at `rows` token rows, in seconds (pure), from the rank's probes:
+    the decode-linears curve (weight bytes / its rate at that row count, interpolated in
+    time between probed counts) and, past its end, the GEMM rate for each further row
+    (2 FLOPs per weight: step_weight_bytes per row in bf16), never less than at fewer rows.
+    Without a curve, the larger of
+    the read floor and the rows' FLOPs at the GEMM rate."""
+    w = float(step_weight_bytes)
+    per_row = w / (gemm_tflops * 1e12) if gemm_tflops and gemm_tflops > 0 else None
+    if curve_rows and curve_gbs:
+        points = sorted((int(r), w / (g * 1e9)) for r, g in zip(curve_rows, curve_gbs, strict=True) if g > 0)
+        # More rows never take less time: a point faster than one below it is noise.
+        points = [(r, max(t for _, t in points[: i + 1])) for i, (r, _) in enumerate(points)]
+        if points:
+            if rows <= points[0][0]:
+                return points[0][1]
+            for (r0, t0), (r1, t1) in zip(points, points[1:], strict=False):
+                if rows <= r1:
+                    return t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
+            # Past the curve: each row at least the GEMM rate's cost, and no cheaper than
+            # the curve's last segment (the kernel only gets more compute-bound).
+            (r0, t0), (r1, t1) = points[max(0, len(points) - 2)], points[-1]
+            last = (t1 - t0) / (r1 - r0) if r1 > r0 else 0.0
+            return t1 + max(per_row or 0.0, last) * (rows - r1)
+    floor = w / (read_gbs * 1e9) if read_gbs and read_gbs > 0 else 0.0
+    return max(floor, rows * per_row if per_row is not None else 0.0)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A serving step's time by the rank's own numbers (pure): the decode step at each lane
+    count as the engine measured it (TokenSlots.time_decode_steps), plus a prompt piece's
+    linears, the probed curve's time at lanes + piece rows less its time at the lanes."""
+
+    decode_s: dict[int, float]          # lane count -> measured decode step (seconds)
+    step_weight_bytes: int
+    gemm_tflops: float | None
+    read_gbs: float | None = None
+    curve_rows: tuple[int, ...] | None = None
+    curve_gbs: tuple[float, ...] | None = None
+
+    def piece_s(self, lanes: int, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        args = (self.step_weight_bytes, self.gemm_tflops, self.read_gbs, self.curve_rows, self.curve_gbs)
+        return max(0.0, linears_s(lanes + tokens, *args) - linears_s(lanes, *args))
+
+    def step_s(self, lanes: int, tokens: int) -> float:
+        return self.decode_s[lanes] + self.piece_s(lanes, tokens)
+
+
+def slo_chunk_tokens(cost: StepCost, lanes: int, tpot_limit_ms: float, *, margin: float = SLO_MARGIN,
+                     most: int = MAX_CHUNK_TOKENS) -> int:
+    """The prompt tokens a step at `lanes` decode lanes takes under a TPOT limit (pure): the
+    largest multiple of 8 whose step estimate stays within (1 - margin) x the limit, at most
+    `most`, and never below MIN_SLO_CHUNK_TOKENS (progress, even when the decodes alone
+    leave no room: then the limit cannot be held at this lane count by any chunk)."""
+    target = tpot_limit_ms / 1000.0 * (1.0 - margin)
+    best = MIN_SLO_CHUNK_TOKENS
+    for tokens in range(MIN_SLO_CHUNK_TOKENS, most + 1, 8):
+        if cost.step_s(lanes, tokens) > target:
+            break
+        best = tokens
+    return best
+
+
+def slo_chunks(cost: StepCost, tpot_limit_ms: float, *, margin: float = SLO_MARGIN,
+               most: int = MAX_CHUNK_TOKENS) -> dict[int, int]:
+    """slo_chunk_tokens at each lane count the cost knows (pure)."""
+    return {lanes: slo_chunk_tokens(cost, lanes, tpot_limit_ms, margin=margin, most=most)
+            for lanes in sorted(cost.decode_s)}
+
+
+def tightest_tpot_ms(limits: dict[str, dict] | None) -> float | None:
+    """The tightest TPOT limit of a run's SLOs in ms (pure); None when no SLO sets one."""
+    found = [float(v["tpot_ms"]) for v in (limits or {}).values() if v and v.get("tpot_ms")]
+    return min(found) if found else None
+
+
+def chunk_rule(tpot_limit_ms: float | None, flag_tokens: int = 0) -> str:
+    """How the serving chunk is chosen, as the records say it (pure): the inventory's or
+    flag's fixed count wins; else the tightest TPOT limit when an SLO sets one; else the
+    kernel curve (chunk_for_probes)."""
+    if flag_tokens:
+        return "flag"
+    return f"slo:tpot<={tpot_limit_ms:g}ms" if tpot_limit_ms else "kernel"
+
+
 def decode_buckets(slots: int, growth: int = 2) -> tuple[int, ...]:
     """The lane counts a serving step compiles at (pure): 1, then powers of `growth` below
     the slot count, then the slot count. growth: the kernel plan's padding (rows fewer than
@@ -557,7 +658,8 @@ class TokenSlots:
     """
 
     def __init__(self, engine: DecodeEngine, slots: int, max_context: int, chunk_tokens: int,
-                 batched_tokens: int | None = None):
+                 batched_tokens: int | None = None, *, chunks: dict[int, int] | None = None,
+                 rule: str = "kernel"):
         batched_tokens = chunk_tokens if batched_tokens is None else batched_tokens
         if slots < 1 or max_context < 2 or chunk_tokens < 1:
             raise ValueError("slots and chunk_tokens must be >= 1 and max_context >= 2")
@@ -571,6 +673,10 @@ class TokenSlots:
         self.chunk_tokens, self.batched_tokens = chunk_tokens, batched_tokens
         self.junk = slots
         self.growth = max(2, engine.plan.min_rows)
+        self.chunks: dict[int, int] = {}     # lane count -> its chunk (set_chunks); else chunk_tokens
+        self.rule = rule
+        if chunks:
+            self.set_chunks(chunks, rule)
         self._length = [0] * slots           # each slot's next position (0: free)
         self._occupied = [False] * slots
         self._last = [0] * slots             # each occupied slot's last token
@@ -591,6 +697,33 @@ class TokenSlots:
     def position(self, slot: int) -> int:
         return self._length[slot]
 
+    def set_chunks(self, chunks: dict[int, int], rule: str) -> None:
+        """A chunk per lane count (the SLO rule's: more room beside fewer decodes), before
+        priming; `chunk_tokens` becomes the largest. rule: how they were chosen (records)."""
+        lanes = decode_buckets(self.slots, self.growth)
+        missing = [n for n in lanes if n not in chunks]
+        if missing or any(v < 1 for v in chunks.values()):
+            raise ValueError(f"chunks {chunks} must give every lane count {lanes} at least 1 token")
+        if max(chunks.values()) > self.batched_tokens:
+            raise ValueError(f"chunks {chunks} exceed batched_tokens {self.batched_tokens}")
+        self.chunks = {n: int(chunks[n]) for n in lanes}
+        self.chunk_tokens, self.rule = max(self.chunks.values()), rule
+
+    def chunk_at(self, lanes: int) -> int:
+        """The prompt tokens a primed step at `lanes` decode lanes takes (its graph's piece)."""
+        return self.chunks.get(lanes, self.chunk_tokens)
+
+    @property
+    def capped(self) -> bool:
+        """Under the SLO rule every step beside running decodes keeps to its lanes' chunk,
+        a backlog's too (the scheduler's plan_pieces)."""
+        return self.rule.startswith("slo:")
+
+    def step_chunk(self) -> int:
+        """The chunk of the next step (its lanes: over the highest occupied slot)."""
+        active = self.active
+        return self.chunk_at(lanes_for(max(active), self.slots, self.growth) if active else 1)
+
     @property
     def budget(self) -> int:
         """The most tokens one step carries: every slot's decode and the batched pieces."""
@@ -600,18 +733,19 @@ class TokenSlots:
         """Every token count a primed graph runs at: the decode lanes alone, and the lanes
         with one chunk (a piece shorter than the chunk is padded to it)."""
         lanes = decode_buckets(self.slots, self.growth)
-        return (*lanes, *(n + self.chunk_tokens for n in lanes))
+        return (*lanes, *(n + self.chunk_at(n) for n in lanes))
 
     @torch.inference_mode()
     def step(self, pieces: Piece | list[Piece] | tuple[Piece, ...] | None = None,
-             forced: dict[int, int] | None = None, *, twin: bool = False) -> StepOut:
+             forced: dict[int, int] | None = None, *, twin: bool = False, eager: bool = False) -> StepOut:
         """One step: every occupied slot decodes a token; pieces of prompts ride along.
 
         forced: feed these tokens to the listed slots instead of their last ones (teacher
         forcing, for numerics checks). twin: a primed step also runs eagerly on the same
         inputs, and `twin_logits` keeps (graph, compiled, eager) logits of its real tokens
         (the busy lanes, then the pieces), for the numerics gate. Nothing runs when no slot
-        is occupied and no piece is given."""
+        is occupied and no piece is given. eager: run pieces eagerly at their exact size
+        (no graph: for measuring before the piece graphs exist)."""
         pieces = [] if pieces is None else [pieces] if isinstance(pieces, Piece) else list(pieces)
         self._check_pieces(pieces)
         active = self.active
@@ -628,8 +762,9 @@ class TokenSlots:
         lanes = lanes_for(max(active), self.slots, self.growth) if active else 1
         sizes = [p.stop - p.start for p in pieces]
         prompt = sum(sizes)
-        primed = len(pieces) <= 1 and prompt <= self.chunk_tokens
-        total = lanes + (0 if not pieces else self.chunk_tokens if primed else prompt)
+        chunk = self.chunk_at(lanes)
+        primed = len(pieces) <= 1 and prompt <= chunk and not (eager and pieces)
+        total = lanes + (0 if not pieces else chunk if primed else prompt)
         tokens = torch.zeros(1, total, dtype=torch.long)
         positions = torch.zeros(1, total, dtype=torch.long)
         rows = torch.full((total,), self.junk, dtype=torch.long)
@@ -645,7 +780,7 @@ class TokenSlots:
             rows[at:at + n] = piece.slot
             keep.append(at + n - 1)
             # A primed step's one span covers the padding too (it sees key 0 of the row).
-            spans.append((offset, self.chunk_tokens if primed else n))
+            spans.append((offset, chunk if primed else n))
             offset += n
         flat_pieces = (PromptPieces(torch.tensor([p.slot for p in pieces], dtype=torch.long), tuple(spans))
                        if pieces else None)
@@ -657,7 +792,7 @@ class TokenSlots:
             _, again = self.engine.run_step(tokens, positions, rows, live, torch.tensor(keep), lanes=lanes,
                                             pieces=flat_pieces, eager=True)
             real = torch.tensor([*active, *range(lanes, lanes + len(pieces))], dtype=torch.long)
-            graph = (lanes, self.chunk_tokens if pieces else 0)
+            graph = (lanes, chunk if pieces else 0)
             self.twin_logits = (graph, logits[real].float().clone(), again[real].float().clone())
         values = nxt.tolist()
         decoded, firsts = {}, {}
@@ -702,10 +837,11 @@ class TokenSlots:
     def admit(self, slot: int, prompt: torch.Tensor) -> int:
         """Admit a whole prompt into a free slot in chunks, each riding on a step that decodes
         the occupied slots; its first greedy token. For checks and priming, not windows."""
-        first, length = None, prompt.numel()
-        for start in range(0, length, self.chunk_tokens):
-            piece = Piece(slot, prompt, start, min(length, start + self.chunk_tokens), length)
-            first = self.step(piece).firsts.get(slot, first)
+        first, length, start = None, prompt.numel(), 0
+        while start < length:
+            stop = min(length, start + self.step_chunk())
+            first = self.step(Piece(slot, prompt, start, stop, length)).firsts.get(slot, first)
+            start = stop
         return first
 
     def evict(self, slot: int) -> None:
@@ -756,8 +892,9 @@ class TokenSlots:
         for bucket in decode_buckets(self.slots, self.growth):
             self.reset()
             slot = bucket - 1
-            for start in range(0, prompt.numel(), self.chunk_tokens):
-                run(slot, Piece(slot, prompt, start, min(prompt.numel(), start + self.chunk_tokens),
+            # Nothing is occupied while slot b-1's prompt goes in: one-lane steps.
+            for start in range(0, prompt.numel(), self.chunk_at(1)):
+                run(slot, Piece(slot, prompt, start, min(prompt.numel(), start + self.chunk_at(1)),
                                 prompt.numel()))
             for feed in feeds:
                 run(slot, None, feed)
@@ -769,6 +906,34 @@ class TokenSlots:
         self.twin_logits = None
         return {graph: (torch.cat([c for c, _ in got]), torch.cat([e for _, e in got]))
                 for graph, got in pairs.items()}
+
+    def time_steps(self, prompt: torch.Tensor, *, pieces: bool = False, repeats: int = 3) -> dict[int, float]:
+        """Per lane count, the median of `repeats` steps (seconds), after one untimed step
+        (a decode graph not yet compiled compiles in it): decode steps, or with `pieces` a
+        decode step with a primed piece of the lanes' chunk (after prime). The lane count is
+        reached with slot b-1 busy, its prompt put in by one eager step; all slots free
+        after. The SLO rule's decode times and the check of its estimate."""
+        room = self.max_context - 2 - (repeats + 1)
+        prompt = prompt[: max(1, min(prompt.numel(), room))]
+        probe = prompt[:2] if prompt.numel() >= 2 else torch.cat([prompt, prompt])
+        out = {}
+        for lanes in decode_buckets(self.slots, self.growth):
+            self.reset()
+            slot = lanes - 1
+            self.step(Piece(slot, prompt, 0, prompt.numel(), prompt.numel()), eager=True)
+            free = self.free()
+            if pieces and not free:
+                continue
+            times = []
+            for _ in range(repeats + 1):
+                piece = Piece(free[0], probe, 0, 1, 2) if pieces else None
+                started = time.perf_counter()
+                self.step(piece)
+                times.append(time.perf_counter() - started)
+            times = sorted(times[1:])
+            out[lanes] = times[len(times) // 2]
+        self.reset()
+        return out
 
     def release(self) -> None:
         """Drop the store and every compiled graph (like DecodeEngine.release)."""
