@@ -201,3 +201,52 @@ def test_a_backlog_takes_several_prompts_in_one_step_and_a_lone_arrival_a_chunk(
     assert beside and all(len(p) == 1 and p[0][2] - p[0][1] <= 16 for p in beside)
     alone = [pieces for decoding, pieces in light_engine.steps if not decoding and pieces]
     assert alone and all(p == [(p[0][0], 0, 128)] for p in alone)   # nothing decoding: whole
+
+
+class CappedSlots(FakeSlots):
+    """The SLO rule's engine: a chunk per lane count (more with fewer streams decoding), and
+    every step beside running streams kept to it, a backlog's too."""
+
+    rule = "slo:tpot<=30ms"
+    capped = True
+    chunks = {1: 48, 4: 24}
+
+    def step_chunk(self):
+        return self.chunks[1 if len(self.busy) <= 1 else 4]
+
+
+def test_the_slo_rule_keeps_every_step_beside_decodes_to_its_chunk_even_under_a_backlog():
+    spec = ServeSpec(loads=(20.0,), output_tokens=20, duration_s=6, warmup_s=1, cooldown_s=1)
+    clock = Clock()
+    engine = CappedSlots(clock, 8, chunk=48, batched=200)
+    out = run_window(engine, spec, 20.0, 128, random.Random(5), lambda r: r.input_tokens, clock=clock,
+                     sleep=clock.sleep)
+    rec = record_fields(out, spec, {"A": {"tpot_ms": 30.0, "ttft_s": 5}})
+    beside = [(decoding, pieces) for decoding, pieces in engine.steps if decoding and pieces]
+    assert beside and all(len(p) == 1 for _, p in beside)                  # one piece, oldest first
+    assert all(p[0][2] - p[0][1] <= (48 if d <= 1 else 24) for d, p in beside)
+    assert any(p[0][2] - p[0][1] == 24 for _, p in beside)                # fewer tokens beside more streams
+    alone = [pieces for decoding, pieces in engine.steps if not decoding and pieces]
+    assert alone and max(sum(b - a for _, a, b in p) for p in alone) > 48   # nothing decoding: batched
+    assert rec["chunk_rule"] == "slo:tpot<=30ms" and rec["chunk_by_lanes"] == {"1": 48, "4": 24}
+    # the kernel rule, same load: a backlog goes in batched beside the running streams
+    _, kernel, plain = _serve(spec, 20.0, slots=8, chunk=48, batched=200)
+    assert any(decoding and sum(b - a for _, a, b in p) > 48 for decoding, p in kernel.steps)
+    assert plain["chunk_rule"] == "" and plain["chunk_by_lanes"] == {}
+
+
+def test_old_serving_records_read_without_the_chunk_rule():
+    from dataclasses import asdict
+
+    from vcfslm.results import ServeRecord
+
+    spec = ServeSpec(loads=(0.5,), output_tokens=10, duration_s=30, warmup_s=5, cooldown_s=5)
+    _, _, fields = _serve(spec, 0.5)
+    rank = {"run_id": "r", "node": "n", "node_rank": 0, "rank": 0, "local_rank": 0, "world_size": 1,
+            "ranks_per_node": 1, "nodes": 1}
+    record = ServeRecord(**rank, load_kind="rate", load=0.5, arrival="poisson", slots=4, input_tokens=128,
+                         output_tokens=10, window=0, seed=1, **fields)
+    old = {k: v for k, v in asdict(record).items() if k not in ("chunk_rule", "chunk_by_lanes")}
+    back = ServeRecord.from_dict(old)
+    assert back.chunk_rule == "" and back.chunk_by_lanes == {}
+    assert ServeRecord.from_dict(asdict(record)).chunk_by_lanes == record.chunk_by_lanes

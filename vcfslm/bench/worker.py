@@ -328,18 +328,27 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         from .serve_worker import SlotDriver, serve_windows
 
         facts["sweep"] = []
-        from ..engine.decode import chunk_for_probes
+        from ..engine.decode import StepCost, chunk_for_probes, chunk_rule, tightest_tpot_ms
 
-        chunk = spec.chunk_tokens or chunk_for_probes(
-            loaded.step_weight_bytes, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None,
-            decode_linears.rows if decode_linears else None, decode_linears.gbs if decode_linears else None)
+        curve = (decode_linears.rows, decode_linears.gbs) if decode_linears else (None, None)
+        read_gbs, tflops = bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None
+        chunk = spec.chunk_tokens or chunk_for_probes(loaded.step_weight_bytes, read_gbs, tflops, *curve)
         # A chunk from the probes may outgrow a small batched budget: the budget then follows.
         batched = max(spec.batched_tokens, chunk)
-        facts["chunk_tokens"], facts["batched_tokens"] = chunk, batched
-        progress({**base, "phase": "chunked", "chunk_tokens": chunk, "batched_tokens": batched,
-                  "from": "the inventory/flag" if spec.chunk_tokens else "the probes"})
+        # The run's own SLOs (not the defaults it is judged by without any) size the chunk
+        # from the tightest TPOT limit, unless the inventory or a flag fixed it.
+        tpot = None if spec.chunk_tokens else tightest_tpot_ms(args.spec.run.slos and args.spec.run.serve_limits())
+        slo = None if tpot is None else (tpot, StepCost({}, loaded.step_weight_bytes, tflops, read_gbs,
+                                                        *(tuple(c) if c else None for c in curve)))
         driver = SlotDriver(engine, spec, loaded.config.vocab_size, chunk, batched,
-                            gate=None if gate is None else (gate[0][0], gate[1][0], reference))
+                            gate=None if gate is None else (gate[0][0], gate[1][0], reference), slo=slo)
+        chunk, rule = driver.slots.chunk_tokens, chunk_rule(tpot, spec.chunk_tokens)
+        driver.slots.rule = rule          # the records say which rule chose the chunk
+        facts["chunk_tokens"], facts["batched_tokens"], facts["chunk_rule"] = chunk, batched, rule
+        facts["chunk_sizing"] = driver.sizing
+        progress({**base, "phase": "chunked", "chunk_tokens": chunk, "batched_tokens": batched,
+                  "from": {"flag": "the inventory/flag", "kernel": "the probes"}.get(rule, f"{rule}, by lanes "
+                          + ", ".join(f"{k}:{v}" for k, v in driver.sizing.get("chunks", {}).items()))})
         gates.extend(driver.gates)
         for g in driver.gates:
             progress({**base, "phase": "gated", **g.progress()})

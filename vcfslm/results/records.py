@@ -194,6 +194,11 @@ class ServeRecord(RankWindow):
     # (its chunk; 0 for an HTTP server), how many steps ran, the mean real tokens per step,
     # and the prompt tokens' share of them.
     chunk_tokens: Count = 0
+    # How the chunk was chosen: "slo:tpot<=580ms" (sized from the tightest TPOT limit, per
+    # lane count in chunk_by_lanes), "kernel" (the probe's decode-linears curve) or "flag"
+    # (--chunk-tokens); "" for an HTTP server and in records written before the rule was kept.
+    chunk_rule: Text = ""
+    chunk_by_lanes: Object = field(default_factory=dict)   # lane count (as text) -> its chunk
     batched_tokens: Count = 0      # the most under a backlog
     batched_steps: Count = 0       # steps that took several prompts or more than a chunk
     steps: Count = 0

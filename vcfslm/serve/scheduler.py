@@ -15,6 +15,10 @@ depends on the queue:
   (vLLM's max_num_batched_tokens, 2048 on its CPU server). A queue then costs the
   streams one longer step, not one chunk per request and step: the prompts' throughput,
   and so the rate the rank holds, is no longer capped at a chunk per step.
+Under the SLO rule (the engine's chunks sized from the tightest TPOT limit, Sarathi-Serve's
+token budget: `Slots.capped`) every step beside running streams keeps to one piece of its
+lane count's chunk, a backlog's too, so no step a running stream waits on costs more than
+the limit by the rank's own numbers; with nothing decoding the prompts still go in batched.
 No HTTP server: the measurement is the engine's, not a network stack's.
 
 Arrivals (vcfslm.serving): open loop, every arrival time drawn before the window starts,
@@ -54,6 +58,9 @@ class StepResult(Protocol):
 class Slots(Protocol):
     chunk_tokens: int
     batched_tokens: int
+    # Optional (TokenSlots has them; a fake engine may not): `rule` (how the chunk was
+    # chosen), `chunks` (lane count -> chunk), `capped` (the SLO rule) and `step_chunk()`
+    # (the next step's chunk, by its lane count).
     def free(self) -> list[int]: ...
     def step(self, pieces: list[Piece]) -> StepResult: ...
     def evict(self, slot: int) -> None: ...
@@ -95,9 +102,11 @@ class WindowOutcome:
     step_s: list[float] = field(default_factory=list)
     step_tokens: int = 0               # real tokens the steps carried (decodes + prompt pieces)
     prompt_tokens: int = 0             # of them, prompt tokens
-    chunk_tokens: int = 0              # prompt tokens per step without a backlog
+    chunk_tokens: int = 0              # prompt tokens per step without a backlog (the largest lane count's)
     batched_tokens: int = 0            # ... with one
     batched_steps: int = 0             # steps that took several pieces or more than a chunk
+    chunk_rule: str = ""               # how it was chosen: "slo:tpot<=580ms", "kernel" or "flag"
+    chunk_by_lanes: dict[str, int] = field(default_factory=dict)   # lane count -> chunk (the SLO rule)
 
     @property
     def counted(self) -> list[Request]:
@@ -162,12 +171,16 @@ class _Admission:
         return self.request.input_tokens - self.done
 
 
-def plan_pieces(admitting: list[_Admission], decoding: int, chunk: int, batched: int) -> list[Piece]:
+def plan_pieces(admitting: list[_Admission], decoding: int, chunk: int, batched: int,
+                capped: bool = False) -> list[Piece]:
     """The prompt pieces of one step, oldest admission first (the module docstring's rule):
-    a chunk of the oldest while one waits beside running streams; else up to `batched`
-    tokens across all of them."""
+    a chunk of the oldest while one waits beside running streams (with `capped`, the SLO
+    rule, however many wait); else up to `batched` tokens across all of them."""
     if not admitting:
         return []
+    if decoding and capped:
+        a = admitting[0]
+        return [Piece(a.slot, a.prompt, a.done, a.done + min(a.left, chunk), a.request.input_tokens)]
     budget = chunk if decoding and len(admitting) == 1 else batched
     pieces = []
     for a in admitting:
@@ -192,6 +205,8 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     # requests still decoding.
     slots.reset()
     chunk, batched = slots.chunk_tokens, slots.batched_tokens
+    capped = bool(getattr(slots, "capped", False))
+    step_chunk = getattr(slots, "step_chunk", None)
     waiting: deque[Request] = deque()
     running: dict[int, Request] = {}
     admitting: list[_Admission] = []    # prompts going in, oldest first
@@ -239,12 +254,13 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
         if t >= spec.cutoff_s or (t >= span_end and not counted_left and not busy()):
             break
         if busy():
-            pieces = plan_pieces(admitting, len(running), chunk, batched)
+            this_chunk = step_chunk() if step_chunk is not None else chunk
+            pieces = plan_pieces(admitting, len(running), this_chunk, batched, capped)
             before = now()
             out = slots.step(pieces)
             at = now()
             steps += 1
-            batched_steps += len(pieces) > 1 or sum(p.stop - p.start for p in pieces) > chunk
+            batched_steps += len(pieces) > 1 or sum(p.stop - p.start for p in pieces) > this_chunk
             step_times.append(at - before)
             step_tokens += out.tokens
             prompt_tokens += out.prompt_tokens
@@ -271,7 +287,9 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     end = now()
     occupancy.change(end, busy())
     return WindowOutcome(requests, end, generated, occupancy.total, max_queue, steps, step_times,
-                         step_tokens, prompt_tokens, chunk, batched, batched_steps)
+                         step_tokens, prompt_tokens, chunk, batched, batched_steps,
+                         chunk_rule=str(getattr(slots, "rule", "") or ""),
+                         chunk_by_lanes={str(k): int(v) for k, v in (getattr(slots, "chunks", None) or {}).items()})
 
 
 def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any]) -> dict[str, Any]:
@@ -297,6 +315,7 @@ def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any
         "max_queue": outcome.max_queue,
         "goodput": serving.goodput(ttft, tpot, span, limits),
         "chunk_tokens": outcome.chunk_tokens, "batched_tokens": outcome.batched_tokens,
+        "chunk_rule": outcome.chunk_rule, "chunk_by_lanes": outcome.chunk_by_lanes,
         "steps": outcome.steps, "batched_steps": outcome.batched_steps,
         "step_tokens_mean": outcome.step_tokens / outcome.steps if outcome.steps else 0.0,
         "prefill_share": outcome.prompt_tokens / outcome.step_tokens if outcome.step_tokens else 0.0,
