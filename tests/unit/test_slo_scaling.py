@@ -157,10 +157,11 @@ def test_phi3_mini_itself_reduces_to_the_machine_scaling():
 
 def test_the_limit_is_the_ratio_of_the_two_floors():
     """TPOT x (the model's decode floor here / Phi-3-mini's on the testbed rank), TTFT x the
-    prefill floors' ratio, at the same prompt length; the lab's 2 ranks share the probed node."""
+    prefill floors' ratio, at the same prompt length; the lab's 2 ranks split the probed
+    node's threads (its GEMM rate), each reading at the node's bandwidth."""
     demo, phi3 = model_cost(DEMO, 16), model_cost(REFERENCE_MODEL, 16)
     scaling = scaling_for(15.5, 0.137, model=demo, ranks=2)
-    here_decode = roofline.roofline_tpot_ms(demo.decode_bytes, 15.5 / 2)
+    here_decode = roofline.roofline_tpot_ms(demo.decode_bytes, 15.5)
     there_decode = roofline.roofline_tpot_ms(phi3.decode_bytes, 92.4)
     assert scaling.tpot_factor == pytest.approx(here_decode / there_decode)
     here_prefill = roofline.roofline_ttft_s(demo.prefill_flops, 0.137 / 2)
@@ -173,22 +174,23 @@ def test_the_limit_is_the_ratio_of_the_two_floors():
 
 def test_a_smaller_model_may_tighten_the_brief_limits():
     """Only the machine's ratio is clamped at 1: a model 18x lighter than Phi-3-mini on a
-    machine 12x slower gets a TPOT limit under the brief's 130 ms."""
+    machine 6x slower gets a TPOT limit under the brief's 130 ms."""
     scaling = scaling_for(15.5, 0.137, model=model_cost(DEMO, 16), ranks=2)
-    assert scaling.machine_tpot_factor == pytest.approx(92.4 / 7.75)
+    assert scaling.machine_tpot_factor == pytest.approx(92.4 / 15.5)
     assert scaling.model_tpot_factor == pytest.approx(0.0569, abs=1e-4)
-    assert scale_slos(DEFAULT_SLOS, scaling)["A"]["tpot_ms"] == 88
+    assert scale_slos(DEFAULT_SLOS, scaling)["A"]["tpot_ms"] == 44
     fast = scaling_for(200.0, 40.0, model=model_cost(DEMO, 16))
     assert fast.machine_tpot_factor == 1.0 and fast.tpot_factor == pytest.approx(fast.model_tpot_factor)
     assert fast.scales
 
 
-def test_ranks_share_the_probed_node():
+def test_ranks_split_the_probed_nodes_gemm_rate_not_its_bandwidth():
     shared = scaling_for(31.9, 1.44, ranks=2)
-    assert (shared.rank_read_gbs, shared.rank_gemm_tflops) == (15.95, 0.72)
-    assert shared.tpot_factor == pytest.approx(2 * scaling_for(31.9, 1.44).tpot_factor)
-    assert scale_slos(DEFAULT_SLOS, shared) == {"A": {"tpot_ms": 753, "ttft_s": 72.0},
-                                                "B": {"tpot_ms": 1159, "ttft_s": 120.0}}
+    assert (shared.rank_read_gbs, shared.rank_gemm_tflops) == (31.9, 0.72)
+    assert shared.tpot_factor == pytest.approx(scaling_for(31.9, 1.44).tpot_factor)
+    assert shared.ttft_factor == pytest.approx(2 * scaling_for(31.9, 1.44).ttft_factor)
+    assert scale_slos(DEFAULT_SLOS, shared) == {"A": {"tpot_ms": 377, "ttft_s": 72.0},
+                                                "B": {"tpot_ms": 579, "ttft_s": 120.0}}
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
@@ -206,13 +208,12 @@ def test_limits_under_a_second_keep_two_figures():
 def test_lines_show_the_model_ratio():
     scaling = scaling_for(15.5, 0.137, model=model_cost(DEMO, 16), ranks=2)
     assert scaling.lines(DEFAULT_SLOS) == [
-        "SLOs scaled to this machine and model: read 15.5 GB/s over 2 ranks (7.8 each) vs the testbed rank's "
-        "92.4 (TPOT x11.92), bf16 GEMM 0.137 over 2 ranks (0.0685 each) vs 17.28 TFLOP/s (TTFT x252.3); "
-        "testbed vx650v4-6747p",
+        "SLOs scaled to this machine and model: read 15.5 GB/s vs the testbed rank's 92.4 (TPOT x5.96), "
+        "bf16 GEMM 0.137 over 2 ranks (0.0685 each) vs 17.28 TFLOP/s (TTFT x252.3); testbed vx650v4-6747p",
         "model synthetic:phi-3-mini,layers=1 vs phi-3-mini at 16-token prompts: decode step 0.424 vs 7.45 GB "
-        "(TPOT x0.0569), prefill 3.82 vs 116 GFLOP (TTFT x0.0329); together TPOT x0.678, TTFT x8.3",
-        "SLO-A: TPOT <= 88 ms, TTFT <= 24.9 s (the brief's 130 ms, 3 s)",
-        "SLO-B: TPOT <= 136 ms, TTFT <= 41.5 s (the brief's 200 ms, 5 s)",
+        "(TPOT x0.0569), prefill 3.82 vs 116 GFLOP (TTFT x0.0329); together TPOT x0.339, TTFT x8.3",
+        "SLO-A: TPOT <= 44 ms, TTFT <= 24.9 s (the brief's 130 ms, 3 s)",
+        "SLO-B: TPOT <= 68 ms, TTFT <= 41.5 s (the brief's 200 ms, 5 s)",
     ]
     faster = scaling_for(200.0, 40.0, model=model_cost(DEMO, 16)).lines()
     assert faster[0].startswith("SLOs scaled to the model (this machine is no slower than the testbed rank): ")
@@ -365,7 +366,7 @@ def test_lab_up_without_slos_from_keeps_the_brief_slos(tmp_path, fake_up):
 
 
 
-def test_lab_up_scales_by_the_model_and_the_ranks_sharing_a_node(tmp_path, fake_up, monkeypatch):
+def test_lab_up_scales_by_the_model_and_the_ranks_splitting_a_node(tmp_path, fake_up, monkeypatch):
     monkeypatch.setattr(generate, "machine_shape", lambda: generate.MachineShape(cpus=2, numa_nodes=1, memory_gib=16))
     probe = _write(tmp_path / "probe.json", [_node(15.5, 0.137)])
     result = CliRunner().invoke(main, ["lab", "up", "--model", DEMO, "--slos-from", str(probe),
@@ -377,7 +378,7 @@ def test_lab_up_scales_by_the_model_and_the_ranks_sharing_a_node(tmp_path, fake_
     (kwargs,) = fake_up
     bench = kwargs["bench"]
     assert bench.model == DEMO
-    assert bench.slos == {"A": {"tpot_ms": 88, "ttft_s": 24.9}, "B": {"tpot_ms": 136, "ttft_s": 41.5}}
+    assert bench.slos == {"A": {"tpot_ms": 44, "ttft_s": 24.9}, "B": {"tpot_ms": 68, "ttft_s": 41.5}}
 
 
 def test_lab_up_with_phi3_mini_keeps_the_machine_ratio(tmp_path, fake_up, monkeypatch):

@@ -20,10 +20,13 @@ to 0.1 s (two significant figures below 1 s).
 
 This machine's figures come from a `vcfslm probe -o json` file or from a run's meta.json
 (what its ranks probed); either way the slowest NUMA node or rank is taken, as the slowest
-rank decides whether a load meets an SLO. A probe measures a whole NUMA node; when
-`ranks` ranks share it (the lab runs 2 ranks of 1 thread on one node), each rank draws
-on a 1/ranks share of its bandwidth and GEMM rate, as the testbed's rank draws on its own
-vNUMA node.
+rank decides whether a load meets an SLO. A probe measures a whole NUMA node with all its
+threads; when `ranks` ranks split those threads (the lab runs 2 ranks of 1 thread on a
+2-vCPU node), each rank gets 1/ranks of the node's GEMM rate, as compute scales with
+cores, but the node's whole read bandwidth: on the small machines the lab runs on, one
+core reads about as fast as the node (a 2-vCPU EPYC: 33 GB/s from one thread, 27 from the
+node's two-thread probe), and two one-thread ranks decoding together each read ~20 GB/s,
+so halving the node's figure would halve a rate each rank really gets.
 
 Why floors and not a measured step: the lab's SLOs are set before anything is benchmarked,
 from the probe alone, and a floor depends on nothing but the shape and the probe. It tells
@@ -99,13 +102,13 @@ class Scaling:
     reference_gemm_tflops: float
     read_gbs: float          # this machine's NUMA node, as probed
     gemm_tflops: float
-    ranks: int = 1           # ranks sharing that node's bandwidth and GEMM rate
+    ranks: int = 1           # ranks splitting that node's threads (and so its GEMM rate)
     model: ModelCost | None = None
     reference_model: ModelCost | None = None
 
     @property
     def rank_read_gbs(self) -> float:
-        return self.read_gbs / self.ranks
+        return self.read_gbs
 
     @property
     def rank_gemm_tflops(self) -> float:
@@ -153,14 +156,12 @@ class Scaling:
 
     def lines(self, slos: Mapping[str, Limits] | None = None) -> list[str]:
         """Human lines showing the scaling; with `slos`, one more line per SLO scaled."""
-        def rate(value: float, fmt: str, unit: str) -> str:
-            if self.ranks == 1:
-                return f"{value:{fmt}}{unit}"
-            return f"{value:{fmt}}{unit} over {self.ranks} ranks ({value / self.ranks:{fmt}} each)"
-
-        figures = (f"read {rate(self.read_gbs, '.1f', ' GB/s')} vs the testbed rank's "
+        gemm = f"{self.gemm_tflops:.3g}"
+        if self.ranks > 1:
+            gemm += f" over {self.ranks} ranks ({self.rank_gemm_tflops:.3g} each)"
+        figures = (f"read {self.read_gbs:.1f} GB/s vs the testbed rank's "
                    f"{self.reference_read_gbs:g} (TPOT x{self.machine_tpot_factor:.2f}), bf16 GEMM "
-                   f"{rate(self.gemm_tflops, '.3g', '')} vs {self.reference_gemm_tflops:g} TFLOP/s "
+                   f"{gemm} vs {self.reference_gemm_tflops:g} TFLOP/s "
                    f"(TTFT x{self.machine_ttft_factor:.1f}); testbed {self.reference}")
         machine = self.machine_tpot_factor > 1.0 or self.machine_ttft_factor > 1.0
         if self.by_model:
@@ -207,7 +208,7 @@ def reference_rates(reference: str = REFERENCE_PLATFORM) -> tuple[str, Rates]:
 def scaling_for(read_gbs: float, gemm_tflops: float, reference: str = REFERENCE_PLATFORM, *,
                 model: ModelCost | None = None, ranks: int = 1) -> Scaling:
     """The scaling from `reference`'s rank running Phi-3-mini to a rank reading `read_gbs` and
-    multiplying at `gemm_tflops` (a NUMA node's figures, shared by `ranks` ranks) and running
+    multiplying at `gemm_tflops` (a NUMA node's figures, its threads split among `ranks` ranks) and running
     `model` (None: Phi-3-mini, so the machine's ratio alone)."""
     for what, value, unit in (("read_gbs", read_gbs, "GB/s"), ("gemm_tflops", gemm_tflops, "TFLOP/s")):
         if not _positive(value):

@@ -160,8 +160,8 @@ def lab_ranks(shape: MachineShape, model: str = LAB_MODEL) -> tuple[int, int]:
 
 
 def ranks_per_numa_node(shape: MachineShape, model: str = LAB_MODEL) -> int:
-    """How many of the lab's ranks share one of this machine's NUMA nodes (its bandwidth
-    and GEMM rate): what the SLO scaling divides a probed node's rates by."""
+    """How many of the lab's ranks split one of this machine's NUMA nodes' threads: what
+    the SLO scaling divides a probed node's GEMM rate by."""
     ranks, _ = lab_ranks(shape, model)
     return topology.ranks_per_vnuma_node(ranks, lab_vnuma_nodes(shape))
 
