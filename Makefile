@@ -10,7 +10,8 @@ PIP := $(PY) -m pip
 VLLM_VENV := .venv-vllm
 APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openssh-client \
                 numactl iproute2 chromium debootstrap g++
-DEMO_MODEL ?= synthetic:tiny
+# The demo's model; empty: scripts/demo.sh's (one layer of Phi-3-mini's shape). synthetic:tiny is the quick lab.
+DEMO_MODEL ?=
 # DEMO_FRESH=1: the demo on fresh Debian guests in namespaces of their own (root only).
 DEMO_FRESH ?=
 PYTEST_ARGS ?=
