@@ -234,7 +234,24 @@ def test_probe_rates_read_a_real_probe_shape(tmp_path):
             "gemm": {"k": 3072, "n": 8192, "rows": 1024, "tflops": 0.6445, "threads": 2,
                      "rates": {"engine onednn-packed M=1024": 0.6445}},
             "decode_linears": {"rows": [1, 2], "gbs": [6.2, 6.4], "threads": 2}}]
-    assert probe_rates(_write(tmp_path / "p.json", doc)) == Rates(8.714, 0.6445)
+    # The probe's decode-linears curve gives the one-row rate decode meets (6.2 GB/s) beside
+    # the plain read figure, which stays as it was.
+    rates = probe_rates(_write(tmp_path / "p.json", doc))
+    assert rates == Rates(8.714, 0.6445, 6.2)
+    assert (rates.read_gbs, rates.gemm_tflops) == (8.714, 0.6445)
+    assert rates.decode_read_gbs == 6.2
+
+
+def test_the_decode_rate_is_the_slowest_nodes_and_only_when_every_node_has_one(tmp_path):
+    def node(read, tflops, gbs):
+        return {**_node(read, tflops), "decode_linears": {"rows": [1, 4], "gbs": gbs}}
+
+    both = probe_rates(_write(tmp_path / "a.json", [node(30.0, 1.0, [21.0, 20.0]), node(28.0, 1.1, [22.5, 9.0])]))
+    assert both == Rates(28.0, 1.0, 21.0)
+    one = probe_rates(_write(tmp_path / "b.json", [node(30.0, 1.0, [21.0, 20.0]), _node(28.0, 1.1)]))
+    assert one == Rates(28.0, 1.0) and one.decode_read_gbs == 28.0
+    odd = probe_rates(_write(tmp_path / "c.json", [{**_node(30.0, 1.0), "decode_linears": {"rows": [2], "gbs": [9]}}]))
+    assert odd.decode_gbs is None
 
 
 @pytest.mark.parametrize("doc, key", [
@@ -396,3 +413,19 @@ def test_lab_up_refuses_an_unknown_synthetic_model(tmp_path, fake_up):
     result = CliRunner().invoke(main, ["lab", "up", "--model", "synthetic:nope", "--dir", str(tmp_path / "lab")])
     assert result.exit_code == 2 and "--model" in result.stderr and "nope" in result.stderr
     assert fake_up == []
+
+
+def test_lab_up_takes_the_decode_linears_rate_and_shows_the_plain_one(tmp_path, fake_up):
+    doc = [{**_node(30.1, 0.432), "decode_linears": {"rows": [1, 2], "gbs": [21.4, 21.9], "threads": 2}}]
+    probe = _write(tmp_path / "probe.json", doc)
+    result = CliRunner().invoke(main, ["lab", "up", "--model", DEMO, "--slos-from", str(probe),
+                                       "--dir", str(tmp_path / "lab")], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    scaling = scaling_for(21.4, 0.432, model=model_cost(DEMO, 16), plain_read_gbs=30.1)
+    lines = result.stdout.splitlines()
+    assert all(line in lines for line in scaling.lines(DEFAULT_SLOS)), lines
+    assert lines[lines.index(scaling.lines()[0])].startswith(
+        "SLOs scaled to this machine and model: read 21.4 GB/s as decode's linears read it (plain read probe 30.1) "
+        "vs the testbed rank's 92.4")
+    (kwargs,) = fake_up
+    assert kwargs["bench"].slos == scale_slos(DEFAULT_SLOS, scaling)

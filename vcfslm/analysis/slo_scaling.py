@@ -28,6 +28,14 @@ core reads about as fast as the node (a 2-vCPU EPYC: 33 GB/s from one thread, 27
 node's two-thread probe), and two one-thread ranks decoding together each read ~20 GB/s,
 so halving the node's figure would halve a rate each rank really gets.
 
+The bandwidth a decode floor is taken at here is the probe's decode-linears rate at one row
+(the engine's own packed GEMV reading a weight far larger than the caches) when the probe
+has it, else the plain read probe's. The plain probe outruns the GEMV (on the 2-vCPU EPYC
+the demo ran on: 27-30 GB/s against 21-22), and a floor the engine cannot approach sets a
+TPOT limit under the batch-1 step however light the load: the decode-linears rate is the
+floor a decode step really meets. The testbed's side stays its published STREAM figure
+(no decode-linears curve of it is known).
+
 Why floors and not a measured step: the lab's SLOs are set before anything is benchmarked,
 from the probe alone, and a floor depends on nothing but the shape and the probe. It tells
 what a step costs only when the step is bandwidth-bound; a model whose step is dominated
@@ -61,10 +69,18 @@ Limits = Mapping[str, float | None]
 
 
 class Rates(NamedTuple):
-    """What one rank draws on: read bandwidth (GB/s) and bf16 GEMM rate (TFLOP/s)."""
+    """What one rank draws on: read bandwidth (GB/s) and bf16 GEMM rate (TFLOP/s), and where
+    a probe measured it, the rate the engine's decode linears read at one row (GB/s)."""
 
     read_gbs: float
     gemm_tflops: float
+    decode_gbs: float | None = None
+
+    @property
+    def decode_read_gbs(self) -> float:
+        """The bandwidth a decode step meets here: the decode linears' one-row rate when
+        probed, else the plain read probe's."""
+        return self.decode_gbs or self.read_gbs
 
 
 @dataclass(frozen=True)
@@ -100,11 +116,12 @@ class Scaling:
     reference: str
     reference_read_gbs: float
     reference_gemm_tflops: float
-    read_gbs: float          # this machine's NUMA node, as probed
+    read_gbs: float          # this machine's NUMA node, as probed (the decode linears' rate when known)
     gemm_tflops: float
     ranks: int = 1           # ranks splitting that node's threads (and so its GEMM rate)
     model: ModelCost | None = None
     reference_model: ModelCost | None = None
+    plain_read_gbs: float | None = None   # the plain read probe, when read_gbs is the decode linears'
 
     @property
     def rank_read_gbs(self) -> float:
@@ -159,7 +176,10 @@ class Scaling:
         gemm = f"{self.gemm_tflops:.3g}"
         if self.ranks > 1:
             gemm += f" over {self.ranks} ranks ({self.rank_gemm_tflops:.3g} each)"
-        figures = (f"read {self.read_gbs:.1f} GB/s vs the testbed rank's "
+        read = f"{self.read_gbs:.1f} GB/s"
+        if self.plain_read_gbs is not None:
+            read += f" as decode's linears read it (plain read probe {self.plain_read_gbs:.1f})"
+        figures = (f"read {read} vs the testbed rank's "
                    f"{self.reference_read_gbs:g} (TPOT x{self.machine_tpot_factor:.2f}), bf16 GEMM "
                    f"{gemm} vs {self.reference_gemm_tflops:g} TFLOP/s "
                    f"(TTFT x{self.machine_ttft_factor:.1f}); testbed {self.reference}")
@@ -206,10 +226,11 @@ def reference_rates(reference: str = REFERENCE_PLATFORM) -> tuple[str, Rates]:
 
 
 def scaling_for(read_gbs: float, gemm_tflops: float, reference: str = REFERENCE_PLATFORM, *,
-                model: ModelCost | None = None, ranks: int = 1) -> Scaling:
+                model: ModelCost | None = None, ranks: int = 1, plain_read_gbs: float | None = None) -> Scaling:
     """The scaling from `reference`'s rank running Phi-3-mini to a rank reading `read_gbs` and
     multiplying at `gemm_tflops` (a NUMA node's figures, its threads split among `ranks` ranks) and running
-    `model` (None: Phi-3-mini, so the machine's ratio alone)."""
+    `model` (None: Phi-3-mini, so the machine's ratio alone). `plain_read_gbs`: the plain
+    read probe's figure when `read_gbs` is the decode linears' (the lines show both)."""
     for what, value, unit in (("read_gbs", read_gbs, "GB/s"), ("gemm_tflops", gemm_tflops, "TFLOP/s")):
         if not _positive(value):
             raise ValueError(f"{what} must be a positive number of {unit}; got {value!r}")
@@ -219,7 +240,7 @@ def scaling_for(read_gbs: float, gemm_tflops: float, reference: str = REFERENCE_
     reference_model = None if model is None else model_cost(REFERENCE_MODEL, model.prompt_tokens)
     return Scaling(reference=name, reference_read_gbs=ref.read_gbs,
                    reference_gemm_tflops=ref.gemm_tflops, read_gbs=float(read_gbs), gemm_tflops=float(gemm_tflops),
-                   ranks=ranks, model=model, reference_model=reference_model)
+                   ranks=ranks, model=model, reference_model=reference_model, plain_read_gbs=plain_read_gbs)
 
 
 def scale_slos(slos: Mapping[str, Limits], scaling: Scaling) -> dict[str, dict[str, float | None]]:
@@ -274,16 +295,31 @@ def _slowest(items: list[tuple[str, Any]], paths: Mapping[str, tuple[str, ...]],
     return Rates(min(values["read_gbs"]), min(values["gemm_tflops"]))
 
 
+def _decode_one_row_gbs(node: Any) -> float | None:
+    """The decode linears' rate at one row in a probe's node object; None when not probed."""
+    curve = node.get("decode_linears") if isinstance(node, dict) else None
+    if not isinstance(curve, dict):
+        return None
+    rows, gbs = curve.get("rows"), curve.get("gbs")
+    if not isinstance(rows, list) or not isinstance(gbs, list) or len(rows) != len(gbs) or 1 not in rows:
+        return None
+    value = gbs[rows.index(1)]
+    return float(value) if _positive(value) else None
+
+
 def probe_rates(path: str | Path) -> Rates:
-    """The read GB/s and GEMM TFLOP/s of the slowest NUMA node in a `vcfslm probe -o json` file."""
+    """The read GB/s and GEMM TFLOP/s of the slowest NUMA node in a `vcfslm probe -o json` file,
+    and the slowest node's decode linears at one row when every node probed them."""
     path = Path(path)
     rows = _load_json(path, PlatformError)
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise PlatformError([Problem(str(path), None, None, "", "expected the JSON list `vcfslm probe -o json` "
                                                                 "prints (one object per NUMA node)")])
-    return _slowest([(f"[{i}]", r) for i, r in enumerate(rows)],
-                    {"read_gbs": ("read_gbs",), "gemm_tflops": ("gemm", "tflops")}, str(path), PlatformError,
-                    "missing or not a positive number")
+    rates = _slowest([(f"[{i}]", r) for i, r in enumerate(rows)],
+                     {"read_gbs": ("read_gbs",), "gemm_tflops": ("gemm", "tflops")}, str(path), PlatformError,
+                     "missing or not a positive number")
+    decode = [_decode_one_row_gbs(r) for r in rows]
+    return rates._replace(decode_gbs=min(decode)) if all(decode) else rates
 
 
 def run_rates(path: str | Path) -> Rates:

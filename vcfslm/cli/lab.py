@@ -185,8 +185,10 @@ def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[
     shape = generate.machine_shape()
     cost = model_cost(model, min(generate.LAB_INPUT_TOKENS))
     try:
-        scaling = scaling_for(*probe_rates(probe_file), model=cost,
-                              ranks=generate.ranks_per_numa_node(shape, model))
+        rates = probe_rates(probe_file)
+        scaling = scaling_for(rates.decode_read_gbs, rates.gemm_tflops, model=cost,
+                              ranks=generate.ranks_per_numa_node(shape, model),
+                              plain_read_gbs=rates.read_gbs if rates.decode_gbs else None)
     except InputError as exc:
         raise UsageError(f"--slos-from: {exc}") from None
     lines = scaling.lines(DEFAULT_SLOS)
