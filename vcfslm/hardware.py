@@ -7,7 +7,9 @@ reviews), from `vcfslm probe -o json` run on the machine itself (measured), or f
 command line (`--bandwidth-gbs`, `--gemm-tflops`). `analysis.calibration.rank_rates()`
 turns it into what one rank draws on, the input of `vcfslm.analysis.perfmodel`:
 
-- bandwidth belongs to the node, so the ranks sharing a node share it;
+- bandwidth belongs to the node, so the ranks sharing a node share it; a spec platform's
+  is a STREAM figure, carried into the fit's probe units with the calibration machine's
+  probe / triad ratios (`calibration.StreamTransfer`), a measured one is the probe's own;
 - the GEMM rate scales with a rank's threads (prefill is compute-bound: the brief's
   "TTFT scales with core count");
 - a measured decode-batch curve (probe JSON) is rescaled to the rank's share: its
