@@ -30,7 +30,7 @@ fi
 RUNS="${DEMO_RUNS:-runs}"
 # The serving sweep: slots per rank and its lowest and top rates, requests/s per rank.
 SERVE_SLOTS=16
-SERVE_RATES="1,32"
+SERVE_RATES="1,16"
 if [ "$MODEL" = "synthetic:tiny" ]; then
   # The tiny model serves ~80 requests/s per rank on 2 cores and never misses a scaled TPOT
   # limit: only requests still queued at a window's cutoff at 2000/s fail (the slot cap binds).
@@ -88,7 +88,7 @@ $VCFSLM bench --nodes 1 --run-id "$SINGLE" --runs-dir "$RUNS"
 REPORT_RUNS=("$RUNS/$SINGLE")
 SERVE="lab-1n-serve-$STAMP"
 step "vcfslm bench --nodes 1 --serve (continuous batching under Poisson arrivals, then a sweep)"
-# 16 slots per rank (the brief's largest batch), 1 to 32 requests/s per rank: at the top the
+# 16 slots per rank (the brief's largest batch), 1 to 16 requests/s per rank: at the top the
 # rank decodes 16 streams a step, slower than the scaled TPOT limits, so the sweep bisects
 # towards the rate where TPOT (or TTFT, as requests queue) stops meeting the SLO before the
 # slots run out. Three bisection steps, then extra windows at the bracketing rates for 20 s

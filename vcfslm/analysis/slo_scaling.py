@@ -30,10 +30,10 @@ so halving the node's figure would halve a rate each rank really gets.
 
 The bandwidth a decode floor is taken at here is the probe's decode-linears rate at one row
 (the engine's own packed GEMV reading a weight far larger than the caches) when the probe
-has it, else the plain read probe's. The plain probe outruns the GEMV (on the 2-vCPU EPYC
-the demo ran on: 27-30 GB/s against 21-22), and a floor the engine cannot approach sets a
-TPOT limit under the batch-1 step however light the load: the decode-linears rate is the
-floor a decode step really meets. The testbed's side stays its published STREAM figure
+has it, else the plain read probe's: the decode-linears rate is the one a decode step
+meets, and the plain probe can be far from it (on the 2-vCPU EPYC the demo ran on, 27-30
+GB/s against 21-22 in two runs, 21.7 against 24.4 in a third); a floor the engine cannot
+approach set a TPOT limit under the batch-1 step however light the load. The testbed's side stays its published STREAM figure
 (no decode-linears curve of it is known).
 
 Why floors and not a measured step: the lab's SLOs are set before anything is benchmarked,
