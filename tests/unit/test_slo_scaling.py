@@ -15,6 +15,7 @@ from vcfslm.analysis.slo_scaling import (
     REFERENCE_MODEL,
     Rates,
     model_cost,
+    probe_decode_gbs,
     probe_rates,
     run_rates,
     scale_slos,
@@ -234,24 +235,26 @@ def test_probe_rates_read_a_real_probe_shape(tmp_path):
             "gemm": {"k": 3072, "n": 8192, "rows": 1024, "tflops": 0.6445, "threads": 2,
                      "rates": {"engine onednn-packed M=1024": 0.6445}},
             "decode_linears": {"rows": [1, 2], "gbs": [6.2, 6.4], "threads": 2}}]
-    # The probe's decode-linears curve gives the one-row rate decode meets (6.2 GB/s) beside
-    # the plain read figure, which stays as it was.
-    rates = probe_rates(_write(tmp_path / "p.json", doc))
-    assert rates == Rates(8.714, 0.6445, 6.2)
-    assert (rates.read_gbs, rates.gemm_tflops) == (8.714, 0.6445)
-    assert rates.decode_read_gbs == 6.2
+    path = _write(tmp_path / "p.json", doc)
+    assert probe_rates(path) == Rates(8.714, 0.6445)
+    assert probe_decode_gbs(path) == 6.2        # the decode linears at one row
 
 
 def test_the_decode_rate_is_the_slowest_nodes_and_only_when_every_node_has_one(tmp_path):
     def node(read, tflops, gbs):
         return {**_node(read, tflops), "decode_linears": {"rows": [1, 4], "gbs": gbs}}
 
-    both = probe_rates(_write(tmp_path / "a.json", [node(30.0, 1.0, [21.0, 20.0]), node(28.0, 1.1, [22.5, 9.0])]))
-    assert both == Rates(28.0, 1.0, 21.0)
-    one = probe_rates(_write(tmp_path / "b.json", [node(30.0, 1.0, [21.0, 20.0]), _node(28.0, 1.1)]))
-    assert one == Rates(28.0, 1.0) and one.decode_read_gbs == 28.0
-    odd = probe_rates(_write(tmp_path / "c.json", [{**_node(30.0, 1.0), "decode_linears": {"rows": [2], "gbs": [9]}}]))
-    assert odd.decode_gbs is None
+    assert probe_decode_gbs(_write(tmp_path / "a.json", [node(30.0, 1.0, [21.0, 20.0]),
+                                                         node(28.0, 1.1, [22.5, 9.0])])) == 21.0
+    assert probe_decode_gbs(_write(tmp_path / "b.json", [node(30.0, 1.0, [21.0, 20.0]), _node(28.0, 1.1)])) is None
+    odd = [{**_node(30.0, 1.0), "decode_linears": {"rows": [2], "gbs": [9]}}]
+    assert probe_decode_gbs(_write(tmp_path / "c.json", odd)) is None
+
+
+def test_rates_unpack_into_scaling_for_as_before(tmp_path):
+    """benchmarks/serve_sweep.py calls scaling_for(*run_rates(folder)): two fields, in order."""
+    assert len(Rates(1.0, 2.0)) == 2
+    assert scaling_for(*Rates(31.9, 1.44)) == scaling_for(31.9, 1.44)
 
 
 @pytest.mark.parametrize("doc, key", [

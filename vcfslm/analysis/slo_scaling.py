@@ -69,18 +69,10 @@ Limits = Mapping[str, float | None]
 
 
 class Rates(NamedTuple):
-    """What one rank draws on: read bandwidth (GB/s) and bf16 GEMM rate (TFLOP/s), and where
-    a probe measured it, the rate the engine's decode linears read at one row (GB/s)."""
+    """What one rank draws on: read bandwidth (GB/s) and bf16 GEMM rate (TFLOP/s)."""
 
     read_gbs: float
     gemm_tflops: float
-    decode_gbs: float | None = None
-
-    @property
-    def decode_read_gbs(self) -> float:
-        """The bandwidth a decode step meets here: the decode linears' one-row rate when
-        probed, else the plain read probe's."""
-        return self.decode_gbs or self.read_gbs
 
 
 @dataclass(frozen=True)
@@ -308,18 +300,24 @@ def _decode_one_row_gbs(node: Any) -> float | None:
 
 
 def probe_rates(path: str | Path) -> Rates:
-    """The read GB/s and GEMM TFLOP/s of the slowest NUMA node in a `vcfslm probe -o json` file,
-    and the slowest node's decode linears at one row when every node probed them."""
+    """The read GB/s and GEMM TFLOP/s of the slowest NUMA node in a `vcfslm probe -o json` file."""
     path = Path(path)
     rows = _load_json(path, PlatformError)
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise PlatformError([Problem(str(path), None, None, "", "expected the JSON list `vcfslm probe -o json` "
                                                                 "prints (one object per NUMA node)")])
-    rates = _slowest([(f"[{i}]", r) for i, r in enumerate(rows)],
-                     {"read_gbs": ("read_gbs",), "gemm_tflops": ("gemm", "tflops")}, str(path), PlatformError,
-                     "missing or not a positive number")
-    decode = [_decode_one_row_gbs(r) for r in rows]
-    return rates._replace(decode_gbs=min(decode)) if all(decode) else rates
+    return _slowest([(f"[{i}]", r) for i, r in enumerate(rows)],
+                    {"read_gbs": ("read_gbs",), "gemm_tflops": ("gemm", "tflops")}, str(path), PlatformError,
+                    "missing or not a positive number")
+
+
+def probe_decode_gbs(path: str | Path) -> float | None:
+    """The slowest NUMA node's decode-linears rate at one row in a `vcfslm probe -o json` file
+    (the bandwidth a decode step meets); None unless every node probed it. Read it after
+    probe_rates, which checks the file."""
+    rows = _load_json(Path(path), PlatformError)
+    decode = [_decode_one_row_gbs(r) for r in rows] if isinstance(rows, list) and rows else [None]
+    return min(decode) if all(decode) else None
 
 
 def run_rates(path: str | Path) -> Rates:

@@ -178,7 +178,13 @@ def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[
     loading it (synthetic:tiny, a folder) is scaled by the machine alone, and a line says so."""
     if probe_file is None:
         return None, []
-    from ..analysis.slo_scaling import model_cost, probe_rates, scale_slos, scaling_for
+    from ..analysis.slo_scaling import (
+        model_cost,
+        probe_decode_gbs,
+        probe_rates,
+        scale_slos,
+        scaling_for,
+    )
     from ..contract import DEFAULT_SLOS
     from ..lab import generate
 
@@ -186,9 +192,10 @@ def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[
     cost = model_cost(model, min(generate.LAB_INPUT_TOKENS))
     try:
         rates = probe_rates(probe_file)
-        scaling = scaling_for(rates.decode_read_gbs, rates.gemm_tflops, model=cost,
+        decode_gbs = probe_decode_gbs(probe_file)
+        scaling = scaling_for(decode_gbs or rates.read_gbs, rates.gemm_tflops, model=cost,
                               ranks=generate.ranks_per_numa_node(shape, model),
-                              plain_read_gbs=rates.read_gbs if rates.decode_gbs else None)
+                              plain_read_gbs=rates.read_gbs if decode_gbs else None)
     except InputError as exc:
         raise UsageError(f"--slos-from: {exc}") from None
     lines = scaling.lines(DEFAULT_SLOS)
