@@ -444,16 +444,26 @@ def serve_limits(slos: dict[str, Any] | None) -> dict[str, dict[str, float | Non
 
 def serve_complete(records: Iterable[Any], spec, world_size: int) -> bool:
     """Every rank has `repeats` windows of every load asked for in every context (a sweep
-    may stop its grid early, so there each context needs its first load, and every load
-    measured needs all ranks)."""
+    may stop its grid early, so there each context needs its first load). Every load
+    measured needs all ranks in each window it has: its `repeats` windows when it was
+    measured as a grid or bisection load, or the extra windows (numbered from `repeats`)
+    the sweep's refinement measured it in when it proposed the load inside a gap."""
     have: dict[tuple, set[tuple[int, int]]] = {}
     for r in records:
         have.setdefault((r.input_tokens, float(r.load)), set()).add((r.rank, r.window))
-    full = {(rank, w) for rank in range(world_size) for w in range(spec.repeats)}
+    ranks = range(world_size)
+    full = {(rank, w) for rank in ranks for w in range(spec.repeats)}
+
+    def whole(got: set[tuple[int, int]]) -> bool:
+        windows = {w for _, w in got}
+        in_grid = any(w < spec.repeats for w in windows)
+        return (not in_grid or full <= got) and all((rank, w) in got for rank in ranks for w in windows)
+
     for input_tokens in spec.input_tokens:
         loads = {load for (i, load) in have if i == input_tokens}
         wanted = {float(min(spec.loads))} if spec.sweep else {float(v) for v in spec.loads}
-        if not wanted <= loads or any(not full <= have[(input_tokens, load)] for load in loads):
+        if not wanted <= loads or not all(full <= have[(input_tokens, load)] for load in wanted) \
+                or not all(whole(have[(input_tokens, load)]) for load in loads):
             return False
     return True
 

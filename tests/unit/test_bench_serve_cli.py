@@ -100,6 +100,13 @@ def test_serve_complete_needs_every_rank_at_every_load():
     # a sweep may stop its grid after the first load, but a load it measured needs all ranks
     assert serve_complete([_R(0, 1.0), _R(1, 1.0), _R(0, 1.5), _R(1, 1.5)], sweep, 2)
     assert not serve_complete([_R(0, 1.0), _R(1, 1.0), _R(0, 1.5)], sweep, 2)
+    # a load the refinement proposed inside a gap is measured in an extra window (numbered
+    # from repeats): complete when every rank has that window, not its grid windows
+    grid = [_R(0, 1.0), _R(1, 1.0), _R(0, 4.0), _R(1, 4.0)]
+    assert serve_complete([*grid, _R(0, 2.5, window=1), _R(1, 2.5, window=1)], sweep, 2)
+    assert not serve_complete([*grid, _R(0, 2.5, window=1)], sweep, 2)
+    # a bisection load (grid windows) still needs all of them
+    assert not serve_complete([*grid, _R(0, 2.5), _R(1, 2.5), _R(0, 2.5, window=1)], sweep, 2)
 
 
 def test_slo_flags_become_the_runs_slos():
