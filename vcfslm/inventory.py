@@ -254,6 +254,55 @@ class Serve(_Model):
         return self
 
 
+ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware", "random")
+
+
+class Router(_Model):
+    """vLLM's router (`vllm-router`) in front of every server of the deployment."""
+
+    node: str | None = Field(None, description="Node that runs the router and the front door; null = the first "
+                                               "serving node.")
+    policy: Literal[ROUTER_POLICIES] = Field(
+        "round_robin", description="How the router picks a server (vllm-router's --policy); power_of_two needs "
+                                   "two servers or more.")
+    port: Port = Field(8300, description="The router's port on its node's loopback (never on a network).")
+    prometheus_port: Port = Field(8301, description="The router's Prometheus port, on its node's loopback.")
+    health_check_interval_s: PositiveInt = Field(
+        2, description="Seconds between the router's health checks of each server.")
+    health_failure_threshold: PositiveInt = Field(
+        2, description="Failed health checks in a row that take a server out of rotation.")
+
+
+class FrontDoor(_Model):
+    """The one endpoint clients call: nginx on the router's node, checking the API key."""
+
+    port: Port = Field(8000, description="Port of the endpoint on the router node's bench address.")
+
+
+class Service(_Model):
+    """`vcfslm serve up`: the sized service, one vLLM server per vNUMA node behind vLLM's router."""
+
+    name: str | None = Field(None, pattern=NAME_RE,
+                             description="Deployment name (unit and program names); null = the inventory's name.")
+    nodes: list[str] | None = Field(None, min_length=1,
+                                    description="Nodes that run servers; null = every node (--nodes overrides).")
+    port: Port = Field(8200, description="Port of vNUMA node 0's server on its node's bench address; node n "
+                                         "listens on port + n.")
+    model_name: str | None = Field(None, description="The model's name in the API; null = the hub id, or the "
+                                                     "model folder's name.")
+    max_num_seqs: PositiveInt | None = Field(None, description="Sequences a server decodes together; null = "
+                                                                "bench.serve.slots.")
+    max_model_len: PositiveInt | None = Field(None, description="Longest sequence, tokens; null = the bench's "
+                                                                 "longest prompt plus its output.")
+    supervisor: Literal["auto", "systemd", "supervisord"] = Field(
+        "auto", description="What keeps each server running: systemd units where systemd runs the guest, "
+                            "else supervisord (auto), or one of them.")
+    health_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        900.0, description="`serve up` waits this long for every server's /health, s.")
+    router: Router = Field(default_factory=Router)
+    front_door: FrontDoor = Field(default_factory=FrontDoor)
+
+
 class Bench(_Model):
     """The benchmark matrix and its launch settings."""
 
@@ -323,6 +372,7 @@ class Inventory(_Model):
     bench: Bench = Field(default_factory=Bench)
     slos: dict[str, SLO] = Field(default_factory=lambda: dict(DEFAULT_SLOS))
     slo: Judging = Field(default_factory=Judging, description="How the SLOs are judged (percentile, attainment).")
+    serve: Service = Field(default_factory=Service, description="The running service (`vcfslm serve up`).")
 
     _source: str = PrivateAttr(default="<memory>")
 
@@ -390,7 +440,53 @@ def semantic_problems(inv: Inventory) -> list[tuple[Key, str]]:
                         f"(gateway {mgmt.gateway})"))
     out.extend(_model_problems(inv))
     out.extend(_memory_problems(inv))
+    out.extend(_service_problems(inv))
     return out
+
+
+def _service_problems(inv: Inventory) -> list[tuple[Key, str]]:
+    """The deployment's nodes exist, and its ports do not collide on one node."""
+    service, names = inv.serve, [n.name for n in inv.nodes]
+    out: list[tuple[Key, str]] = []
+    for i, name in enumerate(service.nodes or ()):
+        if name not in names:
+            out.append((("serve", "nodes", i), f"no node is named {name!r} (nodes: {', '.join(names)})"))
+    serving = service.nodes or names
+    if service.router.node is not None and service.router.node not in serving:
+        out.append((("serve", "router", "node"),
+                    f"{service.router.node!r} runs no server of the deployment (serving nodes: {', '.join(serving)})"))
+    servers = range(service.port, service.port + inv.vm.vnuma_nodes)
+    others = {("serve", "front_door", "port"): service.front_door.port,
+              ("serve", "router", "port"): service.router.port,
+              ("serve", "router", "prometheus_port"): service.router.prometheus_port}
+    seen: dict[int, Key] = {}
+    for key, port in others.items():
+        if port in servers:
+            out.append((key, f"port {port} is one of the servers' ({servers.start}-{servers.stop - 1}, "
+                             f"serve.port + vNUMA node)"))
+        elif port in seen:
+            out.append((key, f"port {port} is already serve.{'.'.join(map(str, seen[port][1:]))}"))
+        seen.setdefault(port, key)
+    return out
+
+
+def service_model_problems(inv: Inventory) -> list[tuple[Key, str]]:
+    """What `serve up` needs of the model beyond what every inventory needs: vLLM serves a
+    folder or a hub id, never a synthetic shape."""
+    if inv.guest.model.startswith("synthetic:"):
+        return [(("guest", "model"), SERVER_NEEDS_FOLDER.format(server="vllm", model=inv.guest.model)
+                 .replace("bench.serve.server vllm", "serve up"))]
+    return []
+
+
+def located(inv: Inventory, pairs: list[tuple[Key, str]]) -> InventoryError:
+    """Problems found after loading, placed at their file, line and key (the source is read again)."""
+    try:
+        text = Path(inv.source).read_text()
+    except OSError:
+        text = "{}"
+    _, locate = load_mapping(text, inv.source, InventoryError, "the inventory must be a mapping")
+    return InventoryError(_ordered([locate(k, m) for k, m in pairs]))
 
 
 def _vllm_problems(inv: Inventory) -> list[tuple[Key, str]]:

@@ -17,7 +17,7 @@ from .logs import configure_logging
 
 # Command modules, each with a COMMANDS list. Imported eagerly: they must import
 # torch, transformers, pyVmomi and paramiko lazily, inside their commands.
-COMMAND_MODULES = ("validate", "lab", "vcenter", "guests", "bench", "report", "predict", "model")
+COMMAND_MODULES = ("validate", "lab", "vcenter", "guests", "bench", "report", "predict", "model", "serve")
 
 
 class VcfslmGroup(click.Group):
@@ -53,6 +53,7 @@ def main(ctx: click.Context, verbose: int) -> None:
       vcfslm bench --nodes 4              the cluster
       vcfslm report runs/<id> runs/<id>   tables, figures, SLO crossover
       vcfslm size --peak-streams 256      nodes needed
+      vcfslm serve up cluster.yaml        the sized service, behind one endpoint
     The local lab (vCenter simulator + SSH guests): vcfslm lab up
     """
     ctx.ensure_object(dict)

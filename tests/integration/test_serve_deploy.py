@@ -1,0 +1,227 @@
+"""`vcfslm serve up | status | down` on two lab guests (real sshd), with the real router
+(vllm-router), the real front door (nginx) and the real supervisor (supervisord), in
+front of fake OpenAI servers started from the rendered launch scripts as if they were
+vLLM (tests/fake_openai.py): two servers per node, the key refused and required, a
+second up that changes nothing, a killed server brought back, a changed setting that
+restarts only what it touches, a smaller deployment, and a down that leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vcfslm.guest import vllm as guest_vllm
+from vcfslm.guest.templates import render_template
+from vcfslm.inventory import load_inventory
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = ROOT / ".venv-vllm"
+VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
+
+needs_router = pytest.mark.skipif(
+    not (VLLM_VENV / "bin" / "vllm-router").exists() and not os.environ.get("CI"),
+    reason="vllm-router is not installed here (make vllm installs it); CI installs it and runs this")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_python(folder: Path) -> Path:
+    """An 'interpreter' for the launch scripts that runs the fake server instead of vLLM."""
+    path = folder / "fake-python"
+    path.write_text(f"#!/usr/bin/env bash\nexport PYTHONPATH={ROOT}\nexec {sys.executable} -m tests.fake_openai \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def serve_inventory(lab, tmp: Path) -> Path:
+    doc = yaml.safe_load(lab.inventory.read_text())
+    model = tmp / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "vocab_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 128,
+        "num_hidden_layers": 2, "max_position_embeddings": 4096}))
+    doc["guest"]["model"] = str(model)
+    doc["guest"]["workdir"] = str(tmp / "work")
+    doc["bench"]["serve"]["vllm"]["venv"] = str(VLLM_VENV)
+    base = free_port()
+    doc["serve"] = {"nodes": ["slm-01", "slm-02"], "port": base if base < 60000 else 18200,
+                    "router": {"port": free_port(), "prometheus_port": free_port(), "health_check_interval_s": 1},
+                    "front_door": {"port": free_port()}, "health_timeout_s": 60}
+    path = tmp / "serve.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    inv = load_inventory(path)
+    # The launch scripts the vllm playbook renders, with the fake in vLLM's place.
+    python = fake_python(tmp)
+    for item in guest_vllm.launch_scripts(inv):
+        dest = Path(item["dest"])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(render_template("vllm.sh.j2", {**item["vars"], "python": str(python), "entry": "vllm-entry.py",
+                                                       "kv_cache_gib": 1, "use_numactl": False, "env_file": ""}))
+        dest.chmod(0o755)
+    return path
+
+
+def cli(lab, *args, timeout=180) -> subprocess.CompletedProcess:
+    env = {**os.environ, **lab.env, "VCFSLM_STATE": str(lab.dir / "state.json")}
+    return subprocess.run([*VCFSLM, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def up(lab, inventory: Path, key_file: Path, *extra: str) -> dict:
+    done = cli(lab, "serve", "up", str(inventory), "--key-file", str(key_file), "--no-install",
+               "--output", "json", *extra)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def status(lab, inventory: Path) -> dict:
+    done = cli(lab, "serve", "status", str(inventory), "--output", "json")
+    assert done.returncode in (0, 1, 3), done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def pids(doc: dict) -> dict[str, int]:
+    out = {}
+    for node, info in doc["nodes"].items():
+        for s in info["servers"]:
+            out[f"{node}/{s['program']}"] = s["pid"]
+    return out
+
+
+def stream(endpoint: str, key: str | None) -> tuple[int, list[str]]:
+    body = json.dumps({"model": "model", "prompt": [5, 6, 7], "max_tokens": 4, "stream": True}).encode()
+    req = urllib.request.Request(endpoint + "/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, [line.decode().strip() for line in r if line.strip()]
+    except urllib.error.HTTPError as e:
+        return e.code, []
+
+
+def get_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def processes_under(folder: Path) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(folder) in line and "ps -eo" not in line]
+
+
+@needs_router
+def test_serve_up_status_kill_change_and_down_on_two_lab_nodes(lab, tmp_path):
+    inventory = serve_inventory(lab, tmp_path)
+    key_file = tmp_path / "keys" / "slm.key"
+    work = tmp_path / "work"
+    try:
+        first = up(lab, inventory, key_file)
+        per_node = len(guest_vllm.node_cpus(load_inventory(inventory)))
+        assert first["changed"] is True and len(first["servers"]) == 2 * per_node
+        assert first["checks"]["keyless"] == 401 and first["checks"]["keyed"] == 200
+        assert first["checks"]["management"] == 404
+        assert sorted(first["checks"]["router_workers"]) == sorted(first["servers"])
+        assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+        key = key_file.read_text().strip()
+        endpoint = first["endpoint"]
+
+        doc = status(lab, inventory)
+        assert doc["healthy"] is True and doc["endpoint"]["health"] == 200
+        assert sorted(doc["nodes"]) == ["slm-01", "slm-02"]
+        assert all(s["state"] == "RUNNING" and s["version"] == "fake-1.0" for n in doc["nodes"].values()
+                   for s in n["servers"])
+        assert sorted(doc["nodes"]["slm-01"]["router"]["workers"]) == sorted(first["servers"])
+
+        # Through the front door: streamed with the key, refused without it or with a wrong one;
+        # the router's management calls are not on the door, and the router is not on the network.
+        code, lines = stream(endpoint, key)
+        assert code == 200 and lines[-1] == "data: [DONE]" and len(lines) >= 4
+        assert stream(endpoint, None)[0] == 401
+        assert stream(endpoint, "wrong")[0] == 401
+        door = endpoint.rsplit("/v1", 1)[0]
+        assert get_status(door + "/list_workers") == 404
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://{door.split('//')[1].split(':')[0]}:"
+                                   f"{yaml.safe_load(inventory.read_text())['serve']['router']['port']}/list_workers",
+                                   timeout=3)
+
+        # A second up changes nothing and says so.
+        again = up(lab, inventory, key_file)
+        assert again["changed"] is False
+        assert all(not any(c.values()) for c in again["changes"].values())
+
+        # A server killed as a crash would be comes back under its supervisor, on a new pid.
+        from vcfslm.cli.guest_stage import ssh_connector
+        from vcfslm.deploy.service import kill_program
+
+        inv = load_inventory(inventory)
+        before = pids(status(lab, inventory))
+        connect = ssh_connector(inv, None)
+        killed = kill_program(inv, lambda n: connect(n, log_dir=tmp_path / "logs", wait_s=10), "slm-02", "vllm-node0")
+        assert killed == before["slm-02/vllm-node0"]
+        deadline = time.monotonic() + 60
+        while True:
+            now = status(lab, inventory)
+            new = pids(now)
+            if now["healthy"] and new["slm-02/vllm-node0"] not in (None, killed):
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(1)
+        assert {k: v for k, v in new.items() if k != "slm-02/vllm-node0"} == \
+               {k: v for k, v in before.items() if k != "slm-02/vllm-node0"}
+
+        # A changed router setting restarts the router alone: every server keeps its pid.
+        doc = yaml.safe_load(inventory.read_text())
+        doc["serve"]["router"]["policy"] = "power_of_two"
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        changed = up(lab, inventory, key_file)
+        assert changed["changes"]["slm-01"]["restart"] == ["router"]
+        assert changed["changes"]["slm-02"]["restart"] == []
+        assert pids(status(lab, inventory)) == new
+
+        # One node: power_of_two cannot route one server, so that is refused before any change;
+        # with round_robin slm-02 is taken down and the router keeps slm-01's servers only.
+        if per_node == 1:
+            refused = cli(lab, "serve", "up", str(inventory), "--key-file", str(key_file), "--no-install",
+                          "--nodes", "1")
+            assert refused.returncode == 2 and "serve.router.policy" in refused.stderr, refused.stderr
+            assert pids(status(lab, inventory)) == new
+        doc["serve"]["router"]["policy"] = "round_robin"
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        smaller = up(lab, inventory, key_file, "--nodes", "1")
+        assert sorted(smaller["dropped"]) == ["slm-02"] and len(smaller["servers"]) == per_node
+        assert smaller["changes"]["slm-01"]["restart"] == ["router"]
+        assert sorted(smaller["checks"]["router_workers"]) == sorted(smaller["servers"])
+        assert stream(endpoint, key)[0] == 200
+    finally:
+        done = cli(lab, "serve", "down", str(inventory), "--output", "json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert processes_under(work) == []
+    assert not list(work.glob("serve/*/manifest.json")) and not list(work.glob("serve/*/serve.env"))
+    assert not list(work.glob("serve/*/frontdoor/key.conf"))
+    assert status(lab, inventory)["deployed"] is False
+    # The key never reached a log, a command line or a config other than its 0600 files.
+    key = key_file.read_text().strip()
+    for path in [*work.rglob("*"), *(tmp_path / "logs").rglob("*")]:
+        if path.is_file():
+            assert key not in path.read_text(errors="replace"), path

@@ -1,0 +1,268 @@
+"""The deployment `vcfslm serve up` wants, from the inventory (pure).
+
+One vLLM server per vNUMA node on every serving node, started from the same launch
+script `bench --server vllm` uses (templates/vllm.sh.j2: numactl binding, OpenMP threads,
+KV-cache size) with the same `serve` arguments (servers.server_argv), but listening on
+the node's bench address so the router reaches it. On the router's node, vLLM's router
+(`vllm-router`) on loopback with every server as a worker, and nginx in front of it on
+the bench address: the one endpoint clients call, which checks the API key and passes
+only the OpenAI API and /health (the router checks no key, and its management endpoints
+answer anyone).
+
+Each process is a `Program`; its `digest` covers everything it reads (command line,
+environment, the files it sources), so a changed setting restarts exactly the programs
+it touches. The files each node needs (the key's environment file, nginx's config, the
+supervisor's config or the systemd units) are `DesiredFile`s with their content and mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from ..contract import GuestPaths, guest_paths, model_kind, select_nodes
+from ..guest import vllm
+from ..guest.templates import render_template
+from ..servers import VLLM, ServerSpec, server_argv
+
+SYSTEMD = "systemd"
+SUPERVISORD = "supervisord"
+SUPERVISORS = (SYSTEMD, SUPERVISORD)
+UNIT_DIR = "/etc/systemd/system"
+NGINX = "/usr/sbin/nginx"
+KEY_VARIABLE = "VLLM_API_KEY"
+# Marks the files and units serve up wrote, so serve down removes exactly those.
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class DesiredFile:
+    path: str
+    content: str = field(repr=False)      # may hold the key: never printed
+    mode: int = 0o644
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Program:
+    """One supervised process: a server, the router or the front door."""
+
+    name: str                             # vllm-node0 | router | frontdoor
+    description: str
+    argv: tuple[str, ...]
+    environment: Mapping[str, str]        # beside the key's environment file
+    env_file: str | None                  # sourced first (the key); None: none
+    log: str                              # supervisord's log file (systemd: the journal)
+    health_url: str | None                # polled by serve up and serve status (no key needed)
+    digest: str                           # of everything above and the files it reads
+
+    def unit(self, deployment: str) -> str:
+        return f"vcfslm-{deployment}-{self.name}.service"
+
+
+@dataclass(frozen=True)
+class ServerEntry:
+    """One vLLM server as the router and the status see it."""
+
+    node: str
+    numa_node: int
+    url: str                              # http://<bench ip>:<port>
+    program: str
+
+
+@dataclass(frozen=True)
+class NodeService:
+    node: str
+    management_ip: str
+    bench_ip: str
+    serve_dir: str
+    supervisor: str                       # systemd | supervisord
+    programs: tuple[Program, ...]
+    files: tuple[DesiredFile, ...]
+
+    def program(self, name: str) -> Program:
+        return next(p for p in self.programs if p.name == name)
+
+    @property
+    def supervisor_conf(self) -> str:
+        return f"{self.serve_dir}/supervisord.conf"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    model: str                            # as the servers load it on the guest
+    model_name: str                       # as the API names it
+    key_digest: str                       # the first 12 hex of the key's sha256: changes follow the key
+    router_node: str
+    endpoint: str                         # http://<router node's bench ip>:<front door port>
+    policy: str
+    servers: tuple[ServerEntry, ...]
+    nodes: tuple[NodeService, ...]
+
+    def node(self, name: str) -> NodeService:
+        return next(n for n in self.nodes if n.node == name)
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def serve_dir(paths: GuestPaths, node: str) -> str:
+    """The node's own folder: lab guests share one work folder, so it is named per node."""
+    return f"{paths.workdir}/serve/{node}"
+
+
+def model_on_guest(inventory) -> str:
+    """What a server loads: the staged folder, or the hub id from the guest's HF cache."""
+    model = inventory.guest.model
+    if model_kind(model) == "dir":
+        return f"{guest_paths(inventory).models_dir}/{PurePosixPath(model.rstrip('/')).name}"
+    return model
+
+
+def api_model_name(inventory) -> str:
+    if inventory.serve.model_name:
+        return inventory.serve.model_name
+    model = inventory.guest.model
+    return PurePosixPath(model.rstrip("/")).name if model_kind(model) == "dir" else model
+
+
+def serving_nodes(inventory, names: Sequence[str] | None = None, count: int | None = None) -> list:
+    """The nodes that run servers: `names`, else the first `count`, else serve.nodes, else all."""
+    if names or count is not None:
+        return select_nodes(inventory, count, names)
+    return select_nodes(inventory, None, inventory.serve.nodes)
+
+
+def router_argv(python_bin: str, service, workers: Sequence[str]) -> tuple[str, ...]:
+    """vllm-router on loopback with every server as a worker (vllm-router 0.1.x flags)."""
+    router = service.router
+    return (f"{python_bin}/vllm-router", "--host", "127.0.0.1", "--port", str(router.port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(router.prometheus_port),
+            "--policy", router.policy,
+            "--health-check-interval-secs", str(router.health_check_interval_s),
+            "--health-failure-threshold", str(router.health_failure_threshold),
+            # The servers load for minutes; the router waits for them rather than exit.
+            "--worker-startup-timeout-secs", str(int(service.health_timeout_s)),
+            "--worker-urls", *workers)
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
+                    nodes: Sequence | None = None) -> Deployment:
+    """The deployment on `nodes` (None: serving_nodes), each supervised as `supervisors`
+    says (node name -> systemd | supervisord: what the guest runs, or the inventory's choice)."""
+    service, bench = inventory.serve, inventory.bench
+    paths = guest_paths(inventory)
+    chosen = list(nodes) if nodes is not None else serving_nodes(inventory)
+    router_node = service.router.node or chosen[0].name
+    if router_node not in {n.name for n in chosen}:
+        router_node = chosen[0].name
+    name = service.name or inventory.name
+    slots = service.max_num_seqs or bench.serve.slots
+    max_len = service.max_model_len or vllm.context_tokens(bench)
+    model, model_name = model_on_guest(inventory), api_model_name(inventory)
+    kv_gib = vllm.default_kv_cache_gib(inventory)
+    digest_of_key = key_digest(key)
+    venv_bin = f"{paths.vllm_venv}/bin"
+    numa_nodes = sorted(vllm.node_cpus(inventory))
+
+    servers: list[ServerEntry] = []
+    node_servers: dict[str, list[Program]] = {}
+    for node in chosen:
+        folder = serve_dir(paths, node.name)
+        spec = ServerSpec(name=VLLM.name, listen="bench", host=str(node.bench_ip), port=service.port,
+                          chunked_prefill=bench.serve.vllm.chunked_prefill,
+                          prefix_caching=bench.serve.vllm.prefix_caching)
+        programs = []
+        for numa in numa_nodes:
+            script = vllm.script_path(inventory, numa)
+            argv = ("/bin/bash", script, *server_argv(spec, model_dir=model, served_name=model_name, slots=slots,
+                                                      max_model_len=max_len, numa_node=numa))
+            env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
+            url = f"http://{node.bench_ip}:{spec.port_for(numa)}"
+            program = Program(name=f"vllm-node{numa}", description=f"vLLM server on vNUMA node {numa}",
+                              argv=argv, environment=env, env_file=f"{folder}/serve.env",
+                              log=f"{folder}/logs/vllm-node{numa}.log", health_url=f"{url}/health",
+                              digest=_digest(argv, env, digest_of_key, script))
+            programs.append(program)
+            servers.append(ServerEntry(node.name, numa, url, program.name))
+        node_servers[node.name] = programs
+
+    router_ip = str(next(n for n in chosen if n.name == router_node).bench_ip)
+    workers = [s.url for s in servers]
+    out_nodes = []
+    for node in chosen:
+        folder = serve_dir(paths, node.name)
+        supervisor = supervisors[node.name]
+        programs = list(node_servers[node.name])
+        files = [DesiredFile(f"{folder}/serve.env", f"{KEY_VARIABLE}={key}\n", 0o600)]
+        if node.name == router_node:
+            argv = router_argv(venv_bin, service, workers)
+            programs.append(Program(
+                name="router", description="vLLM router in front of the deployment's servers", argv=argv,
+                environment={}, env_file=None, log=f"{folder}/logs/router.log",
+                health_url=None, digest=_digest(argv)))
+            door = f"{folder}/frontdoor"
+            conf = render_template("frontdoor-nginx.conf.j2", {
+                "prefix": door, "listen": f"{router_ip}:{service.front_door.port}",
+                "router": f"127.0.0.1:{service.router.port}", "key_file": f"{door}/key.conf",
+                "supervisor": supervisor})
+            key_conf = f'"Bearer {key}" 1;\n'
+            files += [DesiredFile(f"{door}/nginx.conf", conf), DesiredFile(f"{door}/key.conf", key_conf, 0o600)]
+            argv = (NGINX, "-p", door, "-c", f"{door}/nginx.conf", "-g", "daemon off;")
+            programs.append(Program(
+                name="frontdoor", description="nginx: the deployment's endpoint, checking its API key",
+                argv=argv, environment={}, env_file=None, log=f"{folder}/logs/frontdoor.log",
+                health_url=None, digest=_digest(argv, conf, digest_of_key)))
+        files += supervisor_files(name, folder, supervisor, programs)
+        facts = {"model": model, "model_name": model_name, "router_node": router_node,
+                 "endpoint": f"http://{router_ip}:{service.front_door.port}",
+                 "servers": [s.url for s in servers if s.node == node.name]}
+        files.append(DesiredFile(f"{folder}/{MANIFEST}", manifest_text(facts, supervisor, name, programs, files)))
+        out_nodes.append(NodeService(node.name, str(node.management_ip), str(node.bench_ip), folder, supervisor,
+                                     tuple(programs), tuple(files)))
+    return Deployment(name=name, model=model, model_name=model_name, key_digest=digest_of_key,
+                      router_node=router_node, endpoint=f"http://{router_ip}:{service.front_door.port}",
+                      policy=service.router.policy, servers=tuple(servers), nodes=tuple(out_nodes))
+
+
+def supervisor_files(deployment: str, folder: str, supervisor: str,
+                     programs: Sequence[Program]) -> list[DesiredFile]:
+    """supervisord's one config, or one systemd unit per program."""
+    if supervisor == SUPERVISORD:
+        text = render_template("serve-supervisord.conf.j2", {
+            "deployment": deployment, "folder": folder,
+            "programs": [_template_program(p) for p in programs]})
+        return [DesiredFile(f"{folder}/supervisord.conf", text)]
+    return [DesiredFile(f"{UNIT_DIR}/{p.unit(deployment)}",
+                        render_template("serve-unit.service.j2", {"deployment": deployment,
+                                                                  "program": _template_program(p)}))
+            for p in programs]
+
+
+def _template_program(program: Program) -> dict[str, object]:
+    return {"name": program.name, "description": program.description,
+            "command": shlex.join(program.argv), "env_file": program.env_file, "log": program.log,
+            "environment": dict(program.environment, VCFSLM_DIGEST=program.digest)}
+
+
+def manifest_text(facts: Mapping[str, object], supervisor: str, deployment: str,
+                  programs: Sequence[Program], files: Sequence[DesiredFile]) -> str:
+    """The node's record of this serve up: its programs with their digests, its units and
+    files (no content), and the deployment's facts status reads back. Never the key."""
+    return json.dumps({**facts, "deployment": deployment, "supervisor": supervisor,
+                       "programs": {p.name: p.digest for p in programs},
+                       "units": [p.unit(deployment) for p in programs] if supervisor == SYSTEMD else [],
+                       "files": sorted(f.path for f in files)}, indent=1, sort_keys=True) + "\n"

@@ -1,0 +1,231 @@
+"""Puts a node's share of the deployment on it over SSH, reads it back, takes it down (the
+thin driver; the decisions are in desired.py and changes.py).
+
+Supervision: where systemd runs the guest, one unit per program; elsewhere (the lab's
+loopback guests, containers) supervisord from the vLLM venv, one per node, with every
+program under it. Both restart a program that dies, and both stop a program's whole
+process tree (vLLM's engine process included).
+
+The key is written with the transport's file put (the command log records the path and
+mode, never the content), read back with its get into a private temporary file, and fed
+to the node's probe on stdin: it is on no command line and in no log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ServeError, TransportError
+from ..guest.transport import Transport
+from . import remote
+from .changes import (
+    NodeChanges,
+    NodeState,
+    ProgramState,
+    parse_supervisor_status,
+    parse_systemd_show,
+)
+from .desired import KEY_VARIABLE, MANIFEST, SUPERVISORD, SYSTEMD, UNIT_DIR, NodeService
+
+q = shlex.quote
+POLL_S = 1.0
+STOP_WAIT_S = 60.0
+# supervisord's states of a program that will not come back by itself.
+GAVE_UP = ("FATAL", "EXITED", "STOPPED", "FAILED", "INACTIVE")
+
+
+class NodeDriver:
+    """One node's share of the deployment, over one transport."""
+
+    def __init__(self, transport: Transport, *, serve_dir: str, venv_bin: str, deployment: str = ""):
+        self.t = transport
+        self.serve_dir = serve_dir
+        self.venv_bin = venv_bin
+        self.deployment = deployment
+        self.sudo = getattr(transport, "user", "root") != "root"
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def conf(self) -> str:
+        return f"{self.serve_dir}/supervisord.conf"
+
+    def supervisorctl(self, *args: str) -> str:
+        return " ".join([q(f"{self.venv_bin}/supervisorctl"), "-c", q(self.conf), *map(q, args)])
+
+    def supervisor_of_guest(self, choice: str) -> str:
+        """systemd when the guest runs it (sd_booted: /run/systemd/system exists), else supervisord."""
+        if choice != "auto":
+            return choice
+        result = self.t.run("test -d /run/systemd/system", check=False)
+        return SYSTEMD if result.ok else SUPERVISORD
+
+    def manifest(self) -> dict[str, Any] | None:
+        result = self.t.run(f"cat {q(self.serve_dir + '/' + MANIFEST)} 2>/dev/null", check=False)
+        if not result.ok or not result.stdout.strip():
+            return None
+        try:
+            return json.loads(result.stdout)
+        except ValueError:
+            return None
+
+    def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
+        if not paths:
+            return {}
+        script = "for f in " + " ".join(q(p) for p in paths) + \
+                 '; do if [ -f "$f" ]; then sha256sum "$f"; else echo "- $f"; fi; done'
+        out: dict[str, str | None] = {p: None for p in paths}
+        for line in self.t.run(script, check=False, sudo=self.sudo).stdout.splitlines():
+            digest, _, path = line.partition("  ") if "  " in line else line.partition(" ")
+            if path in out:
+                out[path] = None if digest == "-" else digest
+        return out
+
+    def programs(self, supervisor: str, units: Mapping[str, str]) -> tuple[bool, dict[str, ProgramState]]:
+        """(the supervisor answers, program -> state)."""
+        if supervisor == SYSTEMD:
+            if not units:
+                return True, {}
+            result = self.t.run("systemctl show -p Id,ActiveState,MainPID " + " ".join(q(u) for u in units),
+                                check=False)
+            return True, parse_systemd_show(result.stdout, {u: p for p, u in units.items()})
+        if not self._supervisord_answers():
+            return False, {}
+        result = self.t.run(self.supervisorctl("status"), check=False)
+        return True, parse_supervisor_status(result.stdout)
+
+    def _supervisord_answers(self) -> bool:
+        result = self.t.run(self.supervisorctl("pid"), check=False)
+        return result.ok and result.stdout.strip().isdigit()
+
+    def observe(self, desired: NodeService) -> NodeState:
+        manifest = self.manifest()
+        paths = sorted({f.path for f in desired.files} | set((manifest or {}).get("files") or []))
+        units = {p.name: p.unit(self.deployment) for p in desired.programs}
+        up, programs = self.programs(desired.supervisor, units)
+        return NodeState(self.digests(paths), manifest, up, programs)
+
+    def read_key(self) -> str | None:
+        """The deployment's key as this node holds it (None: none)."""
+        path = f"{self.serve_dir}/serve.env"
+        if not self.t.run(f"test -f {q(path)}", check=False).ok:
+            return None
+        fd, local = tempfile.mkstemp(prefix="vcfslm-key-")
+        os.close(fd)
+        try:
+            self.t.get(path, local)
+            for line in Path(local).read_text().splitlines():
+                if line.startswith(KEY_VARIABLE + "="):
+                    return line.split("=", 1)[1].strip() or None
+            return None
+        finally:
+            Path(local).unlink(missing_ok=True)
+
+    def probe(self, python: str, gets: Sequence[Mapping[str, Any]], rss: Mapping[str, int] | None = None,
+              key: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        result = self.t.run(remote.probe_command(python), check=False, timeout=timeout,
+                            input=remote.probe_input(gets, rss or {}, key))
+        if not result.ok:
+            raise ServeError(f"{self.t.host}: the node's probe failed: {result.stderr.strip()[-400:]}")
+        return remote.parse_probe(result.stdout)
+
+    # ------------------------------------------------------------------ changing
+
+    def apply(self, desired: NodeService, changes: NodeChanges) -> None:
+        """Write what differs, then have the supervisor start, restart and stop what changes says."""
+        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} && "
+                   f"chmod 700 {q(self.serve_dir)}")
+        files = {f.path: f for f in desired.files}
+        for path in changes.write:
+            self._write(files[path].content.encode(), path, files[path].mode)
+        if desired.supervisor == SYSTEMD:
+            self._apply_systemd(desired, changes)
+        else:
+            self._apply_supervisord(changes)
+        for path in changes.remove:
+            self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
+
+    def _write(self, data: bytes, path: str, mode: int) -> None:
+        if path.startswith(UNIT_DIR) and self.sudo:
+            staged = f"{self.serve_dir}/.staged-{Path(path).name}"
+            self.t.put_bytes(data, staged, mode)
+            self.t.run(f"install -m {mode:o} {q(staged)} {q(path)} && rm -f {q(staged)}", sudo=True)
+        else:
+            self.t.put_bytes(data, path, mode)
+
+    def _apply_supervisord(self, changes: NodeChanges) -> None:
+        if not self._supervisord_answers():
+            # A fresh start brings up every program of the config.
+            self.t.run(f"{q(self.venv_bin + '/supervisord')} -c {q(self.conf)}")
+            return
+        if changes.start or changes.restart or changes.stop:
+            # update adds, removes and restarts exactly the programs whose section changed
+            # (each section carries its program's digest).
+            self.t.run(self.supervisorctl("update"))
+        if changes.revive:
+            self.t.run(self.supervisorctl("start", *changes.revive), check=False)
+
+    def _apply_systemd(self, desired: NodeService, changes: NodeChanges) -> None:
+        unit = {p.name: p.unit(self.deployment) for p in desired.programs}
+        old = f"vcfslm-{self.deployment}-"
+        commands = ["systemctl daemon-reload"]
+        if changes.stop:
+            commands.insert(0, "systemctl disable --now " + " ".join(q(old + n + ".service") for n in changes.stop))
+        if changes.start:
+            commands.append("systemctl enable --now " + " ".join(q(unit[n]) for n in changes.start))
+        if changes.restart:
+            commands.append("systemctl restart " + " ".join(q(unit[n]) for n in changes.restart))
+        if changes.revive:
+            commands.append("systemctl start " + " ".join(q(unit[n]) for n in changes.revive))
+        self.t.run(" && ".join(commands), sudo=self.sudo)
+
+    def down(self) -> list[str]:
+        """Stop every program serve up started on this node and remove what it wrote (its
+        logs stay); the programs it stopped."""
+        manifest = self.manifest()
+        if manifest is None:
+            return []
+        programs = list(manifest_programs_of(manifest))
+        if manifest.get("supervisor") == SYSTEMD:
+            units = [str(u) for u in manifest.get("units") or []]
+            if units:
+                self.t.run("systemctl disable --now " + " ".join(q(u) for u in units), sudo=self.sudo, check=False)
+        elif self._supervisord_answers():
+            pid = self.t.run(self.supervisorctl("pid"), check=False).stdout.strip()
+            self.t.run(self.supervisorctl("shutdown"), check=False)
+            self._wait_gone(int(pid))
+        files = [str(f) for f in manifest.get("files") or []]
+        for path in files:
+            self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
+        if manifest.get("supervisor") == SYSTEMD:
+            self.t.run("systemctl daemon-reload", sudo=self.sudo, check=False)
+        self.t.run(f"rm -f {q(self.serve_dir + '/' + MANIFEST)} {q(self.serve_dir + '/supervisor.sock')}")
+        return programs
+
+    def _wait_gone(self, pid: int, sleep: Callable[[float], None] = time.sleep) -> None:
+        deadline = time.monotonic() + STOP_WAIT_S
+        while self.t.run(f"kill -0 {pid}", check=False).ok:
+            if time.monotonic() > deadline:
+                raise ServeError(f"{self.t.host}: supervisord (pid {pid}) still runs {STOP_WAIT_S:g} s after "
+                                 f"shutdown")
+            sleep(0.2)
+
+    def log_cause(self, log: str, lines: int = 400) -> str:
+        """The first error of a program's log, else its last lines (for a program that gave up)."""
+        try:
+            text = self.t.run(f"tail -n {lines} {q(log)}", check=False).stdout
+        except TransportError:
+            return "(log unreadable)"
+        return "\n".join(text.splitlines()[-15:])
+
+
+def manifest_programs_of(manifest: Mapping[str, Any]) -> list[str]:
+    programs = manifest.get("programs") or {}
+    return list(programs)

@@ -1,0 +1,388 @@
+"""`vcfslm serve up | status | down`: the deployment across its nodes.
+
+up: install what the nodes lack (the vllm and serve playbooks), settle the key, plan
+every node's changes, apply them, and wait until every server is healthy, the router
+lists them all, and the front door refuses a request without the key and serves one with
+it. A second `up` with nothing changed plans no change and touches nothing. Nodes that
+served before and are no longer chosen are taken down (a smaller deployment stops
+exactly the servers it drops).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..contract import guest_paths
+from ..errors import ServeError
+from ..guest.provision import GuestRun, provision_guests
+from ..guest.transport import Transport
+from ..inventory import located, service_model_problems
+from ..progress import NullReporter, Reporter
+from ..servers import parse_metrics
+from .changes import NodeChanges, node_changes
+from .desired import Deployment, plan_deployment, serve_dir, serving_nodes
+from .driver import GAVE_UP, NodeDriver
+
+KEY_BYTES = 32
+ROUTER_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """What one `serve up` does: the nodes (names or a count; None: serve.nodes or all),
+    a key file to read or write, a new key, plan only, and whether to install first."""
+
+    names: Sequence[str] | None = None
+    count: int | None = None
+    key_file: str | None = None
+    rotate_key: bool = False
+    dry_run: bool = False
+    install: bool = True
+    log_dir: str | None = None
+
+
+@dataclass
+class UpResult:
+    deployment: Deployment
+    changes: list[NodeChanges]
+    dropped: dict[str, list[str]]            # nodes taken down -> programs stopped
+    new_key: str | None = field(default=None, repr=False)   # only when made by this up
+    key_file: str | None = None
+    healthy_s: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.dropped) or any(not c.empty for c in self.changes)
+
+
+Connect = Callable[[Any], Transport]
+
+
+def _drivers(inventory, nodes, connect: Connect, deployment: str) -> dict[str, NodeDriver]:
+    paths = guest_paths(inventory)
+    venv_bin = f"{paths.vllm_venv}/bin"
+
+    def one(node) -> tuple[str, NodeDriver]:
+        return node.name, NodeDriver(connect(node), serve_dir=serve_dir(paths, node.name), venv_bin=venv_bin,
+                                     deployment=deployment)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
+        return dict(pool.map(one, nodes))
+
+
+def _close(drivers: dict[str, NodeDriver]) -> None:
+    for d in drivers.values():
+        d.t.close()
+
+
+def _each(drivers: dict[str, NodeDriver], fn: Callable[[str, NodeDriver], Any]) -> dict[str, Any]:
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(drivers)))) as pool:
+        futures = {name: pool.submit(fn, name, d) for name, d in drivers.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def settle_key(options: UpOptions, held: Sequence[str | None]) -> tuple[str, bool]:
+    """(the deployment's key, whether this up made it): the operator's key file when it
+    exists, else the one the nodes hold, else a new one (also when rotating)."""
+    if options.key_file and Path(options.key_file).expanduser().is_file() and not options.rotate_key:
+        key = Path(options.key_file).expanduser().read_text().strip()
+        if not key:
+            raise ServeError(f"{options.key_file} is empty: remove it to have serve up write a new key there")
+        return key, False
+    known = [k for k in held if k]
+    if known and not options.rotate_key:
+        return known[0], False
+    return secrets.token_urlsafe(KEY_BYTES), True
+
+
+def write_key_file(path: str, key: str) -> None:
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as fh:
+        fh.write(key + "\n")
+    tmp.replace(target)
+
+
+def serve_up(inventory, connect: Connect, options: UpOptions, reporter: Reporter | None = None) -> UpResult:
+    reporter = reporter or NullReporter()
+    problems = service_model_problems(inventory)
+    if problems:
+        raise located(inventory, problems)
+    chosen = serving_nodes(inventory, options.names, options.count)
+    name = inventory.serve.name or inventory.name
+    if options.install and not options.dry_run:
+        reporter.log(f"serve up: installing vLLM, its router and the supervisor where missing on "
+                     f"{', '.join(n.name for n in chosen)}")
+        summary = provision_guests(inventory, lambda node, **kw: connect(node), reporter,
+                                   GuestRun(playbooks=["vllm", "serve"], hosts=[n.name for n in chosen],
+                                            run_dir=options.log_dir))
+        if not summary.ok:
+            failed = "; ".join(f"{h.host}: {h.error}" for h in summary.failed_hosts)
+            raise ServeError(f"serve up: installing on the nodes failed: {failed}")
+    drivers = _drivers(inventory, list(inventory.nodes), connect, name)
+    try:
+        return _up(inventory, drivers, chosen, options, reporter, name)
+    finally:
+        _close(drivers)
+
+
+def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, reporter: Reporter,
+        name: str) -> UpResult:
+    service = inventory.serve
+    chosen_names = [n.name for n in chosen]
+    manifests = _each(drivers, lambda _, d: d.manifest())
+    held = _each({n: drivers[n] for n in drivers if manifests[n]}, lambda _, d: d.read_key())
+    router_first = sorted(held, key=lambda n: n != (service.router.node or chosen_names[0]))
+    key, made = settle_key(options, [held[n] for n in router_first])
+    supervisors = _each({n: drivers[n] for n in chosen_names},
+                        lambda _, d: d.supervisor_of_guest(service.supervisor))
+    deployment = plan_deployment(inventory, key, supervisors, chosen)
+    if deployment.policy == "power_of_two" and len(deployment.servers) < 2:
+        # vllm-router refuses to start so; refuse before anything changes.
+        raise located(inventory, [(("serve", "router", "policy"),
+                                   f"power_of_two needs two servers or more; this deployment has "
+                                   f"{len(deployment.servers)} (use round_robin)")])
+    observed = _each({n: drivers[n] for n in chosen_names},
+                     lambda n, d: d.observe(deployment.node(n)))
+    changes = [node_changes(deployment.node(n), observed[n]) for n in chosen_names]
+    leaving = [n for n in drivers if n not in chosen_names and manifests[n]]
+    for c in changes:
+        for line in c.lines():
+            reporter.log(("would " if options.dry_run else "") + line)
+    for n in leaving:
+        reporter.log(f"{'would take' if options.dry_run else 'taking'} down {n} (no longer in the deployment)")
+    result = UpResult(deployment, changes, {}, key if made else None, options.key_file)
+    if options.dry_run:
+        return result
+    if made and options.key_file:
+        write_key_file(options.key_file, key)
+    dropped = _each({n: drivers[n] for n in leaving}, lambda _, d: d.down())
+    result.dropped = dropped
+    by_node = {c.node: c for c in changes}
+    _each({n: drivers[n] for n in chosen_names if not by_node[n].empty},
+          lambda n, d: d.apply(deployment.node(n), by_node[n]))
+    result.healthy_s = wait_healthy(deployment, {n: drivers[n] for n in chosen_names}, inventory,
+                                    reporter, timeout_s=service.health_timeout_s)
+    result.checks = check_front_door(deployment, drivers[deployment.router_node], inventory, key)
+    return result
+
+
+def _python(inventory) -> str:
+    return guest_paths(inventory).vllm_python
+
+
+def wait_healthy(deployment: Deployment, drivers: dict[str, NodeDriver], inventory, reporter: Reporter,
+                 timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> dict[str, float]:
+    """Seconds until each server answered /health; ServeError quoting the log of a program
+    that gave up, or naming the ones still not healthy at the timeout."""
+    started = time.monotonic()
+    healthy: dict[str, float] = {}
+    python = _python(inventory)
+    while True:
+        pending = [s for s in deployment.servers if f"{s.node}/{s.program}" not in healthy]
+        if not pending:
+            return healthy
+        for node in sorted({s.node for s in pending}):
+            d, service = drivers[node], deployment.node(node)
+            gets = [{"id": s.program, "url": s.url + "/health", "timeout": 2} for s in pending if s.node == node]
+            answers = d.probe(python, gets)["http"]
+            for s in pending:
+                if s.node == node and answers.get(s.program, {}).get("status") == 200:
+                    healthy[f"{node}/{s.program}"] = round(time.monotonic() - started, 1)
+                    reporter.update(node, f"{s.program} healthy")
+            _, states = d.programs(service.supervisor, {p.name: p.unit(deployment.name) for p in service.programs})
+            for program in service.programs:
+                state = states.get(program.name)
+                if state is not None and state.state in GAVE_UP:
+                    raise ServeError(f"{node}: {program.name} is {state.state} (its supervisor gave up); "
+                                     f"its log {program.log}:\n{d.log_cause(program.log)}")
+        if time.monotonic() - started > timeout_s:
+            names = ", ".join(f"{s.node}/{s.program}" for s in pending)
+            raise ServeError(f"not healthy {timeout_s:g} s after serve up: {names} (serve.health_timeout_s)")
+        sleep(2.0)
+
+
+def check_front_door(deployment: Deployment, router: NodeDriver, inventory, key: str,
+                     sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """From the router's node: the router lists every server; the endpoint answers /health,
+    refuses a request without the key (401), serves one with it, and hides the router's
+    management calls (404)."""
+    service = inventory.serve
+    python = _python(inventory)
+    router_url = f"http://127.0.0.1:{service.router.port}"
+    want = {s.url for s in deployment.servers}
+    deadline = time.monotonic() + ROUTER_WAIT_S
+    while True:
+        got = router.probe(python, [
+            {"id": "workers", "url": router_url + "/list_workers"},
+            {"id": "health", "url": deployment.endpoint + "/health"},
+            {"id": "keyless", "url": deployment.endpoint + "/v1/models"},
+            {"id": "keyed", "url": deployment.endpoint + "/v1/models", "key": True},
+            {"id": "management", "url": deployment.endpoint + "/list_workers"}], key=key)["http"]
+        listed = router_workers(got.get("workers", {}).get("body", ""))
+        statuses = {k: v.get("status") for k, v in got.items()}
+        ok = (set(listed) == want and statuses.get("health") == 200 and statuses.get("keyless") == 401
+              and statuses.get("keyed") == 200 and statuses.get("management") == 404)
+        if ok or time.monotonic() > deadline:
+            break
+        sleep(1.0)
+    if not ok:
+        service_node = deployment.node(deployment.router_node)
+        _, states = router.programs(service_node.supervisor,
+                                    {p.name: p.unit(deployment.name) for p in service_node.programs})
+        causes = "".join(f"\n{p.name} is {states[p.name].state}; its log {p.log}:\n{router.log_cause(p.log)}"
+                         for p in service_node.programs if p.name in ("router", "frontdoor")
+                         and p.name in states and states[p.name].state != "RUNNING")
+        raise ServeError(f"the endpoint {deployment.endpoint} is not right {ROUTER_WAIT_S:g} s after serve up: "
+                         f"router lists {sorted(listed)} (want {sorted(want)}), /health {statuses.get('health')}, "
+                         f"no key {statuses.get('keyless')} (want 401), with the key {statuses.get('keyed')} "
+                         f"(want 200), /list_workers {statuses.get('management')} (want 404){causes}")
+    return {"router_workers": sorted(listed), **{k: statuses[k] for k in ("health", "keyless", "keyed", "management")}}
+
+
+def router_workers(body: str) -> list[str]:
+    """The worker URLs of vllm-router's /list_workers answer ({"urls": [...]})."""
+    try:
+        data = json.loads(body or "{}")
+    except ValueError:
+        return []
+    urls = data.get("urls") if isinstance(data, dict) else data
+    out = []
+    for item in urls or []:
+        out.append(str(item.get("url") if isinstance(item, dict) else item).rstrip("/"))
+    return out
+
+
+# ---------------------------------------------------------------------- status
+
+
+def serve_status(inventory, connect: Connect) -> dict[str, Any]:
+    """Every node's programs (state, pid, peak RSS), each server's health, version and KV
+    use, the router's view, and the endpoint."""
+    name = inventory.serve.name or inventory.name
+    drivers = _drivers(inventory, list(inventory.nodes), connect, name)
+    try:
+        return _status(inventory, drivers, name)
+    finally:
+        _close(drivers)
+
+
+def _status(inventory, drivers: dict[str, NodeDriver], name: str) -> dict[str, Any]:
+    python = _python(inventory)
+    service = inventory.serve
+
+    def one(node: str, d: NodeDriver) -> dict[str, Any] | None:
+        manifest = d.manifest()
+        if manifest is None:
+            return None
+        programs = list(manifest.get("programs") or {})
+        units = {p: f"vcfslm-{name}-{p}.service" for p in programs}
+        up, states = d.programs(str(manifest.get("supervisor")), units)
+        servers = [str(u) for u in manifest.get("servers") or []]
+        gets = []
+        for i, url in enumerate(servers):
+            gets += [{"id": f"{i}/health", "url": url + "/health", "timeout": 3},
+                     {"id": f"{i}/version", "url": url + "/version", "timeout": 3},
+                     {"id": f"{i}/metrics", "url": url + "/metrics", "timeout": 5}]
+        if manifest.get("router_node") == node:
+            gets += [{"id": "router/workers", "url": f"http://127.0.0.1:{service.router.port}/list_workers"},
+                     {"id": "endpoint/health", "url": f"{manifest.get('endpoint')}/health"}]
+        rss = {p: s.pid for p, s in states.items() if s.pid}
+        answers = d.probe(python, gets, rss)
+        http, peaks = answers["http"], answers["rss"]
+        rows = []
+        for i, url in enumerate(servers):
+            program = _program_of(manifest, i)
+            metrics = parse_metrics(http.get(f"{i}/metrics", {}).get("body", "")) \
+                if http.get(f"{i}/metrics", {}).get("status") == 200 else {}
+            state = states.get(program)
+            rows.append({"program": program, "url": url, "state": state.state if state else "UNKNOWN",
+                         "pid": state.pid if state else None,
+                         "healthy": http.get(f"{i}/health", {}).get("status") == 200,
+                         "version": _version(http.get(f"{i}/version", {})),
+                         "model": manifest.get("model_name"),
+                         "peak_rss_bytes": peaks.get(program),
+                         "kv_cache_usage": metrics.get("vllm:kv_cache_usage_perc"),
+                         "running_requests": metrics.get("vllm:num_requests_running"),
+                         "requests_finished": metrics.get("vllm:request_success_total")})
+        out: dict[str, Any] = {"supervisor": manifest.get("supervisor"), "supervisor_up": up, "servers": rows,
+                               "programs": {p: (states[p].state if p in states else "UNKNOWN") for p in programs}}
+        if manifest.get("router_node") == node:
+            out["router"] = {"workers": router_workers(http.get("router/workers", {}).get("body", "")),
+                             "state": states["router"].state if "router" in states else "UNKNOWN",
+                             "peak_rss_bytes": peaks.get("router")}
+            out["endpoint"] = {"url": manifest.get("endpoint"),
+                               "health": http.get("endpoint/health", {}).get("status"),
+                               "state": states["frontdoor"].state if "frontdoor" in states else "UNKNOWN"}
+        return out
+
+    nodes = {n: v for n, v in _each(drivers, one).items() if v is not None}
+    endpoint = next((v["endpoint"] for v in nodes.values() if "endpoint" in v), None)
+    servers = [s for v in nodes.values() for s in v["servers"]]
+    return {"deployment": name, "deployed": bool(nodes), "endpoint": endpoint, "nodes": nodes,
+            "healthy": bool(nodes) and all(s["healthy"] for s in servers) and bool(endpoint)
+            and endpoint.get("health") == 200}
+
+
+def _program_of(manifest: dict[str, Any], index: int) -> str:
+    servers = [p for p in (manifest.get("programs") or {}) if str(p).startswith("vllm-node")]
+    return servers[index] if index < len(servers) else f"server-{index}"
+
+
+def _version(answer: dict[str, Any]) -> str | None:
+    if answer.get("status") != 200:
+        return None
+    try:
+        return json.loads(answer.get("body") or "{}").get("version")
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------- down
+
+
+def serve_down(inventory, connect: Connect) -> dict[str, list[str]]:
+    """Take the deployment down on every node that has it: node -> the programs stopped."""
+    name = inventory.serve.name or inventory.name
+    drivers = _drivers(inventory, list(inventory.nodes), connect, name)
+    try:
+        return {n: v for n, v in _each(drivers, lambda _, d: d.down()).items() if v}
+    finally:
+        _close(drivers)
+
+
+# ---------------------------------------------------------------------- faults
+
+
+def kill_program(inventory, connect: Connect, node_name: str, program: str) -> int:
+    """SIGKILL one program of the deployment on its node, as a crash would (its supervisor
+    then brings it back); the pid killed. ServeError when it is not running."""
+    name = inventory.serve.name or inventory.name
+    node = inventory.node(node_name)
+    drivers = _drivers(inventory, [node], connect, name)
+    try:
+        d = drivers[node_name]
+        manifest = d.manifest()
+        if manifest is None or program not in (manifest.get("programs") or {}):
+            raise ServeError(f"{node_name} runs no program {program!r} of deployment {name}")
+        supervisor = str(manifest.get("supervisor"))
+        _, states = d.programs(supervisor, {program: f"vcfslm-{name}-{program}.service"})
+        state = states.get(program)
+        if state is None or not state.pid:
+            raise ServeError(f"{node_name}: {program} is not running ({state.state if state else 'unknown'})")
+        # The main process only: its supervisor sees it die and restarts the whole group.
+        d.t.run(f"kill -KILL {state.pid}", sudo=d.sudo)
+        return state.pid
+    finally:
+        _close(drivers)
