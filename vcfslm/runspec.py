@@ -17,7 +17,9 @@ Pure: no I/O, no third-party imports beyond pydantic.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import (
@@ -43,7 +45,8 @@ DEFAULT_PROBE_MIB = 1024
 FLAGS = {"model": "--model", "matrix": "--batch-sizes", "compile_mode": "--compile", "scenarios": "--scenarios",
          "seed": "--seed", "ranks": "--ranks", "threads": "--threads", "nodes": "--hosts", "label": "--label",
          "slos": "--slo", "percentile": "--percentile", "probe": "--probe-mib", "serve": "--serve",
-         "server": "--server", "timeout_s": "--timeout", "numactl": "--no-numactl", "run_id": "--run-id"}
+         "server": "--server", "timeout_s": "--timeout", "numactl": "--no-numactl", "run_id": "--run-id",
+         "endpoint": "--endpoint"}
 
 
 class ProbeSpec(BaseModel):
@@ -60,6 +63,82 @@ class ProbeSpec(BaseModel):
         return cls(enabled=False) if mib == 0 else cls(mib=mib)
 
 
+@dataclass(frozen=True)
+class Fault:
+    """One fault a window takes: kill `program` on `node` (a crash: SIGKILL, its supervisor
+    restarts it) `at_s` seconds after the window starts, on the window's own clock."""
+
+    node: str
+    program: str
+    at_s: float
+
+    @property
+    def target(self) -> str:
+        return f"{self.node}/{self.program}"
+
+    @property
+    def text(self) -> str:
+        return f"kill:{self.target}@{self.at_s:g}"
+
+
+_FAULT = re.compile(r"^kill:([^/@\s]+)/([^/@\s]+)@([0-9]+(?:\.[0-9]*)?|\.[0-9]+)$")
+
+
+def parse_fault(text: str) -> Fault:
+    """`kill:NODE/PROGRAM@SECONDS` as a Fault; ValueError saying the form otherwise."""
+    m = _FAULT.match(text.strip())
+    if not m:
+        raise ValueError(f"a fault is kill:NODE/PROGRAM@SECONDS (e.g. kill:slm-01/vllm-node0@20), got {text!r}")
+    return Fault(m.group(1), m.group(2), float(m.group(3)))
+
+
+class EndpointSpec(BaseModel):
+    """A serving run through one endpoint (bench --serve --endpoint URL | --deployment INV):
+    the operator's one client loads the front door of a deployment, not each server.
+
+    Where it goes: `url` (None: the deployment's own, read from `deployment`, the inventory
+    whose `serve up` made it). The key is read from `key_file` and never kept. `nodes`: the
+    node counts behind the endpoint, one stage each (several only with a deployment, which
+    `serve up` changes between them). `servers`: the servers whose /metrics split each
+    window's requests (empty with a deployment: its status names them). Prompts go as
+    token ids drawn below `vocab` (the served model's config.json), else as text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = None
+    deployment: str | None = None
+    key_file: str
+    nodes: tuple[int, ...] = (1,)
+    servers: tuple[str, ...] = ()
+    faults: tuple[str, ...] = ()
+    prompts: Literal["ids", "text"] = "ids"
+    vocab: int | None = Field(default=None, ge=4)
+    max_lag_s: float = Field(default=0.5, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+$", value.rstrip("/")):
+            raise ValueError(f"the endpoint is a URL like http://10.0.0.11:8000, got {value!r}")
+        return None if value is None else value.rstrip("/")
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(n < 1 for n in value) or len(set(value)) != len(value):
+            raise ValueError(f"node counts behind the endpoint are distinct positive numbers, got {list(value)}")
+        return tuple(value)
+
+    @field_validator("faults")
+    @classmethod
+    def _faults(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(parse_fault(v).text for v in value)
+
+    @property
+    def fault_list(self) -> list[Fault]:
+        return [parse_fault(v) for v in self.faults]
+
+
 class RunSpec(BaseModel):
     """What a run measures and how, as the CLI resolved it (flags > resumed run > inventory >
     defaults). meta.json keeps it whole (`spec`); its `matrix` and the other fields the
@@ -68,7 +147,7 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     run_id: str
-    mode: Literal["local", "cluster"]
+    mode: Literal["local", "cluster", "endpoint"]
     model: str                              # the model source as the operator names it
     matrix: Matrix
     compile_mode: str = "compile"
@@ -86,6 +165,7 @@ class RunSpec(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0)   # the whole run's
     numactl: bool = True                    # local: pin ranks with numactl
     command: tuple[str, ...] = ()
+    endpoint: EndpointSpec | None = None    # serving through one endpoint (mode "endpoint")
 
     @field_validator("matrix", mode="before")
     @classmethod
@@ -260,4 +340,5 @@ class WorkerSpec(BaseModel):
                                        for e in exc.errors(include_url=False))) from None
 
 
-__all__ = ["DEFAULT_GATE_STEPS", "DEFAULT_PROBE_MIB", "ProbeSpec", "RunSpec", "WorkerSpec"]
+__all__ = ["DEFAULT_GATE_STEPS", "DEFAULT_PROBE_MIB", "EndpointSpec", "Fault", "ProbeSpec", "RunSpec", "WorkerSpec",
+           "parse_fault"]

@@ -204,6 +204,19 @@ class ServeRecord(RankWindow):
     steps: Count = 0
     step_tokens_mean: Number = 0.0
     prefill_share: Number = 0.0
+    # Load through one endpoint (bench --serve --endpoint): the URL the operator's one client
+    # loaded, the nodes and the servers behind it, and each server's share of the window's
+    # requests by its own counter (vllm:request_success_total; null: its /metrics did not
+    # answer). `load` is then the whole deployment's. A rank's own window leaves them empty.
+    endpoint: Text = ""
+    endpoint_nodes: Count = 0
+    endpoint_servers: Texts = field(default_factory=list)
+    server_requests: Object = field(default_factory=dict)
+    server_resets: Texts = field(default_factory=list)     # servers whose counter restarted in the window
+    window_finished: Count = 0     # every request of the window that finished, counted or not
+    # A fault injected into the window (bench --fault): what was killed, when, when it answered
+    # /health again, the requests that failed, and attainment during and after (bench/endpoint.py).
+    fault: Object = field(default_factory=dict)
     schema: Version = SCHEMA_VERSION
 
     @property
