@@ -84,10 +84,24 @@ class ServeKey:
     output_tokens: int
     server: str = "vcfslm"         # who served (vcfslm.servers): series of different servers never mix
     model: str = ""                # what was served (meta.json `model`): series of different models never mix
+    # 0: each rank loaded its own server or engine, and a load is per rank. N: one client loaded
+    # one endpoint with N nodes behind it (bench --endpoint), and a load is the deployment's;
+    # ranks_per_vm is then the servers per node.
+    endpoint_nodes: int = 0
 
     @property
     def context(self) -> tuple[int, int]:
         return (self.input_tokens, self.output_tokens)
+
+    @property
+    def per_vm(self) -> float:
+        """What turns a load (or busy slots, or goodput) of the series into one VM's: its ranks
+        per VM, or a share of the N nodes behind the endpoint."""
+        return 1.0 / self.endpoint_nodes if self.endpoint_nodes else float(self.ranks_per_vm)
+
+    @property
+    def load_scope(self) -> str:
+        return "at the endpoint" if self.endpoint_nodes else "per rank"
 
     @property
     def unit(self) -> str:
@@ -111,7 +125,7 @@ class ServePoint:
 
     @property
     def load_per_vm(self) -> float:
-        return self.load * self.key.ranks_per_vm
+        return self.load * self.key.per_vm
 
     @property
     def has_data(self) -> bool:
@@ -141,7 +155,7 @@ class ServePoint:
     @property
     def streams_per_vm(self) -> float | None:
         """Mean concurrent streams per VM (busy slots, time-averaged) at this load."""
-        return None if self.result is None else self.result.mean_active * self.key.ranks_per_vm
+        return None if self.result is None else self.result.mean_active * self.key.per_vm
 
     @property
     def requests(self) -> int:
@@ -156,7 +170,7 @@ class ServePoint:
         """Finished requests per second per VM (every request, SLO or not)."""
         if self.result is None or self.result.span_s <= 0:
             return None
-        return len(self.result.ttft_s) / self.result.span_s * self.key.ranks_per_vm
+        return len(self.result.ttft_s) / self.result.span_s * self.key.per_vm
 
     @property
     def valid(self) -> bool:
@@ -178,7 +192,8 @@ class ServePoint:
 def key_dict(key: ServeKey) -> dict[str, Any]:
     return {"scope": key.scope, "vms": key.vms, "ranks_per_vm": key.ranks_per_vm, "load_kind": key.load_kind,
             "arrival": key.arrival, "slots": key.slots, "input_tokens": key.input_tokens,
-            "output_tokens": key.output_tokens, "server": key.server, "model": key.model}
+            "output_tokens": key.output_tokens, "server": key.server, "model": key.model,
+            "endpoint_nodes": key.endpoint_nodes}
 
 
 def _finite(value: float | None) -> float | None:
@@ -191,6 +206,9 @@ def fmt_load(value: float) -> str:
 
 def describe_key(key: ServeKey) -> str:
     served = "" if key.server == "vcfslm" else f", {key.server} server"
+    if key.endpoint_nodes:
+        return (f"through one endpoint ({key.endpoint_nodes} node(s) x {key.ranks_per_vm} servers, "
+                f"{key.slots} slots, {key.arrival}{served}) input {key.input_tokens} / output {key.output_tokens}")
     return (f"{SCOPE_TITLES[key.scope]} ({key.vms} VM x {key.ranks_per_vm} ranks, {key.slots} slots, "
             f"{key.arrival}{served}) input {key.input_tokens} / output {key.output_tokens}")
 
@@ -219,10 +237,8 @@ def serve_points(runs: Sequence[Any], slos: Sequence[Slo]) -> tuple[list[ServePo
         meta, records = run.meta, list(getattr(run, "serve_records", ()) or ())
         if not records:
             continue
-        scope, vms = scope_of(meta), max(len(meta.nodes), 1)
         for r in records:
-            key = (ServeKey(scope, vms, r.ranks_per_node, r.load_kind, r.arrival, r.slots, r.input_tokens,
-                            r.output_tokens, r.server, meta.model), float(r.load))
+            key = (series_key(meta, r), float(r.load))
             groups[key].append(r)
             sources[key].add(meta.run_id)
         if not any(r.valid for r in records):
@@ -233,7 +249,9 @@ def serve_points(runs: Sequence[Any], slos: Sequence[Slo]) -> tuple[list[ServePo
             for series in seen:
                 for load in spec.loads:
                     key = (series, float(load))
-                    expected[key] += spec.repeats * vms * meta.ranks_per_node
+                    # An endpoint's window is one record; a rank run's, one per rank.
+                    expected[key] += spec.repeats * (1 if series.endpoint_nodes else
+                                                     max(len(meta.nodes), 1) * meta.ranks_per_node)
     points = []
     for (series, load), records in sorted(groups.items(), key=lambda kv: (_key_order(kv[0][0]), kv[0][1])):
         points.append(make_point(series, load, records, slos, expected.get((series, load)),
@@ -241,16 +259,28 @@ def serve_points(runs: Sequence[Any], slos: Sequence[Slo]) -> tuple[list[ServePo
     for series, load in sorted(expected, key=lambda k: (_key_order(k[0]), k[1])):
         if (series, load) not in groups:
             warnings.append(f"serving {describe_key(series)}: no windows recorded at {fmt_load(load)} "
-                            f"{series.unit} per rank (load missing)")
+                            f"{series.unit} {series.load_scope} (load missing)")
     for p in points:
-        warnings.extend(f"serving {describe_key(p.key)} at {fmt_load(p.load)} {p.key.unit} per rank: {flag}"
-                        for flag in p.flags)
+        warnings.extend(f"serving {describe_key(p.key)} at {fmt_load(p.load)} {p.key.unit} {p.key.load_scope}: "
+                        f"{flag}" for flag in p.flags)
     return points, warnings
 
 
+def series_key(meta, r: ServeRecord) -> ServeKey:
+    """The series a record belongs to. A rank's: the run's scope and VMs. An endpoint's: the
+    nodes behind it (one node: single VM), its servers per node."""
+    if r.endpoint_nodes:
+        n = r.endpoint_nodes
+        per_node = max(1, len(r.endpoint_servers) // n)
+        return ServeKey(SINGLE if n == 1 else CLUSTER, n, per_node, r.load_kind, r.arrival, r.slots, r.input_tokens,
+                        r.output_tokens, r.server, meta.model, n)
+    return ServeKey(scope_of(meta), max(len(meta.nodes), 1), r.ranks_per_node, r.load_kind, r.arrival, r.slots,
+                    r.input_tokens, r.output_tokens, r.server, meta.model)
+
+
 def _key_order(k: ServeKey) -> tuple:
-    return (k.scope != SINGLE, k.vms, k.input_tokens, k.output_tokens, k.load_kind, k.ranks_per_vm, k.slots,
-            k.arrival)
+    return (k.scope != SINGLE, k.endpoint_nodes, k.vms, k.input_tokens, k.output_tokens, k.load_kind,
+            k.ranks_per_vm, k.slots, k.arrival)
 
 
 def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos: Sequence[Slo],
@@ -263,7 +293,7 @@ def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos:
         ttft = [v for r in valid for v in r.ttft_s]
         tpot = [v for r in valid for v in r.tpot_ms]
         per_rank = serving.goodput(ttft, tpot, result.span_s, {s.name: s for s in slos})
-        goodput = {name: v * key.ranks_per_vm for name, v in per_rank.items()}
+        goodput = {name: v * key.per_vm for name, v in per_rank.items()}
     invalid = [r for r in records if not r.valid]
     flags = []
     if expected and len(records) < expected:
@@ -335,11 +365,11 @@ class ServeThreshold:
 
     @property
     def load_per_vm(self) -> float | None:
-        return None if self.passing is None else self.passing * self.key.ranks_per_vm
+        return None if self.passing is None else self.passing * self.key.per_vm
 
     @property
     def failing_per_vm(self) -> float | None:
-        return None if self.failing is None else self.failing * self.key.ranks_per_vm
+        return None if self.failing is None else self.failing * self.key.per_vm
 
     @property
     def streams_per_vm(self) -> float | None:
@@ -368,7 +398,7 @@ class ServeThreshold:
         """The threshold load's interval per VM, `[0.5–<1]`, or ""."""
         if self.interval is None:
             return ""
-        return self.interval.text(lambda v: fmt_load(v * self.key.ranks_per_vm))
+        return self.interval.text(lambda v: fmt_load(v * self.key.per_vm))
 
     @property
     def streams_text(self) -> str:
@@ -387,7 +417,7 @@ class ServeThreshold:
     @property
     def interval_per_vm(self) -> Interval | None:
         """The threshold load's interval per VM (the bootstrap's is per rank)."""
-        iv, k = self.interval, self.key.ranks_per_vm
+        iv, k = self.interval, self.key.per_vm
         if iv is None:
             return None
         return replace(iv, low=None if iv.low is None else iv.low * k, high=None if iv.high is None else iv.high * k)
@@ -395,7 +425,7 @@ class ServeThreshold:
     def per_vm_replicates(self, which: str) -> list[Replicate | None]:
         """The replicates read per VM: `load` (requests/s or users) or `streams` (busy slots, by
         Little's law, at the replicate's threshold and at its first failing load)."""
-        k = self.key.ranks_per_vm
+        k = self.key.per_vm
 
         def read(load, active):
             if load is None:
@@ -538,7 +568,7 @@ def threshold_reason(t: ServeThreshold) -> str:
     if t.few_samples:
         text += f" Few samples: {'; '.join(t.few_samples)}."
     if t.non_monotonic:
-        loads = ", ".join(fmt_load(v * k.ranks_per_vm) for v in t.non_monotonic)
+        loads = ", ".join(fmt_load(v * k.per_vm) for v in t.non_monotonic)
         text += (f" Not monotonic: {loads} {unit}/VM meet(s) it again after {fmt_load(t.failing_per_vm)} failed; "
                  "the threshold stays below the first failure.")
     for note in t.notes:

@@ -432,7 +432,7 @@ def _serve_note(c: ServeComparison) -> str:
     notes = []
     if t.non_monotonic:
         notes.append("not monotonic: passes again at " + ", ".join(
-            fmt_load(v * t.key.ranks_per_vm) for v in t.non_monotonic))
+            fmt_load(v * t.key.per_vm) for v in t.non_monotonic))
     if t.key.scope == CLUSTER:
         notes.append("read from cluster series")
     if t.few_samples:
