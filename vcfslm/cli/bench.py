@@ -20,6 +20,7 @@ from rich.table import Table
 from ..contract import ACCEPTED_COMPILE_MODES, Matrix, new_run_id, serve_matrix
 from ..errors import BenchError, Problem, UsageError
 from ..runspec import ProbeSpec, RunSpec
+from .bench_endpoint import endpoint_options, endpoint_run
 from .bench_serve import check_serve_flags, serve_options, serve_spec, server_spec
 from .bench_summary import print_run_summary
 from .common import (
@@ -88,6 +89,7 @@ CLUSTER_ONLY = ("nodes", "hosts", "dry_run", "trust_new_hosts")
 @click.option("--dry-run", is_flag=True, help="Cluster mode: print the torchrun commands and stop.")
 @click.option("--trust-new-hosts", is_flag=True, help="Cluster mode: record unknown SSH host keys.")
 @serve_options
+@endpoint_options
 @output_option
 @click.pass_context
 def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -> None:
@@ -103,6 +105,8 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
       vcfslm bench --nodes 4                                 the cluster (inventory nodes)
       vcfslm bench --local --serve --rates 0.5,1,2 --input-tokens 512   serving: continuous batching
       vcfslm bench --nodes 2 --serve --users 4,8,16 --sweep  closed loop, bisect to each SLO
+      vcfslm bench --serve --endpoint http://10.0.0.11:8000 --key-file slm.key --rates 1,2,4
+                                                             through a deployment's endpoint
     """
     given = {name for name in opts if ctx.get_parameter_source(name) not in
              (click.core.ParameterSource.DEFAULT, None)}
@@ -114,6 +118,12 @@ def bench(ctx: click.Context, local: bool, inventory: str | None, **opts: Any) -
     if not opts["serve"] and "attainment" in given:
         raise UsageError("--attainment only applies to --serve runs (static cells are judged by --percentile)")
     slos = _parse_slos(opts.pop("slo_specs"))
+    if endpoint_run(opts, given):
+        from .bench_endpoint import run_endpoint_bench
+
+        run_endpoint_bench(inventory, {**opts, "local": local}, given | ({"local"} if local else set()),
+                           slos, verbose)
+        return
     if local:
         bad = sorted(given & set(CLUSTER_ONLY))
         if bad:
