@@ -9,6 +9,8 @@ then the detail tables, the remaining figures and the runs' metadata.
 With serving records (bench --serve) a Serving section follows the reasoning: the serving
 threshold per SLO and context beside the static crossover (opening the answer too),
 latency and goodput against load, every series' loads; serving.json holds its numbers.
+Runs through one endpoint add the scale-out table (their thresholds at 1, 2, … nodes behind
+it, and the efficiency) and the faults they took.
 A serving-only report leaves out the static sections that would be empty.
 
 report.html is self-contained: figures are inline base64 data URIs and the
@@ -46,8 +48,10 @@ from vcfslm.analysis.tables import (
     compare,
     comparison_table,
     crossover_table,
+    fault_table,
     md_cell,
     results_table,
+    scale_out_table,
     serve_answer_table,
     serve_points_table,
     serve_thresholds_table,
@@ -218,7 +222,9 @@ def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
     from vcfslm.analysis.serve import series_of
 
     several_models = len({p.key.model for p in serving.points}) > 1
-    out = [serve_points_table(points, slos, several_models) for points in series_of(serving.points).values()]
+    out = [scale_out_table(serving.scale_outs)] if serving.scale_outs else []
+    out += [fault_table(serving.faults, slos)] if serving.faults else []
+    out += [serve_points_table(points, slos, several_models) for points in series_of(serving.points).values()]
     if len(serving.thresholds) > len(serving.primaries):
         out.append(serve_thresholds_table(serving.thresholds))
     return out
@@ -424,11 +430,15 @@ def serving_reasons(report: Report) -> list[str]:
             text += " Nodes: " + "; ".join(f"{s.peak_streams} streams → {s.law_text}"
                                            + (f" {s.interval_text()}" if s.interval_text() else "")
                                            for s in sizing) + "."
-        if t.rate_per_vm and sizing:
+        if t.rate_per_vm and sizing and sizing[0].curve:
+            text += " By rate: on the same curve (vcfslm size --threshold serving --peak-rps X)."
+        elif t.rate_per_vm and sizing:
             text += (f" By rate: nodes = ceil(peak requests/s / {fmt_load(t.rate_per_vm * (1 - sizing[0].headroom))})"
                      " (vcfslm size --threshold serving --peak-rps X).")
         out.append(text)
+    out += scale_out_reasons(report.serving)
     for meta in report.analysis.metas:
+        out += endpoint_text(meta)
         served = server_text(((meta.ranks or {}).get("0") or {}).get("server"))
         if served:
             out.append(f"Run {meta.run_id}: {served}.")
@@ -445,6 +455,36 @@ def serving_reasons(report: Report) -> list[str]:
             out.append(head + f"no serving / static ratio: {c.pairing} judge different shares of users "
                        f"(pass --percentile p{c.threshold.share * 100:g} or --attainment "
                        f"{percentile_value(c.static.percentile) / 100:g} to pair them).")
+    return out
+
+
+def scale_out_reasons(serving: ServeAnalysis) -> list[str]:
+    """One sentence per scale-out curve: the efficiency at each node count beyond one."""
+    out = []
+    for c in serving.scale_outs:
+        parts = [f"{r.nodes} nodes {r.efficiency_text}" for r in c.rows if r.nodes > 1]
+        head = f"{c.slo.title}, {c.key.input_tokens}-token inputs, through one endpoint: "
+        single = next((r for r in c.rows if r.nodes == 1), None)
+        if single is None or single.measured is None:
+            out.append(head + "no single-node threshold measured, so no scale-out efficiency "
+                       "(measure --scale-out 1,... to have one).")
+        else:
+            out.append(head + f"one node holds {fmt_load(single.measured)} {c.key.unit}; scale-out efficiency "
+                       "(threshold at N nodes over N × one node's) " + ", ".join(parts) + ".")
+    return out
+
+
+def endpoint_text(meta: RunMeta) -> list[str]:
+    """How a run through one endpoint was loaded, one line per stage; [] for any other run."""
+    stages = ((meta.guests or {}).get("endpoint") or {}).get("stages") or {}
+    out = []
+    for n, facts in sorted(stages.items(), key=lambda kv: int(kv[0])):
+        if not isinstance(facts, dict):
+            continue
+        out.append(f"Run {meta.run_id}: one client on the operator's machine loaded {facts.get('url')} with "
+                   f"{n} node(s) behind it ({len(facts.get('servers') or [])} server(s) whose counters split each "
+                   f"window, model {facts.get('model')}, {facts.get('version') or 'version unknown'}, prompts as "
+                   f"{facts.get('prompts')}).")
     return out
 
 

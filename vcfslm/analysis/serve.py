@@ -48,6 +48,16 @@ from vcfslm.analysis.cells import (
     recompile_flag,
     scope_of,
 )
+from vcfslm.analysis.endpoint import (
+    FaultWindow,
+    ScaleOut,
+    curve_for,
+    curve_interval,
+    curve_nodes,
+    curve_text,
+    fault_windows,
+    scale_outs,
+)
 from vcfslm.analysis.slo import (
     Crossover,
     Slo,
@@ -723,6 +733,10 @@ class ServeSizing:
     reasoning: str
     streams_nodes_interval: Interval | None = None
     rate_nodes_interval: Interval | None = None
+    # Sized on the scale-out curve measured through one endpoint (analysis/endpoint.py): what
+    # it read ("" : from this threshold alone), and whether a node count it used is a bound.
+    curve: str = ""
+    curve_bound: bool = False
 
     @property
     def nodes(self) -> int | None:
@@ -731,11 +745,15 @@ class ServeSizing:
 
     @property
     def bound(self) -> bool:
-        return self.threshold.status == "above"
+        return self.curve_bound if self.curve else self.threshold.status == "above"
 
     @property
     def law_text(self) -> str:
         """`ceil(256 / 20) = 13` (by streams; the headroom applied), or why there is none."""
+        if self.curve:
+            nodes = self.nodes_by_streams
+            return f"on the measured cluster curve, {'at most ' if self.bound else ''}{nodes}" if nodes else \
+                "no node count"
         streams = self.threshold.streams_per_vm
         if self.nodes_by_streams is None or self.peak_streams is None or not streams:
             return "no node count"
@@ -777,7 +795,7 @@ class ServeSizing:
                 "nodes_by_rate_interval": None if self.rate_nodes_interval is None
                 else self.rate_nodes_interval.to_dict(),
                 "nodes": self.nodes, "answer": self.answer_text("rate" if self.peak_rps is not None else "streams"),
-                "reasoning": self.reasoning, "threshold": t.summary()}
+                "reasoning": self.reasoning, "threshold": t.summary(), "curve": self.curve or None}
 
 
 def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | None = None,
@@ -836,6 +854,60 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
                        streams_span, rate_span)
 
 
+def size_on_curve(t: ServeThreshold, curve: ScaleOut, peak_streams: int | None = None,
+                  peak_rps: float | None = None, headroom: float = 0.0) -> ServeSizing:
+    """Nodes for a peak read off the scale-out curve measured through one endpoint: the fewest
+    measured node count that carries it (its threshold, or its busy streams there, less the
+    headroom), past the largest measured, that count's capacity per node (its efficiency
+    kept). `t` is the answer's threshold it stands beside (checked as `size` checks it)."""
+    alone = size(t, peak_streams, peak_rps, headroom)
+    k = t.key
+    head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
+            f"{k.output_tokens} output, {t.rule}")
+    read = curve_text(curve, "rate", f"{k.unit} at the threshold")
+    lines = [f"{head}: sized on the cluster curve measured through one endpoint ({read})."]
+    found: dict[str, tuple[int | None, Interval | None]] = {}
+    bound = False
+    for which, peak, unit in (("streams", peak_streams, "concurrent streams"), ("rate", peak_rps, k.unit)):
+        if peak is None:
+            continue
+        caps = curve.capacities(which)
+        got = curve_nodes([(n, c) for n, c, _, _ in caps], peak, headroom)
+        if got is None:
+            lines.append(f"No {which} measured at any node count: nodes by {which} cannot be read.")
+            found[which] = (None, None)
+            continue
+        nodes, extrapolated = got
+        used = max(n for n, *_ in caps) if extrapolated else nodes
+        row = next(r for r in curve.rows if r.nodes == used)
+        bound = bound or row.threshold.status == "above"
+        capacity = next(c for n, c, _, _ in caps if n == used)
+        derated = f" less {headroom:.0%} headroom" if headroom else ""
+        if extrapolated:
+            lines.append(f"{peak:g} {unit}: beyond the {used} nodes measured ({capacity:.3g}{derated}), at "
+                         f"{capacity / used:.3g} per node, the efficiency measured at {used} nodes kept: "
+                         f"{nodes} nodes.")
+        else:
+            lines.append(f"{peak:g} {unit}: {nodes} node{'s' if nodes > 1 else ''} carry {capacity:.3g}{derated}, "
+                         f"measured.")
+        found[which] = (nodes, curve_interval(caps, peak, headroom))
+    lines.append(f"(One VM's threshold times the nodes would say {alone.nodes_text('rate' if peak_rps else 'streams')}"
+                 " nodes.)")
+    streams, rate = found.get("streams", (None, None)), found.get("rate", (None, None))
+    return ServeSizing(t, peak_streams, peak_rps, headroom, streams[0], rate[0], " ".join(lines),
+                       streams[1], rate[1], curve=read, curve_bound=bound)
+
+
+def sized(t: ServeThreshold, curves: Sequence[ScaleOut], peak_streams: int | None = None,
+          peak_rps: float | None = None, headroom: float = 0.0) -> ServeSizing:
+    """Sizing for `t`: on the measured cluster curve of its SLO and context when one exists
+    (analysis/endpoint.py), else from its threshold alone."""
+    curve = curve_for(curves, t)
+    if curve is None:
+        return size(t, peak_streams, peak_rps, headroom)
+    return size_on_curve(t, curve, peak_streams, peak_rps, headroom)
+
+
 # ---------------------------------------------------------------- everything
 
 
@@ -850,6 +922,13 @@ class ServeAnalysis:
     sizings: list[ServeSizing]
     warnings: list[str] = field(default_factory=list)
     rule: Rule = field(default_factory=Rule)
+    scale_outs: list[ScaleOut] = field(default_factory=list)   # curves through one endpoint
+    faults: list[FaultWindow] = field(default_factory=list)    # windows that took a fault
+
+    def size_for(self, t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | None = None,
+                 headroom: float = 0.0) -> ServeSizing:
+        """Sizing for one of its thresholds, on a measured cluster curve where there is one."""
+        return sized(t, self.scale_outs, peak_streams, peak_rps, headroom)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule.serving_text(), "attainment": self.rule.attainment,
@@ -857,7 +936,9 @@ class ServeAnalysis:
                 "thresholds": [t.to_dict() for t in self.thresholds],
                 "answer": [t.to_dict() for t in self.primaries],
                 "comparisons": [c.to_dict() for c in self.comparisons],
-                "sizings": [s.to_dict() for s in self.sizings], "warnings": list(self.warnings)}
+                "sizings": [s.to_dict() for s in self.sizings], "warnings": list(self.warnings),
+                "scale_out": [c.to_dict() for c in self.scale_outs],
+                "faults": [f.to_dict() for f in self.faults]}
 
 
 def has_serving(runs: Sequence[Any]) -> bool:
@@ -875,6 +956,8 @@ def analyse(runs: Sequence[Any], slos: Sequence[Slo], cells: Sequence[Cell] = ()
     models = len({t.key.model for t in answer})
     if models > 1:                      # every sentence of the answer names its model
         answer = [replace(t, models=models) for t in answer]
-    sizings = [size(t, peak, None, headroom) for t in answer for peak in peaks]
-    return ServeAnalysis(points, every, answer, compare(answer, cells, rule), sizings, warnings, rule)
+    curves = scale_outs(every)
+    sizings = [sized(t, curves, peak, None, headroom) for t in answer for peak in peaks]
+    return ServeAnalysis(points, every, answer, compare(answer, cells, rule), sizings, warnings, rule, curves,
+                         fault_windows(runs))
 

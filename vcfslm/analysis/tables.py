@@ -9,7 +9,9 @@
 - crossover per SLO x context and sizing per SLO x context;
 - a run's own summary (`scenario_rows`), what `bench` prints when it ends;
 - serving mode: the serving threshold beside the static crossover (with the nodes it
-  asks for), every series' loads, every series' thresholds, sizing from them.
+  asks for), every series' loads, every series' thresholds, sizing from them;
+- through one endpoint: the scale-out curve (threshold at N nodes, N × one node's, their
+  ratio) and the windows that took a fault.
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ from vcfslm.analysis.cells import (
     models_of,
     sort_key,
     spread,
+)
+from vcfslm.analysis.endpoint import (
+    FaultWindow,
+    ScaleOut,
+    deployment_text,
+    failing_text,
+    load_text,
+    seconds_text,
+    share_text,
+    shares_text,
 )
 from vcfslm.analysis.serve import (
     PCT,
@@ -389,7 +401,8 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     several_outputs = len({c.threshold.key.output_tokens for c in comparisons}) > 1
     several_servers = len({c.threshold.key.server for c in comparisons}) > 1
     several_models = len({c.threshold.key.model for c in comparisons}) > 1
-    notes_of = {id(c): _serve_note(c) for c in comparisons}
+    notes_of = {id(c): "; ".join(x for x in (_serve_note(c), _curve_note(c.threshold, sizings)) if x)
+                for c in comparisons}
     with_notes = any(notes_of.values())
     cols = ["model"] if several_models else []
     cols += ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
@@ -427,6 +440,11 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     return Table(title, cols, rows, notes)
 
 
+def _curve_note(t: ServeThreshold, sizings: Sequence[ServeSizing]) -> str:
+    curves = {s.curve for s in sizings if s.threshold is t and s.curve}
+    return f"nodes on the measured cluster curve ({'; '.join(sorted(curves))})" if curves else ""
+
+
 def _serve_note(c: ServeComparison) -> str:
     t = c.threshold
     notes = []
@@ -447,7 +465,9 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence, with_model:
     (with_model: its title names the model, for inputs of several)."""
     key = points[0].key
     unit = key.unit
-    cols = [f"load/rank ({unit})", f"load/VM ({unit})", "requests", "unfinished", "TTFT p50 (s)",
+    # Through one endpoint the load is the whole deployment's, not a rank's.
+    offered = f"load at the endpoint ({unit})" if key.endpoint_nodes else f"load/rank ({unit})"
+    cols = [offered, f"load/VM ({unit})", "requests", "unfinished", "TTFT p50 (s)",
             f"TTFT {PCT} (s)", "TPOT p50 (ms)", f"TPOT {PCT} (ms)", "streams/VM", "completed (req/s/VM)"]
     cols += [f"goodput {s.title} (req/s/VM)" for s in slos]
     cols += [f"attainment {s.title}" for s in slos]
@@ -508,3 +528,66 @@ def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
                   f"by rate = {law_formula('threshold req/s per VM', 'headroom', 'peak req/s')}. “≤ n”: every load "
                   "tried met the SLO, so fewer nodes may do. [a–b]: the 95 % bootstrap interval, from the "
                   "threshold's ends."])
+
+
+# ------------------------------------------------------------------ through one endpoint
+
+
+def scale_out_table(curves: Sequence[ScaleOut]) -> Table:
+    """Per SLO and context: the threshold at N nodes behind one endpoint, N × the single node's,
+    their ratio (the scale-out efficiency) and how the router split the requests."""
+    several_models = len({c.key.model for c in curves}) > 1
+    several_servers = len({c.key.server for c in curves}) > 1
+    cols = (["model"] if several_models else []) + ["SLO", "input tokens"] + (["server"] if several_servers else [])
+    cols += ["nodes", "threshold (deployment)", "N × 1 node", "efficiency [95 %]", "first failing", "binding",
+             "streams at threshold", "requests per server"]
+    rows = []
+    for c in curves:
+        for r in c.rows:
+            t = r.threshold
+            row = [model_text(c.key.model)] if several_models else []
+            row += [c.slo.title, str(c.key.input_tokens)] + ([c.key.server] if several_servers else [])
+            ideal = r.ideal
+            row += [str(r.nodes), f"{deployment_text(t)} {c.key.unit}",
+                    "–" if ideal is None else f"{'≥ ' if r.single.status == 'above' else ''}{load_text(ideal)}",
+                    r.efficiency_text, failing_text(t), t.binding or "–", fmt(r.streams, 1),
+                    shares_text(r.split())]
+            rows.append(row)
+    notes = ["Threshold (deployment): the largest load offered at the endpoint, the whole deployment's, at which "
+             "the stated share of requests met every limit at once, with its 95 % bootstrap interval. "
+             "Efficiency: the threshold at N nodes over N × the single node's; its interval pairs the two "
+             "intervals the cautious way, low(N) / (N × high(1)) to high(N) / (N × low(1)). “≥”: every load "
+             "tried passed at N (the efficiency may be higher); “≤”: at one node.",
+             "Requests per server: the smallest and largest share of the requests the servers' own counters "
+             "finished at the threshold load (vllm:request_success_total), how evenly the router spread them."]
+    return Table("Scale-out under serving (through one endpoint)", cols, rows, notes)
+
+
+def fault_table(faults: Sequence[FaultWindow], slos: Sequence) -> Table:
+    """Each window that took a fault: what was killed, when it came back, what failed, and
+    the attainment during the fault and after it."""
+    cols = ["run", "nodes", "load", "window", "killed", "at (s)", "down (s)", "back (s)", "restart (s)",
+            "detect (s)", "failed (counted / all)"]
+    names = [s.name for s in slos]
+    cols += [f"{s.title} during / after" for s in slos]
+    rows = []
+    for f in faults:
+        d = f.fault
+        row = [f.run_id, str(f.nodes), f"{fmt_load(f.load)} {UNITS[f.load_kind]}", str(f.window),
+               str(d.get("target", "–")), seconds_text(d.get("at_s"))]
+        if "error" in d:
+            row += ["–", "–", "–", "–", f"did not happen: {d['error']}"] + ["–"] * len(names)
+        else:
+            row += [seconds_text(d.get("start_s")), seconds_text(d.get("end_s")) if d.get("end_s") is not None
+                    else "not back", seconds_text(d.get("restart_s")), seconds_text(d.get("detect_s")),
+                    f"{d.get('failed', 0)} / {d.get('failed_all', 0)}"]
+            during, after = d.get("attainment_during") or {}, d.get("attainment_after") or {}
+            row += [f"{share_text(during.get(n))} / {share_text(after.get(n))}" for n in names]
+        rows.append(row)
+    notes = ["Times in seconds from the window's start. Down: the kill; back: the server answered /health "
+             "again (polled every 0.5 s from the client); restart = back − down; detect: the kill to the last "
+             "failed request, when the router stopped sending to the dead server. Failed: requests that failed "
+             "(5xx, dropped or stalled streams) from the kill until the server was back, each a miss, counted "
+             "ones / every one. During / after: attainment of the counted requests that arrived from the kill "
+             "until it was back, and after."]
+    return Table("Faults through the router", cols, rows, notes)

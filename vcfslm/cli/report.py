@@ -261,7 +261,6 @@ def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
     from ..analysis.cells import model_text
     from ..analysis.serve import UNITS, analyse, compare
-    from ..analysis.serve import size as size_serving
     from ..analysis.tables import serve_sizing_table
 
     analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
@@ -288,7 +287,8 @@ def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
             raise UsageError([Problem("--peak-rps", None, None, "", "needs the serving threshold of a rate load "
                                       f"(requests/s); these inputs' serving loads are {kinds}: use --peak-streams")])
         picked = rates if peak_streams is None else picked
-    answers = [size_serving(t, peak_streams, peak_rps if t.key.load_kind == "rate" else None, headroom)
+    # On a cluster curve measured through one endpoint where the inputs hold one, else per VM.
+    answers = [serving.size_for(t, peak_streams, peak_rps if t.key.load_kind == "rate" else None, headroom)
                for t in picked]
     beside = {id(c.threshold): c for c in compare(picked, analysis.cells, rule)}
     if output == "json":
