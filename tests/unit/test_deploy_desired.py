@@ -179,10 +179,6 @@ def test_the_same_inventory_and_key_give_the_same_digests(tmp_path):
     assert digests(deployment(inventory(tmp_path))) == digests(deployment(inventory(tmp_path)))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "deploy/desired.py: a server's digest covers its launch script's path, not what the vllm "
-    "playbook renders into it (server_cpus from bench.serve.vllm.reserved_cores), so a changed "
-    "binding re-renders vllm-node<N>.sh but serve up restarts no server and reports no change"))
 def test_a_launch_script_change_restarts_the_servers(tmp_path):
     before, after = inventory(tmp_path), inventory(tmp_path, vllm={"reserved_cores": 1})
     scripts = {s["dest"]: s["vars"] for s in vllm.launch_scripts(before)}

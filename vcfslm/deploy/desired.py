@@ -27,6 +27,7 @@ from pathlib import PurePosixPath
 from ..contract import GuestPaths, guest_paths, model_kind, select_nodes
 from ..guest import vllm
 from ..guest.templates import render_template
+from ..resources import resource_dir
 from ..servers import VLLM, ServerSpec, server_argv
 
 SYSTEMD = "systemd"
@@ -111,6 +112,10 @@ class Deployment:
         return next(n for n in self.nodes if n.node == name)
 
 
+def template_text(name: str) -> str:
+    return (resource_dir("templates") / name).read_text()
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
@@ -177,6 +182,10 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
     digest_of_key = key_digest(key)
     venv_bin = f"{paths.vllm_venv}/bin"
     numa_nodes = sorted(vllm.node_cpus(inventory))
+    # What the vllm playbook renders each launch script from: a change to any of it
+    # (the CPUs a server binds, its KV cache, the template itself) restarts that server.
+    scripts = {item["dest"]: item["vars"] for item in vllm.launch_scripts(inventory)}
+    script_inputs = (paths.vllm_python, paths.vllm_entry, kv_gib, template_text(VLLM.template))
 
     servers: list[ServerEntry] = []
     node_servers: dict[str, list[Program]] = {}
@@ -195,7 +204,7 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
             program = Program(name=f"vllm-node{numa}", description=f"vLLM server on vNUMA node {numa}",
                               argv=argv, environment=env, env_file=f"{folder}/serve.env",
                               log=f"{folder}/logs/vllm-node{numa}.log", health_url=f"{url}/health",
-                              digest=_digest(argv, env, digest_of_key, script))
+                              digest=_digest(argv, env, digest_of_key, script, scripts.get(script), script_inputs))
             programs.append(program)
             servers.append(ServerEntry(node.name, numa, url, program.name))
         node_servers[node.name] = programs
