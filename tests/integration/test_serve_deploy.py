@@ -225,3 +225,53 @@ def test_serve_up_status_kill_change_and_down_on_two_lab_nodes(lab, tmp_path):
     for path in [*work.rglob("*"), *(tmp_path / "logs").rglob("*")]:
         if path.is_file():
             assert key not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.skipif(not (VLLM_VENV / "bin" / "vllm-router").exists() and not os.environ.get("CI"),
+                    reason="vLLM CPU and its router are not installed here (make vllm); CI installs them and runs this")
+def test_a_real_vllm_server_behind_the_real_router(lab, tmp_path):
+    """serve up with its install step, on one node: vLLM CPU on a tiny checkpoint behind the
+    router and the front door; a streamed completion with the key, refused without it."""
+    from tests.vllm_model import write_tiny_vllm_model
+
+    doc = yaml.safe_load(lab.inventory.read_text())
+    model = write_tiny_vllm_model(tmp_path / "tiny")
+    doc["guest"]["model"] = str(model)
+    doc["guest"]["workdir"] = str(tmp_path / "work")
+    doc["bench"]["serve"]["vllm"]["venv"] = str(VLLM_VENV)
+    doc["bench"]["serve"]["slots"] = 4
+    doc["serve"] = {"nodes": ["slm-01"], "port": free_port(), "max_model_len": 256,
+                    "router": {"port": free_port(), "prometheus_port": free_port()},
+                    "front_door": {"port": free_port()}, "health_timeout_s": 600}
+    inventory = tmp_path / "serve.yaml"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    key_file = tmp_path / "slm.key"
+    try:
+        done = cli(lab, "serve", "up", str(inventory), "--key-file", str(key_file), "--output", "json",
+                   "--log-dir", str(tmp_path / "logs"), timeout=900)
+        assert done.returncode == 0, done.stderr[-4000:]
+        first = json.loads(done.stdout)
+        assert first["checks"]["keyless"] == 401 and first["checks"]["keyed"] == 200
+        key = key_file.read_text().strip()
+        body = json.dumps({"model": str(model.name), "prompt": "hello world", "max_tokens": 8, "min_tokens": 8,
+                           "ignore_eos": True, "stream": True}).encode()
+        req = urllib.request.Request(first["endpoint"] + "/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            events = [line.decode().strip() for line in r if line.strip()]
+        assert events[-1] == "data: [DONE]" and len(events) >= 9, events
+        assert stream(first["endpoint"], None)[0] == 401
+
+        doc_status = status(lab, inventory)
+        assert doc_status["healthy"] is True
+        [server] = doc_status["nodes"]["slm-01"]["servers"]
+        assert server["version"].startswith("0.32") and server["peak_rss_bytes"] > 100e6
+        assert server["kv_cache_usage"] is not None and server["requests_finished"] >= 1
+
+        again = cli(lab, "serve", "up", str(inventory), "--key-file", str(key_file), "--output", "json",
+                    "--log-dir", str(tmp_path / "logs"), timeout=900)
+        assert again.returncode == 0 and json.loads(again.stdout)["changed"] is False, again.stderr[-2000:]
+    finally:
+        done = cli(lab, "serve", "down", str(inventory))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert processes_under(tmp_path / "work") == []

@@ -167,9 +167,32 @@ def down(directory: str | None) -> None:
     from ..lab import lab as lab_mod
 
     folder = lab_mod.lab_dir(directory)
+    _service_down(folder / "inventory.yaml")
     stopped = lab_mod.down(folder, RichReporter())
     console.print(f"lab {folder}: " + (f"stopped {', '.join(stopped)}" if stopped
                                        else "nothing was running"))
+
+
+def _service_down(inventory_file) -> None:
+    """A service `serve up` left on the lab's guests goes first, while they still answer:
+    its supervisors are not children of the lab and would outlive it."""
+    from ..deploy.service import serve_down
+    from ..errors import VcfslmError
+    from ..guest.provision import default_run_dir
+    from ..inventory import load_inventory
+    from .guest_stage import ssh_connector
+
+    if not inventory_file.exists():
+        return
+    try:
+        inv = load_inventory(inventory_file)
+        connect = ssh_connector(inv, None)
+        stopped = serve_down(inv, lambda node: connect(node, log_dir=default_run_dir(), wait_s=0))
+    except VcfslmError as exc:
+        console.print(f"the lab's service was not taken down: {exc}", markup=False, highlight=False)
+        return
+    for node, programs in stopped.items():
+        console.print(f"{node}: stopped the service's {', '.join(programs)}", markup=False, highlight=False)
 
 
 def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[str]]:

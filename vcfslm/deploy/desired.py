@@ -148,15 +148,26 @@ def serving_nodes(inventory, names: Sequence[str] | None = None, count: int | No
 
 
 def router_argv(python_bin: str, service, workers: Sequence[str]) -> tuple[str, ...]:
-    """vllm-router on loopback with every server as a worker (vllm-router 0.1.x flags)."""
+    """vllm-router on loopback with every server as a worker (vllm-router 0.1.17's flags).
+
+    Its defaults are for a fleet that changes slowly: a health check a minute, a circuit
+    breaker that opens after 10 failures and stays open 60 s. A supervised server comes
+    back within seconds, so here a dead one leaves the rotation after a few failed calls
+    or `health_failure_threshold` checks, and a restarted one is taken back after one
+    good check. No --api-key: the client's Authorization passes verbatim on the OpenAI
+    routes, so the key stays on no command line."""
     router = service.router
     return (f"{python_bin}/vllm-router", "--host", "127.0.0.1", "--port", str(router.port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(router.prometheus_port),
             "--policy", router.policy,
             "--health-check-interval-secs", str(router.health_check_interval_s),
+            "--health-check-timeout-secs", "1",
             "--health-failure-threshold", str(router.health_failure_threshold),
+            "--health-success-threshold", "1",
+            "--cb-failure-threshold", "3", "--cb-success-threshold", "1", "--cb-timeout-duration-secs", "5",
             # The servers load for minutes; the router waits for them rather than exit.
             "--worker-startup-timeout-secs", str(int(service.health_timeout_s)),
+            "--worker-startup-check-interval", "2",
             "--worker-urls", *workers)
 
 

@@ -32,6 +32,9 @@ from .desired import Deployment, plan_deployment, serve_dir, serving_nodes
 from .driver import GAVE_UP, NodeDriver
 
 KEY_BYTES = 32
+# A program that died this many times before its server answered /health is crashing, not
+# loading: its supervisor would go on restarting it, so serve up stops and quotes the cause.
+CRASH_RESTARTS = 3
 ROUTER_WAIT_S = 60.0
 
 
@@ -122,10 +125,10 @@ def serve_up(inventory, connect: Connect, options: UpOptions, reporter: Reporter
     chosen = serving_nodes(inventory, options.names, options.count)
     name = inventory.serve.name or inventory.name
     if options.install and not options.dry_run:
-        reporter.log(f"serve up: installing vLLM, its router and the supervisor where missing on "
+        reporter.log(f"serve up: installing vLLM, the model, the router and the supervisor where missing on "
                      f"{', '.join(n.name for n in chosen)}")
         summary = provision_guests(inventory, lambda node, **kw: connect(node), reporter,
-                                   GuestRun(playbooks=["vllm", "serve"], hosts=[n.name for n in chosen],
+                                   GuestRun(playbooks=["vllm", "model", "serve"], hosts=[n.name for n in chosen],
                                             run_dir=options.log_dir))
         if not summary.ok:
             failed = "; ".join(f"{h.host}: {h.error}" for h in summary.failed_hosts)
@@ -188,6 +191,7 @@ def wait_healthy(deployment: Deployment, drivers: dict[str, NodeDriver], invento
     that gave up, or naming the ones still not healthy at the timeout."""
     started = time.monotonic()
     healthy: dict[str, float] = {}
+    pids_seen: dict[str, set[int]] = {}
     python = _python(inventory)
     while True:
         pending = [s for s in deployment.servers if f"{s.node}/{s.program}" not in healthy]
@@ -206,6 +210,12 @@ def wait_healthy(deployment: Deployment, drivers: dict[str, NodeDriver], invento
                 state = states.get(program.name)
                 if state is not None and state.state in GAVE_UP:
                     raise ServeError(f"{node}: {program.name} is {state.state} (its supervisor gave up); "
+                                     f"its log {program.log}:\n{d.log_cause(program.log)}")
+                seen = pids_seen.setdefault(f"{node}/{program.name}", set())
+                if state is not None and state.pid:
+                    seen.add(state.pid)
+                if program.health_url and len(seen) > CRASH_RESTARTS and f"{node}/{program.name}" not in healthy:
+                    raise ServeError(f"{node}: {program.name} died {len(seen) - 1} times before it was healthy; "
                                      f"its log {program.log}:\n{d.log_cause(program.log)}")
         if time.monotonic() - started > timeout_s:
             names = ", ".join(f"{s.node}/{s.program}" for s in pending)
