@@ -132,6 +132,9 @@ class EndpointSpec(BaseModel):
     @field_validator("faults")
     @classmethod
     def _faults(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # One fault per window: its record accounts one start, one end, one set of failures.
+        if len(value) > 1:
+            raise ValueError(f"one fault per window, got {len(value)}: {', '.join(value)}")
         return tuple(parse_fault(v).text for v in value)
 
     @property

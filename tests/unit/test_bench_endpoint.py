@@ -57,17 +57,21 @@ class CountingFake(FakeServer):
 
 
 def test_the_split_is_each_servers_counter_increase():
-    split, resets = requests_split({"http://a:1": 10.0, "http://b:1": 4.0}, {"http://a:1": 17.0, "http://b:1": 9.0})
+    split, resets = requests_split([{"http://a:1": 10.0, "http://b:1": 4.0}, {"http://a:1": 17.0, "http://b:1": 9.0}])
     assert split == {"http://a:1": 7, "http://b:1": 5} and resets == []
 
 
-def test_a_counter_that_went_down_restarted_and_counts_from_zero():
-    split, resets = requests_split({"http://a:1": 10.0, "http://b:1": 4.0}, {"http://a:1": 3.0, "http://b:1": 9.0})
-    assert split == {"http://a:1": 3, "http://b:1": 5} and resets == ["http://a:1"]
+def test_a_counter_that_went_down_restarted_and_counts_what_it_finished_before_and_since():
+    reads = [{"http://a:1": 10.0, "http://b:1": 4.0},
+             {"http://a:1": 14.0, "http://b:1": 6.0},          # a sample during the window
+             {"http://a:1": None, "http://b:1": 8.0},          # a is down: its read fails
+             {"http://a:1": 3.0, "http://b:1": 9.0}]           # back, counting from 0
+    split, resets = requests_split(reads)
+    assert split == {"http://a:1": 4 + 3, "http://b:1": 5} and resets == ["http://a:1"]
 
 
 def test_an_unread_server_is_none_not_zero():
-    split, _ = requests_split({"http://a:1": 10.0, "http://b:1": None}, {"http://a:1": 12.0, "http://b:1": 3.0})
+    split, _ = requests_split([{"http://a:1": 10.0, "http://b:1": None}, {"http://a:1": 12.0, "http://b:1": 3.0}])
     assert split == {"http://a:1": 2, "http://b:1": None}
 
 
@@ -152,7 +156,8 @@ def test_a_fault_parses_and_reads_back_the_same():
 def test_the_endpoint_spec_checks_its_url_node_counts_and_faults():
     spec = EndpointSpec(url="http://127.0.0.1:8000/", key_file="k", nodes=(1, 2), faults=("kill:a/b@3",))
     assert spec.url == "http://127.0.0.1:8000" and spec.fault_list == [Fault("a", "b", 3.0)]
-    for bad in ({"url": "127.0.0.1:8000"}, {"nodes": (1, 1)}, {"nodes": (0,)}, {"faults": ("kill:a@3",)}):
+    for bad in ({"url": "127.0.0.1:8000"}, {"nodes": (1, 1)}, {"nodes": (0,)}, {"faults": ("kill:a@3",)},
+                {"faults": ("kill:a/b@3", "kill:a/c@4")}):
         with pytest.raises(ValueError):
             EndpointSpec(key_file="k", **bad)
 
@@ -267,6 +272,8 @@ def _bench(*args):
     (["--rates", "1", "--endpoint", "http://h:1", "--key-file", "k"], "--rates only apply to --serve runs"),
     (["--serve", "--rates", "1", "--endpoint", "http://h:1", "--deployment", "x.yaml", "--key-file", "k"],
      "one of them"),
+    (["--serve", "--rates", "1", "--deployment", "x.yaml", "--key-file", "k", "--fault", "kill:a@1"],
+     "a fault is kill:NODE/PROGRAM@SECONDS"),
 ])
 def test_bad_endpoint_flags_exit_2_naming_the_flag(args, message):
     result = _bench(*args)

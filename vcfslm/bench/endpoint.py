@@ -123,23 +123,29 @@ def endpoint_of(url: str, key: str, model: str = "") -> Endpoint:
     return Endpoint(parts.hostname, parts.port or 80, key, model)
 
 
-def requests_split(before: Mapping[str, float | None], after: Mapping[str, float | None]
-                   ) -> tuple[dict[str, int | None], list[str]]:
-    """Each server's finished requests over a window from its counter read before and after
-    (None: either read failed), and the servers whose counter went down: it restarted (a
-    fault), and its count is then only what it finished since."""
+def requests_split(series: Sequence[Mapping[str, float | None]]) -> tuple[dict[str, int | None], list[str]]:
+    """Each server's finished requests over a window from its counter read before it, during it
+    and after it (`series`, in time order; None: that read failed), and the servers whose
+    counter went down between two reads: it restarted (a fault), and from there it counts what
+    it finished since. A server whose first or last read failed is None: not known."""
     split: dict[str, int | None] = {}
     resets: list[str] = []
-    for url in after.keys() | before.keys():
-        a, b = after.get(url), before.get(url)
-        if a is None or b is None:
+    for url in sorted({u for reads in series for u in reads}):
+        values = [reads.get(url) for reads in series]
+        if not values or values[0] is None or values[-1] is None:
             split[url] = None
-        elif a < b:
-            split[url] = int(round(a))
-            resets.append(url)
-        else:
-            split[url] = int(round(a - b))
-    return dict(sorted(split.items())), sorted(resets)
+            continue
+        known = [v for v in values if v is not None]
+        total = 0.0
+        for earlier, later in zip(known[:-1], known[1:], strict=True):
+            if later < earlier:
+                total += later
+                if url not in resets:
+                    resets.append(url)
+            else:
+                total += later - earlier
+        split[url] = int(round(total))
+    return split, sorted(resets)
 
 
 def unreachable(error: str | None) -> bool:
@@ -441,17 +447,15 @@ class EndpointClient:
             raise BenchError(f"{self.target.url}: {outage}")
         fields = http_record_fields(outcome, serve, limits, self.server_name,
                                     self._server_metrics(before, after, samples))
-        split, resets = requests_split(
-            {u: (m or {}).get(REQUESTS_FINISHED) if m is not None else None for u, m in before.items()},
-            {u: (m or {}).get(REQUESTS_FINISHED) if m is not None else None for u, m in after.items()})
+        split, resets = requests_split([{u: None if m is None else m.get(REQUESTS_FINISHED) for u, m in reads.items()}
+                                        for reads in (before, *samples, after)])
         reasons = []
         problem = servers.lag_problem(outcome.lags_s, self.spec.endpoint.max_lag_s)
         if problem:
             reasons.append(problem)
         fault: dict[str, Any] = {}
-        for f in faults:
-            account, why = f.account(outcome, failed_at, limits, serve.cutoff_s)
-            fault = account                     # one fault per window is what the flag gives
+        for f in faults[:1]:                    # the spec holds one fault per window
+            fault, why = f.account(outcome, failed_at, limits, serve.cutoff_s)
             reasons += why
         fields.update(endpoint=self.target.url, endpoint_nodes=self.target.nodes,
                       endpoint_servers=list(self.target.servers), server_requests=split, server_resets=resets,

@@ -18,7 +18,7 @@ import click
 
 from ..contract import new_run_id, serve_matrix
 from ..errors import BenchError, Problem, UsageError
-from ..runspec import EndpointSpec, RunSpec
+from ..runspec import EndpointSpec, RunSpec, parse_fault
 from ..servers import VLLM, ServerSpec
 from .bench_serve import serve_spec
 from .common import RichReporter, err_console, int_list
@@ -43,6 +43,16 @@ def url_list(ctx, param, value: str | None) -> list[str] | None:
     return urls
 
 
+def fault_text(ctx, param, value: str | None) -> str | None:
+    """click callback: a fault as the spec keeps it (`kill:NODE/PROGRAM@SECONDS`)."""
+    if value is None:
+        return None
+    try:
+        return parse_fault(value).text
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def endpoint_options(f):
     """The endpoint flags of `bench --serve`, in the order --help shows them."""
     options = [
@@ -61,7 +71,7 @@ def endpoint_options(f):
         click.option("--scale-out", callback=int_list, default=None, metavar="LIST",
                      help="Serve --deployment: node counts to measure one after the other (e.g. 1,2), "
                           "`serve up --nodes N` before each; the report's scale-out table reads them."),
-        click.option("--fault", "faults", multiple=True, metavar="kill:NODE/PROGRAM@S",
+        click.option("--fault", "faults", default=None, callback=fault_text, metavar="kill:NODE/PROGRAM@S",
                      help="Serve --deployment: in each measured window, kill that server S seconds after "
                           "the window starts (e.g. kill:slm-01/vllm-node0@20); its supervisor restarts it."),
         click.option("--server-metrics", callback=url_list, default=None, metavar="URL,URL",
@@ -194,7 +204,7 @@ def _new_spec(inventory: str | None, opts: dict[str, Any], slos: dict[str, Any] 
     try:
         endpoint = EndpointSpec(url=opts.get("endpoint"), deployment=str(Path(source).resolve()) if opts.get(
             "deployment") else None, key_file=str(Path(opts["key_file"]).expanduser().resolve()), nodes=nodes,
-            servers=tuple(opts.get("server_metrics") or ()), faults=tuple(opts.get("faults") or ()),
+            servers=tuple(opts.get("server_metrics") or ()), faults=(opts["faults"],) if opts.get("faults") else (),
             prompts="ids" if vocab else "text", vocab=vocab)
     except ValueError as exc:
         raise UsageError([Problem("", None, None, "--endpoint", str(exc).splitlines()[-1])]) from None
