@@ -221,6 +221,49 @@ def arrival_times(rate: float, duration_s: float, rng: random.Random, burstiness
         out.append(t)
 
 
+def counted_arrival_times(rate: float, count: int, rng: random.Random, burstiness: float = 1.0,
+                          arrival: str = arrivals.DEFAULT, *, stretch: bool = True) -> list[float]:
+    """Exactly `count` open-loop arrival times at `rate` per second, drawn the way `vllm bench
+    serve --num-prompts count --request-rate rate` draws them: `count` gaps from the
+    `arrival` process, the first request one gap after 0. With `stretch` (vllm bench's
+    default) the times are scaled so the last arrival is at count/rate: a run of a fixed
+    count then offers exactly `rate`, where `count` raw gaps sum to count/rate only on
+    average (±1/sqrt(count) for Poisson)."""
+    draw = arrivals.process(arrival).gaps
+    if draw is None:
+        raise ValueError(f"{arrival} is a closed loop: its requests follow replies, not a clock")
+    if count < 1:
+        raise ValueError(f"a count of arrivals must be at least 1, got {count}")
+    out: list[float] = []
+    t = 0.0
+    for _ in range(count):
+        t += draw(rate, 1, rng, burstiness)[0]
+        out.append(t)
+    if stretch and out[-1] > 0:
+        factor = (count / rate) / out[-1]
+        out = [v * factor for v in out]
+    return out
+
+
+def counted_window(rate: float, count: int, rng: random.Random, burstiness: float = 1.0,
+                   arrival: str = arrivals.DEFAULT, *, stretch: bool = True) -> tuple[float, float]:
+    """(rate, duration_s) of the open-loop window whose plan (`arrival_times`, so
+    `open_loop_plan` and the windows built on it) drawn from `rng` is
+    `counted_arrival_times(rate, count, rng, ...)`: exactly `count` requests at the same
+    times, to rounding. `rng` is not advanced.
+
+    The window ends halfway between the count-th arrival and the next one the generator
+    would draw. The stretch is a change of rate: every registered process draws its gaps
+    as the generator's unit draws times 1/rate, so scaling the times by a factor is drawing
+    at rate / factor."""
+    probe = random.Random()
+    probe.setstate(rng.getstate())
+    times = counted_arrival_times(rate, count + 1, probe, burstiness, arrival, stretch=False)
+    window_rate = rate * times[count - 1] * rate / count if stretch else rate
+    scale = rate / window_rate
+    return window_rate, (times[count - 1] + times[count]) / 2 * scale
+
+
 def draw_length(nominal: int, rng: random.Random, dist: str = "fixed", low: float = 0.5) -> int:
     """A request's length: the nominal one, or uniform on [low x nominal, nominal]."""
     if dist == "fixed":

@@ -84,3 +84,72 @@ def test_a_new_load_pattern_is_one_entry(monkeypatch):
     plan = serving.open_loop_plan(spec, 2.0, 128, random.Random(0))
     assert [p.arrival_s for p in plan] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5]
     assert spec.arrival_kind == "steady"
+
+
+# ------------------------------------------------------------------ a fixed count
+
+
+@pytest.mark.parametrize("stretch", [True, False])
+def test_a_counted_run_draws_exactly_its_count(stretch):
+    """N gaps, the first request one gap after 0; the stretch puts the last at N/rate
+    (vllm bench serve's normalisation), so the offered rate is the asked one whatever the draw."""
+    for seed in range(20):
+        times = serving.counted_arrival_times(2.0, 40, random.Random(seed), stretch=stretch)
+        assert len(times) == 40 and times == sorted(times) and times[0] > 0
+        rng, t, raw = random.Random(seed), 0.0, []
+        for _ in range(40):
+            t += rng.expovariate(2.0)
+            raw.append(t)
+        if stretch:
+            assert times[-1] == pytest.approx(20.0, rel=1e-12)
+            assert times == pytest.approx([v * 20.0 / raw[-1] for v in raw], rel=1e-12)
+        else:
+            assert times == raw
+
+
+def test_a_counted_run_draws_as_vllm_bench_serve_does():
+    """vllm bench serve draws np.random.gamma(shape=burstiness, scale=1/(rate*burstiness)) per
+    request from numpy's global generator seeded with --seed, sums and stretches them. Handed
+    a generator in the same MT19937 state, the count draws the same schedule."""
+    np = pytest.importorskip("numpy")
+    rate, count, seed = 1.0, 40, 3
+    np.random.seed(seed)
+    delays = [float(np.random.gamma(shape=1.0, scale=1.0 / rate)) for _ in range(count)]
+    for i in range(1, count):
+        delays[i] += delays[i - 1]
+    delays = [d * (count / rate) / delays[-1] for d in delays]
+    keys, pos = np.random.RandomState(seed).get_state()[1:3]
+    rng = random.Random()
+    rng.setstate((3, (*(int(k) for k in keys), int(pos)), None))
+    assert serving.counted_arrival_times(rate, count, rng) == pytest.approx(delays, rel=1e-12)
+
+
+@pytest.mark.parametrize(("arrival", "burstiness", "stretch"), [("poisson", 1.0, True), ("poisson", 1.0, False),
+                                                                ("gamma", 0.25, True), ("gamma", 4.0, True)])
+def test_a_counted_window_is_the_windows_own_plan(arrival, burstiness, stretch):
+    """The window loops plan from (spec, rate, rng): the counted window's rate and duration make
+    that plan the counted one, so an HTTP or in-process window sends exactly N requests."""
+    for seed in range(30):
+        rng = random.Random(seed)
+        rate, duration = serving.counted_window(3.0, 25, rng, burstiness, arrival, stretch=stretch)
+        assert rng.getstate() == random.Random(seed).getstate()         # not advanced
+        spec = ServeSpec(loads=(rate,), arrival=arrival, burstiness=burstiness, duration_s=duration,
+                         warmup_s=0.0, cooldown_s=0.0, output_tokens=8)
+        plan = serving.open_loop_plan(spec, rate, 64, random.Random(seed))
+        counted = serving.counted_arrival_times(3.0, 25, random.Random(seed), burstiness, arrival, stretch=stretch)
+        assert [p.arrival_s for p in plan] == pytest.approx(counted, rel=1e-9)
+        assert all(serving.in_span(p.arrival_s, spec) for p in plan)
+
+
+def test_the_window_plan_still_draws_a_poisson_count():
+    """The bench's windows keep their fixed duration: the count is the counted run's alone."""
+    spec = ServeSpec(loads=(1.0,), duration_s=40.0, warmup_s=0.0, cooldown_s=0.0)
+    counts = {len(serving.open_loop_plan(spec, 1.0, 64, random.Random(seed))) for seed in range(10)}
+    assert len(counts) > 1
+
+
+def test_a_count_needs_a_clock_and_a_request():
+    with pytest.raises(ValueError, match="closed is a closed loop"):
+        serving.counted_arrival_times(1.0, 5, random.Random(0), arrival="closed")
+    with pytest.raises(ValueError, match="at least 1"):
+        serving.counted_arrival_times(1.0, 0, random.Random(0))
