@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -25,7 +26,18 @@ from ..errors import BenchError
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 20.0
 HEALTH_POLL_S = 1.0
-LOG_TAIL_LINES = 25
+LOG_TAIL_LINES = 25                 # a log's end, quoted when it holds no error
+CAUSE_TAIL_LINES = 8                # ... beside the first error when it does
+MAX_CAUSE_LINES = 40                # a longer traceback keeps its head and the frames nearest the raise
+CAUSE_HEAD_LINES = 6
+TRACEBACK = "Traceback (most recent call last)"
+# A line that says something failed: an error-level log line (vLLM's "(EngineCore pid=7)
+# ERROR 12-06 ...", uvicorn's "ERROR:    ..."), or an exception's own line at its start
+# ("IndexError: ...", after a process tag). Words like "error" inside a warning's prose
+# (vLLM's ulimit warning quotes "OSError: [Errno 24]") are not one.
+_ERROR_LEVEL = re.compile(r"(^|[\s\]])(ERROR|CRITICAL|FATAL)(:|\s|$)")
+_EXCEPTION_LINE = re.compile(r"^(\([^)]*\)\s+)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(:|$)")
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 
 
 def _child_setup(cpus: Sequence[int] | None) -> Callable[[], None]:
@@ -66,7 +78,7 @@ class ServerProcess:
         code = self.exit_code()
         if code is not None:
             raise BenchError(f"{self.label} (pid {self.pid}) exited with code {code}; its log "
-                             f"{self.log_path} ends:\n{log_tail(self.log_path)}")
+                             f"{self.log_path}{log_quote(self.log_path)}")
 
     def wait_healthy(self, probe: Callable[[], bool], timeout_s: float,
                      sleep: Callable[[float], None] = time.sleep) -> float:
@@ -79,7 +91,7 @@ class ServerProcess:
             if time.monotonic() - self.started_at > timeout_s:
                 self.stop()
                 raise BenchError(f"{self.label} (pid {self.pid}) was not healthy {timeout_s:g} s after "
-                                 f"launch; its log {self.log_path} ends:\n{log_tail(self.log_path)}")
+                                 f"launch; its log {self.log_path}{log_quote(self.log_path)}")
             sleep(HEALTH_POLL_S)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
@@ -113,12 +125,89 @@ def start(script: str, argv: Sequence[str], *, env: Mapping[str, str], log_path:
     return ServerProcess(popen, log_path, label, time.monotonic())
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def log_quote(path: Path) -> str:
+    """What of a dead server's log an error quotes (`quote_log`), or that there is none."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
+        return ": (no log)"
+    return quote_log(text)
+
+
+def quote_log(text: str, tail: int = CAUSE_TAIL_LINES) -> str:
+    """A log's first error block (`first_error`) and its last `tail` lines, to follow the
+    log's name in an error message; its last LOG_TAIL_LINES lines when it holds no error.
+
+    The cause comes first: a server that dies says why once and then keeps writing (vLLM's
+    API server reports the dead engine, shuts down, and the interpreter's exit prints
+    hundreds of nanobind leak lines), so the log's end rarely holds it."""
+    lines = text.splitlines()
+    block = first_error(lines)
+    if not block:
+        return " ends:\n" + "\n".join(lines[-LOG_TAIL_LINES:])
+    end = block[-1]
+    later = sum(1 for line in lines[end + 1:] if TRACEBACK in line)
+    where = f"line {block[0] + 1} of {len(lines)}" + (f"; {later} more traceback(s) after it" if later else "")
+    cause = [lines[i] for i in block]
+    if len(cause) > MAX_CAUSE_LINES:
+        keep = MAX_CAUSE_LINES - CAUSE_HEAD_LINES
+        cause = [*cause[:CAUSE_HEAD_LINES], f"... ({len(cause) - MAX_CAUSE_LINES} lines)", *cause[-keep:]]
+    rest = lines[end + 1:][-tail:] if tail > 0 else []
+    skipped = len(lines) - end - 1 - len(rest)
+    out = [f", from its first error ({where}):", *cause]
+    if rest and skipped:
+        out.append(f"... {skipped} line(s), then its last {len(rest)}:")
+    return "\n".join([*out, *rest])
+
+
+def first_error(lines: Sequence[str]) -> list[int]:
+    """The indices of a log's first error block (empty: none): from its first traceback (and
+    the error line that announced it) through the exception it raised, chained ones
+    included; without a traceback, its first error line and what continues it.
+
+    Log prefixes are allowed for: a line belongs to the traceback when it carries the prefix
+    its "Traceback" line had, digits aside (vLLM repeats "(EngineCore pid=7) ERROR 12-06
+    10:00:01 [core.py:842] " on every line of a record); lines without it (another process
+    writing meanwhile) are left out."""
+    at = next((i for i, line in enumerate(lines) if TRACEBACK in line), None)
+    if at is None:
+        return _error_lines(lines)
+    prefix = lines[at][:lines[at].index(TRACEBACK)]
+    shape = re.compile(re.sub(r"\d+", r"\\d+", re.escape(prefix)))
+
+    def body(i: int) -> str | None:
+        m = shape.match(lines[i])
+        return None if m is None else lines[i][m.end():]
+
+    block = [at - 1, at] if at > 0 and body(at - 1) is not None and _is_error(lines[at - 1]) else [at]
+    for i in range(at + 1, len(lines)):
+        text = body(i)
+        if text is None or not text.strip():
+            continue
+        block.append(i)
+        if text.startswith((" ", "\t", TRACEBACK, *_CHAINED)):
+            continue                          # a frame, or the next exception of a chain
+        # The exception's own line: the block ends here unless a chained one follows.
+        following = next((t for j in range(i + 1, len(lines)) if (t := body(j)) and t.strip()), "")
+        if not following.startswith(_CHAINED):
+            break
+    return block
+
+
+def _is_error(line: str) -> bool:
+    return bool(_ERROR_LEVEL.search(line) or _EXCEPTION_LINE.match(line))
+
+
+def _error_lines(lines: Sequence[str], most: int = 10) -> list[int]:
+    """The first error line and the indented or error lines right after it (at most `most`)."""
+    first = next((i for i, line in enumerate(lines) if _is_error(line)), None)
+    if first is None:
+        return []
+    end = first
+    while end + 1 < len(lines) and end - first + 1 < most and (
+            lines[end + 1].startswith((" ", "\t")) or _is_error(lines[end + 1])):
+        end += 1
+    return list(range(first, end + 1))
 
 
 def descendants(pid: int) -> list[int]:
