@@ -39,6 +39,7 @@ def test_token_times_follow_the_servers_timing(fake):
     s = stream(server, n=6)
     assert s.ok and s.status == 200
     assert s.tokens == 6 and len(s.token_s) == 6
+    assert s.prompt_tokens == 4                     # the server's usage: what the server counted
     first = s.token_s[0] - s.sent_s
     gaps = [b - a for a, b in zip(s.token_s, s.token_s[1:], strict=False)]
     assert 0.18 <= first < 0.6
@@ -62,7 +63,7 @@ def test_a_5xx_answer_is_a_failed_request(fake):
 def test_a_connection_dropped_mid_stream_keeps_the_tokens_seen(fake):
     s = stream(fake(mode="drop", stall_after=2))
     assert not s.ok and "dropped" in s.error
-    assert len(s.token_s) == 2
+    assert len(s.token_s) == 2 and s.prompt_tokens is None      # no usage event came
 
 
 def test_a_stalled_stream_gives_up_at_the_deadline(fake):

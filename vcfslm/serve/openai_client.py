@@ -4,6 +4,25 @@ life as its user sees it (when it went out, when each token arrived, how it fail
 http.client on a connection of its own per request: no pooling that would let one slow
 stream hold up another, no third-party HTTP stack between the clock and the socket.
 Server-sent events are read line by line; a token is timed when its chunk is parsed.
+
+The clocks, beside vLLM's own client (`vllm bench serve`, vllm/benchmarks/lib/
+endpoint_request_func.py, which the cross-check benchmarks/vllm_crosscheck.py runs
+against this one):
+- The send time is taken just before the connection is opened and the request written,
+  where vLLM's is taken just before its session's post. The window (serve/http_serve.py)
+  times TTFT from the planned arrival, so a late send counts against the server there;
+  vLLM's starts at its own send.
+- The first token is the first event whose choice carries a token (its token ids, or
+  text when the server sends no ids); vLLM's is the first event with any choice, even
+  one with empty text. A vLLM server sends no choice before the first token, so the
+  two are the same event there.
+- The last token is the last event that carried one (not the usage event, not [DONE]),
+  as vLLM's latency ends at its last event with a choice.
+- Output tokens are the server's usage count when it sends one, as vLLM's are; without
+  usage this client counts the ids it saw, where vLLM re-tokenizes the text.
+- One connection per request: its connect (a loopback handshake, or a round trip to a
+  remote front door) is inside the TTFT, where vLLM's pooled keep-alive connections pay
+  it only for their first request.
 """
 
 from __future__ import annotations
@@ -36,6 +55,7 @@ class Stream:
     sent_s: float | None = None
     token_s: list[float] = field(default_factory=list)
     tokens: int = 0                    # the server's own count at the end, else the tokens seen
+    prompt_tokens: int | None = None   # the server's count of the prompt (usage), if it sent one
     status: int | None = None
     error: str | None = None
 
@@ -100,6 +120,7 @@ def stream_completion(endpoint: Endpoint, path: str, body: dict[str, Any], *, de
                 return out
             if event.get("usage"):
                 usage_tokens = event["usage"].get("completion_tokens")
+                out.prompt_tokens = event["usage"].get("prompt_tokens", out.prompt_tokens)
             for choice in event.get("choices") or []:
                 n = _tokens_in(choice)
                 out.token_s.extend([at] * n)
