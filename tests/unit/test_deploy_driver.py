@@ -255,3 +255,15 @@ def test_read_key_without_a_key(tmp_path, exists, content):
                       files={env: content} if content is not None else {})
     assert driver(inv, node, t).read_key() is None
     assert t.calls == [f"test -f {env}"]
+
+
+def test_a_program_that_gave_up_is_quoted_by_its_first_error_not_its_last_lines(tmp_path):
+    inv = inventory(tmp_path)
+    node = deployment(inv).node("slm-01")
+    log = "\n".join(["INFO starting", "Traceback (most recent call last):", '  File "sampler.py", line 9, in apply',
+                     "IndexError: index 32011 is out of bounds for dimension 1 with size 32000",
+                     *[f"nanobind: leaked {i} instances!" for i in range(200)]])
+    t = FakeTransport("slm-01", {re.compile(r"tail -n \d+ .*vllm-node0\.log"): log})
+    quoted = driver(inv, node, t).log_cause(node.program("vllm-node0").log)
+    assert "IndexError: index 32011 is out of bounds" in quoted
+    assert quoted.index("IndexError") < quoted.index("nanobind")

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ServeError, TransportError
 from ..guest.transport import Transport
+from ..serve.server_process import quote_log
 from . import remote
 from .changes import (
     NodeChanges,
@@ -217,13 +218,14 @@ class NodeDriver:
                                  f"shutdown")
             sleep(0.2)
 
-    def log_cause(self, log: str, lines: int = 400) -> str:
-        """The first error of a program's log, else its last lines (for a program that gave up)."""
+    def log_cause(self, log: str, lines: int = 3000) -> str:
+        """What an error quotes of a program's log: its first error block and a short tail
+        (serve/server_process.py's rule; the recent part only, a log outlives restarts)."""
         try:
             text = self.t.run(f"tail -n {lines} {q(log)}", check=False).stdout
         except TransportError:
-            return "(log unreadable)"
-        return "\n".join(text.splitlines()[-15:])
+            return ": (log unreadable)"
+        return quote_log(text)
 
 
 def manifest_programs_of(manifest: Mapping[str, Any]) -> list[str]:

@@ -210,13 +210,13 @@ def wait_healthy(deployment: Deployment, drivers: dict[str, NodeDriver], invento
                 state = states.get(program.name)
                 if state is not None and state.state in GAVE_UP:
                     raise ServeError(f"{node}: {program.name} is {state.state} (its supervisor gave up); "
-                                     f"its log {program.log}:\n{d.log_cause(program.log)}")
+                                     f"its log {program.log}{d.log_cause(program.log)}")
                 seen = pids_seen.setdefault(f"{node}/{program.name}", set())
                 if state is not None and state.pid:
                     seen.add(state.pid)
                 if program.health_url and len(seen) > CRASH_RESTARTS and f"{node}/{program.name}" not in healthy:
                     raise ServeError(f"{node}: {program.name} died {len(seen) - 1} times before it was healthy; "
-                                     f"its log {program.log}:\n{d.log_cause(program.log)}")
+                                     f"its log {program.log}{d.log_cause(program.log)}")
         if time.monotonic() - started > timeout_s:
             names = ", ".join(f"{s.node}/{s.program}" for s in pending)
             raise ServeError(f"not healthy {timeout_s:g} s after serve up: {names} (serve.health_timeout_s)")
@@ -251,7 +251,7 @@ def check_front_door(deployment: Deployment, router: NodeDriver, inventory, key:
         service_node = deployment.node(deployment.router_node)
         _, states = router.programs(service_node.supervisor,
                                     {p.name: p.unit(deployment.name) for p in service_node.programs})
-        causes = "".join(f"\n{p.name} is {states[p.name].state}; its log {p.log}:\n{router.log_cause(p.log)}"
+        causes = "".join(f"\n{p.name} is {states[p.name].state}; its log {p.log}{router.log_cause(p.log)}"
                          for p in service_node.programs if p.name in ("router", "frontdoor")
                          and p.name in states and states[p.name].state != "RUNNING")
         raise ServeError(f"the endpoint {deployment.endpoint} is not right {ROUTER_WAIT_S:g} s after serve up: "
