@@ -56,7 +56,8 @@ class FakeServer:
                 f'vllm:request_queue_time_seconds_count{{engine="0"}} {self.completions}.0\n'
                 'vllm:request_queue_time_seconds_bucket{engine="0",le="0.1"} 3.0\n'
                 'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
-                'vllm:num_requests_waiting{engine="0"} 1.0\n')
+                'vllm:num_requests_waiting{engine="0"} 1.0\n'
+                f'vllm:request_success_total{{engine="0",finished_reason="length"}} {self.completions}.0\n')
 
     def _handler(self):
         fake = self
