@@ -46,11 +46,20 @@ def request(index, arrival, *, ttft=0.2, tpot_ms=20.0, tokens=5, error=None, cou
 
 
 class CountingFake(FakeServer):
-    """A fake vLLM server that also counts its finished requests the way vLLM's /metrics does."""
+    """The fake vLLM server; in mode "502" it answers completions as nginx does when the router
+    behind it is gone."""
 
-    def metrics_text(self) -> str:
-        return super().metrics_text() + (
-            f'vllm:request_success_total{{engine="0",finished_reason="length"}} {self.completions}.0\n')
+    def _handler(self):
+        base, fake = super()._handler(), self
+
+        class Door(base):
+            def do_POST(self):
+                if fake.mode != "502":
+                    return base.do_POST(self)
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._send(502, "<html>502 Bad Gateway</html>", "text/html")
+
+        return Door
 
 
 # ------------------------------------------------------------------ the per-server split
@@ -91,8 +100,15 @@ def test_gateway_errors_count_and_a_success_between_breaks_the_run():
     reqs = [request(i, i * 0.1, error=bad) for i in range(4)] + [request(4, 0.4)]
     reqs += [request(5 + i, 0.5 + i * 0.1, error=bad) for i in range(4)]
     assert endpoint_outage(reqs) is None
-    reqs.append(request(9, 0.9, error="HTTP 503: no worker"))
+    reqs.append(request(9, 0.9, error="HTTP 504: Gateway Time-out"))
     assert "HTTP 502" in endpoint_outage(reqs)
+
+
+def test_a_router_without_a_healthy_server_is_answering_not_gone():
+    # vllm-router's 503 while every server is out of rotation: failed requests, not an outage.
+    reqs = [request(i, i * 0.1, error="HTTP 503: No available workers (all circuits open or unhealthy)")
+            for i in range(8)]
+    assert endpoint_outage(reqs) is None
 
 
 def test_failures_inside_an_injected_fault_are_the_faults_not_the_door():
@@ -113,19 +129,21 @@ def test_dropped_streams_are_not_an_outage():
 
 def test_the_fault_counts_failures_after_the_kill_and_judges_during_and_after():
     reqs = [request(0, 1.0), request(1, 2.0),                                       # before: met
+            request(10, 3.0, error="HTTP 500: before the kill"),                    # not the fault's
             request(2, 4.5, error="the stream ended before [DONE] (the connection was dropped)"),
             request(3, 4.8, error="HTTP 502: Bad Gateway"),
             request(4, 5.0, ttft=3.0),                                              # during: too slow
             request(5, 5.5),                                                        # during: met
             request(6, 9.0), request(7, 9.5),                                       # after: met
+            request(9, 8.5, error="HTTP 503: No available workers"),                # after: the router's lag
             request(8, 4.9, error="HTTP 502: Bad Gateway", counted=False)]          # warm-up: counted apart
-    failed_at = {2: 5.0, 3: 5.2, 8: 5.1}
+    failed_at = {10: 3.1, 2: 5.0, 3: 5.2, 8: 5.1, 9: 8.5}
     out = fault_accounting(reqs, failed_at, start_s=5.0, end_s=8.0, limits=LIMITS, cutoff_s=20.0)
     assert out["start_s"] == 5.0 and out["end_s"] == 8.0 and out["restart_s"] == 3.0
-    assert out["failed"] == 2 and out["failed_all"] == 3            # every failure, none lost
-    assert out["detect_s"] == pytest.approx(0.2)                     # the kill to the last failed request
+    assert out["failed"] == 3 and out["failed_all"] == 4            # every failure from the kill on
+    assert out["detect_s"] == pytest.approx(3.5)                     # the kill to the last failed request
     assert out["requests_during"] == 2 and out["attainment_during"] == {"B": 0.5}
-    assert out["requests_after"] == 2 and out["attainment_after"] == {"B": 1.0}
+    assert out["requests_after"] == 3 and out["attainment_after"] == {"B": pytest.approx(2 / 3, abs=1e-4)}
     assert "HTTP 502: Bad Gateway" in out["errors"]
 
 
@@ -214,6 +232,14 @@ def test_resume_keeps_the_windows_it_has(fake, tmp_path):
     assert fake.completions - done == records[1].window_finished       # only the new load was measured
 
 
+def test_a_router_without_servers_fails_requests_but_the_run_goes_on(fake, tmp_path):
+    fake.mode = "5xx"                                     # 503: the router answers, no server behind it
+    run_endpoint(endpoint_spec(f"http://127.0.0.1:{fake.port}", tmp_path / "key"),
+                 EndpointLaunch(key="secret", runs_dir=tmp_path))
+    (r,) = read_serve_records(tmp_path / "ep" / "serving.jsonl")
+    assert r.completed == 0 and r.failed == r.unfinished == r.offered > 0 and "HTTP 503" in r.errors[0]
+
+
 def test_an_endpoint_that_takes_any_key_is_refused(fake, tmp_path):
     fake.mode = "open"
     with pytest.raises(BenchError, match="does not check the key"):
@@ -223,7 +249,7 @@ def test_an_endpoint_that_takes_any_key_is_refused(fake, tmp_path):
 
 def test_a_door_that_refuses_everything_stops_the_run_and_keeps_nothing_of_that_window(fake, tmp_path):
     url = f"http://127.0.0.1:{fake.port}"
-    fake.mode = "5xx"                                     # 503 on every completion
+    fake.mode = "502"                                     # the router behind the door is gone
     with pytest.raises(BenchError, match="stopped answering"):
         run_endpoint(endpoint_spec(url, tmp_path / "key"), EndpointLaunch(key="secret", runs_dir=tmp_path))
     meta = read_meta(tmp_path / "ep")

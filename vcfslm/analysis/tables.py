@@ -586,8 +586,8 @@ def fault_table(faults: Sequence[FaultWindow], slos: Sequence) -> Table:
         rows.append(row)
     notes = ["Times in seconds from the window's start. Down: the kill; back: the server answered /health "
              "again (polled every 0.5 s from the client); restart = back − down; detect: the kill to the last "
-             "failed request, when the router stopped sending to the dead server. Failed: requests that failed "
-             "(5xx, dropped or stalled streams) from the kill until the server was back, each a miss, counted "
-             "ones / every one. During / after: attainment of the counted requests that arrived from the kill "
+             "failed request (the router stopped sending to the dead server, or took it back). Failed: requests "
+             "that failed (5xx, dropped or stalled streams) from the kill on, each a miss, counted ones / "
+             "every one. During / after: attainment of the counted requests that arrived from the kill "
              "until it was back, and after."]
     return Table("Faults through the router", cols, rows, notes)

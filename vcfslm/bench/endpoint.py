@@ -67,8 +67,10 @@ METRICS_EVERY_S = 2.0
 # Failed requests in a row, outside a fault, that say the front door stopped answering.
 OUTAGE_RUN = 5
 # What a front door or router that stopped answering leaves: a refused connection, or the
-# gateway errors nginx and the router give when nothing behind them answers.
-UNREACHABLE = ("ConnectionRefusedError", "HTTP 502", "HTTP 503", "HTTP 504")
+# gateway errors nginx gives when the router behind it does not answer. Not 503: that is the
+# router answering that it has no healthy server (a fault's aftermath, until it takes the
+# restarted one back), a failed request like any other.
+UNREACHABLE = ("ConnectionRefusedError", "HTTP 502", "HTTP 504")
 # After the kill, how long the server may keep answering /health before the fault is said
 # not to have taken it down (a kill is immediate; its socket closes within this).
 DOWN_GRACE_S = 5.0
@@ -156,7 +158,7 @@ def unreachable(error: str | None) -> bool:
 def endpoint_outage(requests: Sequence[Request], spans: Sequence[tuple[float, float | None]] = (),
                     run: int = OUTAGE_RUN) -> str | None:
     """Why the window says the endpoint stopped answering (None: it did not): `run` requests
-    in a row, in the order they went out, refused or answered 502/503/504, none of them sent
+    in a row, in the order they went out, refused or answered 502/504, none of them sent
     inside a fault's [start, end] (`spans`; an open end: to the window's end)."""
 
     def in_fault(at: float) -> bool:
@@ -184,13 +186,14 @@ def fault_accounting(requests: Sequence[Request], failed_at: Mapping[int, float]
     """One fault's account from its window's requests (times on the window's clock).
 
     failed_at: when each request's stream came back to the client (its failure time for a
-    failed one; a request still out at the cutoff failed then). Failed requests: those that
-    failed from the kill to the server's end (to the cutoff without one); counted ones are
-    judged as misses, none dropped. Attainment per SLO: the share of the counted requests
-    arriving in [start, end] (during) or after end (after) that met every limit at once."""
+    failed one; a request still out at the cutoff failed then). Failed requests: every one
+    that failed from the kill on, also after the server is back (the router may still have
+    it out of rotation: a 503 from it is the fault's too); counted ones are judged as misses,
+    none dropped. Attainment per SLO: the share of the counted requests arriving in [start,
+    end] (during) or after end (after) that met every limit at once."""
     until = cutoff_s if end_s is None else end_s
     failures = [(failed_at.get(r.index, cutoff_s), r) for r in requests if not r.done]
-    hit = [(at, r) for at, r in failures if start_s <= at <= until]
+    hit = [(at, r) for at, r in failures if at >= start_s]
     counted = [r for r in requests if r.counted]
     during = [r for r in counted if start_s <= r.arrival_s <= until]
     after = [] if end_s is None else [r for r in counted if r.arrival_s > end_s]
@@ -396,9 +399,10 @@ class EndpointClient:
         return body
 
     def window(self, serve: serving.ServeSpec, load: float, input_tokens: int, seed: int,
-               limits: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+               limits: dict[str, Any], measured: bool = True) -> tuple[dict[str, Any], list[str]]:
         """One window: (the record's measured fields, why it is invalid). BenchError when the
-        endpoint stopped answering."""
+        endpoint stopped answering. Only a measured window takes the faults (a warm-up's is
+        discarded)."""
         lock = threading.Lock()
         returned: dict[int, float] = {}         # when each stream came back (time.perf_counter)
         sent: dict[int, float] = {}
@@ -421,7 +425,7 @@ class EndpointClient:
 
         sampler = threading.Thread(target=sample, daemon=True, name="metrics")
         faults = [FaultRun(f, self._health(f), self.launch.kill, self.launch.health_poll_s,
-                           self.launch.restart_timeout_s) for f in self.faults] if self.launch.kill else []
+                           self.launch.restart_timeout_s) for f in self.faults] if self.launch.kill and measured else []
         sampler.start()
         t0 = time.perf_counter()
         for f in faults:
@@ -637,7 +641,7 @@ class Stages:
                 subject: str) -> None:
         serve = self.serve
         seed = serving.window_seed(serve.seed, n, load, input_tokens, window)
-        measured, reasons = client.window(serve, load, input_tokens, seed, self.limits)
+        measured, reasons = client.window(serve, load, input_tokens, seed, self.limits, measured=window >= 0)
         record = ServeRecord(
             run_id=self.spec.run_id, node=NODE, node_rank=0, rank=0, local_rank=0, world_size=1,
             ranks_per_node=1, nodes=n, load_kind=serve.load_kind, load=float(load), arrival=serve.arrival_kind,
