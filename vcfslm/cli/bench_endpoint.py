@@ -165,8 +165,9 @@ def read_key(path: str) -> str:
     try:
         key = Path(path).expanduser().read_text().strip()
     except OSError as exc:
-        raise UsageError([Problem(path, None, None, "--key-file", f"cannot read the API key: {exc.strerror or exc}")]
-                         ) from None
+        raise UsageError([Problem(path, None, None, "--key-file",
+                                  f"cannot read the API key: {exc.strerror or exc} (`vcfslm serve up INVENTORY "
+                                  f"--key-file FILE` writes it there)")]) from None
     if not key:
         raise UsageError([Problem(path, None, None, "--key-file", "is empty")])
     return key
