@@ -118,9 +118,13 @@ class EndpointSpec(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+$", value.rstrip("/")):
-            raise ValueError(f"the endpoint is a URL like http://10.0.0.11:8000, got {value!r}")
-        return None if value is None else value.rstrip("/")
+        if value is None:
+            return None
+        # `serve up` prints the endpoint with its API root (…/v1); the client adds that itself.
+        base = value.rstrip("/").removesuffix("/v1")
+        if not re.match(r"^http://[^/\s]+$", base):
+            raise ValueError(f"the endpoint is a plain http URL like http://10.0.0.11:8000, got {value!r}")
+        return base
 
     @field_validator("nodes")
     @classmethod
