@@ -51,6 +51,7 @@ from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
 from ..results import ServeRecord
 from ..runspec import Fault, RunSpec
+from ..serve.http_backend import prompt_ids
 from ..serve.http_serve import HttpOutcome, http_record_fields, run_http_window
 from ..serve.openai_client import Endpoint, Stream, get, stream_completion
 from ..serve.scheduler import Request
@@ -231,9 +232,9 @@ def text_prompt(seed: int, index: int, length: int) -> str:
 
 
 def id_prompt(seed: int, index: int, length: int, vocab: int) -> list[int]:
-    """A request's prompt as token ids below `vocab` (serve/http_backend.py's draw)."""
-    rng = random.Random(seed * 1_000_003 + index)
-    return [rng.randrange(3, vocab) for _ in range(length)]
+    """A request's prompt as token ids below `vocab`: the rank bench's own draw, so a window
+    through the endpoint sends the servers what a rank's window of the same seed sends."""
+    return prompt_ids(seed, index, length, vocab)
 
 
 def served_model(url: str, key: str) -> str:
@@ -278,7 +279,7 @@ class FaultRun:
             return
         try:
             self.pid = self.kill(self.fault)
-        except Exception as exc:  # noqa: BLE001 - any failure of the caller's kill is the fault's
+        except Exception as exc:  # any failure of the caller's kill is the fault's, said in its record
             self.error = f"{type(exc).__name__}: {exc}"
             return
         self.start_s = time.perf_counter() - t0
