@@ -94,11 +94,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="synthetic:tiny-64", help="Written with `vcfslm model write`.")
     p.add_argument("--nodes", type=int, default=2, help="The largest node count (lab guests).")
-    p.add_argument("--rates", default="2,4,8,16", help="Requests/s at the endpoint, before the sweep.")
+    p.add_argument("--rates", default="2,4,8,16,32", help="Requests/s at the endpoint, before the sweep.")
     p.add_argument("--input-tokens", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--duration", type=float, default=20.0, help="Seconds of arrivals per window.")
     p.add_argument("--slots", type=int, default=8, help="max_num_seqs per server.")
+    p.add_argument("--policy", default="auto", help="The router's policy for the scale-out (serve.router.policy).")
     p.add_argument("--policies", default="", help="Router policies to compare at the top node count.")
     p.add_argument("--fault", action="store_true", help="Also a window with node 1's server killed.")
     p.add_argument("--lab-dir", default=None, help="Lab folder (default: a new one, taken down at the end).")
@@ -114,13 +115,18 @@ def main() -> None:
     try:
         model = work / "model"
         run("model", "write", args.model, str(model), env=env)
-        inventory = serve_inventory(lab, model, args.nodes, "round_robin", args.slots)
+        inventory = serve_inventory(lab, model, args.nodes, args.policy, args.slots)
         run("serve", "up", str(inventory), "--key-file", str(key), env=env, timeout=3600)
         scale = ",".join(str(n) for n in range(1, args.nodes + 1))
         scaled = bench(inventory, key, runs, "scaleout", args, env, "--scale-out", scale)
         serving = thresholds([scaled])
         print(f"\nscale-out under serving: {args.model}, {args.input_tokens}/{args.output_tokens} tokens, "
-              f"{args.slots} slots per server, Poisson arrivals, round_robin")
+              f"{args.slots} slots per server, Poisson arrivals, router policy {args.policy}")
+        shared = yaml.safe_load(inventory.read_text())["nodes"][0]["management_ip"].startswith("127.")
+        if shared:
+            print(f"note: the lab's nodes are guests of this one host and share its {os.cpu_count()} CPUs; "
+                  "at N > 1 their servers run on the same cores, so this reads the router and the "
+                  "shared cores, not what N separate hosts hold")
         print(f"{'SLO':<6}{'N':>3}  {'threshold req/s [interval]':<30}{'N x one node':>14}  efficiency [interval]")
         for curve in serving.scale_outs:
             for row in curve.to_dict()["rows"]:
@@ -141,7 +147,7 @@ def main() -> None:
                 print(f"policy {policy:<14} SLO {t.slo.name}: {passing} req/s at N={args.nodes} ({t.status}; "
                       f"first failing {t.failing})")
         if args.fault:
-            inventory = serve_inventory(lab, model, args.nodes, "round_robin", args.slots)
+            inventory = serve_inventory(lab, model, args.nodes, args.policy, args.slots)
             run("serve", "up", str(inventory), "--key-file", str(key), "--no-install", env=env, timeout=1800)
             node = yaml.safe_load(inventory.read_text())["serve"]["nodes"][-1]
             run("bench", "--serve", "--deployment", str(inventory), "--key-file", str(key),

@@ -254,7 +254,7 @@ class Serve(_Model):
         return self
 
 
-ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware", "random")
+ROUTER_POLICIES = ("auto", "round_robin", "power_of_two", "cache_aware", "random")
 
 
 class Router(_Model):
@@ -263,8 +263,8 @@ class Router(_Model):
     node: str | None = Field(None, description="Node that runs the router and the front door; null = the first "
                                                "serving node.")
     policy: Literal[ROUTER_POLICIES] = Field(
-        "round_robin", description="How the router picks a server (vllm-router's --policy); power_of_two needs "
-                                   "two servers or more.")
+        "auto", description="How the router picks a server (vllm-router's --policy); auto: power_of_two (the "
+                            "less loaded of two) with two servers or more, else round_robin.")
     port: Port = Field(8300, description="The router's port on its node's loopback (never on a network).")
     prometheus_port: Port = Field(8301, description="The router's Prometheus port, on its node's loopback.")
     health_check_interval_s: PositiveInt = Field(

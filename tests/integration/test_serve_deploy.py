@@ -191,8 +191,10 @@ def test_serve_up_status_kill_change_and_down_on_two_lab_nodes(lab, tmp_path):
                {k: v for k, v in before.items() if k != "slm-02/vllm-node0"}
 
         # A changed router setting restarts the router alone: every server keeps its pid.
+        # (auto ran power_of_two over the two nodes' servers.)
+        assert first["policy"] == "power_of_two"
         doc = yaml.safe_load(inventory.read_text())
-        doc["serve"]["router"]["policy"] = "power_of_two"
+        doc["serve"]["router"]["policy"] = "round_robin"
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         changed = up(lab, inventory, key_file)
         assert changed["changes"]["slm-01"]["restart"] == ["router"]
@@ -202,11 +204,13 @@ def test_serve_up_status_kill_change_and_down_on_two_lab_nodes(lab, tmp_path):
         # One node: power_of_two cannot route one server, so that is refused before any change;
         # with round_robin slm-02 is taken down and the router keeps slm-01's servers only.
         if per_node == 1:
+            doc["serve"]["router"]["policy"] = "power_of_two"
+            inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
             refused = cli(lab, "serve", "up", str(inventory), "--key-file", str(key_file), "--no-install",
                           "--nodes", "1")
             assert refused.returncode == 2 and "serve.router.policy" in refused.stderr, refused.stderr
             assert pids(status(lab, inventory)) == new
-        doc["serve"]["router"]["policy"] = "round_robin"
+        doc["serve"]["router"]["policy"] = "auto"
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         smaller = up(lab, inventory, key_file, "--nodes", "1")
         assert sorted(smaller["dropped"]) == ["slm-02"] and len(smaller["servers"]) == per_node

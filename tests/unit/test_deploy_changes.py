@@ -61,7 +61,7 @@ def test_a_node_as_deployed_and_running_needs_nothing(node):
 
 def test_a_changed_digest_restarts_only_that_program(tmp_path):
     old = deployment(inventory(tmp_path)).node("slm-01")
-    new = deployment(inventory(tmp_path, {"router": {"policy": "power_of_two"}})).node("slm-01")
+    new = deployment(inventory(tmp_path, {"router": {"policy": "round_robin"}})).node("slm-01")
     changes = node_changes(new, as_deployed(old))
     assert changes.restart == ("router",)
     assert changes.start == changes.stop == changes.revive == changes.remove == ()

@@ -158,7 +158,7 @@ def test_the_key_is_only_in_its_two_0600_files(tmp_path, supervisor):
 
 def test_a_router_policy_change_changes_only_the_router_digest(tmp_path):
     base = deployment(inventory(tmp_path))
-    other = deployment(inventory(tmp_path, {"router": {"policy": "power_of_two"}}))
+    other = deployment(inventory(tmp_path, {"router": {"policy": "round_robin"}}))
     assert changed(base, other) == {("slm-01", "router")}
 
 
@@ -365,3 +365,11 @@ def test_the_supervisord_wrapper_sources_the_key_file(tmp_path):
                           timeout=30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     assert done.returncode == 0, done.stderr
     assert f"VLLM_API_KEY={KEY}" in done.stdout.splitlines()
+
+
+def test_auto_routes_to_the_less_loaded_of_two_and_round_robin_with_one_server():
+    from vcfslm.deploy.desired import router_policy
+
+    assert router_policy("auto", 2) == "power_of_two" and router_policy("auto", 16) == "power_of_two"
+    assert router_policy("auto", 1) == "round_robin"            # vllm-router refuses power_of_two with one
+    assert router_policy("cache_aware", 1) == "cache_aware"     # an explicit choice is kept

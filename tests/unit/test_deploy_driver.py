@@ -120,7 +120,7 @@ def test_apply_with_supervisord_down_starts_it_once(tmp_path):
 
 def test_apply_with_supervisord_up_updates_what_changed(tmp_path):
     old = deployment(inventory(tmp_path)).node("slm-01")
-    inv = inventory(tmp_path, {"router": {"policy": "power_of_two"}})
+    inv = inventory(tmp_path, {"router": {"policy": "round_robin"}})
     node = deployment(inv).node("slm-01")
     observed = NodeState({f.path: f.digest for f in old.files}, json.loads(manifest_text(old)), True,
                          {p.name: ProgramState(p.name, "RUNNING", 400 + i) for i, p in enumerate(old.programs)})

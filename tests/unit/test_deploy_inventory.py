@@ -57,7 +57,7 @@ def test_a_bad_serve_section_is_placed_at_its_line_and_key(tmp_path, serve, frag
 ], ids=["router-among-serving-nodes", "ports-beside-the-servers", "defaults"])
 def test_a_good_serve_section_passes(tmp_path, serve):
     inv = inventory(tmp_path, serve)
-    assert inv.serve.router.policy == "round_robin" and service_model_problems(inv) == []
+    assert inv.serve.router.policy == "auto" and service_model_problems(inv) == []
 
 
 def test_the_servers_port_range_follows_the_vnuma_nodes(tmp_path):

@@ -147,6 +147,18 @@ def serving_nodes(inventory, names: Sequence[str] | None = None, count: int | No
     return select_nodes(inventory, None, inventory.serve.nodes)
 
 
+def router_policy(policy: str, servers: int) -> str:
+    """The policy the router runs: `auto` is power_of_two (the less loaded of two servers,
+    by the requests it has in flight on each) wherever there are two servers to choose
+    from, round_robin otherwise (vllm-router refuses power_of_two with one). Measured on
+    the lab (benchmarks/serve_scaleout.py, docs/deploy.md): at two servers power_of_two
+    held every load tried, to 16 requests/s, where round_robin's threshold was 2.4: a
+    server slowed by what shares its cores gets fewer requests, not the same share."""
+    if policy != "auto":
+        return policy
+    return "power_of_two" if servers >= 2 else "round_robin"
+
+
 def router_argv(python_bin: str, service, workers: Sequence[str]) -> tuple[str, ...]:
     """vllm-router on loopback with every server as a worker (vllm-router 0.1.17's flags).
 
@@ -159,7 +171,7 @@ def router_argv(python_bin: str, service, workers: Sequence[str]) -> tuple[str, 
     router = service.router
     return (f"{python_bin}/vllm-router", "--host", "127.0.0.1", "--port", str(router.port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(router.prometheus_port),
-            "--policy", router.policy,
+            "--policy", router_policy(router.policy, len(workers)),
             "--health-check-interval-secs", str(router.health_check_interval_s),
             "--health-check-timeout-secs", "1",
             "--health-failure-threshold", str(router.health_failure_threshold),
@@ -255,7 +267,8 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
                                      tuple(programs), tuple(files)))
     return Deployment(name=name, model=model, model_name=model_name, key_digest=digest_of_key,
                       router_node=router_node, endpoint=f"http://{router_ip}:{service.front_door.port}",
-                      policy=service.router.policy, servers=tuple(servers), nodes=tuple(out_nodes))
+                      policy=router_policy(service.router.policy, len(servers)), servers=tuple(servers),
+                      nodes=tuple(out_nodes))
 
 
 def supervisor_files(deployment: str, folder: str, supervisor: str,
