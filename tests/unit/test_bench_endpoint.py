@@ -137,11 +137,13 @@ def test_the_fault_counts_failures_after_the_kill_and_judges_during_and_after():
             request(6, 9.0), request(7, 9.5),                                       # after: met
             request(9, 8.5, error="HTTP 503: No available workers"),                # after: the router's lag
             request(8, 4.9, error="HTTP 502: Bad Gateway", counted=False)]          # warm-up: counted apart
+    never_sent = Request(11, None, 19.0, 16, 5, False)                          # due in the cool-down
+    reqs.append(never_sent)
     failed_at = {10: 3.1, 2: 5.0, 3: 5.2, 8: 5.1, 9: 8.5}
     out = fault_accounting(reqs, failed_at, start_s=5.0, end_s=8.0, limits=LIMITS, cutoff_s=20.0)
     assert out["start_s"] == 5.0 and out["end_s"] == 8.0 and out["restart_s"] == 3.0
     assert out["failed"] == 3 and out["failed_all"] == 4            # every failure from the kill on
-    assert out["detect_s"] == pytest.approx(3.5)                     # the kill to the last failed request
+    assert out["detect_s"] == pytest.approx(3.5)                     # the kill to the last failed request sent
     assert out["requests_during"] == 2 and out["attainment_during"] == {"B": 0.5}
     assert out["requests_after"] == 3 and out["attainment_after"] == {"B": pytest.approx(2 / 3, abs=1e-4)}
     assert "HTTP 502: Bad Gateway" in out["errors"]
@@ -151,8 +153,14 @@ def test_a_server_not_back_leaves_the_end_open_and_nothing_after():
     reqs = [request(0, 5.5, error="stalled: no event before the window's cutoff")]
     out = fault_accounting(reqs, {}, start_s=5.0, end_s=None, limits=LIMITS, cutoff_s=20.0)
     assert out["end_s"] is None and out["restart_s"] is None
-    assert out["failed"] == 1 and out["detect_s"] == 15.0            # a request still out failed at the cutoff
+    assert out["failed"] == 1 and out["detect_s"] == 0.5             # sent after the kill, failed at the cutoff
     assert out["requests_after"] == 0 and out["attainment_after"] == {"B": None}
+
+
+def test_streams_cut_by_the_kill_alone_mean_the_router_sent_nothing_more_to_it():
+    reqs = [request(0, 4.0, error="the stream ended before [DONE] (the connection was dropped)"), request(1, 6.0)]
+    out = fault_accounting(reqs, {0: 5.1, 1: 6.4}, start_s=5.0, end_s=9.0, limits=LIMITS, cutoff_s=20.0)
+    assert out["failed"] == 1 and out["detect_s"] == 0.0
 
 
 def test_no_failure_means_no_detection_time():

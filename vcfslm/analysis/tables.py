@@ -586,7 +586,8 @@ def fault_table(faults: Sequence[FaultWindow], slos: Sequence) -> Table:
         rows.append(row)
     notes = ["Times in seconds from the window's start. Down: the kill; back: the server answered /health "
              "again (polled every 0.5 s from the client); restart = back − down; detect: the kill to the last "
-             "failed request (the router stopped sending to the dead server, or took it back). Failed: requests "
+             "failed request sent after it (the router stopped sending to the dead server, or took it back; 0: "
+             "only streams in flight at the kill failed). Failed: requests "
              "that failed (5xx, dropped or stalled streams) from the kill on, each a miss, counted ones / "
              "every one. During / after: attainment of the counted requests that arrived from the kill "
              "until it was back, and after."]

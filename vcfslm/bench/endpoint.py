@@ -188,13 +188,18 @@ def fault_accounting(requests: Sequence[Request], failed_at: Mapping[int, float]
 
     failed_at: when each request's stream came back to the client (its failure time for a
     failed one; a request still out at the cutoff failed then). Failed requests: every one
-    that failed from the kill on, also after the server is back (the router may still have
-    it out of rotation: a 503 from it is the fault's too); counted ones are judged as misses,
-    none dropped. Attainment per SLO: the share of the counted requests arriving in [start,
-    end] (during) or after end (after) that met every limit at once."""
+    sent that failed from the kill on, also after the server is back (the router may still
+    have it out of rotation: a 503 from it is the fault's too); counted ones are judged as
+    misses, none dropped. A request the window never sent (due in the cool-down after every
+    counted one was done) is no failure. Detection: the kill to the last failed request sent
+    after it (the router's last pick of a server that could not serve; 0 when every failure
+    was already in flight at the kill). Attainment per SLO: the share of the counted requests
+    arriving in [start, end] (during) or after end (after) that met every limit at once."""
     until = cutoff_s if end_s is None else end_s
-    failures = [(failed_at.get(r.index, cutoff_s), r) for r in requests if not r.done]
+    failures = [(failed_at.get(r.index, cutoff_s), r) for r in requests
+                if not r.done and (r.started_s is not None or r.error is not None)]
     hit = [(at, r) for at, r in failures if at >= start_s]
+    sent_after = [r.started_s for _, r in hit if r.started_s is not None and r.started_s >= start_s]
     counted = [r for r in requests if r.counted]
     during = [r for r in counted if start_s <= r.arrival_s <= until]
     after = [] if end_s is None else [r for r in counted if r.arrival_s > end_s]
@@ -204,7 +209,7 @@ def fault_accounting(requests: Sequence[Request], failed_at: Mapping[int, float]
             errors.append(r.error)
     return {"start_s": round(start_s, 3), "end_s": None if end_s is None else round(end_s, 3),
             "restart_s": None if end_s is None else round(end_s - start_s, 3),
-            "detect_s": round(max(at for at, _ in hit) - start_s, 3) if hit else None,
+            "detect_s": (round(max(sent_after) - start_s, 3) if sent_after else 0.0) if hit else None,
             "failed": sum(1 for _, r in hit if r.counted), "failed_all": len(hit),
             "requests_during": len(during), "requests_after": len(after),
             "attainment_during": _attainment(during, limits), "attainment_after": _attainment(after, limits),
