@@ -28,9 +28,11 @@ MET, MISSED = (0.5, 100.0), (6.0, 400.0)
 SERVERS = ["http://10.0.0.1:8200", "http://10.0.0.1:8201", "http://10.0.0.2:8200", "http://10.0.0.2:8201"]
 
 
-def endpoint_run(tmp_path, run_id, nodes, passing, failing, busy=3.0, fault=None, model="models/phi"):
+def endpoint_run(tmp_path, run_id, nodes, passing, failing, busy=3.0, fault=None, model="models/phi",
+                 fault_every=False):
     """A run through one endpoint with `nodes` behind it: every request meets both SLOs at the
-    loads up to `passing` (the deployment's req/s) and misses both from `failing`."""
+    loads up to `passing` (the deployment's req/s) and misses both from `failing`; `fault` in
+    the window at `passing` (in every window with `fault_every`)."""
     table = {(float(load), 128): (*(MET if load <= passing else MISSED), busy * load / passing)
              for load in sorted({passing / 2, passing, failing})}
     servers = SERVERS[:2 * nodes]
@@ -41,7 +43,7 @@ def endpoint_run(tmp_path, run_id, nodes, passing, failing, busy=3.0, fault=None
         r.server_requests = {u: r.completed // len(servers) + (i < r.completed % len(servers))
                              for i, u in enumerate(servers)}
         r.window_finished = r.completed
-        if fault is not None and r.load == passing:
+        if fault is not None and (fault_every or r.load == passing):
             r.fault = fault
         return r
 
@@ -168,3 +170,21 @@ def test_the_report_has_the_scale_out_table_and_says_where_the_nodes_come_from(c
     assert "scale-out efficiency (threshold at N nodes over N × one node's) 2 nodes 0.88" in md
     assert "with 2 node(s) behind it" not in md          # no stages recorded: synthetic runs
     assert "scale_out" in (out.out_dir / "serving.json").read_text()
+
+
+def test_windows_with_a_fault_are_their_own_series_and_never_the_capacity(curve_runs, tmp_path):
+    faulted = endpoint_run(tmp_path, "f1", 1, 2.0, 4.0, fault=FAULT, fault_every=True)
+    got = analysed([*curve_runs, faulted])
+    keys = {p.key for p in got.points if p.key.endpoint_nodes == 1}
+    assert {k.faulted for k in keys} == {False, True}
+    assert all(not t.key.faulted for t in got.primaries)
+    assert all(not r.threshold.key.faulted for c in got.scale_outs for r in c.rows)
+    assert "a server killed in each window" in " ".join(t.title for t in serving_tables_of(got))
+    alone = analysed([faulted])
+    assert all(t.key.faulted and "threshold under faults" in t.summary() for t in alone.primaries)
+
+
+def serving_tables_of(got):
+    from vcfslm.analysis.report import serving_tables
+
+    return serving_tables(got, DEFAULT_SLOS)

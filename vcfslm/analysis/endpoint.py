@@ -226,7 +226,7 @@ def scale_outs(thresholds: Sequence[Any]) -> list[ScaleOut]:
     groups: dict[tuple, dict[int, Any]] = {}
     for t in thresholds:
         k = t.key
-        if not k.endpoint_nodes:
+        if not k.endpoint_nodes or k.faulted:         # a curve of capacity: windows without faults
             continue
         group = (t.slo, k.input_tokens, k.output_tokens, k.load_kind, k.arrival, k.slots, k.server, k.model)
         groups.setdefault(group, {})[k.endpoint_nodes] = t

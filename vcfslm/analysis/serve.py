@@ -98,6 +98,9 @@ class ServeKey:
     # one endpoint with N nodes behind it (bench --endpoint), and a load is the deployment's;
     # ranks_per_vm is then the servers per node.
     endpoint_nodes: int = 0
+    # Its windows took a fault (bench --fault): a server killed in each. Never pooled with
+    # windows without one, and never the answer while a series without faults stands beside it.
+    faulted: bool = False
 
     @property
     def context(self) -> tuple[int, int]:
@@ -203,7 +206,7 @@ def key_dict(key: ServeKey) -> dict[str, Any]:
     return {"scope": key.scope, "vms": key.vms, "ranks_per_vm": key.ranks_per_vm, "load_kind": key.load_kind,
             "arrival": key.arrival, "slots": key.slots, "input_tokens": key.input_tokens,
             "output_tokens": key.output_tokens, "server": key.server, "model": key.model,
-            "endpoint_nodes": key.endpoint_nodes}
+            "endpoint_nodes": key.endpoint_nodes, "faulted": key.faulted}
 
 
 def _finite(value: float | None) -> float | None:
@@ -217,8 +220,10 @@ def fmt_load(value: float) -> str:
 def describe_key(key: ServeKey) -> str:
     served = "" if key.server == "vcfslm" else f", {key.server} server"
     if key.endpoint_nodes:
+        faulted = ", a server killed in each window" if key.faulted else ""
         return (f"through one endpoint ({key.endpoint_nodes} node(s) x {key.ranks_per_vm} servers, "
-                f"{key.slots} slots, {key.arrival}{served}) input {key.input_tokens} / output {key.output_tokens}")
+                f"{key.slots} slots, {key.arrival}{served}{faulted}) input {key.input_tokens} / output "
+                f"{key.output_tokens}")
     return (f"{SCOPE_TITLES[key.scope]} ({key.vms} VM x {key.ranks_per_vm} ranks, {key.slots} slots, "
             f"{key.arrival}{served}) input {key.input_tokens} / output {key.output_tokens}")
 
@@ -283,13 +288,13 @@ def series_key(meta, r: ServeRecord) -> ServeKey:
         n = r.endpoint_nodes
         per_node = max(1, len(r.endpoint_servers) // n)
         return ServeKey(SINGLE if n == 1 else CLUSTER, n, per_node, r.load_kind, r.arrival, r.slots, r.input_tokens,
-                        r.output_tokens, r.server, meta.model, n)
+                        r.output_tokens, r.server, meta.model, n, bool(r.fault))
     return ServeKey(scope_of(meta), max(len(meta.nodes), 1), r.ranks_per_node, r.load_kind, r.arrival, r.slots,
                     r.input_tokens, r.output_tokens, r.server, meta.model)
 
 
 def _key_order(k: ServeKey) -> tuple:
-    return (k.scope != SINGLE, k.endpoint_nodes, k.vms, k.input_tokens, k.output_tokens, k.load_kind,
+    return (k.scope != SINGLE, k.faulted, k.endpoint_nodes, k.vms, k.input_tokens, k.output_tokens, k.load_kind,
             k.ranks_per_vm, k.slots, k.arrival)
 
 
@@ -601,10 +606,15 @@ def primary(all_thresholds: Sequence[ServeThreshold]) -> list[ServeThreshold]:
                            t.key.model), []).append(t)
     out = []
     for ts in groups.values():
+        faulted = all(t.key.faulted for t in ts)
+        ts = ts if faulted else [t for t in ts if not t.key.faulted]
         scope = SINGLE if any(t.key.scope == SINGLE for t in ts) else CLUSTER
         mine = sorted((t for t in ts if t.key.scope == scope), key=_conservative)
         chosen = mine[0]
         notes = list(chosen.notes)
+        if faulted:
+            notes.append("Every window of this context took a fault (a server killed in it): a threshold under "
+                         "faults, not the deployment's capacity.")
         if scope == CLUSTER:
             notes.append("No single-VM serving data: read from cluster series (per VM of one cluster VM).")
         if len(mine) > 1:
