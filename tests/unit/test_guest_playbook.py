@@ -100,7 +100,7 @@ def test_every_problem_of_every_file_at_once(tmp_path):
 
 
 def test_unknown_playbook_name_lists_shipped():
-    with pytest.raises(PlaybookSpecError, match="no such playbook .shipped: base, launch, model, pytorch, verify, vllm"):
+    with pytest.raises(PlaybookSpecError, match="no such playbook .shipped: base, launch, model, pytorch, serve, verify, vllm"):
         load_playbook("nope")
 
 

@@ -111,7 +111,7 @@ def guest_run(options: dict):
 @click.command("guests")
 @inventory_argument
 @click.option("--playbook", "-p", "playbooks", multiple=True, metavar="NAME|FILE",
-              help="Playbook to run (repeatable; shipped: base, pytorch, model, launch, vllm, verify). "
+              help="Playbook to run (repeatable; shipped: base, pytorch, model, launch, vllm, verify, serve). "
                    "Default: all of them in that order, vllm only when bench.serve.server is vllm.")
 @click.option("--dry-run", is_flag=True, help="Read facts, print the commands each host would run, run none.")
 @click.option("--trust-new-hosts", is_flag=True,
