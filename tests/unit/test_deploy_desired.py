@@ -24,6 +24,7 @@ from vcfslm.deploy.desired import (
     SYSTEMD,
     UNIT_DIR,
     key_digest,
+    supervisor_socket,
 )
 from vcfslm.guest import vllm
 from vcfslm.servers import ServerSpec, server_argv
@@ -332,7 +333,7 @@ def test_supervisord_config_parses_and_keeps_its_programs_running(tmp_path):
         [conf] = [f for f in node.files if f.path == node.supervisor_conf]
         assert KEY not in conf.content
         parser = supervisord_config(conf.content)
-        assert parser["supervisorctl"]["serverurl"] == f"unix://{node.serve_dir}/supervisor.sock"
+        assert parser["supervisorctl"]["serverurl"] == f"unix://{supervisor_socket(node.serve_dir)}"
         sections = [s for s in parser.sections() if s.startswith("program:")]
         assert sections == [f"program:{p.name}" for p in node.programs]
         for program in node.programs:
@@ -373,3 +374,14 @@ def test_auto_routes_to_the_less_loaded_of_two_and_round_robin_with_one_server()
     assert router_policy("auto", 2) == "power_of_two" and router_policy("auto", 16) == "power_of_two"
     assert router_policy("auto", 1) == "round_robin"            # vllm-router refuses power_of_two with one
     assert router_policy("cache_aware", 1) == "cache_aware"     # an explicit choice is kept
+
+
+def test_a_supervisor_socket_too_long_for_a_unix_socket_moves_to_a_short_path():
+    from vcfslm.deploy.desired import SOCKET_PATH_MAX
+
+    short = "/opt/vcfslm/serve/slm-01"
+    assert supervisor_socket(short) == short + "/supervisor.sock"
+    deep = "/tmp/pytest-of-root/pytest-180/popen-gw1/test_a_real_vllm_server_behind0/work/serve/slm-01"
+    moved = supervisor_socket(deep)
+    assert len(moved) <= SOCKET_PATH_MAX and moved.startswith("/tmp/vcfslm-supervisor-")
+    assert moved != supervisor_socket(deep.replace("slm-01", "slm-02"))      # one per node folder

@@ -12,7 +12,7 @@ import pytest
 from test_deploy_support import KEY, deployment, inventory
 
 from vcfslm.deploy.changes import NodeChanges, NodeState, ProgramState, node_changes
-from vcfslm.deploy.desired import MANIFEST, SYSTEMD, UNIT_DIR
+from vcfslm.deploy.desired import MANIFEST, SYSTEMD, UNIT_DIR, supervisor_socket
 from vcfslm.deploy.driver import NodeDriver
 from vcfslm.guest.fake import FakeTransport
 
@@ -158,7 +158,7 @@ def test_down_shuts_supervisord_and_removes_every_file_it_wrote(tmp_path):
     assert t.calls.count(ctl(inv, node, "shutdown")) == 1
     removed = [shlex.split(c)[2:] for c in t.calls if c.startswith("rm -f ")]
     assert sorted(p for r in removed for p in r) == sorted(
-        [*manifest["files"], f"{node.serve_dir}/{MANIFEST}", f"{node.serve_dir}/supervisor.sock"])
+        [*manifest["files"], f"{node.serve_dir}/{MANIFEST}", supervisor_socket(node.serve_dir)])
     assert set(manifest["files"]) == {f.path for f in node.files if not f.path.endswith(MANIFEST)}
     assert t.calls.index(ctl(inv, node, "shutdown")) < min(i for i, c in enumerate(t.calls) if c.startswith("rm"))
     assert t.calls[-1].startswith("rm -f ") and MANIFEST in t.calls[-1]    # the record goes last

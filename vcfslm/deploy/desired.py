@@ -112,6 +112,19 @@ class Deployment:
         return next(n for n in self.nodes if n.node == name)
 
 
+# A Unix socket's path must fit sun_path (108 bytes with its NUL on Linux).
+SOCKET_PATH_MAX = 100
+
+
+def supervisor_socket(folder: str) -> str:
+    """supervisord's control socket: in the node's folder, or, when that path is too long for
+    a Unix socket, a short one in /tmp named after the folder (one per deployment node)."""
+    path = f"{folder}/supervisor.sock"
+    if len(path.encode()) <= SOCKET_PATH_MAX:
+        return path
+    return f"/tmp/vcfslm-supervisor-{hashlib.sha256(folder.encode()).hexdigest()[:16]}.sock"
+
+
 def template_text(name: str) -> str:
     return (resource_dir("templates") / name).read_text()
 
@@ -276,7 +289,7 @@ def supervisor_files(deployment: str, folder: str, supervisor: str,
     """supervisord's one config, or one systemd unit per program."""
     if supervisor == SUPERVISORD:
         text = render_template("serve-supervisord.conf.j2", {
-            "deployment": deployment, "folder": folder,
+            "deployment": deployment, "folder": folder, "socket": supervisor_socket(folder),
             "programs": [_template_program(p) for p in programs]})
         return [DesiredFile(f"{folder}/supervisord.conf", text)]
     return [DesiredFile(f"{UNIT_DIR}/{p.unit(deployment)}",

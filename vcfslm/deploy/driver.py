@@ -33,7 +33,15 @@ from .changes import (
     parse_supervisor_status,
     parse_systemd_show,
 )
-from .desired import KEY_VARIABLE, MANIFEST, SUPERVISORD, SYSTEMD, UNIT_DIR, NodeService
+from .desired import (
+    KEY_VARIABLE,
+    MANIFEST,
+    SUPERVISORD,
+    SYSTEMD,
+    UNIT_DIR,
+    NodeService,
+    supervisor_socket,
+)
 
 q = shlex.quote
 POLL_S = 1.0
@@ -207,7 +215,7 @@ class NodeDriver:
             self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
         if manifest.get("supervisor") == SYSTEMD:
             self.t.run("systemctl daemon-reload", sudo=self.sudo, check=False)
-        self.t.run(f"rm -f {q(self.serve_dir + '/' + MANIFEST)} {q(self.serve_dir + '/supervisor.sock')}")
+        self.t.run(f"rm -f {q(self.serve_dir + '/' + MANIFEST)} {q(supervisor_socket(self.serve_dir))}")
         return programs
 
     def _wait_gone(self, pid: int, sleep: Callable[[float], None] = time.sleep) -> None:
