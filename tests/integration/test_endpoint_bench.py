@@ -194,7 +194,7 @@ def test_a_server_killed_in_the_window_is_accounted_and_no_request_is_lost(tmp_p
     assert 2.9 <= f["start_s"] <= 3.5
     assert 1.5 <= f["restart_s"] <= 4.0 and f["end_s"] == pytest.approx(f["start_s"] + f["restart_s"], abs=0.01)
     # The streams in flight on the killed server failed: each one counted as a miss, none lost.
-    assert f["failed_all"] >= 1 and f["failed"] >= 1 and r.failed >= f["failed"]
+    assert f["failed_all"] >= 1 and f["failed_all"] >= f["failed"] and r.failed >= f["failed"]
     assert f["detect_s"] is not None and f["detect_s"] >= 0
     assert any("dropped" in e or "stalled" in e for e in f["errors"])
     assert r.completed + r.unfinished == r.offered and r.unfinished >= r.failed
