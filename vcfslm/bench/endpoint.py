@@ -282,12 +282,15 @@ class FaultRun:
         wait = t0 + self.fault.at_s - time.perf_counter()
         if wait > 0 and self._stop.wait(wait):
             return
+        # The fault starts when the kill is sent, not when it returns: over SSH the server dies
+        # somewhere in between, and a stream it cut then is the fault's failure too.
+        issued_s = time.perf_counter() - t0
         try:
             self.pid = self.kill(self.fault)
         except Exception as exc:  # any failure of the caller's kill is the fault's, said in its record
             self.error = f"{type(exc).__name__}: {exc}"
             return
-        self.start_s = time.perf_counter() - t0
+        self.start_s, returned_s = issued_s, time.perf_counter() - t0
         if self.health is None:
             self.note = "no /health to poll: its server's URL is not known"
             return
@@ -300,7 +303,7 @@ class FaultRun:
                 if seen_down:
                     self.end_s = time.perf_counter() - t0
                     return
-                if now - self.start_s > DOWN_GRACE_S:
+                if now - returned_s > DOWN_GRACE_S:
                     self.note = f"its /health kept answering for {DOWN_GRACE_S:g} s: the kill did not take it down"
                     self.end_s = self.start_s
                     return
