@@ -12,16 +12,15 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from tests.fake_openai import FakeServer
+from tests.serve_lab import VLLM_VENV, free_port, lab_cli, serve_inventory
 from vcfslm.analysis.report import ReportOptions, write_report
 from vcfslm.bench.endpoint import EndpointLaunch, Target, run_endpoint
 from vcfslm.cli import main
@@ -34,18 +33,11 @@ from vcfslm.serving import ServeSpec
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-ROUTER = ROOT / ".venv-vllm" / "bin" / "vllm-router"
+ROUTER = VLLM_VENV / "bin" / "vllm-router"
 KEY = "endpoint-key"
 
 if not ROUTER.exists() and not os.environ.get("CI"):
     pytest.skip(f"no vllm-router at {ROUTER} (make vllm)", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server(FakeServer):
@@ -284,54 +276,13 @@ def test_the_report_reads_the_scale_out_from_one_and_two_nodes(tmp_path, cleanup
 # ------------------------------------------------------------------ through serve up's deployment
 
 
-def deployment_inventory(lab, tmp: Path) -> Path:
-    """The lab's inventory serving on both guests, the fake server in vLLM's place (its launch
-    scripts rendered as the vllm playbook renders them)."""
-    from vcfslm.guest import vllm as guest_vllm
-    from vcfslm.guest.templates import render_template
-    from vcfslm.inventory import load_inventory
-
-    doc = yaml.safe_load(lab.inventory.read_text())
-    model = tmp / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "vocab_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 128,
-        "num_hidden_layers": 2, "max_position_embeddings": 4096}))
-    doc["guest"]["model"] = str(model)
-    doc["guest"]["workdir"] = str(tmp / "work")
-    doc["bench"]["serve"]["vllm"]["venv"] = str(ROOT / ".venv-vllm")
-    base = free_port()
-    doc["serve"] = {"nodes": ["slm-01", "slm-02"], "port": base if base < 60000 else 18300,
-                    "router": {"port": free_port(), "prometheus_port": free_port(), "health_check_interval_s": 1},
-                    "front_door": {"port": free_port()}, "health_timeout_s": 60}
-    path = tmp / "serve.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    python = tmp / "fake-python"
-    python.write_text(f"#!/usr/bin/env bash\nexport PYTHONPATH={ROOT}\nexport FAKE_TOKEN_S=0.01\n"
-                      f"exec {sys.executable} -m tests.fake_openai \"$@\"\n")
-    python.chmod(0o755)
-    for item in guest_vllm.launch_scripts(load_inventory(path)):
-        dest = Path(item["dest"])
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(render_template("vllm.sh.j2", {**item["vars"], "python": str(python), "entry": "vllm-entry.py",
-                                                       "kv_cache_gib": 1, "use_numactl": False, "env_file": ""}))
-        dest.chmod(0o755)
-    return path
-
-
-def vcfslm(lab, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, **lab.env, "VCFSLM_STATE": str(lab.dir / "state.json")}
-    return subprocess.run([sys.executable, "-m", "vcfslm.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
-
-
 def test_scale_out_and_a_fault_through_serve_ups_deployment(lab, tmp_path):
-    inventory = deployment_inventory(lab, tmp_path)
+    inventory = serve_inventory(lab, tmp_path, token_s=0.01)
     key_file = tmp_path / "slm.key"
     try:
-        up = vcfslm(lab, "serve", "up", str(inventory), "--key-file", str(key_file), "--no-install", "--output", "json")
+        up = lab_cli(lab, "serve", "up", str(inventory), "--key-file", str(key_file), "--no-install", "--output", "json")
         assert up.returncode == 0, up.stderr[-3000:]
-        done = vcfslm(lab, "bench", "--serve", "--deployment", str(inventory), "--key-file", str(key_file),
+        done = lab_cli(lab, "bench", "--serve", "--deployment", str(inventory), "--key-file", str(key_file),
                       "--scale-out", "1,2", "--rates", "6", "--duration", "5", "--warmup-s", "0", "--cooldown-s", "0",
                       "--input-tokens", "16", "--output-tokens", "8", "--repeats", "1",
                       "--fault", "kill:slm-01/vllm-node0@2", "--runs-dir", str(tmp_path / "runs"), "--run-id", "dep",
@@ -354,10 +305,10 @@ def test_scale_out_and_a_fault_through_serve_ups_deployment(lab, tmp_path):
             assert f["target"] == "slm-01/vllm-node0" and f["pid"] > 0 and f["end_s"] is not None
             assert 0 < f["restart_s"] < 30 and r.completed + r.unfinished == r.offered
         assert (stages["2"]["programs"].keys() > stages["1"]["programs"].keys())
-        report = vcfslm(lab, "report", str(run), "--out", str(tmp_path / "report"))
+        report = lab_cli(lab, "report", str(run), "--out", str(tmp_path / "report"))
         assert report.returncode == 0, report.stderr[-2000:]
         md = (tmp_path / "report" / "report.md").read_text()
         assert "Faults through the router" in md and "slm-01/vllm-node0" in md
     finally:
-        down = vcfslm(lab, "serve", "down", str(inventory))
+        down = lab_cli(lab, "serve", "down", str(inventory))
     assert down.returncode == 0, down.stderr[-2000:]

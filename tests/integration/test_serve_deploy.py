@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,66 +19,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.serve_lab import VLLM_VENV, free_port, lab_cli, serve_inventory
 from vcfslm.guest import vllm as guest_vllm
-from vcfslm.guest.templates import render_template
 from vcfslm.inventory import load_inventory
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_VENV = ROOT / ".venv-vllm"
-VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
 
 needs_router = pytest.mark.skipif(
     not (VLLM_VENV / "bin" / "vllm-router").exists() and not os.environ.get("CI"),
     reason="vllm-router is not installed here (make vllm installs it); CI installs it and runs this")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def fake_python(folder: Path) -> Path:
-    """An 'interpreter' for the launch scripts that runs the fake server instead of vLLM."""
-    path = folder / "fake-python"
-    path.write_text(f"#!/usr/bin/env bash\nexport PYTHONPATH={ROOT}\nexec {sys.executable} -m tests.fake_openai \"$@\"\n")
-    path.chmod(0o755)
-    return path
-
-
-def serve_inventory(lab, tmp: Path) -> Path:
-    doc = yaml.safe_load(lab.inventory.read_text())
-    model = tmp / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "vocab_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 128,
-        "num_hidden_layers": 2, "max_position_embeddings": 4096}))
-    doc["guest"]["model"] = str(model)
-    doc["guest"]["workdir"] = str(tmp / "work")
-    doc["bench"]["serve"]["vllm"]["venv"] = str(VLLM_VENV)
-    base = free_port()
-    doc["serve"] = {"nodes": ["slm-01", "slm-02"], "port": base if base < 60000 else 18200,
-                    "router": {"port": free_port(), "prometheus_port": free_port(), "health_check_interval_s": 1},
-                    "front_door": {"port": free_port()}, "health_timeout_s": 60}
-    path = tmp / "serve.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    inv = load_inventory(path)
-    # The launch scripts the vllm playbook renders, with the fake in vLLM's place.
-    python = fake_python(tmp)
-    for item in guest_vllm.launch_scripts(inv):
-        dest = Path(item["dest"])
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(render_template("vllm.sh.j2", {**item["vars"], "python": str(python), "entry": "vllm-entry.py",
-                                                       "kv_cache_gib": 1, "use_numactl": False, "env_file": ""}))
-        dest.chmod(0o755)
-    return path
-
-
 def cli(lab, *args, timeout=180) -> subprocess.CompletedProcess:
-    env = {**os.environ, **lab.env, "VCFSLM_STATE": str(lab.dir / "state.json")}
-    return subprocess.run([*VCFSLM, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return lab_cli(lab, *args, timeout=timeout)
 
 
 def up(lab, inventory: Path, key_file: Path, *extra: str) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -211,33 +212,46 @@ def serve_windows(args: RankArgs, env, dist, driver, placement: dict, rank_inval
             return [r for r in history if r.input_tokens == _input and r.output_tokens == spec.output_tokens
                     and r.load_kind == spec.load_kind]
 
-        def verdicts(limit) -> dict[float, bool | None]:
-            share = serving.share_for(limit, spec.attainment)
-            return {load: serving.meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share)
-                    for load, res in serving.load_results(mine_of()).items()}
-
-        for load in sorted(set(spec.loads)):
-            measure(load, input_tokens)
-            if spec.sweep and limits and all(verdicts(lim).get(float(load)) is False for lim in limits.values()):
-                break                     # every SLO failed here: higher loads only fail more
-        if not spec.sweep:
-            continue
-        for name, limit in limits.items():
-            steps = 0
-            while (nxt := serving.next_load(verdicts(limit), spec.load_kind, steps, spec.sweep_steps)) is not None:
-                steps += 1
-                if nxt in verdicts(limit):
-                    break
-                log.info("sweep %s, input %d: next load %g", name, input_tokens, nxt)
-                measure(nxt, input_tokens)
-            why = _refine(spec, name, limit, mine_of,
-                          lambda load, w, _i=input_tokens: measure(load, _i, extra=w))
-            log.info("sweep %s, input %d: stopped: %s", name, input_tokens, why)
+        def stopped(name: str, why: str, _input=input_tokens) -> None:
+            log.info("sweep %s, input %d: stopped: %s", name, _input, why)
             if stops is not None:
-                stops.append({"slo": name, "input_tokens": input_tokens, "reason": why})
-            progress({**base, "phase": "swept", "slo": name, "input_tokens": input_tokens, "reason": why})
+                stops.append({"slo": name, "input_tokens": _input, "reason": why})
+            progress({**base, "phase": "swept", "slo": name, "input_tokens": _input, "reason": why})
+
+        sweep_input(spec, limits, input_tokens, measure, mine_of, stopped)
         progress({**base, "phase": "done", "input_tokens": input_tokens, "window": spec.repeats})
     return mine
+
+
+def sweep_input(spec: ServeSpec, limits: dict[str, dict], input_tokens: int,
+                measure: Callable[[float, int, int | None], None],
+                records_of: Callable[[], list[ServeRecord]], stopped: Callable[[str, str], None]) -> None:
+    """One context's loads: the spec's grid (ending once every SLO failed: higher loads only
+    fail more), then with --sweep bisection and refinement per SLO, `stopped(slo, why)` as each
+    SLO's sweep ends. measure(load, input_tokens, extra): the load's repeats, or with `extra`
+    that one more window. The rank workers and the endpoint client sweep alike through this."""
+
+    def verdicts(limit: dict) -> dict[float, bool | None]:
+        share = serving.share_for(limit, spec.attainment)
+        return {load: serving.meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share)
+                for load, res in serving.load_results(records_of()).items()}
+
+    for load in sorted(set(spec.loads)):
+        measure(load, input_tokens, None)
+        if spec.sweep and limits and all(verdicts(lim).get(float(load)) is False for lim in limits.values()):
+            break
+    if not spec.sweep:
+        return
+    for name, limit in limits.items():
+        steps = 0
+        while (nxt := serving.next_load(verdicts(limit), spec.load_kind, steps, spec.sweep_steps)) is not None:
+            steps += 1
+            if nxt in verdicts(limit):
+                break
+            log.info("sweep %s, input %d: next load %g", name, input_tokens, nxt)
+            measure(nxt, input_tokens, None)
+        stopped(name, _refine(spec, name, limit, records_of,
+                              lambda load, window: measure(load, input_tokens, window)))
 
 
 def _refine(spec: ServeSpec, name: str, limit: dict, records_of, measure_extra) -> str:

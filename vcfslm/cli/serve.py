@@ -24,6 +24,13 @@ def _connect(inv, reporter, trust_new_hosts: bool, log_dir: str | None, wait_s: 
     return lambda node: connect(node, log_dir=folder, wait_s=wait_s)
 
 
+def node_access_options(f):
+    """--trust-new-hosts and --log-dir: how each serve command reaches the nodes."""
+    f = click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+                     help="Folder for the per-node command logs (default ~/.vcfslm/guest-runs/<time>).")(f)
+    return click.option("--trust-new-hosts", is_flag=True, help="Record unknown host keys (prints fingerprints).")(f)
+
+
 @click.group("serve")
 def serve() -> None:
     """The sized service: vLLM on every vNUMA node behind vLLM's router, one endpoint with a key.
@@ -49,9 +56,7 @@ def serve() -> None:
 @click.option("--dry-run", is_flag=True, help="Print what would change on each node, change nothing.")
 @click.option("--no-install", "no_install", is_flag=True,
               help="Skip the vllm and serve playbooks (vLLM, its router, supervisord and nginx are in place).")
-@click.option("--trust-new-hosts", is_flag=True, help="Record unknown host keys (prints fingerprints).")
-@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
-              help="Folder for the per-node command logs (default ~/.vcfslm/guest-runs/<time>).")
+@node_access_options
 @output_option
 def up(inventory: str | None, **options) -> None:
     """Bring the service up, or change it to match the inventory; a second run changes nothing.
@@ -102,9 +107,7 @@ def up(inventory: str | None, **options) -> None:
 
 @serve.command("status")
 @inventory_argument
-@click.option("--trust-new-hosts", is_flag=True, help="Record unknown host keys (prints fingerprints).")
-@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
-              help="Folder for the per-node command logs.")
+@node_access_options
 @output_option
 def status(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, output: str) -> None:
     """Each server's health, model, version, peak RSS and KV-cache use; the router's view;
@@ -152,9 +155,7 @@ def _print_status(doc: dict) -> None:
 
 @serve.command("down")
 @inventory_argument
-@click.option("--trust-new-hosts", is_flag=True, help="Record unknown host keys (prints fingerprints).")
-@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
-              help="Folder for the per-node command logs.")
+@node_access_options
 @output_option
 def down(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, output: str) -> None:
     """Stop every program serve up started and remove its units, configs and key (logs stay)."""
