@@ -98,6 +98,10 @@ class PlatformError(InputError):
     holds one no hardware has."""
 
 
+class WorkloadError(InputError):
+    """A workload (`--workload`: a name, a JSONL file of requests, a trace) is wrong."""
+
+
 class UsageError(InputError):
     """Bad command-line usage that click itself cannot catch."""
 

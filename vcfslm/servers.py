@@ -170,7 +170,9 @@ def server_argv(spec: ServerSpec, *, model_dir: str, served_name: str, slots: in
             "--port", str(spec.port_for(numa_node)), "--dtype", "bfloat16",
             "--max-num-seqs", str(slots), "--max-model-len", str(max_model_len),
             "--enable-chunked-prefill" if spec.chunked_prefill else "--no-enable-chunked-prefill",
-            "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching"]
+            "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching",
+            # Each reply's usage then says how much of its prompt the prefix cache held.
+            "--enable-prompt-tokens-details"]
     return argv
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcfslm import arrivals, judging
+from vcfslm.workloads import Workload
 
 LOAD_KINDS = arrivals.LOAD_KINDS
 LENGTH_DISTS = ("fixed", "uniform")
@@ -82,6 +83,10 @@ class ServeSpec:
     attainment: float = judging.DEFAULT_ATTAINMENT   # share of requests that must meet every limit
     sweep_precision: float = 0.25           # stop refining once the interval is this narrow (relative)
     sweep_budget_s: float = 600.0           # ... or once the added windows took this long (0: none)
+    # What the requests look like (vcfslm.workloads); None: `lengths` at the contexts and
+    # output length above (a fixed workload is that). With a workload the one context is its
+    # longest prompt and output_tokens its longest reply, which size the servers' KV cache.
+    workload: Workload | None = None
 
     def __post_init__(self):
         problems = spec_problems(self)
@@ -109,6 +114,7 @@ class ServeSpec:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["loads"] = list(self.loads)
         out["input_tokens"] = list(self.input_tokens)
+        out["workload"] = None if self.workload is None else self.workload.to_dict()
         return out
 
     @classmethod
@@ -117,6 +123,8 @@ class ServeSpec:
         for key in ("loads", "input_tokens"):
             if key in known:
                 known[key] = tuple(known[key])
+        if isinstance(known.get("workload"), Mapping):
+            known["workload"] = Workload.of_record(dict(known["workload"]))
         return cls(**known)
 
     def with_loads(self, loads: Iterable[float]) -> ServeSpec:
@@ -167,6 +175,10 @@ def spec_problems(spec: ServeSpec) -> list[str]:
         out.append(f"attainment must be a share in (0, 1), e.g. 0.9, got {spec.attainment}")
     if not spec.sweep_precision > 0 or spec.sweep_budget_s < 0:
         out.append("sweep precision must be positive and the sweep budget not negative")
+    w = spec.workload
+    if w is not None and spec.load_kind == "users" and (w.replay or w.multi_turn):
+        out.append(f"the workload {w.name} sets its own arrivals (a replay or conversations): give its load "
+                   "in requests/s, not users")
     return out
 
 

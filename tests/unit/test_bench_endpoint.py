@@ -16,7 +16,6 @@ from vcfslm.bench.endpoint import (
     Target,
     endpoint_outage,
     fault_accounting,
-    id_prompt,
     requests_split,
     run_endpoint,
     text_prompt,
@@ -26,9 +25,11 @@ from vcfslm.contract import serve_matrix
 from vcfslm.errors import BenchError, UsageError
 from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, Fault, RunSpec, parse_fault
+from vcfslm.serve.http_backend import request_prompt_ids
 from vcfslm.serve.scheduler import Request
 from vcfslm.servers import ServerSpec
 from vcfslm.serving import ServeSpec
+from vcfslm.workloads import Ask
 
 LIMITS = {"B": {"tpot_ms": 100.0, "ttft_s": 1.0}}
 
@@ -189,11 +190,21 @@ def test_the_endpoint_spec_checks_its_url_node_counts_and_faults():
             EndpointSpec(key_file="k", **bad)
 
 
-def test_prompts_are_the_same_for_the_same_seed():
-    assert id_prompt(3, 7, 16, 1000) == id_prompt(3, 7, 16, 1000) != id_prompt(3, 8, 16, 1000)
-    assert all(3 <= t < 1000 for t in id_prompt(3, 7, 16, 1000))
-    text = text_prompt(3, 7, 16)
-    assert text == text_prompt(3, 7, 16) and len(text.split()) == 16
+def test_prompts_are_the_same_for_the_same_seed_or_the_same_segments():
+    def req(index: int, ask: Ask | None = None) -> Request:
+        return Request(index, None, 0.0, 16, 4, True, ask=ask)
+
+    assert request_prompt_ids(3, req(7), 1000) == request_prompt_ids(3, req(7), 1000) != request_prompt_ids(3, req(8), 1000)
+    assert all(3 <= t < 1000 for t in request_prompt_ids(3, req(7), 1000))
+    text = text_prompt(3, req(7))
+    assert text == text_prompt(3, req(7)) and len(text.split()) == 16
+    # A workload's segments decide the prompt whatever the seed and index: a conversation's
+    # history is the same tokens in every turn that carries it.
+    shared = Ask(0.0, 16, 4, ((11, 10), (12, 6)))
+    assert request_prompt_ids(3, req(7, shared), 1000) == request_prompt_ids(9, req(8, shared), 1000)
+    longer = Ask(0.0, 20, 4, ((11, 10), (13, 10)))
+    assert request_prompt_ids(0, req(1, longer), 1000)[:10] == request_prompt_ids(0, req(2, shared), 1000)[:10]
+    assert text_prompt(3, req(7, shared)) == text_prompt(5, req(1, shared))
 
 
 # ------------------------------------------------------------------ the driver

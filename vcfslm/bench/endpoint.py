@@ -51,12 +51,12 @@ from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
 from ..results import ServeRecord
 from ..runspec import Fault, RunSpec
-from ..serve.http_backend import prompt_ids
+from ..serve.http_backend import request_prompt_ids
 from ..serve.http_serve import HttpOutcome, http_record_fields, run_http_window
 from ..serve.openai_client import Endpoint, Stream, get, stream_completion
 from ..serve.scheduler import Request
 from .launch import report_event
-from .serve_worker import MAX_REFINE_ROUNDS, extra_seconds, next_window
+from .serve_worker import sweep_input
 from .tracker import BenchTracker
 
 log = logging.getLogger("vcfslm.bench.endpoint")
@@ -229,17 +229,17 @@ def _attainment(requests: Sequence[Request], limits: Mapping[str, Mapping[str, A
     return out
 
 
-def text_prompt(seed: int, index: int, length: int) -> str:
+def text_prompt(seed: int, request: Request) -> str:
     """A request's prompt as words of one token each (when the served vocab is not known):
-    the same words for the same seed."""
-    rng = random.Random(seed * 1_000_003 + index)
-    return "".join(" " + rng.choice(TEXT_WORDS) for _ in range(length))
-
-
-def id_prompt(seed: int, index: int, length: int, vocab: int) -> list[int]:
-    """A request's prompt as token ids below `vocab`: the rank bench's own draw, so a window
-    through the endpoint sends the servers what a rank's window of the same seed sends."""
-    return prompt_ids(seed, index, length, vocab)
+    the same words for the same seed, or for the same workload segments."""
+    if request.segments:
+        out = []
+        for key, length in request.segments:
+            rng = random.Random(key)
+            out.extend(" " + rng.choice(TEXT_WORDS) for _ in range(length))
+        return "".join(out)
+    rng = random.Random(seed * 1_000_003 + request.index)
+    return "".join(" " + rng.choice(TEXT_WORDS) for _ in range(request.input_tokens))
 
 
 def served_model(url: str, key: str) -> str:
@@ -403,8 +403,8 @@ class EndpointClient:
     def body(self, seed: int, r: Request) -> dict[str, Any]:
         ep = self.spec.endpoint
         body = servers.completion_body(self.model, [], r.output_tokens)
-        body["prompt"] = (id_prompt(seed, r.index, r.input_tokens, ep.vocab) if ep.prompts == "ids" and ep.vocab
-                          else text_prompt(seed, r.index, r.input_tokens))
+        body["prompt"] = (request_prompt_ids(seed, r, ep.vocab) if ep.prompts == "ids" and ep.vocab
+                          else text_prompt(seed, r))
         return body
 
     def window(self, serve: serving.ServeSpec, load: float, input_tokens: int, seed: int,
@@ -604,47 +604,10 @@ class Stages:
                     state["windows"] += 1
 
         for input_tokens in serve.input_tokens:
-            self._loads(measure, history, input_tokens)
+            sweep_input(serve, self.limits, input_tokens, measure, lambda _i=input_tokens: history(_i),
+                        lambda name, why, _i=input_tokens: self.reporter.log(
+                            f"sweep {name}, input {_i}: stopped: {why}"))
             self._event(subject, {"phase": "done", "input_tokens": input_tokens, "window": serve.repeats})
-
-    def _loads(self, measure, history, input_tokens: int) -> None:
-        """The spec's loads for one context, then (with --sweep) bisection and refinement per SLO."""
-        serve, limits = self.serve, self.limits
-
-        def verdicts(limit) -> dict[float, bool | None]:
-            share = serving.share_for(limit, serve.attainment)
-            return {load: serving.meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share)
-                    for load, res in serving.load_results(history(input_tokens)).items()}
-
-        for load in sorted(set(serve.loads)):
-            measure(load, input_tokens)
-            if serve.sweep and limits and all(verdicts(lim).get(float(load)) is False for lim in limits.values()):
-                break                           # every SLO failed here: higher loads only fail more
-        if not serve.sweep:
-            return
-        for name, limit in limits.items():
-            steps = 0
-            while (nxt := serving.next_load(verdicts(limit), serve.load_kind, steps, serve.sweep_steps)) is not None:
-                steps += 1
-                if nxt in verdicts(limit):
-                    break
-                measure(nxt, input_tokens)
-            share = serving.share_for(limit, serve.attainment)
-            rule = serving.RefineRule.of_spec(serve)
-            why = f"{MAX_REFINE_ROUNDS} rounds of extra windows, the most a sweep adds"
-            for _ in range(MAX_REFINE_ROUNDS):
-                records = history(input_tokens)
-                step = serving.refine(serving.load_results(records), limit, share, rule,
-                                      extra_seconds(records, serve.repeats))
-                if step.done:
-                    why = step.reason
-                    break
-                if step.new_load is not None:
-                    measure(step.new_load, input_tokens, max(serve.repeats, next_window(records, step.new_load)))
-                    continue
-                for load in step.loads:
-                    measure(load, input_tokens, next_window(records, load))
-            self.reporter.log(f"sweep {name}, input {input_tokens}: stopped: {why}")
 
     def _window(self, client: EndpointClient, n: int, load: float, input_tokens: int, window: int,
                 subject: str) -> None:

@@ -217,6 +217,16 @@ class ServeRecord(RankWindow):
     # A fault injected into the window (bench --fault): what was killed, when, when it answered
     # /health again, the requests that failed, and attainment during and after (bench/endpoint.py).
     fault: Object = field(default_factory=dict)
+    # What the requests looked like (vcfslm.workloads): its name ("" in records written before
+    # workloads: the spec's fixed lengths), the digest of its definition (a file's bytes), the
+    # replay's time scale (0: not a replay), and per finished counted request the prompt tokens
+    # its conversation had sent before (its prefix) and those the server's prefix cache held
+    # (empty where the server does not say: vcfslm's engine has no prefix cache).
+    workload: Text = ""
+    workload_digest: Text = ""
+    time_scale: Number = 0.0
+    request_prefix_tokens: Counts = field(default_factory=list)
+    request_cached_tokens: Counts = field(default_factory=list)
     schema: Version = SCHEMA_VERSION
 
     @property

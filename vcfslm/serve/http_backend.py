@@ -23,9 +23,11 @@ from .. import servers
 from ..errors import BenchError
 from ..servers import HttpBackend, ServerSpec
 from ..serving import ServeSpec
+from ..workloads import segment_ids
 from . import server_process
 from .http_serve import http_record_fields, invalid_reasons, run_http_window
 from .openai_client import Endpoint, get, stream_completion
+from .scheduler import Request
 
 log = logging.getLogger("vcfslm.bench.worker")
 SERVED_NAME = "vcfslm-model"
@@ -36,6 +38,14 @@ def prompt_ids(seed: int, index: int, length: int, vocab: int) -> list[int]:
     """A request's prompt as token ids: the same ids for the same seed whatever the server."""
     rng = random.Random(seed * 1_000_003 + index)
     return [rng.randrange(3, vocab) for _ in range(length)]
+
+
+def request_prompt_ids(seed: int, request: Request, vocab: int) -> list[int]:
+    """A request's prompt: its workload segments' ids (a conversation's history, a trace's
+    shared blocks: equal segments, equal ids), else drawn from the window's seed."""
+    if request.segments:
+        return segment_ids(request.segments, vocab)
+    return prompt_ids(seed, request.index, request.input_tokens, vocab)
 
 
 def model_facts(model_dir: str) -> dict[str, Any]:
@@ -134,8 +144,7 @@ class HttpDriver:
         path = self.backend.completions_path
 
         def send(r, deadline: float):
-            body = servers.completion_body(SERVED_NAME, prompt_ids(seed, r.index, r.input_tokens, self.vocab),
-                                           r.output_tokens)
+            body = servers.completion_body(SERVED_NAME, request_prompt_ids(seed, r, self.vocab), r.output_tokens)
             return stream_completion(self.endpoint, path, body, deadline_s=deadline)
 
         before = self.metrics()

@@ -80,9 +80,12 @@ def run_http_window(send: Send, spec: ServeSpec, load: float, input_tokens: int,
                 r.last_s = times[-1]
             else:
                 r.error = stream.error or "the server sent no token"
+            r.cached_tokens = stream.cached_tokens
             in_flight.discard(r.index)
             at = now()
             occupancy.change(at, len(in_flight))
+            if r.done:
+                planner.replied(r, at)
             if closed and r.user is not None and r.done:
                 follow = at + serving.think_time(spec.think_s, rng)
                 if follow < spec.duration_s:
@@ -120,7 +123,7 @@ def run_http_window(send: Send, spec: ServeSpec, load: float, input_tokens: int,
         for r in failures:
             if r.error not in errors and len(errors) < MAX_ERRORS_KEPT:
                 errors.append(r.error)
-        return HttpOutcome(list(requests), end, generated, occupancy.total, 0, 0, [],
+        return HttpOutcome(list(requests), end, generated, occupancy.total, 0, 0, [], time_scale=planner.time_scale,
                            lags_s=lags, errors=errors, failed=len(failures))
 
 

@@ -56,6 +56,9 @@ class Stream:
     token_s: list[float] = field(default_factory=list)
     tokens: int = 0                    # the server's own count at the end, else the tokens seen
     prompt_tokens: int | None = None   # the server's count of the prompt (usage), if it sent one
+    # Of the prompt, the tokens the server's prefix cache held (usage.prompt_tokens_details:
+    # vLLM sends it when started with --enable-prompt-tokens-details); None: not said.
+    cached_tokens: int | None = None
     status: int | None = None
     error: str | None = None
 
@@ -121,6 +124,9 @@ def stream_completion(endpoint: Endpoint, path: str, body: dict[str, Any], *, de
             if event.get("usage"):
                 usage_tokens = event["usage"].get("completion_tokens")
                 out.prompt_tokens = event["usage"].get("prompt_tokens", out.prompt_tokens)
+                details = event["usage"].get("prompt_tokens_details") or {}
+                if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                    out.cached_tokens = int(details["cached_tokens"])
             for choice in event.get("choices") or []:
                 n = _tokens_in(choice)
                 out.token_s.extend([at] * n)

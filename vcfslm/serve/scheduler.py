@@ -40,8 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import serving
+from .. import arrivals, serving
 from ..serving import Piece, Planned, ServeSpec
+from ..workloads import Ask, WindowPlan
 
 # How long the loop sleeps at most while idle before it looks again (an arrival wakes it
 # sooner: the sleep is until the next arrival).
@@ -83,6 +84,19 @@ class Request:
     produced: int = 0
     token_s: list[float] | None = None  # each token's time (an HTTP client sees them all)
     error: str | None = None           # why an HTTP request failed (it then counts as unfinished)
+    # From a workload (vcfslm.workloads): the plan it came from (its prompt's segments, its
+    # conversation and turn), and the prompt tokens the server's prefix cache held (None:
+    # the server did not say).
+    ask: Ask | None = None
+    cached_tokens: int | None = None
+
+    @property
+    def segments(self) -> tuple[tuple[int, int], ...]:
+        return self.ask.segments if self.ask is not None else ()
+
+    @property
+    def prefix_tokens(self) -> int:
+        return self.ask.prefix_tokens if self.ask is not None else 0
 
     @property
     def done(self) -> bool:
@@ -107,6 +121,7 @@ class WindowOutcome:
     batched_steps: int = 0             # steps that took several pieces or more than a chunk
     chunk_rule: str = ""               # how it was chosen: "slo:tpot<=580ms", "kernel" or "flag"
     chunk_by_lanes: dict[str, int] = field(default_factory=dict)   # lane count -> chunk (the SLO rule)
+    time_scale: float = 0.0            # a replayed trace's time scale (0: not a replay)
 
     @property
     def counted(self) -> list[Request]:
@@ -132,29 +147,66 @@ class _Occupancy:
 class Arrivals:
     """A window's requests as its load generator plans them, for the in-process window and the
     HTTP one alike: open-loop arrivals all drawn at the start, closed-loop users' first
-    requests (their follow-ups are planned with `plan` as each reply ends)."""
+    requests (their follow-ups are planned with `plan` as each reply ends). With a workload
+    (vcfslm.workloads) its window plan draws them, and `replied` plans a conversation's next
+    turn as each reply ends."""
 
     def __init__(self, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random):
         self.spec, self.input_tokens, self.rng = spec, input_tokens, rng
         self.future: list[tuple[float, int, Request]] = []     # (arrival, index, request): a heap
         self.requests: list[Request] = []
-        if spec.load_kind == "users":
+        self.workload_plan: WindowPlan | None = None
+        users = spec.load_kind == "users"
+        if spec.workload is not None:
+            draw = arrivals.process(spec.arrival).gaps
+            assert draw is not None
+
+            def gap(rate: float, r: random.Random) -> float:
+                return draw(rate, 1, r, spec.burstiness)[0]
+
+            self.workload_plan = WindowPlan(spec.workload, None if users else load, spec.duration_s, rng, gap,
+                                            think_s=spec.think_s)
+            for ask in self.workload_plan.first:
+                self._add(ask, None)
+        if users:
             for user in range(int(load)):
                 # Users start spread over one think time, so they do not stay in lock-step.
                 self.plan(rng.uniform(0, spec.think_s) if spec.think_s > 0 else 0.0, user)
-        else:
+        elif spec.workload is None:
             for planned in serving.open_loop_plan(spec, load, input_tokens, rng):
                 self.plan(planned.arrival_s, None, planned)
 
+    @property
+    def time_scale(self) -> float:
+        scale = self.workload_plan.time_scale if self.workload_plan is not None else None
+        return scale or 0.0
+
     def plan(self, arrival: float, user: int | None, planned: Planned | None = None) -> None:
         spec, rng = self.spec, self.rng
+        if self.workload_plan is not None and planned is None:
+            self._add(self.workload_plan.draw(arrival), user)
+            return
         if planned is None:
             planned = Planned(arrival, serving.draw_length(self.input_tokens, rng, spec.lengths, spec.length_low),
                               serving.draw_length(spec.output_tokens, rng, spec.lengths, spec.length_low))
         r = Request(len(self.requests), user, planned.arrival_s, planned.input_tokens, planned.output_tokens,
-                    serving.in_span(planned.arrival_s, spec))
+                    serving.in_span(planned.arrival_s, self.spec))
         self.requests.append(r)
         heapq.heappush(self.future, (r.arrival_s, r.index, r))
+
+    def _add(self, ask: Ask, user: int | None) -> None:
+        r = Request(len(self.requests), user, ask.arrival_s, ask.input_tokens, ask.output_tokens,
+                    serving.in_span(ask.arrival_s, self.spec), ask=ask)
+        self.requests.append(r)
+        heapq.heappush(self.future, (r.arrival_s, r.index, r))
+
+    def replied(self, r: Request, at: float) -> None:
+        """`r`'s reply ended at `at`: its conversation's next turn, if it has one."""
+        if self.workload_plan is None or r.ask is None or r.ask.conversation is None:
+            return
+        nxt = self.workload_plan.follow(r.ask, r.produced, at)
+        if nxt is not None:
+            self._add(nxt, r.user)
 
 
 @dataclass
@@ -228,6 +280,7 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
         r.last_s = at
         slots.evict(slot)
         del running[slot]
+        planner.replied(r, at)
         if closed and r.user is not None:
             follow = at + serving.think_time(spec.think_s, rng)
             if follow < spec.duration_s:
@@ -289,7 +342,8 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     return WindowOutcome(requests, end, generated, occupancy.total, max_queue, steps, step_times,
                          step_tokens, prompt_tokens, chunk, batched, batched_steps,
                          chunk_rule=str(getattr(slots, "rule", "") or ""),
-                         chunk_by_lanes={str(k): int(v) for k, v in (getattr(slots, "chunks", None) or {}).items()})
+                         chunk_by_lanes={str(k): int(v) for k, v in (getattr(slots, "chunks", None) or {}).items()},
+                         time_scale=planner.time_scale)
 
 
 def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any]) -> dict[str, Any]:
@@ -319,4 +373,16 @@ def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any
         "steps": outcome.steps, "batched_steps": outcome.batched_steps,
         "step_tokens_mean": outcome.step_tokens / outcome.steps if outcome.steps else 0.0,
         "prefill_share": outcome.prompt_tokens / outcome.step_tokens if outcome.step_tokens else 0.0,
+        **workload_fields(spec, outcome, done),
     }
+
+
+def workload_fields(spec: ServeSpec, outcome: WindowOutcome, done: list[Request]) -> dict[str, Any]:
+    """The record's workload fields: which one, its replay's scale, and per finished counted
+    request its conversation's prefix and what the server's prefix cache held of it."""
+    w = spec.workload
+    cached = [r.cached_tokens for r in done]
+    return {"workload": "" if w is None else w.name, "workload_digest": "" if w is None else w.digest,
+            "time_scale": outcome.time_scale,
+            "request_prefix_tokens": [r.prefix_tokens for r in done] if w is not None else [],
+            "request_cached_tokens": [c or 0 for c in cached] if any(c is not None for c in cached) else []}
