@@ -244,6 +244,12 @@ class Serve(_Model):
     cooldown_s: Annotated[float, Field(ge=0)] = Field(5.0, description="Excluded from metrics at the end.")
     sweep: bool = Field(False, description="Bisect towards each SLO's threshold after the loads.")
     sweep_steps: Annotated[int, Field(ge=0)] = Field(3, description="Bisection steps per SLO and context.")
+    workload: str | None = Field(
+        None, description="What the requests look like: fixed:IN/OUT, a mix (chat, rag), a JSONL file of "
+                          "requests or mooncake:FILE (a file relative to this inventory's folder); null = "
+                          "bench.input_tokens and output_tokens, fixed.")
+    time_scales: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None, min_length=1, description="A replayed trace's speed-ups (2: twice as fast), instead of rates.")
 
     @model_validator(mode="after")
     def _one_kind(self):
@@ -477,6 +483,19 @@ def service_model_problems(inv: Inventory) -> list[tuple[Key, str]]:
         return [(("guest", "model"), SERVER_NEEDS_FOLDER.format(server="vllm", model=inv.guest.model)
                  .replace("bench.serve.server vllm", "serve up"))]
     return []
+
+
+def serve_settings(inv: Inventory) -> dict[str, Any]:
+    """bench.serve as the run's settings read it: a workload file relative to the inventory's
+    folder made absolute, so it reads the same from any working folder."""
+    out = inv.bench.serve.model_dump()
+    workload = out.get("workload")
+    if workload and inv.source not in ("<memory>", "<inventory>"):
+        prefix, _, path = workload.rpartition(":") if workload.startswith("mooncake:") else ("", "", workload)
+        if path.endswith((".jsonl", ".json")) and not Path(path).expanduser().is_absolute():
+            absolute = str(Path(inv.source).resolve().parent / path)
+            out["workload"] = f"{prefix}:{absolute}" if prefix else absolute
+    return out
 
 
 def located(inv: Inventory, pairs: list[tuple[Key, str]]) -> InventoryError:

@@ -292,13 +292,14 @@ def _local_defaults() -> dict[str, Any]:
 
 
 def _from_inventory(path: str) -> dict[str, Any]:
+    from ..inventory import serve_settings
     from .common import load
 
     inv = load(path)
     b = inv.bench
     return {"model": inv.guest.model, "ranks": b.ranks_per_node, "batch_sizes": list(b.batch_sizes),
             "input_tokens": list(b.input_tokens), "output_tokens": b.output_tokens, "warmup": b.warmup,
-            "repeats": b.repeats, "compile_mode": b.compile, "serve": b.serve.model_dump(),
+            "repeats": b.repeats, "compile_mode": b.compile, "serve": serve_settings(inv),
             "slos": {k: v.model_dump() for k, v in inv.slos.items()},
             "percentile": inv.slo.percentile, "attainment": inv.slo.attainment}
 

@@ -18,6 +18,7 @@ import click
 
 from ..contract import new_run_id, serve_matrix
 from ..errors import BenchError, Problem, UsageError
+from ..inventory import serve_settings
 from ..runspec import EndpointSpec, RunSpec, parse_fault
 from ..servers import VLLM, ServerSpec
 from .bench_serve import serve_spec
@@ -179,7 +180,7 @@ def _new_spec(inventory: str | None, opts: dict[str, Any], slos: dict[str, Any] 
 
     source = opts.get("deployment") or inventory
     inv = load(source) if source else None
-    bench_serve = inv.bench.serve.model_dump() if inv is not None else None
+    bench_serve = serve_settings(inv) if inv is not None else None
     if inv is not None and inv.serve.max_num_seqs:
         bench_serve = {**bench_serve, "slots": inv.serve.max_num_seqs}
     input_tokens = opts.get("input_tokens") or (list(inv.bench.input_tokens) if inv else list(DEFAULT_INPUT_TOKENS))

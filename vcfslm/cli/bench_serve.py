@@ -11,12 +11,15 @@ from .. import arrivals
 from ..errors import Problem, UsageError
 from ..servers import SERVERS, ServerSpec
 from ..serving import ServeSpec
+from ..workloads import Workload, parse_workload
 from .common import int_list
 
 # Flags that only mean something with --serve, and static-only flags refused with it.
 SERVE_FLAGS = ("rates", "users", "slots", "chunk_tokens", "batched_tokens", "duration", "warmup_s", "cooldown_s", "arrival", "burstiness",
                "think_s", "lengths", "sweep", "sweep_steps", "sweep_precision", "sweep_budget", "server",
-               "server_python")
+               "server_python", "workload", "time_scales")
+# Resolved by serve_spec itself, not copied into the spec's fields.
+_OWN_RESOLUTION = ("rates", "users", "workload", "time_scales")
 STATIC_ONLY = ("batch_sizes", "scenarios", "warmup")
 _FLAG_FIELDS = {"duration": "duration_s", "sweep_budget": "sweep_budget_s"}
 
@@ -68,6 +71,14 @@ def serve_options(f):
                      help="Serve: closed-loop mean think time between a reply and the next request."),
         click.option("--lengths", type=click.Choice(["fixed", "uniform"]), default=None,
                      help="Serve: request lengths, the nominal ones or uniform in [half, nominal]."),
+        click.option("--workload", default=None, metavar="NAME|FILE",
+                     help="Serve: what the requests look like: fixed:IN/OUT, a mix (chat, rag), a JSONL "
+                          "file of requests (input_tokens, output_tokens; optional arrival_s, conversation, "
+                          "turn, prefix_tokens, think_s) or mooncake:FILE (a Mooncake trace). Default: "
+                          "--input-tokens and --output-tokens, fixed."),
+        click.option("--time-scale", "time_scales", callback=float_list, default=None, metavar="LIST",
+                     help="Serve, a replayed workload: speed-ups of its own times (2: twice as fast), as "
+                          "loads instead of --rates (each is the trace's mean rate times it)."),
         click.option("--sweep", is_flag=True, default=None,
                      help="Serve: after the loads, bisect towards each SLO's largest passing load."),
         click.option("--sweep-steps", type=click.IntRange(min=0), default=None,
@@ -130,24 +141,50 @@ def serve_spec(opts: dict[str, Any], *, inventory: dict[str, Any] | None, previo
             fields.update(load_kind=kind, loads=tuple(float(v) for v in loads))
     for flag in SERVE_FLAGS:
         value = opts.get(flag)
-        if value is None or flag in ("rates", "users"):
+        if value is None or flag in _OWN_RESOLUTION:
             continue
         fields[_FLAG_FIELDS.get(flag, flag)] = value
     if opts.get("rates"):
         fields.update(load_kind="rate", loads=tuple(opts["rates"]))
     elif opts.get("users"):
         fields.update(load_kind="users", loads=tuple(float(u) for u in opts["users"]))
+    workload = _workload(opts, inventory or {})
+    scales = opts.get("time_scales") or (None if opts.get("rates") or opts.get("users") else
+                                         (inventory or {}).get("time_scales"))
+    if scales:
+        if opts.get("rates") or opts.get("users"):
+            raise UsageError("give --time-scale or --rates/--users, not both")
+        if workload is None or not workload.replay:
+            raise UsageError([Problem("", None, None, "--time-scale", "only a workload whose requests carry their "
+                                      "arrival times (a trace, a JSONL file with arrival_s) has a time scale")])
+        fields.update(load_kind="rate", loads=tuple(round(workload.rate_of_scale(v), 6) for v in scales))
     if "loads" not in fields:
         raise UsageError([Problem("", None, None, "--rates/--users",
                                   "serving needs a load: --rates (requests/s per rank) or --users, "
                                   "or bench.serve.rates/users in the inventory")])
-    fields.update(input_tokens=tuple(input_tokens), output_tokens=output_tokens, repeats=repeats, seed=seed)
-    fields.pop("rates", None)
-    fields.pop("users", None)
+    if workload is not None and workload.kind == "fixed":
+        input_tokens, output_tokens, workload = [workload.input_tokens], workload.output_tokens, None
+    elif workload is not None:
+        # A workload's one context is its longest prompt and reply: what sizes a server's KV cache.
+        input_tokens, output_tokens = [workload.max_input], max(2, workload.max_output)
+    fields.update(input_tokens=tuple(input_tokens), output_tokens=output_tokens, repeats=repeats, seed=seed,
+                  workload=workload)
+    for key in ("rates", "users", "time_scales"):
+        fields.pop(key, None)
     try:
         return ServeSpec.of_record(fields)
     except ValueError as exc:
         raise UsageError([Problem("", None, None, "--serve", str(exc))]) from None
+
+
+def _workload(opts: dict[str, Any], inventory: dict[str, Any]) -> Workload | None:
+    """--workload, else the inventory's bench.serve.workload (its file made absolute by
+    inventory.serve_settings), read and checked (WorkloadError: exit 2)."""
+    if opts.get("workload"):
+        return parse_workload(opts["workload"], source="--workload")
+    if inventory.get("workload"):
+        return parse_workload(inventory["workload"], source="bench.serve.workload")
+    return None
 
 
 def server_spec(opts: dict[str, Any], *, inventory: dict[str, Any] | None,

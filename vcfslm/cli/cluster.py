@@ -71,9 +71,10 @@ def cluster_spec(inv, opts: dict[str, Any], slos: dict | None = None) -> RunSpec
     """A new cluster run's spec: the flags over the inventory's bench settings."""
     serve = server = None
     if opts.get("serve"):
+        from ..inventory import serve_settings
         from .bench_serve import serve_spec, server_spec
 
-        serve = serve_spec(opts, inventory=inv.bench.serve.model_dump(), previous=None,
+        serve = serve_spec(opts, inventory=serve_settings(inv), previous=None,
                            input_tokens=inv.bench.input_tokens,
                            output_tokens=opts.get("output_tokens") or inv.bench.output_tokens,
                            repeats=opts.get("repeats") or inv.bench.repeats, attainment=inv.slo.attainment)
