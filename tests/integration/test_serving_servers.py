@@ -21,6 +21,7 @@ from vcfslm.guest.templates import render_template
 from vcfslm.runspec import ProbeSpec, RunSpec
 from vcfslm.servers import ServerSpec
 from vcfslm.serving import ServeSpec
+from vcfslm.workloads import parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -100,14 +101,27 @@ def test_a_real_vllm_server_serves_a_tiny_model(tmp_path):
     from tests.vllm_model import write_tiny_vllm_model
 
     model = write_tiny_vllm_model(tmp_path / "tiny")
-    spec = ServeSpec(loads=(2.0,), input_tokens=(32,), output_tokens=8, duration_s=8.0, warmup_s=1.0,
-                     cooldown_s=1.0, warmup_windows=1, slots=4)
+    # Three-turn conversations, each turn carrying the last prompt and reply as its prefix:
+    # vLLM's prefix cache (blocks of 128 tokens on CPU) holds the earlier prompts' blocks.
+    conversations = tmp_path / "conversations.jsonl"
+    conversations.write_text("".join(json.dumps(row) + "\n" for c in range(20) for row in (
+        {"conversation": c, "turn": 0, "input_tokens": 300, "output_tokens": 8},
+        {"conversation": c, "turn": 1, "input_tokens": 400, "output_tokens": 8, "prefix_tokens": 308},
+        {"conversation": c, "turn": 2, "input_tokens": 500, "output_tokens": 8, "prefix_tokens": 408})))
+    spec = ServeSpec(loads=(2.0,), input_tokens=(500,), output_tokens=8, duration_s=8.0, warmup_s=1.0,
+                     cooldown_s=1.0, warmup_windows=1, slots=4, workload=parse_workload(str(conversations)))
     done = run(tmp_path, spec, python=VLLM_PYTHON, model=model, port=18760, run_id="vllm")
     assert done.meta.complete is True
     [record] = done.serve_records
     assert record.server == "vllm" and record.valid, record.invalid_reasons
     assert record.completed == record.offered > 0 and record.failed == 0
     assert record.request_output_tokens == [8] * record.completed       # ignore_eos: every token came
+    assert record.workload == "file:conversations.jsonl" and len(record.workload_digest) == 12
+    pairs = list(zip(record.request_prefix_tokens, record.request_cached_tokens, strict=True))
+    assert {p for p, _ in pairs} >= {0, 308}, pairs
+    # A later turn finds its conversation's earlier prompt in the cache; a first turn shares nothing.
+    assert all(cached >= 256 for prefix, cached in pairs if prefix >= 308), pairs
+    assert all(cached == 0 for prefix, cached in pairs if prefix == 0), pairs
     assert record.server_metrics["generation_tokens"] >= 8 * record.completed
     facts = json.loads((done.run_dir / "ranks.json").read_text())[0]["server"]
     assert facts["version"].startswith("0.32")
