@@ -4,11 +4,11 @@ Runs of `bench --serve --endpoint` load a deployment's front door, and their rec
 how many nodes stood behind it (`endpoint_nodes`). Their series (analysis/serve.py) are
 judged as every serving series is; here they are read side by side:
 
-- Scale-out: per SLO and context (one server, one model), the threshold at N nodes behind
-  the endpoint (the deployment's requests/s), N x the single node's, and their ratio, the
-  scale-out efficiency. Its interval pairs the two thresholds' intervals the cautious way:
-  low = low(N) / (N x high(1)), high = high(N) / (N x low(1)). An end that is a bound
-  ("≥", every load tried passed) leaves the efficiency open on that side.
+- Scale-out: per SLO and context or workload (one server, one model), the threshold at N
+  nodes behind the endpoint (the deployment's requests/s), N x the single node's, and their
+  ratio, the scale-out efficiency. Its interval pairs the two thresholds' intervals the
+  cautious way: low = low(N) / (N x high(1)), high = high(N) / (N x low(1)). An end that is
+  a bound ("≥", every load tried passed) leaves the efficiency open on that side.
 - Sizing on the curve: the fewest measured N whose capacity (its threshold, or its busy
   streams there, less the headroom) carries the peak; past the largest N measured, that
   N's capacity per node (its efficiency kept) times the nodes.
@@ -215,20 +215,21 @@ class ScaleOut:
     def to_dict(self) -> dict[str, Any]:
         k = self.key
         return {"slo": self.slo.to_dict(), "input_tokens": k.input_tokens, "output_tokens": k.output_tokens,
-                "load_kind": k.load_kind, "arrival": k.arrival, "slots": k.slots, "server": k.server,
-                "model": k.model, "rows": [r.to_dict() for r in self.rows]}
+                "workload": k.workload, "load_kind": k.load_kind, "arrival": k.arrival, "slots": k.slots,
+                "server": k.server, "model": k.model, "rows": [r.to_dict() for r in self.rows]}
 
 
 def scale_outs(thresholds: Sequence[Any]) -> list[ScaleOut]:
-    """Every endpoint series' thresholds as curves: one per SLO, context, load kind, arrival,
-    slots, server and model, rows by the nodes behind the endpoint. A curve needs more than
-    one node count, or one beyond a single node."""
+    """Every endpoint series' thresholds as curves: one per SLO, context, workload, load kind,
+    arrival, slots, server and model, rows by the nodes behind the endpoint. A curve needs more
+    than one node count, or one beyond a single node."""
     groups: dict[tuple, dict[int, Any]] = {}
     for t in thresholds:
         k = t.key
         if not k.endpoint_nodes or k.faulted:         # a curve of capacity: windows without faults
             continue
-        group = (t.slo, k.input_tokens, k.output_tokens, k.load_kind, k.arrival, k.slots, k.server, k.model)
+        group = (t.slo, k.input_tokens, k.output_tokens, k.workload, k.load_kind, k.arrival, k.slots, k.server,
+                 k.model)
         groups.setdefault(group, {})[k.endpoint_nodes] = t
     out = []
     for group, by_n in groups.items():
@@ -240,14 +241,17 @@ def scale_outs(thresholds: Sequence[Any]) -> list[ScaleOut]:
 
 
 def curve_for(curves: Sequence[ScaleOut], t: Any) -> ScaleOut | None:
-    """The usable curve of the same SLO, context, load kind, server and model as `t`."""
+    """The usable curve of the same SLO, context, workload, load kind, server and model as `t`."""
     k = t.key
     for c in curves:
         ck = c.key
-        if (c.slo == t.slo and c.usable and (ck.input_tokens, ck.output_tokens, ck.load_kind, ck.server, ck.model)
-                == (k.input_tokens, k.output_tokens, k.load_kind, k.server, k.model)):
+        if (c.slo == t.slo and c.usable and _curve_group(ck) == _curve_group(k)):
             return c
     return None
+
+
+def _curve_group(k: Any) -> tuple:
+    return (k.input_tokens, k.output_tokens, k.workload, k.load_kind, k.server, k.model)
 
 
 def curve_nodes(capacities: Sequence[tuple[int, float]], peak: float, headroom: float = 0.0

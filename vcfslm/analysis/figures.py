@@ -321,10 +321,11 @@ def _answer_series(serving) -> list[tuple[object, list]]:
 
 
 def _series_label(key, keys) -> str:
-    label = f"{key.input_tokens} input tokens"
-    if len({k.output_tokens for k in keys}) > 1:
+    # A workload series is named by its workload: its input tokens are only its longest prompt.
+    label = key.context_text if key.workload else f"{key.input_tokens} input tokens"
+    if len({k.output_tokens for k in keys if not k.workload}) > 1 and not key.workload:
         label += f" / {key.output_tokens} output"
-    if len({k.context for k in keys}) < len(keys):
+    if len({(k.context, k.workload) for k in keys}) < len(keys):
         label += f" ({key.load_kind}, {key.slots} slots)"
     if len({k.server for k in keys}) > 1:
         label = f"{key.server}: {label}"

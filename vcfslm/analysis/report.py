@@ -10,7 +10,9 @@ With serving records (bench --serve) a Serving section follows the reasoning: th
 threshold per SLO and context beside the static crossover (opening the answer too),
 latency and goodput against load, every series' loads; serving.json holds its numbers.
 Runs through one endpoint add the scale-out table (their thresholds at 1, 2, … nodes behind
-it, and the efficiency) and the faults they took.
+it, and the efficiency) and the faults they took. A series that ran a workload (or whose
+prompts varied in length) is split by prompt length beside its loads (TTFT and TPOT per
+bucket, serve-length-buckets.csv), and each workload is a row of the answer of its own.
 A serving-only report leaves out the static sections that would be empty.
 
 report.html is self-contained: figures are inline base64 data URIs and the
@@ -49,6 +51,8 @@ from vcfslm.analysis.tables import (
     comparison_table,
     crossover_table,
     fault_table,
+    length_buckets_csv,
+    length_table,
     md_cell,
     results_table,
     scale_out_table,
@@ -217,14 +221,18 @@ def build(analysis: Analysis, sources: Sequence[str], options: ReportOptions | N
 
 
 def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
-    """The serving section's detail: every series' loads, then (when the answer does not show
-    them all) every series' thresholds. The nodes are in the answer table and the reasoning."""
+    """The serving section's detail: every series' loads (each followed by its split by prompt
+    length, where it has one), then (when the answer does not show them all) every series'
+    thresholds. The nodes are in the answer table and the reasoning."""
     from vcfslm.analysis.serve import series_of
 
     several_models = len({p.key.model for p in serving.points}) > 1
+    split = {s.key: s for s in serving.lengths}
     out = [scale_out_table(serving.scale_outs)] if serving.scale_outs else []
     out += [fault_table(serving.faults, slos)] if serving.faults else []
-    out += [serve_points_table(points, slos, several_models) for points in series_of(serving.points).values()]
+    for key, points in series_of(serving.points).items():
+        out.append(serve_points_table(points, slos, several_models))
+        out += [length_table(split[key], slos, several_models)] if key in split else []
     if len(serving.thresholds) > len(serving.primaries):
         out.append(serve_thresholds_table(serving.thresholds))
     return out
@@ -276,6 +284,8 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
         outputs["serving.json"] = json.dumps({"title": report.title, "sources": report.sources,
                                               "slos": [s.to_dict() for s in report.slos],
                                               **report.serving.to_dict()}, indent=2, sort_keys=True) + "\n"
+        if report.serving.lengths:
+            outputs["serve-length-buckets.csv"] = length_buckets_csv(report.serving.lengths, report.slos)
     for name, text in outputs.items():
         atomic_write_text(out / name, text)
         _readable(out / name)
@@ -463,7 +473,8 @@ def scale_out_reasons(serving: ServeAnalysis) -> list[str]:
     out = []
     for c in serving.scale_outs:
         parts = [f"{r.nodes} nodes {r.efficiency_text}" for r in c.rows if r.nodes > 1]
-        head = f"{c.slo.title}, {c.key.input_tokens}-token inputs, through one endpoint: "
+        inputs = c.key.context_phrase if c.key.workload else f"{c.key.input_tokens}-token inputs"
+        head = f"{c.slo.title}, {inputs}, through one endpoint: "
         single = next((r for r in c.rows if r.nodes == 1), None)
         if single is None or single.measured is None:
             out.append(head + "no single-node threshold measured, so no scale-out efficiency "

@@ -23,9 +23,13 @@ threshold here is the one the in-run sweep bisects towards):
   windows) and reaches up to the replicates' first failing loads, exclusive (`[4–<8]`); the
   streams interval reads the busy slots at both ends, and the node counts follow from the
   ends. A load judged on fewer requests than its share needs is flagged.
-- The answer per SLO x context reads single-VM series when there are any (cluster ones
-  otherwise); of several series the one with the fewest concurrent streams per VM at its
-  threshold (the conservative reading).
+- Workloads never pool (vcfslm.workloads): a series' key names its workload by name and
+  digest, and a workload series is named by its workload, not by its longest prompt and
+  reply (what its records' input and output tokens are). Its loads are split by prompt
+  length, with the prefix cache's share where the server said it (analysis/lengths.py).
+- The answer per SLO x context (or workload) reads single-VM series when there are any
+  (cluster ones otherwise); of several series the one with the fewest concurrent streams
+  per VM at its threshold (the conservative reading).
 - Sizing: nodes = ceil(peak streams / serving streams per VM x (1 - headroom)); for a rate
   load also nodes = ceil(peak requests/s / threshold requests/s per VM x (1 - headroom)).
 """
@@ -58,6 +62,7 @@ from vcfslm.analysis.endpoint import (
     fault_windows,
     scale_outs,
 )
+from vcfslm.analysis.lengths import SeriesLengths, cached_share, history_note, series_lengths
 from vcfslm.analysis.slo import (
     Crossover,
     Slo,
@@ -70,6 +75,7 @@ from vcfslm.analysis.slo import (
 from vcfslm.errors import UsageError
 from vcfslm.judging import Interval, Replicate, Rule
 from vcfslm.results import ServeRecord
+from vcfslm.workloads import MIXES
 
 PCT = f"p{serving.SERVE_PERCENTILE:g}"
 UNITS = {"rate": "req/s", "users": "users"}
@@ -101,6 +107,10 @@ class ServeKey:
     # Its windows took a fault (bench --fault): a server killed in each. Never pooled with
     # windows without one, and never the answer while a series without faults stands beside it.
     faulted: bool = False
+    # The workload its requests came from, `name@digest` (vcfslm.workloads); "": the spec's fixed
+    # lengths. Workloads never pool, and with one input_tokens / output_tokens are only its
+    # longest prompt and reply, so a workload series is named by its workload.
+    workload: str = ""
 
     @property
     def context(self) -> tuple[int, int]:
@@ -119,6 +129,48 @@ class ServeKey:
     @property
     def unit(self) -> str:
         return UNITS[self.load_kind]
+
+    @property
+    def context_text(self) -> str:
+        """What a table's input column says of it: `512`, or the workload's title."""
+        return workload_title(self.workload) if self.workload else str(self.input_tokens)
+
+    @property
+    def output_text(self) -> str:
+        return "–" if self.workload else str(self.output_tokens)
+
+    @property
+    def context_phrase(self) -> str:
+        """What a sentence says of it: `512-token inputs / 128 output`, or `the chat (mix) workload`."""
+        if self.workload:
+            return f"the {workload_title(self.workload)} workload"
+        return f"{self.input_tokens}-token inputs / {self.output_tokens} output"
+
+
+def workload_label(r: ServeRecord) -> str:
+    """A record's workload as a series keeps it: `name@digest`; "" for the spec's fixed lengths,
+    and for a fixed workload (`fixed:IN/OUT`), which is the same requests at the same context."""
+    if not r.workload or r.workload.startswith("fixed:"):
+        return ""
+    return f"{r.workload}@{r.workload_digest}" if r.workload_digest else r.workload
+
+
+# A workload file's kind as its name carries it (vcfslm.workloads.parse_workload names them).
+WORKLOAD_KINDS = (("file:", "requests file"), ("mooncake:", "Mooncake trace"))
+
+
+def workload_title(label: str) -> str:
+    """A workload as a reader names it: `chat (mix)`, `trace.jsonl (requests file, 1a2b3c4d)`. A
+    file's digest stays in (shortened): two versions of one file are two workloads."""
+    name, at, digest = label.rpartition("@")
+    if not at:
+        name, digest = label, ""
+    if name in MIXES:
+        return f"{name} (mix)"
+    for prefix, kind in WORKLOAD_KINDS:
+        if name.startswith(prefix):
+            return f"{name.removeprefix(prefix)} ({kind}{', ' + digest[:8] if digest else ''})"
+    return name
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,6 +238,11 @@ class ServePoint:
         return len(self.result.ttft_s) / self.result.span_s * self.key.per_vm
 
     @property
+    def cached_share(self) -> float | None:
+        """The share of prompt tokens the server's prefix cache served (None: it did not say)."""
+        return None if self.result is None else cached_share(self.result.windows)
+
+    @property
     def valid(self) -> bool:
         return self.invalid_windows == 0 and self.windows > 0
 
@@ -199,14 +256,14 @@ class ServePoint:
                 "streams_per_vm": self.streams_per_vm, "requests": self.requests,
                 "unfinished": self.unfinished, "offered": self.offered, "completed": self.completed,
                 "windows": self.windows, "invalid_windows": self.invalid_windows, "valid": self.valid,
-                "flags": list(self.flags), "source": self.source}
+                "cached_share": self.cached_share, "flags": list(self.flags), "source": self.source}
 
 
 def key_dict(key: ServeKey) -> dict[str, Any]:
     return {"scope": key.scope, "vms": key.vms, "ranks_per_vm": key.ranks_per_vm, "load_kind": key.load_kind,
             "arrival": key.arrival, "slots": key.slots, "input_tokens": key.input_tokens,
             "output_tokens": key.output_tokens, "server": key.server, "model": key.model,
-            "endpoint_nodes": key.endpoint_nodes, "faulted": key.faulted}
+            "endpoint_nodes": key.endpoint_nodes, "faulted": key.faulted, "workload": key.workload}
 
 
 def _finite(value: float | None) -> float | None:
@@ -219,13 +276,14 @@ def fmt_load(value: float) -> str:
 
 def describe_key(key: ServeKey) -> str:
     served = "" if key.server == "vcfslm" else f", {key.server} server"
+    requests = (f"workload {workload_title(key.workload)}" if key.workload
+                else f"input {key.input_tokens} / output {key.output_tokens}")
     if key.endpoint_nodes:
         faulted = ", a server killed in each window" if key.faulted else ""
         return (f"through one endpoint ({key.endpoint_nodes} node(s) x {key.ranks_per_vm} servers, "
-                f"{key.slots} slots, {key.arrival}{served}{faulted}) input {key.input_tokens} / output "
-                f"{key.output_tokens}")
+                f"{key.slots} slots, {key.arrival}{served}{faulted}) {requests}")
     return (f"{SCOPE_TITLES[key.scope]} ({key.vms} VM x {key.ranks_per_vm} ranks, {key.slots} slots, "
-            f"{key.arrival}{served}) input {key.input_tokens} / output {key.output_tokens}")
+            f"{key.arrival}{served}) {requests}")
 
 
 # ------------------------------------------------------------------ points
@@ -288,14 +346,15 @@ def series_key(meta, r: ServeRecord) -> ServeKey:
         n = r.endpoint_nodes
         per_node = max(1, len(r.endpoint_servers) // n)
         return ServeKey(SINGLE if n == 1 else CLUSTER, n, per_node, r.load_kind, r.arrival, r.slots, r.input_tokens,
-                        r.output_tokens, r.server, meta.model, n, bool(r.fault))
+                        r.output_tokens, r.server, meta.model, n, bool(r.fault), workload_label(r))
     return ServeKey(scope_of(meta), max(len(meta.nodes), 1), r.ranks_per_node, r.load_kind, r.arrival, r.slots,
-                    r.input_tokens, r.output_tokens, r.server, meta.model)
+                    r.input_tokens, r.output_tokens, r.server, meta.model, workload=workload_label(r))
 
 
 def _key_order(k: ServeKey) -> tuple:
-    return (k.scope != SINGLE, k.faulted, k.endpoint_nodes, k.vms, k.input_tokens, k.output_tokens, k.load_kind,
-            k.ranks_per_vm, k.slots, k.arrival)
+    # Fixed contexts first (by length), then the workloads by name.
+    return (k.scope != SINGLE, k.faulted, k.endpoint_nodes, k.vms, k.workload, k.input_tokens, k.output_tokens,
+            k.load_kind, k.ranks_per_vm, k.slots, k.arrival)
 
 
 def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos: Sequence[Slo],
@@ -324,6 +383,12 @@ def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos:
         flags.append(recompiled)
     return ServePoint(key, float(load), result, goodput, len(records), len(invalid),
                       sum(r.offered for r in valid), sum(r.completed for r in valid), source, tuple(flags))
+
+
+def history_of(key: ServeKey, points: Sequence[ServePoint]) -> str:
+    """The note beside a multi-turn workload served by vcfslm's engine, which prefills each
+    turn's history again; "" for any other series."""
+    return history_note(key.server, [r for p in points if p.result is not None for r in p.result.windows])
 
 
 def series_of(points: Sequence[ServePoint]) -> dict[ServeKey, list[ServePoint]]:
@@ -558,7 +623,7 @@ def threshold_reason(t: ServeThreshold) -> str:
     """One paragraph: where the threshold lies and why, bounds said plainly."""
     k, unit = t.key, t.key.unit
     head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]} ({k.arrival}, {k.slots} slots per rank), "
-            f"{k.input_tokens}-token inputs / {k.output_tokens} output, {t.rule}")
+            f"{k.context_phrase}, {t.rule}")
     judged = t.judged
     if t.status == "unjudged":
         text = f"{head}: no load has valid data to judge."
@@ -597,13 +662,14 @@ def _conservative(t: ServeThreshold) -> tuple:
 
 
 def primary(all_thresholds: Sequence[ServeThreshold]) -> list[ServeThreshold]:
-    """Per SLO x context x load kind x server x model the threshold the answer reads: single-VM
-    series first, and of several the fewest streams per VM (a notes entry says so). Servers and
-    models are never pooled: vLLM's threshold and vcfslm's own, or two models', stand side by side."""
+    """Per SLO x context x workload x load kind x server x model the threshold the answer reads:
+    single-VM series first, and of several the fewest streams per VM (a notes entry says so).
+    Servers, models and workloads are never pooled: vLLM's threshold and vcfslm's own, two
+    models', or a chat mix's and a trace's, stand side by side."""
     groups: dict[tuple, list[ServeThreshold]] = {}
     for t in all_thresholds:
-        groups.setdefault((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.load_kind, t.key.server,
-                           t.key.model), []).append(t)
+        groups.setdefault((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.workload, t.key.load_kind,
+                           t.key.server, t.key.model), []).append(t)
     out = []
     for ts in groups.values():
         faulted = all(t.key.faulted for t in ts)
@@ -680,7 +746,8 @@ class ServeComparison:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.static
-        return {"model": self.threshold.key.model, "slo": self.threshold.slo.name,
+        return {"model": self.threshold.key.model, "workload": self.threshold.key.workload,
+                "slo": self.threshold.slo.name,
                 "input_tokens": self.threshold.key.input_tokens,
                 "output_tokens": self.threshold.key.output_tokens, "load_kind": self.threshold.key.load_kind,
                 "serving_streams_per_vm": self.threshold.streams_per_vm, "serving_status": self.threshold.status,
@@ -704,6 +771,9 @@ def static_crossovers(cells: Sequence[Cell], slos: Sequence[Slo], rule: Rule | N
         return [], f"static {rule.percentile} values unknown (a CSV without {rule.percentile} columns?)"
 
 
+NO_STATIC_FOR_WORKLOADS = "a workload's lengths vary: no static crossover"
+
+
 def compare(primaries: Sequence[ServeThreshold], cells: Sequence[Cell], rule: Rule | None = None
             ) -> list[ServeComparison]:
     """Each answer threshold beside the static crossover of the same SLO and context; the
@@ -712,6 +782,10 @@ def compare(primaries: Sequence[ServeThreshold], cells: Sequence[Cell], rule: Ru
     index = {(c.slo, c.input_tokens, c.output_tokens, c.model): c for c in statics}
     out = []
     for t in primaries:
+        if t.key.workload:
+            # Static batches run one fixed context; a workload's lengths vary, so none compares.
+            out.append(ServeComparison(t, None, NO_STATIC_FOR_WORKLOADS))
+            continue
         c = index.get((t.slo, t.key.input_tokens, t.key.output_tokens, t.key.model))
         note = why if c is None and why else ("no static crossover of this context" if c is None else "")
         if c is not None:
@@ -822,8 +896,7 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
         raise UsageError("--peak-rps needs a serving threshold of a rate load (requests/s); this one is "
                          f"{t.key.load_kind}")
     k = t.key
-    head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
-            f"{k.output_tokens} output, {t.rule}")
+    head = f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.context_phrase}, {t.rule}"
     if t.status in ("below", "unjudged"):
         why = ("even the smallest load tried fails; measure lower loads" if t.status == "below"
                else "no load has valid data")
@@ -872,8 +945,7 @@ def size_on_curve(t: ServeThreshold, curve: ScaleOut, peak_streams: int | None =
     kept). `t` is the answer's threshold it stands beside (checked as `size` checks it)."""
     alone = size(t, peak_streams, peak_rps, headroom)
     k = t.key
-    head = (f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.input_tokens}-token inputs / "
-            f"{k.output_tokens} output, {t.rule}")
+    head = f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.context_phrase}, {t.rule}"
     read = curve_text(curve, "rate", f"{k.unit} at the threshold")
     lines = [f"{head}: sized on the cluster curve measured through one endpoint ({read})."]
     found: dict[str, tuple[int | None, Interval | None]] = {}
@@ -934,6 +1006,7 @@ class ServeAnalysis:
     rule: Rule = field(default_factory=Rule)
     scale_outs: list[ScaleOut] = field(default_factory=list)   # curves through one endpoint
     faults: list[FaultWindow] = field(default_factory=list)    # windows that took a fault
+    lengths: list[SeriesLengths] = field(default_factory=list)  # loads split by prompt length
 
     def size_for(self, t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | None = None,
                  headroom: float = 0.0) -> ServeSizing:
@@ -948,7 +1021,8 @@ class ServeAnalysis:
                 "comparisons": [c.to_dict() for c in self.comparisons],
                 "sizings": [s.to_dict() for s in self.sizings], "warnings": list(self.warnings),
                 "scale_out": [c.to_dict() for c in self.scale_outs],
-                "faults": [f.to_dict() for f in self.faults]}
+                "faults": [f.to_dict() for f in self.faults],
+                "length_buckets": [{**key_dict(s.key), **s.to_dict()} for s in self.lengths]}
 
 
 def has_serving(runs: Sequence[Any]) -> bool:
@@ -969,5 +1043,5 @@ def analyse(runs: Sequence[Any], slos: Sequence[Slo], cells: Sequence[Cell] = ()
     curves = scale_outs(every)
     sizings = [sized(t, curves, peak, None, headroom) for t in answer for peak in peaks]
     return ServeAnalysis(points, every, answer, compare(answer, cells, rule), sizings, warnings, rule, curves,
-                         fault_windows(runs))
+                         fault_windows(runs), series_lengths(series_of(points), every, slos))
 

@@ -9,7 +9,8 @@
 - crossover per SLO x context and sizing per SLO x context;
 - a run's own summary (`scenario_rows`), what `bench` prints when it ends;
 - serving mode: the serving threshold beside the static crossover (with the nodes it
-  asks for), every series' loads, every series' thresholds, sizing from them;
+  asks for), every series' loads, every series' thresholds, sizing from them; a workload
+  series (or one whose prompts varied) split by prompt length, as a table and a CSV;
 - through one endpoint: the scale-out curve (threshold at N nodes, N × one node's, their
   ratio) and the windows that took a fault.
 """
@@ -43,20 +44,27 @@ from vcfslm.analysis.endpoint import (
     share_text,
     shares_text,
 )
+from vcfslm.analysis.lengths import HISTORY_BRIEF, LengthSplit, SeriesLengths
 from vcfslm.analysis.serve import (
     PCT,
     UNITS,
     ServeComparison,
+    ServeKey,
     ServePoint,
     ServeSizing,
     ServeThreshold,
     describe_key,
     fmt_load,
+    history_of,
+    key_dict,
 )
 from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, law_formula
 
 # What a serving threshold's node count divides by.
 PER_VM_STREAMS = "streams per VM at threshold"
+PREFIX_CACHE = "prefix cache (prompt tokens)"
+CACHE_NOTE = ("Prefix cache: the prompt tokens the server's prefix cache held over the prompt tokens sent, "
+              "as the server counted them per request.")
 
 
 @dataclass
@@ -393,19 +401,34 @@ def _serve_fmt(value: float | None, digits: int) -> str:
     return fmt(value, digits)
 
 
+def context_column(keys: Sequence[ServeKey]) -> str:
+    """The input column's name: a workload series is named by its workload, not a length."""
+    return "input tokens or workload" if any(k.workload for k in keys) else "input tokens"
+
+
+def several_outputs_of(keys: Sequence[ServeKey]) -> bool:
+    """Do the fixed contexts differ in output length (a workload's is only its longest reply)?"""
+    return len({k.output_tokens for k in keys if not k.workload}) > 1
+
+
+def _share(value: float | None) -> str:
+    return fmt(None if value is None else 100 * value, 1, " %")
+
+
 def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence[ServeSizing],
                        headroom: float = 0.0) -> Table:
-    """Per SLO x context: the serving threshold, the static crossover beside it, their ratio and
-    the nodes the serving threshold asks for."""
+    """Per SLO x context (or workload, a row each): the serving threshold, the static crossover
+    beside it, their ratio and the nodes the serving threshold asks for."""
     peaks = list(dict.fromkeys(s.peak_streams for s in sizings if s.peak_streams is not None))
-    several_outputs = len({c.threshold.key.output_tokens for c in comparisons}) > 1
+    keys = [c.threshold.key for c in comparisons]
+    several_outputs = several_outputs_of(keys)
     several_servers = len({c.threshold.key.server for c in comparisons}) > 1
     several_models = len({c.threshold.key.model for c in comparisons}) > 1
     notes_of = {id(c): "; ".join(x for x in (_serve_note(c), _curve_note(c.threshold, sizings)) if x)
                 for c in comparisons}
     with_notes = any(notes_of.values())
     cols = ["model"] if several_models else []
-    cols += ["SLO", "input tokens"] + (["output tokens"] if several_outputs else [])
+    cols += ["SLO", context_column(keys)] + (["output tokens"] if several_outputs else [])
     cols += ["server"] if several_servers else []
     cols += ["load", "threshold (per VM)", "first failing (per VM)", "binding", "streams/VM at threshold",
              "static crossover (streams/VM)", "serving / static"]
@@ -415,7 +438,7 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
         t = c.threshold
         mine = {s.peak_streams: s for s in sizings if s.threshold is t}
         row = [model_text(t.key.model)] if several_models else []
-        row += [t.slo.title, str(t.key.input_tokens)] + ([str(t.key.output_tokens)] if several_outputs else [])
+        row += [t.slo.title, t.key.context_text] + ([t.key.output_text] if several_outputs else [])
         row += [t.key.server] if several_servers else []
         streams = t.streams_text + (f" {t.streams_interval.text(lambda v: f'{v:.1f}')}"
                                     if t.streams_interval and t.status in ("threshold", "above") else "")
@@ -426,7 +449,8 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
         row += [notes_of[id(c)]] if with_notes else []
         rows.append(row)
     rules = ", ".join(dict.fromkeys(c.threshold.rule for c in comparisons)) or "attainment"
-    title = f"Serving threshold per SLO and context (continuous batching, {rules}"
+    title = f"Serving threshold per SLO and {'context or workload' if any(k.workload for k in keys) else 'context'} "
+    title += f"(continuous batching, {rules}"
     title += f", headroom {headroom:.0%})" if headroom else ")"
     notes = ["Threshold: the largest load tried at which the stated share of requests met every limit at once "
              "(TTFT with the queue, and TPOT), before the first failing load; an unfinished request met none. "
@@ -457,6 +481,8 @@ def _serve_note(c: ServeComparison) -> str:
         notes.append("few samples: " + "; ".join(t.few_samples))
     if c.note:
         notes.append(c.note)
+    if history_of(t.key, t.points):
+        notes.append(HISTORY_BRIEF)
     return "; ".join(notes)
 
 
@@ -471,6 +497,9 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence, with_model:
             f"TTFT {PCT} (s)", "TPOT p50 (ms)", f"TPOT {PCT} (ms)", "streams/VM", "completed (req/s/VM)"]
     cols += [f"goodput {s.title} (req/s/VM)" for s in slos]
     cols += [f"attainment {s.title}" for s in slos]
+    # Only where the server said what its prefix cache held: a column of dashes says nothing.
+    cached = any(p.cached_share is not None for p in points)
+    cols += [PREFIX_CACHE] if cached else []
     flagged = any(p.flags for p in points)
     cols += ["windows"] + (["flags"] if flagged else [])
     rows = []
@@ -480,12 +509,16 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence, with_model:
                _serve_fmt(p.tpot_p90_ms, 1), fmt(p.streams_per_vm, 1), fmt(p.completed_per_vm, 2)]
         row += [fmt(p.goodput_per_vm.get(s.name), 2) for s in slos]
         row += [_attainment_text(p, s) for s in slos]
+        row += [_share(p.cached_share)] if cached else []
         row += [f"{p.windows - p.invalid_windows}/{p.windows}"] + (["; ".join(p.flags)] if flagged else [])
         rows.append(row)
     title = f"Serving, {model_text(key.model) + ', ' if with_model else ''}{describe_key(key)}"
     notes = ["Tails pool every counted request of every rank and valid window; ∞: the tail reaches an "
              "unfinished request. Goodput: requests per second per VM that met every limit of the SLO; "
              "attainment: the share of counted requests that did (unfinished ones met none)."]
+    notes += [CACHE_NOTE] if cached else []
+    history = history_of(key, points)
+    notes += [history + "."] if history else []
     return Table(title, cols, rows, notes)
 
 
@@ -510,13 +543,14 @@ def serve_thresholds_table(thresholds: Sequence[ServeThreshold]) -> Table:
 def serve_sizing_table(sizings: Sequence[ServeSizing]) -> Table:
     """Sizing from serving thresholds; the by-rate columns only when a peak rate was given."""
     by_rate = any(s.peak_rps is not None for s in sizings)
-    cols = ["SLO", "input tokens", "load", "peak streams"] + (["peak req/s"] if by_rate else [])
+    cols = ["SLO", context_column([s.threshold.key for s in sizings]), "load", "peak streams"]
+    cols += ["peak req/s"] if by_rate else []
     cols += ["rule", "streams/VM at threshold", "threshold (per VM)", "headroom", "nodes by streams"]
     cols += ["nodes by rate"] if by_rate else []
     rows = []
     for s in sizings:
         t = s.threshold
-        row = [t.slo.title, str(t.key.input_tokens), UNITS[t.key.load_kind],
+        row = [t.slo.title, t.key.context_text, UNITS[t.key.load_kind],
                "–" if s.peak_streams is None else str(s.peak_streams)]
         row += ["–" if s.peak_rps is None else f"{s.peak_rps:g}"] if by_rate else []
         row += [t.rule, t.streams_text, " ".join(x for x in (t.threshold_text, t.interval_text) if x),
@@ -538,7 +572,8 @@ def scale_out_table(curves: Sequence[ScaleOut]) -> Table:
     their ratio (the scale-out efficiency) and how the router split the requests."""
     several_models = len({c.key.model for c in curves}) > 1
     several_servers = len({c.key.server for c in curves}) > 1
-    cols = (["model"] if several_models else []) + ["SLO", "input tokens"] + (["server"] if several_servers else [])
+    cols = (["model"] if several_models else []) + ["SLO", context_column([c.key for c in curves])]
+    cols += ["server"] if several_servers else []
     cols += ["nodes", "threshold (deployment)", "N × 1 node", "efficiency [95 %]", "first failing", "binding",
              "streams at threshold", "requests per server"]
     rows = []
@@ -546,7 +581,7 @@ def scale_out_table(curves: Sequence[ScaleOut]) -> Table:
         for r in c.rows:
             t = r.threshold
             row = [model_text(c.key.model)] if several_models else []
-            row += [c.slo.title, str(c.key.input_tokens)] + ([c.key.server] if several_servers else [])
+            row += [c.slo.title, c.key.context_text] + ([c.key.server] if several_servers else [])
             ideal = r.ideal
             row += [str(r.nodes), f"{deployment_text(t)} {c.key.unit}",
                     "–" if ideal is None else f"{'≥ ' if r.single.status == 'above' else ''}{load_text(ideal)}",
@@ -592,3 +627,78 @@ def fault_table(faults: Sequence[FaultWindow], slos: Sequence) -> Table:
              "every one. During / after: attainment of the counted requests that arrived from the kill "
              "until it was back, and after."]
     return Table("Faults through the router", cols, rows, notes)
+
+
+# ------------------------------------------------------------------ by prompt length
+
+UNFINISHED_ROW = "unfinished (length not recorded)"
+
+
+def length_table(lengths: SeriesLengths, slos: Sequence, with_model: bool = False) -> Table:
+    """One series' loads split by prompt length: per bucket the finished requests, their TTFT and
+    TPOT tails and each SLO's share; the unfinished requests on a row of their own."""
+    key = lengths.key
+    roles = any(split.roles for split in lengths.splits)
+    cached = any(split.cached_share is not None for split in lengths.splits)
+    cols = [f"load/VM ({key.unit})"] + (["read at"] if roles else [])
+    cols += ["prompt tokens", "requests", "TTFT p50 (s)", f"TTFT {PCT} (s)", "TPOT p50 (ms)", f"TPOT {PCT} (ms)"]
+    cols += [f"meets {s.title}" for s in slos] + ([PREFIX_CACHE] if cached else [])
+    rows = []
+    for split in lengths.splits:
+        head = [fmt_load(split.load * key.per_vm)] + (["; ".join(split.roles) or "–"] if roles else [])
+        rows += [head + _bucket_cells(b, slos) + ([_share(b.cached_share)] if cached else [])
+                 for b in split.buckets]
+        if split.unfinished:
+            rows.append(head + [UNFINISHED_ROW, str(split.unfinished)] + ["–"] * (4 + len(slos))
+                        + (["–"] if cached else []))
+    title = f"TTFT and TPOT by prompt length, {model_text(key.model) + ', ' if with_model else ''}{describe_key(key)}"
+    return Table(title, cols, rows, _length_notes(lengths, cached))
+
+
+def _bucket_cells(b, slos: Sequence) -> list[str]:
+    return ([b.label, str(b.requests), fmt(b.ttft_p50_s, 2), fmt(b.ttft_p90_s, 2), fmt(b.tpot_p50_ms, 1),
+             fmt(b.tpot_p90_ms, 1)] + [_share(b.meets.get(s.name)) for s in slos])
+
+
+def _length_notes(lengths: SeriesLengths, cached: bool) -> list[str]:
+    which = ("every load tried" if lengths.every_load
+             else "the loads the thresholds are read at (each SLO's threshold and first failing load)")
+    notes = [f"Loads: {which}. Prompt tokens: each request's whole prompt, a conversation's history included. "
+             f"Tails over the bucket's finished requests; meets: the share of them within every limit of the "
+             "SLO at once.",
+             "Unfinished requests have no length on record (a window keeps per-request lengths for finished "
+             "requests only), so they sit on a row of their own; each met no SLO, and the load's attainment "
+             "counts them where these shares do not."]
+    notes += [CACHE_NOTE] if cached else []
+    return notes + [n + "." for n in lengths.notes]
+
+
+LENGTH_CSV_KEY = ("model", "scope", "vms", "ranks_per_vm", "server", "workload", "load_kind", "arrival", "slots",
+                  "input_tokens", "output_tokens", "endpoint_nodes", "faulted")
+
+
+def length_buckets_csv(series: Sequence[SeriesLengths], slos: Sequence) -> str:
+    """Every split series' buckets as raw numbers, one row per load and bucket (the unfinished
+    requests as bucket `unfinished`): what serve-length-buckets.csv holds."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*LENGTH_CSV_KEY, "load", "load_per_vm", "read_at", "bucket", "requests", "ttft_p50_s",
+                "ttft_p90_s", "tpot_p50_ms", "tpot_p90_ms", *[f"meets_{s.name}" for s in slos],
+                "prompt_tokens", "cached_tokens", "cached_share"])
+    for lengths in series:
+        keys = key_dict(lengths.key)
+        head = [keys[k] for k in LENGTH_CSV_KEY]
+        for split in lengths.splits:
+            w.writerows(_split_csv_rows(head, split, lengths.key.per_vm, slos))
+    return buf.getvalue()
+
+
+def _split_csv_rows(head: list, split: LengthSplit, per_vm: float, slos: Sequence) -> list[list]:
+    at = [_raw(split.load), _raw(split.load * per_vm), "; ".join(split.roles)]
+    rows = [head + at + [b.label, b.requests, _raw(b.ttft_p50_s), _raw(b.ttft_p90_s), _raw(b.tpot_p50_ms),
+                         _raw(b.tpot_p90_ms), *[_raw(b.meets.get(s.name)) for s in slos], b.prompt_tokens,
+                         "" if b.cached_tokens is None else b.cached_tokens, _raw(b.cached_share)]
+            for b in split.buckets]
+    if split.unfinished:
+        rows.append(head + at + ["unfinished", split.unfinished] + [""] * (7 + len(slos)))
+    return rows
