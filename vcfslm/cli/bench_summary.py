@@ -50,13 +50,17 @@ def print_serve_summary(meta, run_dir: Path, output: str, title: str) -> None:
     from ..analysis.slo import slos_from_meta
     from ..analysis.tables import serve_answer_table, serve_points_table
     from ..results import read_run
+    from ..results.vllm_results import write_vllm_results
 
     slos = slos_from_meta(meta.slos or None)
     rule, _ = judging_rule([meta])
-    served = analyse([read_run(run_dir, require_records=False)], slos, rule=rule)
+    run = read_run(run_dir, require_records=False)
+    served = analyse([run], slos, rule=rule)
+    # Every serving run also leaves its requests as `vllm bench serve --save-result` would.
+    exported = write_vllm_results(run_dir) if run.serve_records else []
     if output == "json":
         print_json({"run_id": meta.run_id, "run_dir": str(run_dir), "complete": meta.complete,
-                    "serving": served.to_dict()})
+                    "serving": served.to_dict(), "vllm_results": [str(p) for p in exported]})
         return
     for points in series_of(served.points).values():
         table = serve_points_table(points, slos)
@@ -65,5 +69,7 @@ def print_serve_summary(meta, run_dir: Path, output: str, title: str) -> None:
         console.print(rich_table(serve_answer_table(served.comparisons, ())))
     for warning in served.warnings:
         console.print(f"warning: {warning}", markup=False, soft_wrap=True)
+    if exported:
+        console.print(f"vLLM-layout results: {exported[0].parent} ({len(exported)} file(s))")
     console.print(f"run dir: {run_dir}" + ("" if meta.complete else "  (incomplete)"))
     console.print(f"next: vcfslm report {run_dir}")
