@@ -438,6 +438,7 @@ def serve_limits(slos: dict[str, Any] | None) -> dict[str, dict[str, float | Non
     SLOs, else the defaults."""
     chosen = slos or DEFAULT_SLOS
     return {name: {"tpot_ms": spec.get("tpot_ms"), "ttft_s": spec.get("ttft_s"),
+                   **({"ttft_per_token_ms": spec["ttft_per_token_ms"]} if spec.get("ttft_per_token_ms") else {}),
                    **({"percentile": spec["percentile"]} if spec.get("percentile") else {})}
             for name, spec in chosen.items() if isinstance(spec, dict)}
 

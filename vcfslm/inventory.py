@@ -351,6 +351,9 @@ class SLO(_Model):
 
     tpot_ms: Annotated[float, Field(gt=0)] = Field(description="Max time per output token, ms.")
     ttft_s: Annotated[float, Field(gt=0)] = Field(description="Max time to first token, s.")
+    ttft_per_token_ms: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="The TTFT limit grows by this many ms per prompt token (a long prompt's prefill "
+                          "is allowed its time); null = one TTFT limit for every prompt.")
 
 
 DEFAULT_SLOS = {name: SLO(**limits) for name, limits in contract.DEFAULT_SLOS.items()}

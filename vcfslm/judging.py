@@ -158,15 +158,31 @@ class Attainment:
 
 
 def attainment(ttft_s: Sequence[float], tpot_ms: Sequence[float], unfinished: int,
-               limit_tpot_ms: float | None, limit_ttft_s: float | None) -> Attainment:
-    """Attainment of the finished requests' (ttft, tpot) pairs plus `unfinished` that met nothing."""
+               limit_tpot_ms: float | None, limit_ttft_s: float | None, *,
+               input_tokens: Sequence[int] = (), ttft_per_token_ms: float | None = None) -> Attainment:
+    """Attainment of the finished requests' (ttft, tpot) pairs plus `unfinished` that met nothing.
+
+    With `ttft_per_token_ms` each request's TTFT limit grows with its prompt: `limit_ttft_s`
+    plus that many ms per prompt token (`input_tokens`, one per request), as prefill does."""
     good = tpot_good = ttft_good = 0
-    for f, p in zip(ttft_s, tpot_ms, strict=True):
-        ok_p, ok_f = within(p, limit_tpot_ms), within(f, limit_ttft_s)
+    limits = ttft_limits(limit_ttft_s, ttft_per_token_ms, input_tokens, len(ttft_s))
+    for f, p, lf in zip(ttft_s, tpot_ms, limits, strict=True):
+        ok_p, ok_f = within(p, limit_tpot_ms), within(f, lf)
         tpot_good += ok_p
         ttft_good += ok_f
         good += ok_p and ok_f
     return Attainment(len(ttft_s) + unfinished, good, tpot_good, ttft_good)
+
+
+def ttft_limits(limit_ttft_s: float | None, ttft_per_token_ms: float | None, input_tokens: Sequence[int],
+                count: int) -> list[float | None]:
+    """Each of `count` requests' TTFT limit: the fixed one, or grown by its prompt's tokens."""
+    if not ttft_per_token_ms:
+        return [limit_ttft_s] * count
+    if len(input_tokens) != count:
+        raise ValueError(f"a TTFT limit per prompt token needs each request's prompt length: "
+                         f"{len(input_tokens)} lengths for {count} requests")
+    return [(limit_ttft_s or 0.0) + ttft_per_token_ms / 1000.0 * n for n in input_tokens]
 
 
 def attains(a: Attainment, share: float) -> bool | None:

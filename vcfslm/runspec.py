@@ -269,7 +269,7 @@ class RunSpec(BaseModel):
         settings = {"run_id": run_id, "mode": "cluster", "model": inv.guest.model,
                     "matrix": Matrix.of_inventory(bench), "compile_mode": bench.compile,
                     "ranks": bench.ranks_per_node, "threads": bench.threads_per_rank, "nodes": tuple(nodes),
-                    "slos": {k: v.model_dump() for k, v in inv.slos.items()},
+                    "slos": {k: v.model_dump(exclude_none=True) for k, v in inv.slos.items()},
                     "percentile": inv.slo.percentile, "timeout_s": bench.timeout_s}
         return cls.from_cli({**settings, **changes}, inv.source)
 

@@ -331,6 +331,7 @@ class LoadResult:
     invalid: tuple[str, ...] = field(default_factory=tuple)
     # The valid windows pooled here, for the bootstrap (resampled within ranks).
     windows: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    input_tokens: tuple[int, ...] = ()  # each finished request's prompt, aligned with ttft_s
 
     @property
     def requests(self) -> int:
@@ -342,9 +343,11 @@ class LoadResult:
     def tpot_tail(self, q: float = SERVE_PERCENTILE) -> float:
         return tail(self.tpot_ms, self.unfinished, q)
 
-    def attainment(self, tpot_ms: float | None, ttft_s: float | None) -> judging.Attainment:
+    def attainment(self, tpot_ms: float | None, ttft_s: float | None,
+                   ttft_per_token_ms: float | None = None) -> judging.Attainment:
         """How its counted requests fared against these limits, every limit at once."""
-        return judging.attainment(self.ttft_s, self.tpot_ms, self.unfinished, tpot_ms, ttft_s)
+        return judging.attainment(self.ttft_s, self.tpot_ms, self.unfinished, tpot_ms, ttft_s,
+                                  input_tokens=self.input_tokens, ttft_per_token_ms=ttft_per_token_ms)
 
 
 def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
@@ -354,13 +357,14 @@ def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
     one adds its reasons, and a load with none valid has no requests (no verdict)."""
     pooled: dict[float, dict[str, Any]] = {}
     for r in records:
-        p = pooled.setdefault(float(r.load), {"ttft": [], "tpot": [], "unfinished": 0, "span": 0.0,
+        p = pooled.setdefault(float(r.load), {"ttft": [], "tpot": [], "unfinished": 0, "span": 0.0, "inputs": [],
                                               "ranks": set(), "active": [], "invalid": [], "windows": []})
         if not r.valid:
             p["invalid"].extend(f"rank {r.rank} window {r.window}: {why}" for why in r.invalid_reasons)
             continue
         p["ttft"].extend(r.ttft_s)
         p["tpot"].extend(r.tpot_ms)
+        p["inputs"].extend(request_inputs(r))
         p["unfinished"] += r.unfinished
         p["span"] += r.span_s
         p["ranks"].add(r.rank)
@@ -368,8 +372,15 @@ def load_results(records: Iterable[Any]) -> dict[float, LoadResult]:
         p["windows"].append(r)
     return {load: LoadResult(load, tuple(p["ttft"]), tuple(p["tpot"]), p["unfinished"], p["span"],
                              len(p["ranks"]), sum(p["active"]) / len(p["active"]) if p["active"] else 0.0,
-                             tuple(p["invalid"]), tuple(p["windows"]))
+                             tuple(p["invalid"]), tuple(p["windows"]), tuple(p["inputs"]))
             for load, p in sorted(pooled.items())}
+
+
+def request_inputs(record: Any) -> list[int]:
+    """A window's per-request prompt lengths, aligned with its TTFTs (records written before
+    they were kept: the nominal context for each)."""
+    got = list(getattr(record, "request_input_tokens", ()) or ())
+    return got if len(got) == len(record.ttft_s) else [getattr(record, "input_tokens", 0)] * len(record.ttft_s)
 
 
 def share_for(limit: Mapping[str, Any], attainment: float = judging.DEFAULT_ATTAINMENT) -> float:
@@ -378,10 +389,15 @@ def share_for(limit: Mapping[str, Any], attainment: float = judging.DEFAULT_ATTA
 
 
 def meets(result: LoadResult, tpot_ms: float | None, ttft_s: float | None,
-          share: float = judging.DEFAULT_ATTAINMENT) -> bool | None:
+          share: float = judging.DEFAULT_ATTAINMENT, ttft_per_token_ms: float | None = None) -> bool | None:
     """Does the load meet the limits: did at least `share` of its requests meet every one at
     once? None: no request to judge."""
-    return judging.attains(result.attainment(tpot_ms, ttft_s), share)
+    return judging.attains(result.attainment(tpot_ms, ttft_s, ttft_per_token_ms), share)
+
+
+def meets_limit(result: LoadResult, limit: Mapping[str, Any], share: float) -> bool | None:
+    """`meets` for an SLO's limits as the workers keep them ({tpot_ms, ttft_s[, ttft_per_token_ms]})."""
+    return meets(result, limit.get("tpot_ms"), limit.get("ttft_s"), share, limit.get("ttft_per_token_ms"))
 
 
 def bootstrap_windows(results: Mapping[float, LoadResult], limits: Mapping[str, Mapping[str, Any]]
@@ -392,8 +408,10 @@ def bootstrap_windows(results: Mapping[float, LoadResult], limits: Mapping[str, 
     for load, res in results.items():
         by_rank: dict[tuple, list[judging.ServeWindow]] = {}
         for r in res.windows:
-            good = {name: judging.attainment(r.ttft_s, r.tpot_ms, r.unfinished, lim.get("tpot_ms"),
-                                             lim.get("ttft_s")).good for name, lim in limits.items()}
+            good = {name: judging.attainment(r.ttft_s, r.tpot_ms, r.unfinished, lim.get("tpot_ms"), lim.get("ttft_s"),
+                                             input_tokens=request_inputs(r),
+                                             ttft_per_token_ms=lim.get("ttft_per_token_ms")).good
+                    for name, lim in limits.items()}
             by_rank.setdefault((getattr(r, "run_id", ""), r.rank), []).append(
                 judging.ServeWindow(len(r.ttft_s) + r.unfinished, good, r.mean_active))
         if by_rank:
@@ -402,16 +420,16 @@ def bootstrap_windows(results: Mapping[float, LoadResult], limits: Mapping[str, 
 
 
 def goodput(ttft_s: Sequence[float], tpot_ms: Sequence[float], span_s: float,
-            limits: Mapping[str, Any]) -> dict[str, float]:
-    """Requests per second that met each SLO (name -> {tpot_ms, ttft_s}), over `span_s`."""
+            limits: Mapping[str, Any], input_tokens: Sequence[int] = ()) -> dict[str, float]:
+    """Requests per second that met each SLO (name -> {tpot_ms, ttft_s[, ttft_per_token_ms]}),
+    over `span_s`; `input_tokens`: each request's prompt, for a per-token TTFT limit."""
     if span_s <= 0:
         return {name: 0.0 for name in limits}
     out = {}
     for name, limit in limits.items():
-        lt, lf = _limit(limit, "tpot_ms"), _limit(limit, "ttft_s")
-        good = sum(1 for f, p in zip(ttft_s, tpot_ms, strict=True)
-                   if (lt is None or p <= lt) and (lf is None or f <= lf))
-        out[name] = good / span_s
+        a = judging.attainment(ttft_s, tpot_ms, 0, _limit(limit, "tpot_ms"), _limit(limit, "ttft_s"),
+                               input_tokens=input_tokens, ttft_per_token_ms=_limit(limit, "ttft_per_token_ms"))
+        out[name] = a.good / span_s
     return out
 
 
@@ -508,7 +526,7 @@ def refine(results: Mapping[float, LoadResult], limit: Mapping[str, Any], share:
     the precision, no number of windows can narrow the interval enough: the next step is a new
     load halfway into the gap (rounded as `next_load` does). Otherwise the replicates disagree:
     the loads the interval spans up to the first failing load get one more window each."""
-    verdicts = {load: meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share) for load, res in results.items()}
+    verdicts = {load: meets_limit(res, limit, share) for load, res in results.items()}
     passing, failing = judging.threshold(verdicts)
     if passing is None or failing is None:
         return Refinement((), None, "no bracket: " + ("even the smallest load fails" if failing is not None

@@ -140,7 +140,8 @@ def bucket_of(label: str, requests: Sequence[tuple[int, float, float, int | None
     ttft = [t for _, t, _, _ in requests]
     tpot = [p for _, _, p, _ in requests]
     pct = serving.SERVE_PERCENTILE
-    meets = {s.name: judging.attainment(ttft, tpot, 0, s.tpot_ms, s.ttft_s).share for s in slos}
+    meets = {s.name: judging.attainment(ttft, tpot, 0, s.tpot_ms, s.ttft_s, input_tokens=[n for n, *_ in requests],
+                                         ttft_per_token_ms=s.ttft_per_token_ms).share for s in slos}
     cached = [c for *_, c in requests]
     known = None if any(c is None for c in cached) else sum(c or 0 for c in cached)
     return LengthBucket(label, len(requests), serving.tail(ttft, 0, 50), serving.tail(ttft, 0, pct),

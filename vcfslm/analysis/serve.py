@@ -366,7 +366,8 @@ def make_point(key: ServeKey, load: float, records: Sequence[ServeRecord], slos:
     if result is not None:
         ttft = [v for r in valid for v in r.ttft_s]
         tpot = [v for r in valid for v in r.tpot_ms]
-        per_rank = serving.goodput(ttft, tpot, result.span_s, {s.name: s for s in slos})
+        inputs = [n for r in valid for n in serving.request_inputs(r)]
+        per_rank = serving.goodput(ttft, tpot, result.span_s, {s.name: s for s in slos}, inputs)
         goodput = {name: v * key.per_vm for name, v in per_rank.items()}
     invalid = [r for r in records if not r.valid]
     flags = []
@@ -441,7 +442,7 @@ class ServeThreshold:
         return f"{judging.attainment_text(self.share)} attainment"
 
     def attainment_at(self, p: ServePoint) -> judging.Attainment | None:
-        return p.result.attainment(self.slo.tpot_ms, self.slo.ttft_s) if p.has_data else None
+        return p.result.attainment(self.slo.tpot_ms, self.slo.ttft_s, self.slo.ttft_per_token_ms) if p.has_data else None
 
     @property
     def load_per_vm(self) -> float | None:
@@ -545,7 +546,7 @@ class ServeThreshold:
 
 
 def _binding(result: serving.LoadResult, slo: Slo, share: float) -> str:
-    a = result.attainment(slo.tpot_ms, slo.ttft_s)
+    a = result.attainment(slo.tpot_ms, slo.ttft_s, slo.ttft_per_token_ms)
     text = a.binding(share)
     # Unfinished requests met no limit: say so when they alone sink the load.
     return text + (" (unfinished requests)" if result.unfinished and result.unfinished > (1 - share) * a.requests
@@ -559,7 +560,7 @@ def serve_threshold(points: Sequence[ServePoint], slo: Slo, rule: Rule | None = 
     rule = rule or Rule()
     share = rule.attainment_for(slo.percentile)
     ordered = tuple(sorted(points, key=lambda p: p.load))
-    verdicts = {p.load: (serving.meets(p.result, slo.tpot_ms, slo.ttft_s, share) if p.has_data else None)
+    verdicts = {p.load: (serving.meets(p.result, slo.tpot_ms, slo.ttft_s, share, slo.ttft_per_token_ms) if p.has_data else None)
                 for p in ordered}
     passing, failing = judging.threshold(verdicts)
     if passing is not None and failing is not None:

@@ -50,6 +50,15 @@ class Slo:
     tpot_ms: float | None = None
     ttft_s: float | None = None
     percentile: str | None = None     # its own percentile (e.g. MLPerf's p99); None: the rule's
+    # The TTFT limit grows by this many ms per prompt token (`ttft<=2s+1ms/tok`): a long
+    # prompt's prefill is allowed its time. None: one TTFT limit for every prompt.
+    ttft_per_token_ms: float | None = None
+
+    def ttft_limit(self, input_tokens: int) -> float | None:
+        """The TTFT limit of a request with this prompt."""
+        if not self.ttft_per_token_ms:
+            return self.ttft_s
+        return (self.ttft_s or 0.0) + self.ttft_per_token_ms / 1000.0 * input_tokens
 
     @property
     def title(self) -> str:
@@ -59,7 +68,9 @@ class Slo:
         parts = []
         if self.tpot_ms is not None:
             parts.append(f"TPOT ≤ {_num(self.tpot_ms)} ms")
-        if self.ttft_s is not None:
+        if self.ttft_per_token_ms:
+            parts.append(f"TTFT ≤ {_num(self.ttft_s or 0.0)} s + {_num(self.ttft_per_token_ms)} ms/prompt token")
+        elif self.ttft_s is not None:
             parts.append(f"TTFT ≤ {_num(self.ttft_s)} s")
         if self.percentile:
             parts.append(f"at {self.percentile}")
@@ -67,6 +78,8 @@ class Slo:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "tpot_ms": self.tpot_ms, "ttft_s": self.ttft_s}
+        if self.ttft_per_token_ms:
+            out["ttft_per_token_ms"] = self.ttft_per_token_ms
         if self.percentile:
             out["percentile"] = self.percentile
         return out
@@ -81,7 +94,8 @@ PRESETS: dict[str, Slo] = {name: Slo(name, float(p["tpot_ms"]), float(p["ttft_s"
                            for name, p in contract.SLO_PRESETS.items()}
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_TERM = re.compile(r"^\s*(?P<ind>[A-Za-z]+)\s*(?P<op><=|≤|<|>=|=)?\s*(?P<num>[0-9]*\.?[0-9]+)?\s*(?P<unit>[A-Za-z]*)\s*$")
+_TERM = re.compile(r"^\s*(?P<ind>[A-Za-z]+)\s*(?P<op><=|≤|<|>=|=)?\s*(?P<num>[0-9]*\.?[0-9]+)?\s*(?P<unit>[A-Za-z]*)\s*"
+                   r"(?:\+\s*(?P<per>[0-9]*\.?[0-9]+)\s*(?P<per_unit>ms|s)\s*/\s*tok(?:en)?s?\s*)?$")
 _UNITS = {"ms": 1e-3, "s": 1.0}
 
 
@@ -134,6 +148,15 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
         if ind in limits:
             problems.append(f"{ind} given twice {where}")
             continue
+        if m.group("per") is not None:
+            if ind != "ttft":
+                problems.append(f"only ttft may grow per prompt token {where} (ttft<=2s+1ms/tok)")
+                continue
+            per_ms = float(m.group("per")) * _UNITS[m.group("per_unit")] * 1000.0
+            if per_ms <= 0:
+                problems.append(f"a per-token TTFT allowance must be positive {where}")
+                continue
+            limits["ttft_per_token"] = per_ms
         seconds = float(m.group("num")) * _UNITS[unit]
         if seconds <= 0:
             problems.append(f"{ind} limit must be positive {where}")
@@ -144,7 +167,7 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
     if problems:
         raise SloSpecError([Problem(source, None, None, f"slo {name or text!r}", p) for p in problems])
     return Slo(name, tpot_ms=_round(limits.get("tpot")), ttft_s=_round(limits.get("ttft")),
-               percentile=limits.get("percentile"))
+               percentile=limits.get("percentile"), ttft_per_token_ms=_round(limits.get("ttft_per_token")))
 
 
 def _round(x: float | None) -> float | None:
@@ -189,7 +212,14 @@ def slos_from_meta(data: Any, source: str = "meta.json slos") -> list[Slo]:
             problems.append(Problem(source, None, None, f"slos.{name}.percentile",
                                     f"must be one of {', '.join(PERCENTILES)}, not {pct!r}"))
             continue
-        out.append(Slo(str(name), tpot_ms=tpot, ttft_s=ttft, percentile=pct))
+        per_token = spec.get("ttft_per_token_ms")
+        if per_token is not None and (isinstance(per_token, bool) or not isinstance(per_token, int | float)
+                                      or per_token <= 0):
+            problems.append(Problem(source, None, None, f"slos.{name}.ttft_per_token_ms",
+                                    f"must be a positive number of ms, not {per_token!r}"))
+            continue
+        out.append(Slo(str(name), tpot_ms=tpot, ttft_s=ttft, percentile=pct,
+                       ttft_per_token_ms=float(per_token) if per_token is not None else None))
     if problems:
         raise SloSpecError(problems)
     return out
@@ -255,9 +285,11 @@ class Verdict:
         return not self.failing
 
 
-def judge(point: LoadPoint, slo: Slo) -> Verdict:
-    """Which indicators of `point` are over the SLO's limits (a tie meets the limit)."""
-    return Verdict(point, judging.static_failing(point.tpot_ms, point.ttft_s, slo.tpot_ms, slo.ttft_s))
+def judge(point: LoadPoint, slo: Slo, input_tokens: int = 0) -> Verdict:
+    """Which indicators of `point` (its streams' prompts `input_tokens` long) are over the
+    SLO's limits (a tie meets the limit)."""
+    return Verdict(point, judging.static_failing(point.tpot_ms, point.ttft_s, slo.tpot_ms,
+                                                 slo.ttft_limit(input_tokens)))
 
 
 @dataclass(frozen=True)
@@ -335,7 +367,7 @@ def crossover(points: Sequence[LoadPoint], slo: Slo, input_tokens: int, output_t
     if not points:
         raise ValueError("crossover needs at least one tested load")
     ordered = sorted(points, key=lambda p: p.streams_per_vm)
-    verdicts = tuple(judge(p, slo) for p in ordered)
+    verdicts = tuple(judge(p, slo, input_tokens) for p in ordered)
     passing, failing = judging.threshold({float(v.point.streams_per_vm): v.meets for v in verdicts})
     if failing is None:
         status, threshold, binding = "all", ordered[-1].streams_per_vm, None
@@ -380,16 +412,16 @@ def crossover_text(c: Crossover) -> str:
                   else "the lowest tested load (no batch-1 data)")
     if c.status == "none":
         text = (f"{head}: not achievable in this configuration. Even {floor_name}, "
-                f"{floor.point.streams_per_vm} streams/VM, has {_values(floor, c.slo)}; "
+                f"{floor.point.streams_per_vm} streams/VM, has {_values(floor, c.slo, c.input_tokens)}; "
                 f"{c.binding} binds.")
     elif c.status == "all":
         text = (f"{head}: every tested load meets it, so the threshold is ≥ {c.max_tested} streams/VM "
                 f"(the max tested); the true crossover lies above the tested range. "
-                f"At {c.max_tested} streams/VM: {_values(c.verdicts[-1], c.slo)}.")
+                f"At {c.max_tested} streams/VM: {_values(c.verdicts[-1], c.slo, c.input_tokens)}.")
     else:
         fail = next(v for v in c.verdicts if not v.meets)
         text = (f"{head}: meets the SLO up to {c.threshold} streams/VM; the first failing load is "
-                f"{c.first_failing} streams/VM ({_values(fail, c.slo)}); {c.binding} binds.")
+                f"{c.first_failing} streams/VM ({_values(fail, c.slo, c.input_tokens)}); {c.binding} binds.")
     if c.interval is not None:
         text += f" {interval_sentence(c.interval, 'streams/VM')}"
     if c.non_monotonic:
@@ -399,7 +431,7 @@ def crossover_text(c: Crossover) -> str:
                  f"below the first failure.")
     if c.status != "none":
         text += (f" {floor_name[0].upper()}{floor_name[1:]}, {floor.point.streams_per_vm} streams/VM: "
-                 f"{_values(floor, c.slo)}.")
+                 f"{_values(floor, c.slo, c.input_tokens)}.")
     if c.few_samples:
         text += f" Few samples: {'; '.join(c.few_samples)}."
     for note in c.notes:
@@ -413,13 +445,13 @@ def interval_sentence(iv: Interval, unit: str) -> str:
             "windows resampled within ranks).")
 
 
-def _values(v: Verdict, slo: Slo) -> str:
+def _values(v: Verdict, slo: Slo, input_tokens: int = 0) -> str:
     parts = []
     if v.point.tpot_ms is not None:
         mark = _mark(v.point.tpot_ms, slo.tpot_ms)
         parts.append(f"TPOT {v.point.tpot_ms:.1f} ms{mark}")
     if v.point.ttft_s is not None:
-        mark = _mark(v.point.ttft_s, slo.ttft_s)
+        mark = _mark(v.point.ttft_s, slo.ttft_limit(input_tokens))
         parts.append(f"TTFT {v.point.ttft_s:.2f} s{mark}")
     return ", ".join(parts)
 
@@ -515,7 +547,7 @@ def crossovers(cells: Sequence[Cell], slos: Sequence[Slo], pct: str = judging.DE
                 if not points:
                     continue
                 strata = _strata(cells, inp, outp, model) if rule.replicates else {}
-                reps = judging.static_replicates(strata, [(slo.tpot_ms, slo.ttft_s)], q, rule.replicates,
+                reps = judging.static_replicates(strata, [(slo.tpot_ms, slo.ttft_limit(inp))], q, rule.replicates,
                                                  rule.seed)[0] if strata else []
                 origin = Origin(scope, notes, model, len(models))
                 out.append(crossover(points, slo, inp, outp, q, origin, reps, rule.confidence))
@@ -625,7 +657,7 @@ def size(c: Crossover, peak_streams: int, headroom: float = 0.0) -> Sizing:
         floor = c.floor
         reasoning = (f"{head}: no node count suffices. The SLO is not achievable in this configuration: "
                      f"the lowest tested load ({floor.point.streams_per_vm} streams/VM) already has "
-                     f"{_values(floor, c.slo)}. Adding nodes adds capacity, not per-user speed.")
+                     f"{_values(floor, c.slo, c.input_tokens)}. Adding nodes adds capacity, not per-user speed.")
         return Sizing(c, peak_streams, headroom, None, None, reasoning, span)
     threshold = c.threshold
     assert threshold is not None

@@ -144,6 +144,8 @@ def slo_reasons(crossovers: Sequence[Crossover], sizings: Sequence[Sizing], head
         pct = mine[0].percentile
         limits = " and ".join(f"{pct} {name} ≤ {limit:g} {unit}" for name, limit, unit in
                               (("TPOT", slo.tpot_ms, "ms"), ("TTFT", slo.ttft_s, "s")) if limit is not None)
+        if slo.ttft_per_token_ms:
+            limits += f" + {slo.ttft_per_token_ms:g} ms per prompt token"
         rule = f"A load meets {slo.title} when its {limits}."
         several_outputs = len({c.output_tokens for c in mine}) > 1
         headline = f"{slo.describe()}: " + "; ".join(
@@ -165,17 +167,17 @@ def context_reason(c: Crossover, sizings: Sequence[Sizing], with_output: bool = 
         floor = c.floor
         which = "the single-stream floor" if floor.point.batch_per_rank == 1 else "the lowest tested load"
         return (head + f"not achievable. Even {which}, {floor.point.streams_per_vm} streams/VM, has "
-                f"{values(floor, c.slo)}; {c.binding} binds. More nodes add capacity, not per-user speed."
+                f"{values(floor, c.slo, c.input_tokens)}; {c.binding} binds. More nodes add capacity, not per-user speed."
                 + _extra(c))
     if c.status == "all":
         last = c.verdicts[-1]
-        text = (head + f"every tested load meets it (at {c.max_tested} streams/VM: {values(last, c.slo)}), "
+        text = (head + f"every tested load meets it (at {c.max_tested} streams/VM: {values(last, c.slo, c.input_tokens)}), "
                 f"so the threshold is ≥ {c.max_tested} and the node counts are upper bounds.")
     else:
         fail = next(v for v in c.verdicts if not v.meets)
         ok = next(v for v in c.verdicts if v.point.streams_per_vm == c.threshold)
-        text = (head + f"meets it up to {c.threshold} streams/VM ({values(ok, c.slo)}); {c.first_failing} "
-                f"fails on {c.binding} ({values(fail, c.slo)}).")
+        text = (head + f"meets it up to {c.threshold} streams/VM ({values(ok, c.slo, c.input_tokens)}); {c.first_failing} "
+                f"fails on {c.binding} ({values(fail, c.slo, c.input_tokens)}).")
     return text + _nodes(c, sizings) + _extra(c)
 
 
@@ -201,11 +203,11 @@ def _extra(c: Crossover) -> str:
     return text
 
 
-def values(v: Verdict, slo: Slo) -> str:
+def values(v: Verdict, slo: Slo, input_tokens: int = 0) -> str:
     """`TPOT 125.0 ms ≤ 130, TTFT 0.60 s ≤ 3`: each measured value against its limit."""
     parts = []
     for name, value, limit, unit, digits in (("TPOT", v.point.tpot_ms, slo.tpot_ms, "ms", 1),
-                                             ("TTFT", v.point.ttft_s, slo.ttft_s, "s", 2)):
+                                             ("TTFT", v.point.ttft_s, slo.ttft_limit(input_tokens), "s", 2)):
         if value is None:
             continue
         mark = "" if limit is None else f" {'≤' if value <= limit else '>'} {limit:g}"

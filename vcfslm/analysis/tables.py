@@ -525,7 +525,7 @@ def serve_points_table(points: Sequence[ServePoint], slos: Sequence, with_model:
 def _attainment_text(p: ServePoint, slo) -> str:
     if not p.has_data:
         return "–"
-    return f"{p.result.attainment(slo.tpot_ms, slo.ttft_s).share * 100:.1f} %"
+    return f"{p.result.attainment(slo.tpot_ms, slo.ttft_s, slo.ttft_per_token_ms).share * 100:.1f} %"
 
 
 def serve_thresholds_table(thresholds: Sequence[ServeThreshold]) -> Table:

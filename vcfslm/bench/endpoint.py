@@ -223,8 +223,10 @@ def _attainment(requests: Sequence[Request], limits: Mapping[str, Mapping[str, A
     tpot = [(r.last_s - r.first_s) / (r.produced - 1) * 1000.0 if r.produced > 1 else 0.0 for r in done]
     unfinished = len(requests) - len(done)
     out: dict[str, float | None] = {}
+    inputs = [r.input_tokens for r in done]
     for name, lim in limits.items():
-        a = judging.attainment(ttft, tpot, unfinished, lim.get("tpot_ms"), lim.get("ttft_s"))
+        a = judging.attainment(ttft, tpot, unfinished, lim.get("tpot_ms"), lim.get("ttft_s"), input_tokens=inputs,
+                               ttft_per_token_ms=lim.get("ttft_per_token_ms"))
         out[name] = round(a.share, 4) if requests else None
     return out
 

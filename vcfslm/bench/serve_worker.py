@@ -233,7 +233,7 @@ def sweep_input(spec: ServeSpec, limits: dict[str, dict], input_tokens: int,
 
     def verdicts(limit: dict) -> dict[float, bool | None]:
         share = serving.share_for(limit, spec.attainment)
-        return {load: serving.meets(res, limit.get("tpot_ms"), limit.get("ttft_s"), share)
+        return {load: serving.meets_limit(res, limit, share)
                 for load, res in serving.load_results(records_of()).items()}
 
     for load in sorted(set(spec.loads)):

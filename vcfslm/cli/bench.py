@@ -300,7 +300,7 @@ def _from_inventory(path: str) -> dict[str, Any]:
     return {"model": inv.guest.model, "ranks": b.ranks_per_node, "batch_sizes": list(b.batch_sizes),
             "input_tokens": list(b.input_tokens), "output_tokens": b.output_tokens, "warmup": b.warmup,
             "repeats": b.repeats, "compile_mode": b.compile, "serve": serve_settings(inv),
-            "slos": {k: v.model_dump() for k, v in inv.slos.items()},
+            "slos": {k: v.model_dump(exclude_none=True) for k, v in inv.slos.items()},
             "percentile": inv.slo.percentile, "attainment": inv.slo.attainment}
 
 

@@ -215,7 +215,7 @@ def _new_spec(inventory: str | None, opts: dict[str, Any], slos: dict[str, Any] 
         "run_id": opts.get("run_id") or new_run_id("endpoint", max(nodes)), "mode": "endpoint",
         "model": model, "matrix": serve_matrix(serve), "seed": seed,
         "ranks": 1, "threads": 1, "nodes": (), "label": label,
-        "slos": slos or ({k: v.model_dump() for k, v in inv.slos.items()} if inv else {}),
+        "slos": slos or ({k: v.model_dump(exclude_none=True) for k, v in inv.slos.items()} if inv else {}),
         "percentile": opts.get("percentile") or (inv.slo.percentile if inv else None),
         "serve": serve, "server": ServerSpec(name=VLLM.name), "endpoint": endpoint,
         "command": ["vcfslm", *sys.argv[1:]]})

@@ -23,7 +23,7 @@ PERCENTILE_HELP = ("Static cells: the percentile of streams that must meet each 
 ATTAINMENT_HELP = ("Serving: the share of requests that must meet every limit at once (0.9 = 90 %). "
                    "Default: the one the runs recorded, else 0.9.")
 SLO_HELP = ("An SLO name (A, B, one from the inventory, or a preset) or a spec "
-            "'name:tpot<=150ms,ttft<=2s[,p99]'. Repeatable. Default: every SLO of the run. Presets: "
+            "'name:tpot<=150ms,ttft<=2s[+1ms/tok][,p99]'. Repeatable. Default: every SLO of the run. Presets: "
             + presets_help() + ".")
 ATTAINMENT = click.FloatRange(0, 1, min_open=True, max_open=True)
 

@@ -32,7 +32,7 @@ def summary(inv) -> dict:
                   "scenarios": len(inv.bench.batch_sizes) * len(inv.bench.input_tokens),
                   "streams_per_vm": [b * inv.bench.ranks_per_node for b in inv.bench.batch_sizes]},
         "model": inv.guest.model,
-        "slos": {k: v.model_dump() for k, v in inv.slos.items()},
+        "slos": {k: v.model_dump(exclude_none=True) for k, v in inv.slos.items()},
     }
 
 

@@ -367,7 +367,7 @@ def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any
         "rank_tps": outcome.generated_in_span / span if span > 0 else 0.0,
         "mean_active": outcome.busy_slot_seconds / span if span > 0 else 0.0,
         "max_queue": outcome.max_queue,
-        "goodput": serving.goodput(ttft, tpot, span, limits),
+        "goodput": serving.goodput(ttft, tpot, span, limits, [r.input_tokens for r in done]),
         "chunk_tokens": outcome.chunk_tokens, "batched_tokens": outcome.batched_tokens,
         "chunk_rule": outcome.chunk_rule, "chunk_by_lanes": outcome.chunk_by_lanes,
         "steps": outcome.steps, "batched_steps": outcome.batched_steps,
