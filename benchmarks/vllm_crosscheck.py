@@ -59,6 +59,15 @@ schedule.
     .venv/bin/python benchmarks/vllm_crosscheck.py                       # full Phi-3-mini shape
     .venv/bin/python benchmarks/vllm_crosscheck.py --model synthetic:tiny-64 --rate 4 --requests 60
     .venv/bin/python benchmarks/vllm_crosscheck.py --model synthetic:phi-3-mini,layers=4 --rate 1 --requests 40
+    .venv/bin/python benchmarks/vllm_crosscheck.py --model synthetic:tiny-64 --workload rag --rate 1 --requests 60
+
+With `--workload NAME|FILE` (a single-turn mix or a JSONL file of requests, vcfslm/workloads.py)
+both clients send the same requests in the same order: `--requests` drawn from the workload
+with the round's seed, each prompt the text the model's tokenizer decodes from its token ids
+(the same text to both, so the server tokenizes the same prompt), each with its own output
+length. vllm bench reads them as its custom dataset (`--dataset-name custom
+--custom-output-len -1 --skip-chat-template --disable-shuffle --no-oversample`).
+
     .venv/bin/python benchmarks/vllm_crosscheck.py --endpoint http://10.0.0.5:8000 --key-file key.txt \\
         --model-name phi-3-mini --model models/phi-3-mini              # a running endpoint
 """
@@ -91,6 +100,7 @@ from vcfslm.serve.openai_client import Endpoint, get, stream_completion  # noqa:
 from vcfslm.serve.server_process import descendants  # noqa: E402
 from vcfslm.servers import ServerSpec, completion_body  # noqa: E402
 from vcfslm.serving import ServeSpec  # noqa: E402
+from vcfslm.workloads import WindowPlan, Workload, parse_workload, segment_ids  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TOLERANCE = {"p50 TTFT (s)": 0.10, "p50 TPOT (ms)": 0.10, "completed req/s": 0.05}
@@ -140,6 +150,34 @@ def checkpoint(model: str, seed: int = 0) -> str:
     return str(folder)
 
 
+@dataclasses.dataclass(frozen=True)
+class Requests:
+    """The requests of one round drawn from a workload: each prompt as text and its output
+    length, and vllm bench's custom dataset holding the same."""
+
+    prompts: list[str]
+    outputs: list[int]
+    dataset: Path
+
+
+def workload_requests(workload: Workload, count: int, seed: int, target: Target, out_dir: Path) -> Requests:
+    """`count` requests of the workload, drawn with `seed`, their prompts decoded from token
+    ids by the model's tokenizer (so each is its drawn length when encoded again)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(target.model_dir) / "tokenizer.json"))
+    rng = random.Random(seed)
+    plan = WindowPlan(workload, None, 0.0, rng, lambda rate, r: 1.0 / rate)
+    asks = [plan.draw(0.0) for _ in range(count)]
+    prompts = [tokenizer.decode(segment_ids(a.segments, target.vocab) if a.segments else
+                                prompt_ids(seed, i, a.input_tokens, target.vocab)) for i, a in enumerate(asks)]
+    outputs = [max(2, a.output_tokens) for a in asks]
+    dataset = out_dir / f"dataset-{seed}.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": text, "output_tokens": n}) + "\n"
+                               for text, n in zip(prompts, outputs, strict=True)))
+    return Requests(prompts, outputs, dataset)
+
+
 def vllm_bench_draws(seed: int) -> random.Random:
     """A generator in the state `vllm bench serve --seed seed` draws its gaps from.
 
@@ -156,7 +194,7 @@ def vllm_bench_draws(seed: int) -> random.Random:
 
 
 def vcfslm_client(target: Target, base: ServeSpec, rate: float, count: int, seed: int, own_draws: bool,
-                  out_dir: Path | None = None) -> dict:
+                  out_dir: Path | None = None, requests: Requests | None = None) -> dict:
     """One window of vcfslm's client sending exactly `count` requests, over every request it
     sent; its requests' times go to out_dir/vcfslm-<seed>.json (beside vllm bench's)."""
     rng = random.Random(seed) if own_draws else vllm_bench_draws(seed)
@@ -166,9 +204,13 @@ def vcfslm_client(target: Target, base: ServeSpec, rate: float, count: int, seed
     prompt_tokens: dict[int, int | None] = {}
 
     def send(r, deadline):
-        ids = prompt_ids(seed, r.index, r.input_tokens, target.vocab)
-        stream = stream_completion(target.endpoint, target.completions,
-                                   completion_body(target.endpoint.model, ids, r.output_tokens), deadline_s=deadline)
+        if requests is None:
+            body = completion_body(target.endpoint.model, prompt_ids(seed, r.index, r.input_tokens, target.vocab),
+                                   r.output_tokens)
+        else:       # the round's r.index-th request, as vllm bench sends it
+            body = completion_body(target.endpoint.model, [0], requests.outputs[r.index])
+            body["prompt"] = requests.prompts[r.index]
+        stream = stream_completion(target.endpoint, target.completions, body, deadline_s=deadline)
         prompt_tokens[r.index] = stream.prompt_tokens
         return stream
 
@@ -198,19 +240,26 @@ def vcfslm_client(target: Target, base: ServeSpec, rate: float, count: int, seed
                      if r.done and r.produced > 1 else None for r in out.requests]}
 
 
-def vllm_client(target: Target, args, seed: int, out_dir: Path) -> dict:
-    """One run of `vllm bench serve` against the same endpoint."""
+def vllm_client(target: Target, args, seed: int, out_dir: Path, requests: Requests | None = None) -> dict:
+    """One run of `vllm bench serve` against the same endpoint (on the round's requests)."""
     name = f"bench-{seed}.json"
     body = completion_body(target.endpoint.model, [0], args.output_tokens)
     extra = {k: v for k, v in body.items() if k not in VLLM_BENCH_SETS}
+    if requests is not None:
+        # One --extra-body for every request: each has its own output length (max_tokens, with
+        # --ignore-eos exactly that many), so no one min_tokens fits them all.
+        extra.pop("min_tokens", None)
     entry = out_dir / "vllm-entry.py"           # vLLM's own command line, as the server's launch runs it
     if not entry.exists():
         entry.write_text(render_template("vllm-entry.py", {}))
     cmd = [str(args.vllm_python), str(entry), "bench", "serve", "--backend", "vllm",
            "--base-url", target.base_url, "--endpoint", "/v1/completions",
-           "--model", target.endpoint.model, "--tokenizer", target.model_dir, "--dataset-name", "random",
-           "--random-input-len", str(args.input_tokens), "--random-output-len", str(args.output_tokens),
-           "--random-range-ratio", "0", "--ignore-eos", "--request-rate", f"{args.rate:g}",
+           "--model", target.endpoint.model, "--tokenizer", target.model_dir,
+           *(["--dataset-name", "random", "--random-input-len", str(args.input_tokens), "--random-output-len",
+              str(args.output_tokens), "--random-range-ratio", "0"] if requests is None else
+             ["--dataset-name", "custom", "--dataset-path", str(requests.dataset), "--custom-output-len", "-1",
+              "--skip-chat-template", "--disable-shuffle", "--no-oversample"]),
+           "--ignore-eos", "--request-rate", f"{args.rate:g}",
            "--num-prompts", str(args.requests), "--seed", str(seed), "--disable-tqdm",
            "--extra-body", json.dumps(extra), "--ready-check-timeout-sec", "0",
            "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90",
@@ -330,8 +379,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-name", help="with --endpoint: the model name it serves")
     p.add_argument("--independent-draws", action="store_true",
                    help="vcfslm draws its own arrival times instead of vllm bench's for the same seed")
+    p.add_argument("--workload", help="a single-turn workload (a mix or a JSONL file of requests) both clients "
+                                      "send, request for request, instead of fixed lengths")
     p.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON)
     args = p.parse_args(argv)
+    workload = parse_workload(args.workload) if args.workload else None
+    if workload is not None and (workload.replay or workload.multi_turn):
+        sys.exit(f"{workload.name}: the cross-check sends single-turn requests on its own schedule; a replay or a "
+                 "conversation has its own")
+    if workload is not None:
+        args.input_tokens, args.output_tokens = workload.max_input, workload.max_output
     print(cpu_line(), flush=True)
     if not args.vllm_python.exists():
         sys.exit(f"no vLLM at {args.vllm_python}: make vllm")
@@ -371,18 +428,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  | {line[:160]}")
         target = Target(driver.endpoint, "", model_dir, driver.vocab)
         server_pid = facts["pid"]
-    print(f"{args.input_tokens}+{args.output_tokens} tokens, Poisson {args.rate:g} req/s, {args.requests} requests "
+    shape = f"workload {workload.name}" if workload else f"{args.input_tokens}+{args.output_tokens} tokens"
+    print(f"{shape}, Poisson {args.rate:g} req/s, {args.requests} requests "
           f"per run, {args.rounds} round(s), vcfslm on {'its own' if args.independent_draws else 'vllm bench'}'s "
           f"arrival draws; work in {work}", flush=True)
     runs: dict[str, list[dict]] = {"vcfslm": [], "vllm bench": []}
     try:
         warm = min(args.requests, max(2, round(args.rate * WARMUP_S)))
-        vcfslm_client(target, spec, args.rate, warm, 999, True)          # a warm-up, discarded
+        warm_asks = workload_requests(workload, warm, 999, target, work) if workload else None
+        vcfslm_client(target, spec, args.rate, warm, 999, True, None, warm_asks)     # a warm-up, discarded
         for k in range(args.rounds):
             for name in ("vcfslm", "vllm bench") if k % 2 == 0 else ("vllm bench", "vcfslm"):
                 t, other = time.perf_counter(), cpu_seconds(server_pid)
-                got = (vcfslm_client(target, spec, args.rate, args.requests, k, args.independent_draws, work)
-                       if name == "vcfslm" else vllm_client(target, args, k, work))
+                asks = workload_requests(workload, args.requests, k, target, work) if workload else None
+                got = (vcfslm_client(target, spec, args.rate, args.requests, k, args.independent_draws, work, asks)
+                       if name == "vcfslm" else vllm_client(target, args, k, work, asks))
                 runs[name].append(got)
                 got["other CPU (s)"] = cpu_seconds(server_pid) - other if server_pid else None
                 lag = "" if got["max send lag (s)"] is None else f", max send lag {got['max send lag (s)'] * 1000:.1f} ms"
