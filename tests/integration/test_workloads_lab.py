@@ -72,9 +72,10 @@ def test_a_chat_mix_and_a_replayed_trace_each_get_length_buckets_and_an_answer(p
     md = (tmp_path / "report" / "report.md").read_text().splitlines()
     buckets = [line for line in md if line.startswith("### TTFT and TPOT by prompt length")]
     assert any(line.endswith("workload chat (mix)") for line in buckets), buckets
-    assert any("mooncake:trace.jsonl" in line for line in buckets), buckets
+    assert any("workload trace.jsonl (Mooncake trace, " in line for line in buckets), buckets
     # Each workload is a row of its own in the answer, never pooled with the other.
     answer = [line for line in md if line.startswith("| ") and "SLO-B" in line]
-    assert any("chat" in line for line in answer) and any("mooncake:trace.jsonl" in line for line in answer), answer
+    assert any("chat (mix)" in line for line in answer), answer
+    assert any("trace.jsonl (Mooncake trace, " in line for line in answer), answer
     assert any("no prefix cache" in line for line in md)
     assert (tmp_path / "report" / "serve-length-buckets.csv").exists()

@@ -911,7 +911,7 @@ class TokenSlots:
         """Per lane count, the median of `repeats` steps (seconds), after one untimed step
         (a decode graph not yet compiled compiles in it): decode steps, or with `pieces` a
         decode step with a primed piece of the lanes' chunk (after prime). The lane count is
-        reached with slot b-1 busy, its prompt put in by one eager step; all slots free
+        reached with slot b-1 busy, its prompt put in by eager steps; all slots free
         after. The SLO rule's decode times and the check of its estimate."""
         room = self.max_context - 2 - (repeats + 1)
         prompt = prompt[: max(1, min(prompt.numel(), room))]
@@ -920,7 +920,11 @@ class TokenSlots:
         for lanes in decode_buckets(self.slots, self.growth):
             self.reset()
             slot = lanes - 1
-            self.step(Piece(slot, prompt, 0, prompt.numel(), prompt.numel()), eager=True)
+            # The prompt goes in by eager steps of at most the batched budget (a workload's
+            # longest prompt can be longer than one step takes).
+            for start in range(0, prompt.numel(), self.batched_tokens):
+                stop = min(prompt.numel(), start + self.batched_tokens)
+                self.step(Piece(slot, prompt, start, stop, prompt.numel()), eager=True)
             free = self.free()
             if pieces and not free:
                 continue
