@@ -191,7 +191,6 @@ class Workload:
     input_tokens: int = 0               # fixed
     output_tokens: int = 0
     rows: tuple[Row, ...] = field(default=(), repr=False)
-    time_scale: float | None = None     # a replay at this fixed speed (--time-scale); None: from the load
     source: str = ""                    # the file as the operator named it
 
     @property
@@ -273,7 +272,7 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "digest": self.digest,
                                "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                               "time_scale": self.time_scale, "source": self.source}
+                               "source": self.source}
         if self.rows:
             out["rows"] = [r.to_list() for r in self.rows]
         return out
@@ -282,8 +281,7 @@ class Workload:
     def of_record(cls, data: dict[str, Any]) -> Workload:
         return cls(kind=data["kind"], name=data["name"], digest=data.get("digest", ""),
                    input_tokens=int(data.get("input_tokens") or 0), output_tokens=int(data.get("output_tokens") or 0),
-                   rows=tuple(Row.of_list(v) for v in data.get("rows") or ()), time_scale=data.get("time_scale"),
-                   source=data.get("source", ""))
+                   rows=tuple(Row.of_list(v) for v in data.get("rows") or ()), source=data.get("source", ""))
 
 
 def trace_span(times: Sequence[float]) -> float:
@@ -304,11 +302,10 @@ def fixed(input_tokens: int, output_tokens: int) -> Workload:
 # ------------------------------------------------------------------ reading a workload
 
 
-def parse_workload(value: str, *, source: str = "--workload", base: Path | None = None,
-                   time_scale: float | None = None) -> Workload:
-    """The workload a `--workload` value (or the inventory's) names. A relative file is
-    read from `base` (the inventory's folder) when given. WorkloadError names the file,
-    line and key of every problem (exit 2)."""
+def parse_workload(value: str, *, source: str = "--workload") -> Workload:
+    """The workload a `--workload` value (or the inventory's, its file made absolute by
+    inventory.serve_settings) names. WorkloadError names the file, line and key of every
+    problem (exit 2); `source` is where the value came from."""
     text = value.strip()
     if text.startswith("fixed:"):
         try:
@@ -321,12 +318,8 @@ def parse_workload(value: str, *, source: str = "--workload", base: Path | None 
         if ins < 1 or outs < 1:
             raise WorkloadError([Problem(source, None, None, "workload",
                                          f"fixed:IN/OUT needs at least one token each, got {value!r}")])
-        if time_scale is not None:
-            raise WorkloadError([Problem(source, None, None, "time_scale", "only a replayed trace has a time scale")])
         return fixed(ins, outs)
     if text in MIXES:
-        if time_scale is not None:
-            raise WorkloadError([Problem(source, None, None, "time_scale", "only a replayed trace has a time scale")])
         mix = MIXES[text]
         return Workload("mix", text, digest=_digest(mix.describe().encode()))
     kind, path_text = ("mooncake", text.removeprefix("mooncake:")) if text.startswith("mooncake:") else ("requests", text)
@@ -335,8 +328,6 @@ def parse_workload(value: str, *, source: str = "--workload", base: Path | None 
                                      f"unknown workload {value!r}: fixed:IN/OUT, {', '.join(MIXES)}, a JSONL file "
                                      "of requests (.jsonl) or mooncake:FILE")])
     path = Path(path_text).expanduser()
-    if base is not None and not path.is_absolute():
-        path = base / path
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -344,12 +335,7 @@ def parse_workload(value: str, *, source: str = "--workload", base: Path | None 
                                      f"cannot read the workload file: {exc.strerror or exc}")]) from None
     rows = read_mooncake(data, str(path)) if kind == "mooncake" else read_requests(data, str(path))
     workload = Workload(kind, f"{kind}:{path.name}" if kind == "mooncake" else f"file:{path.name}",
-                        digest=_digest(data), rows=rows, time_scale=time_scale, source=str(path))
-    if time_scale is not None and not workload.replay:
-        raise WorkloadError([Problem(str(path), None, None, "time_scale",
-                                     "a time scale needs every request to carry its arrival time")])
-    if time_scale is not None and time_scale <= 0:
-        raise WorkloadError([Problem(source, None, None, "time_scale", f"must be above 0, got {time_scale}")])
+                        digest=_digest(data), rows=rows, source=str(path))
     return workload
 
 
@@ -588,9 +574,8 @@ class WindowPlan:
         starts = sorted(self._starts, key=lambda r: float(r.arrival_s))      # type: ignore[arg-type]
         every = sorted(float(r.arrival_s) for r in self.workload.rows)       # type: ignore[arg-type]
         span = trace_span(every)
-        scale = self.workload.time_scale
-        if scale is None:
-            scale = self.rate / (len(every) / span)
+        # The speed-up that makes the trace's mean rate the load (--time-scale gives loads so).
+        scale = self.rate / (len(every) / span)
         self.time_scale = scale
         times = [float(r.arrival_s) for r in starts]                         # type: ignore[arg-type]
         offset = self.rng.uniform(every[0], every[0] + span)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from vcfslm.cli import main
-from vcfslm.errors import WorkloadError
+from vcfslm.errors import InventoryError, WorkloadError
 from vcfslm.serve.scheduler import Arrivals
 from vcfslm.serving import ServeSpec
 from vcfslm.workloads import (
@@ -276,3 +276,27 @@ def test_the_cli_refuses_a_bad_workload_with_exit_2_and_its_line(tmp_path):
     result = CliRunner().invoke(main, ["bench", "--local", "--serve", "--workload", "rag", "--time-scale", "2",
                                        "--runs-dir", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "--time-scale" in result.output
+
+
+def test_the_inventorys_workload_file_is_read_from_its_folder(tmp_path):
+    import yaml
+
+    from vcfslm.inventory import load_inventory, serve_settings
+
+    brief = Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml"
+    doc = yaml.safe_load(brief.read_text())
+    doc["bench"]["serve"] = {}
+    folder = tmp_path / "site"
+    folder.mkdir()
+    write_jsonl(folder / "reqs.jsonl", [{"input_tokens": 64, "output_tokens": 8}])
+    for value, expected in (("reqs.jsonl", str(folder / "reqs.jsonl")),
+                            ("mooncake:reqs.jsonl", f"mooncake:{folder / 'reqs.jsonl'}"),
+                            ("chat", "chat"), ("fixed:128/16", "fixed:128/16")):
+        doc["bench"]["serve"]["workload"] = value
+        (folder / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        assert serve_settings(load_inventory(folder / "cluster.yaml"))["workload"] == expected
+    doc["bench"]["serve"]["workload"] = "reqs.jsonl"
+    doc["bench"]["serve"]["time_scales"] = [0]
+    (folder / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(InventoryError, match=r"cluster.yaml:\d+:\d+: bench.serve.time_scales.0"):
+        load_inventory(folder / "cluster.yaml")
