@@ -300,3 +300,12 @@ def test_the_inventorys_workload_file_is_read_from_its_folder(tmp_path):
     (folder / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(InventoryError, match=r"cluster.yaml:\d+:\d+: bench.serve.time_scales.0"):
         load_inventory(folder / "cluster.yaml")
+
+
+def test_size_picks_a_workload_by_the_name_bench_took():
+    from vcfslm.cli.report import workload_matches
+
+    assert workload_matches("chat@965b2b8c4e18", "chat") and not workload_matches("chat@965b2b8c4e18", "rag")
+    assert workload_matches("mooncake:t.jsonl@ab12", "mooncake:t.jsonl")
+    assert workload_matches("", "fixed") and workload_matches("", "fixed:128/16")
+    assert not workload_matches("rag@1", "fixed")

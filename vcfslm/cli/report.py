@@ -103,6 +103,13 @@ def latest_run(runs_dir: Path) -> Path:
     return max(candidates)[2]
 
 
+def workload_matches(label: str, asked: str) -> bool:
+    """Does a series' workload (`name@digest`, "" for fixed lengths) answer `--workload`?"""
+    if asked == "fixed" or asked.startswith("fixed:"):
+        return label == ""
+    return label.rpartition("@")[0] == asked or label == asked
+
+
 @click.command()
 @click.option("--peak-streams", type=click.IntRange(min=1), default=None,
               help="Peak concurrent user streams the service must carry (required unless --peak-rps).")
@@ -118,6 +125,9 @@ def latest_run(runs_dir: Path) -> Path:
               help="Context length to size for (default: every tested one).")
 @click.option("--output-tokens", type=click.IntRange(min=1), default=None,
               help="Output length, when the results hold several.")
+@click.option("--workload", default=None, metavar="NAME",
+              help="Serving: size for this workload only (its name as bench --workload took it: chat, rag, "
+                   "file:NAME.jsonl, mooncake:NAME.jsonl; fixed: the fixed-length contexts).")
 @click.option("--results", "results", multiple=True, type=click.Path(exists=True, path_type=Path),
               metavar="RUN|CSV", help="Run dir(s) or CSV file(s) (default: the latest run under --runs-dir).")
 @click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
@@ -182,6 +192,7 @@ class SizeOptions:
     slos: tuple[str, ...] = ()
     input_tokens: int | None = None
     output_tokens: int | None = None
+    workload: str | None = None
     results: tuple[Path, ...] = ()
     runs_dir: Path = Path("runs")
     headroom: float = 0.0
@@ -260,7 +271,7 @@ def _size_static(inputs: SizingInputs, opts: SizeOptions, serves: bool) -> None:
 def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
     from ..analysis.cells import model_text
-    from ..analysis.serve import UNITS, analyse, compare
+    from ..analysis.serve import UNITS, analyse, compare, workload_title
     from ..analysis.tables import serve_sizing_table
 
     analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
@@ -274,12 +285,13 @@ def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     input_tokens, output_tokens = opts.context
     picked = [t for t in serving.primaries
               if (input_tokens is None or t.key.input_tokens == input_tokens)
-              and (output_tokens is None or t.key.output_tokens == output_tokens)]
+              and (output_tokens is None or t.key.output_tokens == output_tokens)
+              and (opts.workload is None or workload_matches(t.key.workload, opts.workload))]
     if not picked:
-        tested = sorted({p.key.context for p in serving.points})
-        listing = ", ".join(f"{i} in / {o} out" for i, o in tested)
-        raise UsageError([Problem(where, None, None, "", "no serving measurements for the asked context; "
-                                  f"tested serving contexts: {listing}")])
+        tested = sorted({(p.key.workload, p.key.context) for p in serving.points})
+        listing = ", ".join(workload_title(w) if w else f"{i} in / {o} out" for w, (i, o) in tested)
+        raise UsageError([Problem(where, None, None, "", "no serving measurements for the asked context or "
+                                  f"workload; tested: {listing}")])
     if peak_rps is not None:
         rates = [t for t in picked if t.key.load_kind == "rate"]
         if not rates:
@@ -316,7 +328,8 @@ def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     for a in answers:
         t = a.threshold
         model = f"{model_text(t.key.model)}, " if several_models else ""
-        click.echo(f"answer: {model}{t.slo.title}, {t.key.input_tokens}-token inputs, {t.rule}: {a.answer_text(which)}"
+        context = workload_title(t.key.workload) if t.key.workload else f"{t.key.input_tokens}-token inputs"
+        click.echo(f"answer: {model}{t.slo.title}, {context}, {t.rule}: {a.answer_text(which)}"
                    + (f", binding {t.binding}" if t.binding else ""))
     if len(answers) == 1:
         a = answers[0]
