@@ -62,10 +62,11 @@ schedule.
     .venv/bin/python benchmarks/vllm_crosscheck.py --model synthetic:tiny-64 --workload rag --rate 1 --requests 60
 
 With `--workload NAME|FILE` (a single-turn mix or a JSONL file of requests, vcfslm/workloads.py)
-both clients send the same requests in the same order: `--requests` drawn from the workload
-with the round's seed, each prompt the text the model's tokenizer decodes from its token ids
-(the same text to both, so the server tokenizes the same prompt), each with its own output
-length. vllm bench reads them as its custom dataset (`--dataset-name custom
+both clients send requests of the same lengths in the same order: `--requests` drawn from the
+workload with the round's seed, each prompt text the model's tokenizer decodes from token ids
+(so the server's count is the drawn length), each with its own output length. Each client's
+tokens are its own: with the same text the second client would find every prompt of the
+first in the server's prefix cache. vllm bench reads them as its custom dataset (`--dataset-name custom
 --custom-output-len -1 --skip-chat-template --disable-shuffle --no-oversample`).
 
     .venv/bin/python benchmarks/vllm_crosscheck.py --endpoint http://10.0.0.5:8000 --key-file key.txt \\
@@ -100,7 +101,7 @@ from vcfslm.serve.openai_client import Endpoint, get, stream_completion  # noqa:
 from vcfslm.serve.server_process import descendants  # noqa: E402
 from vcfslm.servers import ServerSpec, completion_body  # noqa: E402
 from vcfslm.serving import ServeSpec  # noqa: E402
-from vcfslm.workloads import WindowPlan, Workload, parse_workload, segment_ids  # noqa: E402
+from vcfslm.workloads import WindowPlan, Workload, parse_workload, segment_ids, stable_key  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TOLERANCE = {"p50 TTFT (s)": 0.10, "p50 TPOT (ms)": 0.10, "completed req/s": 0.05}
@@ -160,19 +161,27 @@ class Requests:
     dataset: Path
 
 
-def workload_requests(workload: Workload, count: int, seed: int, target: Target, out_dir: Path) -> Requests:
+def workload_requests(workload: Workload, count: int, seed: int, target: Target, out_dir: Path,
+                      client: str) -> Requests:
     """`count` requests of the workload, drawn with `seed`, their prompts decoded from token
-    ids by the model's tokenizer (so each is its drawn length when encoded again)."""
+    ids by the model's tokenizer (so each is its drawn length when encoded again).
+
+    The lengths are the round's; the tokens are the client's own (each segment's key salted
+    with its name): the server's prefix cache would otherwise serve the second client every
+    prompt the first had sent. What a workload shares within a run (a system prompt) stays
+    shared within each client's run."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(Path(target.model_dir) / "tokenizer.json"))
     rng = random.Random(seed)
     plan = WindowPlan(workload, None, 0.0, rng, lambda rate, r: 1.0 / rate)
     asks = [plan.draw(0.0) for _ in range(count)]
-    prompts = [tokenizer.decode(segment_ids(a.segments, target.vocab) if a.segments else
-                                prompt_ids(seed, i, a.input_tokens, target.vocab)) for i, a in enumerate(asks)]
+    salt = stable_key(client)
+    prompts = [tokenizer.decode(segment_ids([(stable_key(key, client), n) for key, n in a.segments], target.vocab)
+                                if a.segments else prompt_ids(seed + salt, i, a.input_tokens, target.vocab))
+               for i, a in enumerate(asks)]
     outputs = [max(2, a.output_tokens) for a in asks]
-    dataset = out_dir / f"dataset-{seed}.jsonl"
+    dataset = out_dir / f"dataset-{seed}-{client.replace(' ', '-')}.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": text, "output_tokens": n}) + "\n"
                                for text, n in zip(prompts, outputs, strict=True)))
     return Requests(prompts, outputs, dataset)
@@ -435,12 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {"vcfslm": [], "vllm bench": []}
     try:
         warm = min(args.requests, max(2, round(args.rate * WARMUP_S)))
-        warm_asks = workload_requests(workload, warm, 999, target, work) if workload else None
+        warm_asks = workload_requests(workload, warm, 999, target, work, "warm-up") if workload else None
         vcfslm_client(target, spec, args.rate, warm, 999, True, None, warm_asks)     # a warm-up, discarded
         for k in range(args.rounds):
             for name in ("vcfslm", "vllm bench") if k % 2 == 0 else ("vllm bench", "vcfslm"):
                 t, other = time.perf_counter(), cpu_seconds(server_pid)
-                asks = workload_requests(workload, args.requests, k, target, work) if workload else None
+                asks = workload_requests(workload, args.requests, k, target, work, name) if workload else None
                 got = (vcfslm_client(target, spec, args.rate, args.requests, k, args.independent_draws, work, asks)
                        if name == "vcfslm" else vllm_client(target, args, k, work, asks))
                 runs[name].append(got)
