@@ -208,11 +208,6 @@ class Workload:
         return (mix is not None and mix.turns > 1) or any(r.conversation is not None for r in self.rows)
 
     @property
-    def label(self) -> str:
-        """Name and digest: what keeps two workloads apart in a report."""
-        return f"{self.name}@{self.digest}" if self.digest and self.kind != "fixed" else self.name
-
-    @property
     def max_input(self) -> int:
         if self.kind == "fixed":
             return self.input_tokens
@@ -251,23 +246,6 @@ class Workload:
         if rate is None:
             raise ValueError(f"{self.name} has no arrival times to scale")
         return rate * scale
-
-    def scale_of_rate(self, rate: float) -> float | None:
-        own = self.mean_rate
-        return None if own is None else rate / own
-
-    def describe(self) -> str:
-        if self.kind == "fixed":
-            return f"every request {self.input_tokens} prompt and {self.output_tokens} output tokens"
-        if self.mix is not None:
-            return self.mix.describe()
-        rate = self.mean_rate
-        parts = [f"{len(self.rows)} requests from {self.source}"]
-        if rate is not None:
-            parts.append(f"replayed (own mean rate {rate:.3g}/s)")
-        if self.multi_turn:
-            parts.append(f"{self.mean_turns:.2g} turns per conversation")
-        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "digest": self.digest,
