@@ -291,7 +291,7 @@ def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
         tested = sorted({(p.key.workload, p.key.context) for p in serving.points})
         listing = ", ".join(workload_title(w) if w else f"{i} in / {o} out" for w, (i, o) in tested)
         raise UsageError([Problem(where, None, None, "", "no serving measurements for the asked context or "
-                                  f"workload; tested: {listing}")])
+                                  f"workload; tested serving contexts: {listing}")])
     if peak_rps is not None:
         rates = [t for t in picked if t.key.load_kind == "rate"]
         if not rates:
