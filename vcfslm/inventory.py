@@ -243,7 +243,7 @@ class Serve(_Model):
     warmup_s: Annotated[float, Field(ge=0)] = Field(5.0, description="Excluded from metrics at the start.")
     cooldown_s: Annotated[float, Field(ge=0)] = Field(5.0, description="Excluded from metrics at the end.")
     sweep: bool = Field(False, description="Bisect towards each SLO's threshold after the loads.")
-    sweep_steps: Annotated[int, Field(ge=0)] = Field(3, description="Bisection steps per SLO and context.")
+    sweep_steps: Annotated[int, Field(ge=0)] = Field(3, description="Loads added per SLO and context (halving, bisecting).")
     workload: str | None = Field(
         None, description="What the requests look like: fixed:IN/OUT, a mix (chat, rag), a JSONL file of "
                           "requests or mooncake:FILE (a file relative to this inventory's folder); null = "

@@ -22,7 +22,9 @@ server):
 - A load meets an SLO when at least the stated share (`attainment`, default 90 %) of the
   counted requests of every rank met every limit at once: TTFT (queue included) and TPOT
   (`vcfslm.judging`, which also says how sure that is).
-- A sweep bisects between the largest passing and the first failing load, then refines
+- A sweep whose smallest load fails first measures lower loads (vcfslm.lowering) until one
+  passes, or stops and says why (a request alone misses the SLO, too few requests, the
+  budget). It bisects between the largest passing and the first failing load, then refines
   until the threshold's interval (`vcfslm.judging`: from the replicates' thresholds up to
   their first failing loads, exclusive) is narrower than `sweep_precision` (relative to the
   threshold) or `sweep_budget_s` is spent: a new load inside the bracket while the gap
@@ -78,7 +80,7 @@ class ServeSpec:
     warmup_windows: int = 1                 # discarded windows before the first measured load
     repeats: int = 1
     sweep: bool = False
-    sweep_steps: int = 3                    # bisection steps per SLO and context
+    sweep_steps: int = 3                    # loads added below the grid and by bisection, per SLO and context
     seed: int = 0
     attainment: float = judging.DEFAULT_ATTAINMENT   # share of requests that must meet every limit
     sweep_precision: float = 0.25           # stop refining once the interval is this narrow (relative)
@@ -445,8 +447,8 @@ def next_load(verdicts: Mapping[float, bool | None], load_kind: str, steps_taken
     """The next load to measure for one SLO (None: the sweep for it is done).
 
     Bisects between the largest passing and the first failing load; without both there
-    is nothing to bisect (the threshold is below the smallest or above the largest load
-    tried, and the report says which). Users are whole numbers.
+    is nothing to bisect (the threshold is above the largest load tried, or below the
+    smallest, where vcfslm.lowering goes lower first). Users are whole numbers.
     """
     if steps_taken >= steps:
         return None
@@ -459,10 +461,10 @@ def next_load(verdicts: Mapping[float, bool | None], load_kind: str, steps_taken
         return float((int(passing) + int(failing)) // 2)
     if (failing - passing) / failing <= tolerance:
         return None
-    return _round_rate((passing + failing) / 2)
+    return round_rate((passing + failing) / 2)
 
 
-def _round_rate(rate: float) -> float:
+def round_rate(rate: float) -> float:
     """Three significant digits: loads stay readable in tables and stable as dict keys."""
     if rate <= 0:
         return rate
@@ -493,17 +495,19 @@ class Refinement:
 class RefineRule:
     """How far the sweep narrows a threshold after bisection: until its interval is within
     `precision` of it (relative), within `budget_s` of extra windows; users are whole numbers,
-    and the bootstrap is seeded."""
+    and the bootstrap is seeded. `steps`: the loads per SLO the sweep adds below the grid
+    (vcfslm.lowering) and by bisection, together."""
 
     precision: float = 0.25
     budget_s: float = 600.0
     load_kind: str = "rate"
     replicates: int = judging.REPLICATES
     seed: int = 0
+    steps: int = 3
 
     @classmethod
     def of_spec(cls, spec: ServeSpec) -> RefineRule:
-        return cls(spec.sweep_precision, spec.sweep_budget_s, spec.load_kind, seed=spec.seed)
+        return cls(spec.sweep_precision, spec.sweep_budget_s, spec.load_kind, seed=spec.seed, steps=spec.sweep_steps)
 
 
 def threshold_interval(results: Mapping[float, LoadResult], limit: Mapping[str, Any], share: float,

@@ -4,11 +4,11 @@ barrier-aligned across ranks, and the sweep that bisects towards each SLO's thre
 Each window starts right after a `dist.barrier()`, as static windows do; every rank
 generates its own arrivals (its own seed) and serves them on its own slots. After each
 window the ranks all_gather their records, so every rank holds the same history and
-takes the same decision about the next load (vcfslm.serving.next_load), and about the
-windows added once bisection is done (vcfslm.serving.refine: a seeded bootstrap over
-that shared history, its time budget counted from the recorded windows' wall times,
-not from any rank's clock): no rank leads, and the barriers stay aligned whatever the
-sweep decides.
+takes the same decision about the next load (vcfslm.lowering.lower_load below the grid,
+vcfslm.serving.next_load inside a bracket), and about the windows added once bisection
+is done (vcfslm.serving.refine: a seeded bootstrap over that shared history, its time
+budget counted from the recorded windows' wall times, not from any rank's clock): no
+rank leads, and the barriers stay aligned whatever the sweep decides.
 
 Records go to `ranks/serve-<rank>.jsonl` as each window ends. `--resume` keeps every
 load all ranks finished (and feeds its records to the sweep, which then reaches the
@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .. import results, serving
+from .. import lowering, results, serving
 from ..results import ServeRecord
 from ..serve.scheduler import record_fields, run_window
 from ..serving import ServeSpec
@@ -227,9 +227,10 @@ def sweep_input(spec: ServeSpec, limits: dict[str, dict], input_tokens: int,
                 measure: Callable[[float, int, int | None], None],
                 records_of: Callable[[], list[ServeRecord]], stopped: Callable[[str, str], None]) -> None:
     """One context's loads: the spec's grid (ending once every SLO failed: higher loads only
-    fail more), then with --sweep bisection and refinement per SLO, `stopped(slo, why)` as each
-    SLO's sweep ends. measure(load, input_tokens, extra): the load's repeats, or with `extra`
-    that one more window. The rank workers and the endpoint client sweep alike through this."""
+    fail more), then with --sweep per SLO: lower loads while even the smallest fails
+    (vcfslm.lowering), bisection and refinement, `stopped(slo, why)` as each SLO's sweep ends.
+    measure(load, input_tokens, extra): the load's repeats, or with `extra` that one more
+    window. The rank workers and the endpoint client sweep alike through this."""
 
     def verdicts(limit: dict) -> dict[float, bool | None]:
         share = serving.share_for(limit, spec.attainment)
@@ -242,8 +243,22 @@ def sweep_input(spec: ServeSpec, limits: dict[str, dict], input_tokens: int,
             break
     if not spec.sweep:
         return
+    rule = serving.RefineRule.of_spec(spec)
     for name, limit in limits.items():
+        share = serving.share_for(limit, spec.attainment)
         steps = 0
+        while True:
+            records = records_of()
+            low = lowering.lower_load(serving.load_results(records), limit, share, rule, steps,
+                                      extra_seconds(records, spec.repeats, min(spec.loads)), name)
+            if low.kind != lowering.LOWER:
+                break
+            steps += 1
+            log.info("sweep %s, input %d: %s", name, input_tokens, low.reason)
+            measure(low.load, input_tokens, None)
+        if low.stopped:
+            stopped(name, low.reason)
+            continue
         while (nxt := serving.next_load(verdicts(limit), spec.load_kind, steps, spec.sweep_steps)) is not None:
             steps += 1
             if nxt in verdicts(limit):
@@ -260,13 +275,13 @@ def _refine(spec: ServeSpec, name: str, limit: dict, records_of, measure_extra) 
     load the replicates disagree about; why it stopped.
 
     A new load's window is numbered after the repeats, as every added window is, so
-    `extra_seconds` counts it against the budget."""
+    `extra_seconds` counts it against the budget (with the windows below the grid)."""
     share = serving.share_for(limit, spec.attainment)
     rule = serving.RefineRule.of_spec(spec)
     for _ in range(MAX_REFINE_ROUNDS):
         records = records_of()
         step = serving.refine(serving.load_results(records), limit, share, rule,
-                              extra_seconds(records, spec.repeats))
+                              extra_seconds(records, spec.repeats, min(spec.loads)))
         if step.done:
             return step.reason
         if step.new_load is not None:
@@ -279,11 +294,13 @@ def _refine(spec: ServeSpec, name: str, limit: dict, records_of, measure_extra) 
     return f"{MAX_REFINE_ROUNDS} rounds of extra windows, the most a sweep adds"
 
 
-def extra_seconds(records, repeats: int) -> float:
-    """Wall time the sweep's extra windows took (each window as long as its slowest rank)."""
+def extra_seconds(records, repeats: int, below: float = 0.0) -> float:
+    """Wall time the sweep's budget counts (each window as long as its slowest rank): its extra
+    windows (numbered after the repeats) and every window at a load below `below` (the grid's
+    smallest: the loads lowering added, and what bisection measured down there)."""
     walls: dict[tuple[float, int], float] = {}
     for r in records:
-        if r.window >= repeats:
+        if r.window >= repeats or float(r.load) < below:
             key = (float(r.load), r.window)
             walls[key] = max(walls.get(key, 0.0), r.wall_s)
     return sum(walls.values())

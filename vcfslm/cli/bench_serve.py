@@ -80,16 +80,18 @@ def serve_options(f):
                      help="Serve, a replayed workload: speed-ups of its own times (2: twice as fast), as "
                           "loads instead of --rates (each is the trace's mean rate times it)."),
         click.option("--sweep", is_flag=True, default=None,
-                     help="Serve: after the loads, bisect towards each SLO's largest passing load."),
+                     help="Serve: after the loads, bisect towards each SLO's largest passing load (below "
+                          "the smallest, halving it, when even that fails)."),
         click.option("--sweep-steps", type=click.IntRange(min=0), default=None,
-                     help="Serve: bisection steps per SLO and context (default 3)."),
+                     help="Serve: loads the sweep adds per SLO and context, halving below the smallest "
+                          "and bisecting (default 3)."),
         click.option("--sweep-precision", type=click.FloatRange(min=0, min_open=True), default=None,
                      metavar="X", help="Serve: after bisecting, add loads inside the gap and windows where the "
                                        "replicates disagree until the threshold's 95%% interval (up to the first "
                                        "failing load) is narrower than X times the threshold (default 0.25) ..."),
         click.option("--sweep-budget", type=click.FloatRange(min=0), default=None, metavar="S",
-                     help="Serve: ... or until those extra windows took S seconds (default 600; 0: none). "
-                          "The run says which of the two stopped it."),
+                     help="Serve: ... or until those extra windows, and every window below the smallest "
+                          "load, took S seconds (default 600; 0: none). The run says which stopped it."),
         click.option("--server", type=click.Choice(SERVERS), default=None,
                      help="Serve: who serves, vcfslm's own rank engine or vLLM's CPU server, one per "
                           "vNUMA node, driven over its OpenAI streaming API (default: the inventory's "
