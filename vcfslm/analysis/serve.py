@@ -18,11 +18,12 @@ threshold here is the one the in-run sweep bisects towards):
   load Little's law measures, comparable with static mode's streams per VM.
 - The threshold per series and SLO is `judging.threshold` over `serving.meets` verdicts:
   the largest passing load before the first failing one (ascending). "below": even the
-  smallest load tried fails; "above": every load tried passes (a lower bound). Its 95 %
-  interval comes from a two-stage bootstrap (windows within ranks, then requests within
-  windows) and reaches up to the replicates' first failing loads, exclusive (`[4–<8]`); the
-  streams interval reads the busy slots at both ends, and the node counts follow from the
-  ends. A load judged on fewer requests than its share needs is flagged.
+  smallest load tried fails, and analysis/below.py says why (a single request misses the
+  SLO, or the sweep stopped short); "above": every load tried passes (a lower bound).
+  Its 95 % interval comes from a two-stage bootstrap (windows within ranks, then requests
+  within windows) and reaches up to the replicates' first failing loads, exclusive
+  (`[4–<8]`); the streams interval reads the busy slots at both ends, and the node counts
+  follow from the ends. A load judged on fewer requests than its share needs is flagged.
 - Workloads never pool (vcfslm.workloads): a series' key names its workload by name and
   digest, and a workload series is named by its workload, not by its longest prompt and
   reply (what its records' input and output tokens are). Its loads are split by prompt
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vcfslm import judging, serving
+from vcfslm.analysis import below
 from vcfslm.analysis.cells import (
     CLUSTER,
     SCOPE_TITLES,
@@ -424,6 +426,7 @@ class ServeThreshold:
     replicates: tuple[tuple[Replicate | None, Mapping[float, float]], ...] = ()
     few_samples: tuple[str, ...] = ()            # loads judged on too few requests
     models: int = 1                              # how many models the answer holds: >1 names this one
+    below_why: below.Lowering | None = None      # "below": why no lower load passed (analysis/below.py)
 
     @property
     def model_label(self) -> str:
@@ -541,7 +544,7 @@ class ServeThreshold:
                               "meets": self.verdicts.get(p.load),
                               "attainment": _finite(a.share) if (a := self.attainment_at(p)) else None,
                               "requests": p.requests} for p in self.points],
-                "few_samples": list(self.few_samples),
+                "few_samples": list(self.few_samples), "below": below.to_dict(self.below_why, self.slo.title, self.key),
                 "threshold": self.threshold_text, "notes": list(self.notes), "reasoning": self.summary()}
 
 
@@ -588,7 +591,7 @@ def serve_threshold(points: Sequence[ServePoint], slo: Slo, rule: Rule | None = 
         reps = judging.serving_replicates(windows, {slo.name: share}, rule.replicates, rule.seed)[slo.name]
     t = ServeThreshold(ordered[0].key, slo, ordered, verdicts, status, passing, failing, binding, later,
                        tuple(notes), share, judging.interval([r for r, _ in reps], rule.confidence),
-                       None, tuple(reps), thin)
+                       None, tuple(reps), thin, below_why=below.of_series(ordered, slo, share, status))
     if reps:
         t = replace(t, streams_interval=judging.interval(t.per_vm_replicates("streams"), rule.confidence))
     return t
@@ -630,8 +633,9 @@ def threshold_reason(t: ServeThreshold) -> str:
         text = f"{head}: no load has valid data to judge."
     elif t.status == "below":
         first = judged[0]
-        text = (f"{head}: below the smallest load tried. Even {fmt_load(first.load_per_vm)} {unit}/VM has "
-                f"{_judged(t, first)}; {t.binding} binds. Measure lower loads to find the threshold.")
+        lead = below.alone_text(t.below_why, t.slo.title) or "below the smallest load tried"
+        text = (f"{head}: {lead}. Even {fmt_load(first.load_per_vm)} {unit}/VM has {_judged(t, first)}; "
+                f"{t.binding} binds. " + below.sentence(t.below_why, t.slo.title, k))
     elif t.status == "above":
         last = judged[-1]
         text = (f"{head}: every load tried meets it, so the threshold is ≥ {fmt_load(last.load_per_vm)} "
@@ -848,7 +852,7 @@ class ServeSizing:
     def nodes_text(self, which: str = "streams") -> str:
         n = self.nodes_by_rate if which == "rate" else self.nodes_by_streams
         if n is None:
-            return "–" if self.threshold.status in ("threshold", "above") else "below range"
+            return "–" if self.threshold.status in ("threshold", "above") else below.nodes(self.threshold.below_why)
         return f"≤ {n}" if self.bound else str(n)
 
     def interval_text(self, which: str = "streams") -> str:
@@ -863,7 +867,8 @@ class ServeSizing:
             iv = "" if t.streams_interval is None else " " + t.streams_interval.text(lambda v: f"{v:.1f}")
             parts.append(f"{t.streams_text}{iv} streams/VM")
         nodes = " ".join(x for x in (self.nodes_text(which), self.interval_text(which)) if x)
-        return ", ".join(parts) + f" → {nodes} nodes"
+        tail = below.answer(t.below_why, t.slo.title) if t.status == "below" else f"{nodes} nodes"
+        return ", ".join(parts) + f" → {tail}"
 
     def to_dict(self) -> dict[str, Any]:
         t = self.threshold
@@ -899,8 +904,8 @@ def size(t: ServeThreshold, peak_streams: int | None = None, peak_rps: float | N
     k = t.key
     head = f"{t.model_label}{t.slo.describe()}, serving {LOAD_NAMES[k.load_kind]}, {k.context_phrase}, {t.rule}"
     if t.status in ("below", "unjudged"):
-        why = ("even the smallest load tried fails; measure lower loads" if t.status == "below"
-               else "no load has valid data")
+        why = (below.alone_text(t.below_why, t.slo.title) or "even the smallest load tried fails; measure lower "
+               f"loads ({below.why_not_lower(t.below_why, k)})" if t.status == "below" else "no load has valid data")
         return ServeSizing(t, peak_streams, peak_rps, headroom, None, None,
                            f"{head}: no node count can be read: {why}.")
     streams, rate = t.streams_per_vm, t.rate_per_vm

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vcfslm.analysis import below
 from vcfslm.analysis.cells import (
     CLUSTER,
     SCOPE_TITLES,
@@ -454,9 +455,10 @@ def serve_answer_table(comparisons: Sequence[ServeComparison], sizings: Sequence
     title += f", headroom {headroom:.0%})" if headroom else ")"
     notes = ["Threshold: the largest load tried at which the stated share of requests met every limit at once "
              "(TTFT with the queue, and TPOT), before the first failing load; an unfinished request met none. "
-             "“< n”: even the smallest load tried fails; “≥ n”: every load tried meets it. [a–<b]: the 95 % "
-             "bootstrap interval (windows within ranks, requests within windows): at least a and below b, "
-             "the first failing load of the replicates.",
+             "“< n”: even the smallest load tried fails, and the note says why none lower was found: a single "
+             "request misses the SLO (none meets it), or the sweep's budget ran out; “≥ n”: every load tried "
+             "meets it. [a–<b]: the 95 % bootstrap interval (windows within ranks, requests within windows): "
+             "at least a and below b, the first failing load of the replicates.",
              "Streams/VM at threshold: time-averaged busy slots × ranks per VM (Little's law, measured). "
              "Serving / static: those streams over the static-batch crossover, given only where the static "
              "percentile is the same share as the attainment (p90 beside 90 %). "
@@ -475,6 +477,8 @@ def _serve_note(c: ServeComparison) -> str:
     if t.non_monotonic:
         notes.append("not monotonic: passes again at " + ", ".join(
             fmt_load(v * t.key.per_vm) for v in t.non_monotonic))
+    if t.status == "below":
+        notes.append(below.note(t.below_why, t.slo.title, t.key))
     if t.key.scope == CLUSTER:
         notes.append("read from cluster series")
     if t.few_samples:
