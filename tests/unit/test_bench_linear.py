@@ -17,6 +17,7 @@ import torch.nn.functional as F  # noqa: E402
 from vcfslm.engine import linear  # noqa: E402
 from vcfslm.engine.linear import (  # noqa: E402
     DENSE_BF16,
+    ONEDNN_FP32,
     ONEDNN_PACKED,
     KernelPlan,
     PackCheckError,
@@ -27,6 +28,8 @@ from vcfslm.engine.linear import (  # noqa: E402
 )
 
 PLANS = [KernelPlan(DENSE_BF16)]
+if linear.onednn_available():
+    PLANS += [KernelPlan(ONEDNN_FP32)]
 if linear.onednn_bf16():
     PLANS += [KernelPlan(ONEDNN_PACKED, 1), KernelPlan(ONEDNN_PACKED, 4)]
 
@@ -40,9 +43,40 @@ def net(seed=0):
 def test_plan_follows_the_cpu():
     assert choose_plan(True) == KernelPlan(ONEDNN_PACKED, linear.DEFAULT_MIN_ROWS)
     assert choose_plan(True, min_rows=1).min_rows == 1
-    assert choose_plan(False) == KernelPlan(DENSE_BF16)
+    # Without bf16 in oneDNN (AVX2): fp32 weights in oneDNN's layout; without oneDNN, plain bf16.
+    assert choose_plan(False) == KernelPlan(ONEDNN_FP32)
+    assert choose_plan(False, has_onednn=False) == KernelPlan(DENSE_BF16)
+    assert choose_plan(True, forced=ONEDNN_FP32) == KernelPlan(ONEDNN_FP32)
+    assert choose_plan(False, forced=DENSE_BF16) == KernelPlan(DENSE_BF16)
     with pytest.raises(ValueError, match="unknown linear kernel"):
         KernelPlan("fast")
+
+
+def test_a_forced_plan_is_the_default_and_a_wrong_name_is_refused(monkeypatch):
+    monkeypatch.setenv(linear.FORCE_ENV, DENSE_BF16)
+    assert linear.default_plan() == KernelPlan(DENSE_BF16)
+    monkeypatch.setenv(linear.FORCE_ENV, "avx9")
+    with pytest.raises(ValueError, match="VCFSLM_LINEAR_KERNEL='avx9' is not a linear kernel"):
+        linear.default_plan()
+
+
+@pytest.mark.skipif(not linear.onednn_available(), reason="this torch build has no oneDNN")
+def test_an_fp32_plan_holds_twice_the_bytes_and_says_so():
+    """The records' label says what the plan costs in memory; the pack report's weight bytes
+    stay the model's (bf16) bytes, which the roofline counts; the held bytes are twice."""
+    plan = KernelPlan(ONEDNN_FP32)
+    assert plan.label == "onednn-fp32 (weights held in fp32, 2x the bf16 memory)"
+    assert plan.held_bytes_per_weight == 4 and KernelPlan(DENSE_BF16).held_bytes_per_weight == 2
+    layer = torch.nn.Linear(96, 160, bias=True, dtype=torch.bfloat16)
+    packed = PackedLinear(layer.weight, layer.bias, plan)
+    assert packed.weight_nbytes == 96 * 160 * 2
+    assert packed.held_nbytes == 96 * 160 * 4 + 160 * 4
+    assert packed.model_nbytes == 96 * 160 * 2 + 160 * 2
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    got = packed(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 160)
+    want = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+    assert (got.float() - want).abs().max().item() <= 2e-2 * want.abs().max().item()
 
 
 def test_records_name_the_kernel_path():
@@ -82,8 +116,10 @@ def test_one_copy_originals_are_freed(plan):
     assert all(ref() is None for ref in originals), "an original weight is still alive"
     assert list(m.parameters()) == []
     held = sum(b.numel() * b.element_size() for b in m.buffers())
-    assert held == weight_bytes  # packed weights + biases: exactly one copy
-    assert sum(getattr(layer, "held_nbytes", 0) for layer in m) == weight_bytes
+    # Packed weights + biases: exactly one copy, at the plan's precision (fp32 holds 2x bf16).
+    assert held == weight_bytes * plan.held_bytes_per_weight // 2
+    assert sum(getattr(layer, "held_nbytes", 0) for layer in m) == weight_bytes * plan.held_bytes_per_weight // 2
+    assert sum(getattr(layer, "model_nbytes", 0) for layer in m) == weight_bytes
     assert report.linears == 2 and packed_kernels(m) == {plan.kernel: 2}
 
 

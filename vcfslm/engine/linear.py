@@ -18,11 +18,23 @@ ops, no code of vcfslm's own in the matrix products:
   a GEMV that reads the packed layout faster than the plain one (measured on an AMX
   Xeon: 32.8 vs 22.7 GB/s). Rows fewer than `min_rows` are padded up to it: oneDNN's
   one-row path is slower than its few-row one, and extra rows add no weight reads.
-- `dense-bf16` (no bf16 in oneDNN, e.g. AVX2 only): the weight stays a plain bf16
+- `onednn-fp32` (oneDNN without bf16, e.g. AVX2 only): the weight is converted to fp32 once
+  and reordered into oneDNN's blocked layout; every call casts its rows to fp32, runs
+  oneDNN's fp32 GEMM on the packed weight and casts the result back to bf16. The replica
+  holds its linears in fp32: twice the memory of bf16 and twice the bytes per decode step,
+  but fp32 is what these CPUs multiply natively. Measured on a 2-core AVX2 EPYC (family 25
+  model 1, Phi-3-mini's linears at 4 layers, `benchmarks/decode_efficiency.py`): one row
+  read the fp32 weights at ~0.7-0.9 of the plain read bandwidth and four rows cost ~1.3x
+  one, where dense-bf16's per-row bf16 GEMV read the bf16 weights at a fifth of it and
+  four rows cost four times one (four streams, four weight reads).
+- `dense-bf16` (no oneDNN at all, or forced): the weight stays a plain bf16
   matrix. Few rows (decode at small batch) go through ATen's bf16 GEMV (`torch.mv`) one
   row at a time. More rows (prefill, big batches) convert the weight to fp32 one
   cache-sized slice at a time into a reused scratch buffer and run SGEMM on it, several
   times faster than a bf16 GEMM without hardware bf16.
+
+`VCFSLM_LINEAR_KERNEL=<kernel>` in a rank's environment forces a plan (to measure one plan
+on a CPU that would pick another); records name the plan that ran either way.
 
 A weight is checked when it is packed: the packed kernel's output on a few random rows
 must match `F.linear` on the original weight, or packing fails loudly. This catches a
@@ -32,13 +44,23 @@ wrong layout before any window is measured.
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import dataclass
 
 import torch
 
 ONEDNN_PACKED = "onednn-packed"
+ONEDNN_FP32 = "onednn-fp32"
 DENSE_BF16 = "dense-bf16"
-KERNELS = (ONEDNN_PACKED, DENSE_BF16)
+KERNELS = (ONEDNN_PACKED, ONEDNN_FP32, DENSE_BF16)
+# The environment variable that forces a plan (one of KERNELS).
+FORCE_ENV = "VCFSLM_LINEAR_KERNEL"
+
+# onednn-fp32: the row count oneDNN's weight layout is reordered for. Measured on the AVX2
+# EPYC above (Phi-3-mini's linears, fp32 weights, 2 threads): reordered for 1 row, one row
+# read at ~50 ms but four took ~2.5x that; reordered for 2 to 8 rows, one row took ~60-70
+# ms and four ~1.3x one. Decode batches of a few streams are what serving runs.
+FP32_PACK_ROWS = 4
 
 # dense-bf16: at most this many rows run as one GEMV each (each streams the weight once);
 # more rows convert the weight to fp32 a slice at a time and run SGEMM on the slice. A slice
@@ -65,7 +87,15 @@ class KernelPlan:
     @property
     def label(self) -> str:
         """The kernel path, as records and meta.json name it."""
-        return self.kernel + (f" (rows padded to {self.min_rows})" if self.min_rows > 1 else "")
+        notes = [f"rows padded to {self.min_rows}"] if self.min_rows > 1 else []
+        if self.held_bytes_per_weight != 2:
+            notes.append(f"weights held in fp32, {self.held_bytes_per_weight // 2}x the bf16 memory")
+        return self.kernel + (f" ({'; '.join(notes)})" if notes else "")
+
+    @property
+    def held_bytes_per_weight(self) -> int:
+        """Bytes the plan holds (and a decode step reads) per weight: 4 in fp32, else bf16's 2."""
+        return 4 if self.kernel == ONEDNN_FP32 else 2
 
     def rows_computed(self, rows: int) -> int:
         """The rows a call of `rows` rows computes: padded up to min_rows (pure)."""
@@ -80,16 +110,28 @@ def onednn_bf16() -> bool:
         return False
 
 
-def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None) -> KernelPlan:
-    """The kernel plan for a CPU (pure). min_rows: override the one-row padding (onednn-packed)."""
-    if has_onednn_bf16:
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN (mkldnn) at all."""
+    return bool(torch.backends.mkldnn.is_available())
+
+
+def choose_plan(has_onednn_bf16: bool, *, min_rows: int | None = None, has_onednn: bool = True,
+                forced: str | None = None) -> KernelPlan:
+    """The kernel plan for a CPU (pure). min_rows: override the one-row padding (onednn-packed).
+    forced: a kernel name that overrides the choice (VCFSLM_LINEAR_KERNEL)."""
+    kernel = forced or (ONEDNN_PACKED if has_onednn_bf16 else ONEDNN_FP32 if has_onednn else DENSE_BF16)
+    if kernel == ONEDNN_PACKED:
         return KernelPlan(ONEDNN_PACKED, DEFAULT_MIN_ROWS if min_rows is None else min_rows)
-    return KernelPlan(DENSE_BF16)
+    return KernelPlan(kernel)
 
 
 def default_plan() -> KernelPlan:
-    """The plan for this process's CPU: the best stock kernel it offers."""
-    return choose_plan(onednn_bf16())
+    """The plan for this process's CPU: the best stock kernel it offers, unless
+    VCFSLM_LINEAR_KERNEL forces one."""
+    forced = os.environ.get(FORCE_ENV) or None
+    if forced is not None and forced not in KERNELS:
+        raise ValueError(f"{FORCE_ENV}={forced!r} is not a linear kernel; known: {', '.join(KERNELS)}")
+    return choose_plan(onednn_bf16(), has_onednn=onednn_available(), forced=forced)
 
 
 # oneDNN's M=1 bf16 path reads the packed weight slower than its M=4 path on the CPUs
@@ -127,6 +169,8 @@ def run_kernel(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             padded[:rows] = x2
             return torch.ops.mkldnn._linear_pointwise(padded, weight, bias, "none", [], "")[:rows]
         return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
+    if kernel == ONEDNN_FP32:
+        return torch.ops.mkldnn._linear_pointwise(x2.float(), weight, bias, "none", [], "").to(x2.dtype)
     if rows <= DENSE_GEMV_MAX_ROWS:
         out = torch.empty(rows, weight.shape[0], dtype=x2.dtype)
         for i in range(rows):
@@ -207,16 +251,26 @@ class PackedLinear(torch.nn.Module):
         self.out_features = int(weight.shape[0])
         self.kernel = plan.kernel
         self.min_rows = plan.min_rows
+        # The model's bytes for this weight (bf16): what the roofline and the probes count.
         self.weight_nbytes = weight.numel() * weight.element_size()
         if plan.kernel == ONEDNN_PACKED:
             stored = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), plan.min_rows)
+        elif plan.kernel == ONEDNN_FP32:
+            stored = torch.ops.mkldnn._reorder_linear_weight(weight.detach().float(), FP32_PACK_ROWS)
         else:
             stored = weight.detach().contiguous()
+        held_bias = None if bias is None else bias.detach().clone()
+        if held_bias is not None and plan.kernel == ONEDNN_FP32:
+            held_bias = held_bias.float()
         # Buffers, not parameters: nothing may treat them as trainable or re-materialise them.
         self.register_buffer("packed_weight", stored)
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        # Logical bytes (an oneDNN-packed tensor has no storage to measure).
-        self.held_nbytes = self.weight_nbytes + (0 if bias is None else bias.numel() * bias.element_size())
+        self.register_buffer("bias", held_bias)
+        # Bytes held, logically (an oneDNN-packed tensor has no storage to measure): fp32
+        # plans hold twice the model's bytes.
+        self.held_nbytes = (weight.numel() * plan.held_bytes_per_weight
+                            + (0 if held_bias is None else held_bias.numel() * held_bias.element_size()))
+        # The same at the model's precision: the weight's and the bias's own bytes.
+        self.model_nbytes = self.weight_nbytes + (0 if bias is None else bias.numel() * bias.element_size())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.packed_weight, self.bias, self.out_features, self.kernel, self.min_rows)

@@ -182,24 +182,37 @@ class LoadedModel:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of every weight the replica holds, each tensor once: its parameters (a tied
-        embedding once), and the weights its packed linears hold as buffers
-        (vcfslm.engine.linear; `held_nbytes`) unless they are a parameter's own storage (a
-        tied head on a kernel that reads the plain matrix)."""
+        """Bytes of every weight of the replica at the model's own precision (bf16), each tensor
+        once (a tied embedding once): what the roofline, the probes' rates and the SLO floors
+        count, whatever precision the kernel plan holds them in."""
+        return self._weight_bytes(held=False)
+
+    @property
+    def held_weight_bytes(self) -> int:
+        """Bytes the replica holds for its weights: its parameters, and the weights its packed
+        linears hold as buffers (vcfslm.engine.linear; `held_nbytes`) unless they are a
+        parameter's own storage (a tied head on a kernel that reads the plain matrix). A plan
+        that holds its linears in fp32 (onednn-fp32) holds twice their bf16 bytes."""
+        return self._weight_bytes(held=True)
+
+    def _weight_bytes(self, *, held: bool) -> int:
         params = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
-        held = 0
+        total = 0
         for m in self.model.modules():
+            if not hasattr(m, "held_nbytes"):
+                continue
             weight = getattr(m, "packed_weight", None)
             if weight is not None and _storage_ptr(weight) in params:
-                held += m.held_nbytes - m.weight_nbytes   # its bias only
+                total += m.held_nbytes - m.weight_nbytes   # its bias only
             else:
-                held += getattr(m, "held_nbytes", 0)
-        return sum(params.values()) + held
+                total += m.held_nbytes if held else m.model_nbytes
+        return sum(params.values()) + total
 
     @property
     def step_weight_bytes(self) -> int:
-        """Weight bytes one decode step reads: every matrix once, the lm_head included, but
-        not the input embedding (one row per token) unless it is the lm_head (tied)."""
+        """Weight bytes one decode step reads, at the model's precision (bf16): every matrix
+        once, the lm_head included, but not the input embedding (one row per token) unless it
+        is the lm_head (tied). A plan holding fp32 reads twice this (`held_bytes_per_weight`)."""
         embed = self.model.get_input_embeddings().weight
         embed_bytes = embed.numel() * embed.element_size()
         return self.weight_bytes - embed_bytes + (embed_bytes if self.head_reads_embedding else 0)
@@ -496,6 +509,7 @@ def describe(loaded: LoadedModel) -> dict[str, Any]:
         "vocab": c.vocab_size,
         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
         "weight_bytes": loaded.weight_bytes,
+        "held_weight_bytes": loaded.held_weight_bytes,
         "step_weight_bytes": loaded.step_weight_bytes,
         "kv_bytes_per_token": loaded.kv_bytes_per_token,
         "rope_pinned_short": loaded.rope_pinned,
