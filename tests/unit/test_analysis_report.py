@@ -8,6 +8,7 @@ import stat
 import pytest
 from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run, make_serve_run
 
+from vcfslm import steadiness
 from vcfslm.analysis.report import (
     ReportOptions,
     build,
@@ -273,3 +274,53 @@ def test_serving_runs_of_two_models_stand_side_by_side_each_beside_its_own_stati
     titles = [x.title for x in report.serving_tables]
     assert "Serving, synthetic:qwen2.5-7b, single VM (1 VM x 4 ranks, 16 slots, poisson) input 128 / output 64" \
         in titles
+
+
+# ---------------------------------------------------------------- a rank probed on a busy machine
+
+
+def _rank(node: str, local_rank: int, share: float | None) -> dict:
+    """A rank's kept facts in meta.json; share None: a probe older than its steadiness check."""
+    probe = {"read_gbs": 30.0, "triad_gbs": 25.0, "threads": 24}
+    if share is not None:
+        others = steadiness.OthersCpu(cpus=24, wall_s=30.0, own_s=700.0, others_s=share * 720, share=share,
+                                      steal_share=0.0)
+        probe["steadiness"] = steadiness.judge({"read": steadiness.Spread(5, 0.025, 0.0252),
+                                                "triad": steadiness.Spread(5, 0.03, 0.0301)}, others).to_dict()
+    return {"node": node, "local_rank": local_rank, "probe": probe, "gemm": {"tflops": 1.0}}
+
+
+def test_a_rank_probed_on_a_busy_machine_is_a_validity_warning_and_a_metadata_row(tmp_path):
+    run_dir = make_run(tmp_path / "r", "r", ["vm1"], SHORT, ranks=2)
+    meta = read_meta(run_dir)
+    meta.ranks = {"0": _rank("vm1", 0, 0.0), "1": _rank("vm1", 1, 0.4)}
+    write_meta(run_dir, meta)
+    result = write_report([run_dir], tmp_path / "out")
+    warning = ("run r: the probe on node vm1, rank 1 was taken on a busy machine (other processes took 40% of the "
+               "24 CPUs the probe ran on (limit 10%)): its figures are likely low, which skews the roofline "
+               "floors, efficiencies and performance model drawn from them; rerun on a quiet machine")
+    assert warning in result.warnings and sum("busy machine" in w for w in result.warnings) == 1
+    md = (tmp_path / "out" / "report.md").read_text().splitlines()
+    assert f"- {warning}" in md[md.index("## Validity warnings"):md.index("## Key figures")]
+    assert "| probe steadiness, node vm1 rank 0 | steady: spreads read 0.8%, triad 0.3%; others took 0.0% of "\
+           "24 CPUs |" in md
+    assert "| probe steadiness, node vm1 rank 1 | busy: other processes took 40% of the 24 CPUs the probe ran on "\
+           "(limit 10%) |" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    box = html.split('id="validity"')[1].split("</div>")[0]
+    assert "the probe on node vm1, rank 1 was taken on a busy machine" in box
+
+
+@pytest.mark.parametrize("ranks", [
+    {"0": _rank("vm1", 0, None), "1": _rank("vm1", 1, None)},     # probes older than the check
+    {},                                                            # a run older than kept rank facts
+])
+def test_a_run_older_than_the_probe_check_still_reports_and_claims_nothing(tmp_path, ranks):
+    run_dir = make_run(tmp_path / "r", "r", ["vm1"], SHORT, ranks=2)
+    meta = read_meta(run_dir)
+    meta.ranks = ranks
+    write_meta(run_dir, meta)
+    result = write_report([run_dir], tmp_path / "out")
+    assert not any("busy machine" in w for w in result.warnings)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "probe steadiness" not in md and "## Answer" in md

@@ -76,6 +76,14 @@ def test_progress_status_line():
     assert "2/4" in status and "80.1" in status and "invalid" in status
 
 
+def test_progress_status_of_a_probe_says_a_busy_machine():
+    probed = {"phase": "probed", "read_gbs": 20.1, "triad_gbs": 18.0, "gemm_tflops": 0.2}
+    assert launch.progress_status({**probed, "steadiness": "steady"}) == "bandwidth read 20.1 GB/s, triad 18.0 GB/s"
+    assert launch.progress_status(probed) == "bandwidth read 20.1 GB/s, triad 18.0 GB/s"   # an older worker
+    assert launch.progress_status({**probed, "steadiness": "busy"}) == (
+        "bandwidth read 20.1 GB/s, triad 18.0 GB/s  (probed on a busy machine: see the report's validity warnings)")
+
+
 def _rec(rank, batch, window):
     return WindowRecord(run_id="r", node="local", node_rank=0, rank=rank, local_rank=rank, world_size=2,
                         ranks_per_node=2, nodes=1, batch_per_rank=batch, input_tokens=8, output_tokens=4,

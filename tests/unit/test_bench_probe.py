@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from vcfslm import roofline
+from vcfslm import steadiness as st
 from vcfslm.bench import placement, probe
 
 
@@ -214,3 +216,137 @@ def test_decode_linears_curve_is_measured_per_row_count():
     curve = probe.measure_decode_linears(threads=1, rows=(1, 4, 16), mib=32, repeats=1)
     assert curve.rows == (1, 4, 16) and len(curve.gbs) == 3 and all(g > 0 for g in curve.gbs)
     assert curve.buffer_bytes >= 30 * 1024 * 1024 and curve.threads == 1
+
+
+# ---------------------------------------------------------------- a probe that notices a busy machine
+
+
+def test_probe_json_carries_each_figures_spread_and_the_verdict():
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, "-m", "vcfslm.bench.probe", "--mib", "16", "--repeats", "3",
+                          "--threads", "1", "--no-gemm"], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert set(result["spreads"]) == {"read", "triad"}
+    for spread in result["spreads"].values():
+        assert set(spread) == {"passes", "best_s", "median_s", "spread"} and spread["passes"] == 3
+        assert spread["spread"] == pytest.approx(spread["median_s"] / spread["best_s"] - 1, abs=1e-3)
+    steadiness = result["steadiness"]
+    assert steadiness["spreads"] == result["spreads"]
+    assert steadiness["verdict"] == ("busy" if steadiness["reasons"] else "steady")
+    assert steadiness["limits"] == {"spread": st.SPREAD_LIMIT, "others_share": st.OTHERS_SHARE_LIMIT,
+                                    "steal_share": st.STEAL_SHARE_LIMIT,
+                                    "shortest_pass_s": st.SHORTEST_JUDGED_PASS_S}
+    # 16 MiB passes take well under 10 ms: kept, not judged.
+    assert steadiness["unjudged"] == [name for name, s in result["spreads"].items()
+                                      if s["best_s"] < st.SHORTEST_JUDGED_PASS_S]
+    others = steadiness["others_cpu"]
+    # Linux has /proc/stat: the share is measured over the CPUs the probe was given.
+    assert others["unknown"] is None and 0 <= others["share"] <= 1
+    assert others["cpus"] == len(placement.parse_cpu_list(result["cpu_affinity"]))
+    assert others["wall_s"] > 0 and others["own_s"] > 0
+
+
+def test_the_whole_probe_is_watched_and_judged():
+    pytest.importorskip("torch")
+    probed = probe.measure_probe(threads=1, mib=16, repeats=2, gemm=False)
+    assert probed.gemm is None and probed.decode_linears is None
+    assert set(probed.steadiness.spreads) == {"read", "triad"}
+    assert probed.bandwidth.steadiness == probed.steadiness.to_dict()
+    assert probed.steadiness.others.wall_s > 0
+
+
+def test_best_keeps_the_fastest_pass_and_records_every_pass():
+    clock = iter([0.0, 3.0, 3.0, 4.0, 4.0, 6.0])   # passes of 3, 1 and 2 s (the first, untimed call aside)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(probe, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+        with probe._recording() as outer:
+            with probe._recording() as inner:
+                best = probe._best(lambda: None, 3)
+    assert best == 1.0 and inner == outer == [(3.0, 1.0, 2.0)]
+    assert probe._RECORDINGS == []
+    assert probe._passes_of([(3.0, 1.0), (2.0, 1.5)], 1.5) == (2.0, 1.5)
+    assert probe._passes_of([(3.0, 1.0), (1.0, 2.0)], 1.0) is None    # two calls match: unknown, not a guess
+
+
+def test_the_decode_curve_is_judged_at_its_first_row():
+    curve = probe.DecodeLinears(rows=(1, 4, 16), gbs=(20.0, 10.0, 5.0), kernel="k", threads=1, buffer_bytes=1,
+                                seconds=1.0)
+    runs = [(1.0, 1.01, 1.02), (2.0, 2.6, 2.2), (4.0, 4.1, 4.0)]
+    assert probe._curve_spreads(curve, runs) == {"decode linears at 1 row": st.Spread(3, 1.0, 1.01)}
+    assert probe._curve_spreads(curve, runs[:2]) == {}     # calls that do not line up with the rows
+
+
+def _node_json(numa_node, verdict: st.Steadiness | None) -> dict:
+    row = {"read_gbs": 21.7, "triad_gbs": 18.0, "read_kernel": "sum", "threads": 2, "buffer_bytes": 64 << 20,
+           "cpu_affinity": "0-1", "gemm": {"tflops": 0.438, "kernel": "engine onednn"},
+           "decode_linears": {"rows": [1, 2], "gbs": [24.4, 23.0]}}
+    if verdict is not None:
+        row["steadiness"] = verdict.to_dict()
+    return row
+
+
+QUIET = st.OthersCpu(cpus=2, wall_s=9.0, own_s=17.9, others_s=0.05, share=0.003, steal_share=0.0)
+LOADED = st.OthersCpu(cpus=2, wall_s=9.0, own_s=9.0, others_s=8.8, share=0.49, steal_share=0.0)
+SPREADS = {"read": st.Spread(5, 1.0, 1.01), "triad": st.Spread(5, 1.0, 1.02)}
+
+
+@pytest.fixture
+def fake_probe_runs(monkeypatch):
+    """`vcfslm probe --no-numactl` with the probe process's JSON given, not measured."""
+    rows: list[dict] = []
+
+    def run(cmd, **kwargs):
+        assert cmd[1:3] == ["-m", "vcfslm.bench.probe"]
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(rows.pop(0)) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return rows
+
+
+def test_probe_command_says_a_busy_machine_in_text_and_json(fake_probe_runs):
+    from click.testing import CliRunner
+
+    from vcfslm.cli import main
+
+    busy = st.judge(SPREADS, LOADED)
+    fake_probe_runs.append(_node_json(None, busy))
+    result = CliRunner().invoke(main, ["probe", "--no-numactl"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "the whole machine: busy: other processes took 49% of the 2 CPUs the probe ran on (limit 10%)" in lines
+    assert ("warning: the probe of the whole machine was taken on a busy machine: its figures are likely low; "
+            "rerun `vcfslm probe` on a quiet machine before scaling SLOs or predicting from them") in lines
+    assert ("|       all |  0-1 |       2 |      21.7 |         sum |       18.0 |         64 |        0.438 | "
+            "engine onednn |                   1:24 2:23 |    busy |") in lines
+
+    fake_probe_runs.append(_node_json(None, busy))
+    result = CliRunner().invoke(main, ["probe", "--no-numactl", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["steadiness"] == busy.to_dict() and row["numa_node"] is None
+    assert result.stderr.splitlines() == [
+        "warning: the probe of the whole machine was taken on a busy machine: its figures are likely low; "
+        "rerun `vcfslm probe` on a quiet machine before scaling SLOs or predicting from them"]
+
+
+def test_probe_command_on_a_quiet_machine_and_from_an_older_probe(fake_probe_runs):
+    from click.testing import CliRunner
+
+    from vcfslm.cli import main
+
+    fake_probe_runs.append(_node_json(None, st.judge(SPREADS, QUIET)))
+    result = CliRunner().invoke(main, ["probe", "--no-numactl"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "the whole machine: steady: spreads read 1.0%, triad 2.0%; others took 0.3% of 2 CPUs" in lines
+    assert not any("warning" in line for line in lines)
+    # A probe process without the check (an older vcfslm on the node): a dash, no claim either way.
+    fake_probe_runs.append(_node_json(None, None))
+    result = CliRunner().invoke(main, ["probe", "--no-numactl", "-o", "json"])
+    assert result.exit_code == 0 and result.stderr == ""
+    assert "steadiness" not in json.loads(result.stdout)[0]
+    fake_probe_runs.append(_node_json(None, None))
+    result = CliRunner().invoke(main, ["probe", "--no-numactl"], env={"COLUMNS": "300"})
+    assert not any(line.startswith("the whole machine:") for line in result.stdout.splitlines())
+    assert ("|       all |  0-1 |       2 |      21.7 |         sum |       18.0 |         64 |        0.438 | "
+            "engine onednn |                   1:24 2:23 |       - |") in result.stdout.splitlines()

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from vcfslm import presets, roofline
+from vcfslm import presets, roofline, steadiness
 from vcfslm.analysis.slo_scaling import (
     REFERENCE_MODEL,
     Rates,
+    busy_probe_lines,
     model_cost,
     probe_decode_gbs,
     probe_rates,
@@ -432,3 +433,48 @@ def test_lab_up_takes_the_decode_linears_rate_and_shows_the_plain_one(tmp_path, 
         "vs the testbed rank's 92.4")
     (kwargs,) = fake_up
     assert kwargs["bench"].slos == scale_slos(DEFAULT_SLOS, scaling)
+
+
+# ---------------------------------------------------------------- a probe taken on a busy machine
+
+
+def _steadiness(share: float) -> dict:
+    """A probe's recorded verdict, as the probe writes it, with others taking `share` of 2 CPUs."""
+    others = steadiness.OthersCpu(cpus=2, wall_s=9.0, own_s=9.0, others_s=share * 18, share=share,
+                                  steal_share=0.0)
+    return steadiness.judge({"read": steadiness.Spread(5, 1.0, 1.01)}, others).to_dict()
+
+
+def test_lab_up_with_a_busy_probe_says_so_under_the_scaling(tmp_path, fake_up):
+    doc = [{**_node(31.9, 1.44, 0), "steadiness": _steadiness(0.49)},
+           {**_node(33.0, 1.50, 1), "steadiness": _steadiness(0.0)}]
+    probe = _write(tmp_path / "probe.json", doc)
+    result = CliRunner().invoke(main, ["lab", "up", "--slos-from", str(probe), "--dir", str(tmp_path / "lab")])
+    assert result.exit_code == 0, result.output
+    warning = [f"warning: the probe in {probe} was taken on a busy machine: its figures are likely low, so the "
+               "limits scaled by them are too loose; rerun `vcfslm probe` on a quiet machine, then `lab up "
+               "--slos-from` with it",
+               "  NUMA node 0: busy: other processes took 49% of the 2 CPUs the probe ran on (limit 10%)"]
+    lines = result.stdout.splitlines()
+    assert warning[0] in lines, lines
+    at = lines.index(warning[0])
+    assert lines[at - 2:at + 2] == [*scaling_for(31.9, 1.44).lines(DEFAULT_SLOS)[-2:], *warning]  # under SLO-A, B
+    (kwargs,) = fake_up
+    notes = list(kwargs["bench"].slo_notes)
+    assert notes[-2:] == warning                 # the lab inventory's comments say it too
+    # The limits are scaled all the same: the warning does not change them.
+    assert kwargs["bench"].slos == {"A": {"tpot_ms": 377, "ttft_s": 36.0}, "B": {"tpot_ms": 579, "ttft_s": 60.0}}
+
+
+@pytest.mark.parametrize("doc", [
+    [{**_node(31.9, 1.44), "steadiness": _steadiness(0.01)}],      # steady
+    [_node(31.9, 1.44)],                                           # a probe older than the check
+])
+def test_lab_up_with_a_steady_or_older_probe_warns_of_nothing(tmp_path, fake_up, doc):
+    probe = _write(tmp_path / "probe.json", doc)
+    assert busy_probe_lines(probe) == []
+    result = CliRunner().invoke(main, ["lab", "up", "--slos-from", str(probe), "--dir", str(tmp_path / "lab")])
+    assert result.exit_code == 0, result.output
+    assert not any("busy" in line for line in result.stdout.splitlines())
+    (kwargs,) = fake_up
+    assert not any("busy" in note for note in kwargs["bench"].slo_notes)

@@ -35,6 +35,7 @@ from vcfslm.results import (
     percentile,
     read_run,
 )
+from vcfslm.steadiness import rank_verdicts
 from vcfslm.verdicts import is_numerics_gate, numerics_gate_detail
 
 PERCENTILES = ("p50", "p90", "p99")
@@ -423,6 +424,21 @@ def run_warnings(meta: RunMeta, records: Sequence[WindowRecord], read: Sequence[
         out.append(f"run {meta.run_id} ran the decode step in {' and '.join(baseline)} mode: a baseline, "
                    "not a measurement mode (ops between the linears run unfused, so TPOT carries "
                    "per-op overhead); measure with bench.compile: compile")
+    out.extend(busy_probe_warnings(meta))
+    return out
+
+
+def busy_probe_warnings(meta: RunMeta) -> list[str]:
+    """One warning per rank whose probe found the machine busy (its recorded verdict, with the
+    reasons). A run older than the verdict, or without probes, has none to say."""
+    out = []
+    for rank, node, verdict in rank_verdicts(meta.ranks):
+        if not verdict.busy:
+            continue
+        where = f"node {node}, rank {rank}" if node else f"rank {rank}"
+        out.append(f"run {meta.run_id}: the probe on {where} was taken on a busy machine "
+                   f"({'; '.join(verdict.reasons)}): its figures are likely low, which skews the roofline floors, "
+                   "efficiencies and performance model drawn from them; rerun on a quiet machine")
     return out
 
 

@@ -64,6 +64,7 @@ from vcfslm.errors import CsvError, Problem, UsageError
 from vcfslm.judging import LEGACY_SERVING_RULE, Rule, percentile_value
 from vcfslm.progress import NullReporter, Reporter
 from vcfslm.results import RunMeta, atomic_write_text
+from vcfslm.steadiness import rank_verdicts
 
 DEFAULT_PEAKS = (256,)
 
@@ -318,8 +319,17 @@ def meta_rows(meta: RunMeta) -> list[tuple[str, str]]:
     for key, value in flatten(m.versions, "versions"):
         rows.append((key, value))
     for key, value in flatten(m.probe, "probe"):
-        rows.append((key, value))
+        if not key.endswith(".steadiness"):     # said in words below, from every rank
+            rows.append((key, value))
+    rows.extend(probe_steadiness_rows(m))
     return rows
+
+
+def probe_steadiness_rows(meta: RunMeta) -> list[tuple[str, str]]:
+    """(rank, whether its probe found the machine steady or busy, and on what) for every rank
+    whose probe recorded it; a run older than the verdict has none."""
+    return [(f"probe steadiness, {f'node {node} ' if node else ''}rank {rank}", verdict.summary)
+            for rank, node, verdict in rank_verdicts(meta.ranks)]
 
 
 def topology_rows(meta: RunMeta) -> list[tuple[str, str, str]]:

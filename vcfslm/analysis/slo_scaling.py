@@ -36,6 +36,11 @@ GB/s against 21-22 in two runs, 21.7 against 24.4 in a third); a floor the engin
 approach set a TPOT limit under the batch-1 step however light the load. The testbed's side stays its published STREAM figure
 (no decode-linears curve of it is known).
 
+A probe taken while something else ran on the machine reads low, and the limits scaled by
+it come out too loose. The probe file says so per NUMA node (its `steadiness`: steady or
+busy, and why; vcfslm/steadiness.py), and busy_probe_lines words it for `lab up`, which
+prints it under the scaling and suggests rerunning the probe on a quiet machine.
+
 Why floors and not a measured step: the lab's SLOs are set before anything is benchmarked,
 from the probe alone, and a floor depends on nothing but the shape and the probe. It tells
 what a step costs only when the step is bandwidth-bound; a model whose step is dominated
@@ -58,6 +63,7 @@ from ..errors import InputError, PlatformError, Problem, RunFolderError
 from ..hardware import load_platform
 from ..presets import SYNTHETIC_PREFIX, counts_of_source
 from ..roofline import decode_step_bytes, prefill_flops
+from ..steadiness import recorded
 from ..yamldoc import read_document
 from .calibration import rank_rates
 
@@ -318,6 +324,25 @@ def probe_decode_gbs(path: str | Path) -> float | None:
     rows = _load_json(Path(path), PlatformError)
     decode = [_decode_one_row_gbs(r) for r in rows] if isinstance(rows, list) and rows else [None]
     return min(decode) if all(decode) else None
+
+
+def busy_probe_lines(path: str | Path) -> list[str]:
+    """Lines saying that a `vcfslm probe -o json` file was taken on a busy machine: one with
+    what to do, then one per NUMA node whose probe was busy, with its reasons. Empty when
+    every node's probe was steady or the file predates the check (it says nothing either way).
+    Read it after probe_rates, which checks the file."""
+    rows = _load_json(Path(path), PlatformError)
+    busy = []
+    for row in rows if isinstance(rows, list) else ():
+        verdict = recorded(row)
+        if verdict is not None and verdict.busy:
+            node = row.get("numa_node")
+            busy.append(f"  {'the whole machine' if node is None else f'NUMA node {node}'}: {verdict.summary}")
+    if not busy:
+        return []
+    return [f"warning: the probe in {path} was taken on a busy machine: its figures are likely low, so the "
+            f"limits scaled by them are too loose; rerun `vcfslm probe` on a quiet machine, then `lab up "
+            f"--slos-from` with it", *busy]
 
 
 def run_rates(path: str | Path) -> Rates:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..runspec import WorkerSpec
+from ..steadiness import BUSY
 from ..topology import RankSlot, parse_cpu_list
 
 RANK_LINE = re.compile(r"^\[(?:[a-z]+)?(\d+)\]:(.*)$")
@@ -313,7 +314,10 @@ def progress_status(event: dict) -> str:
     if phase == "swept":
         return f"sweep {event.get('slo')} in={event.get('input_tokens')}: stopped: {event.get('reason')}"
     if phase == "probed":
-        return f"bandwidth read {event.get('read_gbs')} GB/s, triad {event.get('triad_gbs')} GB/s"
+        head = f"bandwidth read {event.get('read_gbs')} GB/s, triad {event.get('triad_gbs')} GB/s"
+        if event.get("steadiness") == BUSY:
+            head += "  (probed on a busy machine: see the report's validity warnings)"
+        return head
     if phase == "loaded":
         return f"model loaded in {event.get('load_s')} s"
     if phase == "chunked":

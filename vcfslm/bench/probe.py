@@ -24,18 +24,31 @@ of the weights at the read bandwidth (the arithmetic: `vcfslm.roofline`).
 Each figure is the best of `repeats` passes (STREAM's convention: the best pass is the
 one least disturbed). Buffers are far larger than any last-level cache.
 
+A busy machine disturbs every pass, the best one too, so `measure_probe` (the whole probe:
+bandwidth, GEMM, decode-batch curve) also keeps each figure's spread (how much slower its
+median pass ran than its best) and the CPU time other processes took on the probe's CPUs
+(/proc/stat around it, less its own), and judges the probe steady or busy
+(vcfslm.steadiness). The verdict rides in the bandwidth's `steadiness`.
+
 `python -m vcfslm.bench.probe [--threads T] [--mib M]` prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import functools
 import itertools
 import json
+import math
+import os
 import sys
 import time
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, field
+
+from .. import steadiness as steady
 
 DEFAULT_MIB = 1024
 
@@ -52,6 +65,8 @@ class Bandwidth:
     repeats: int
     seconds: float
     read_kernels: dict = field(default_factory=dict)  # GB/s of every read kernel tried
+    spreads: dict = field(default_factory=dict)       # "read", "triad": steadiness.Spread.to_dict()
+    steadiness: dict | None = None                    # the whole probe's verdict (measure_probe)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,27 +86,38 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     buf = _read_buffer(mib)
     n = buf.numel()
     vec = torch.ones(4096, dtype=torch.float32)
-    kernels = {"sum": _best(buf.sum, repeats),
-               "sgemv": _best(functools.partial(torch.mv, buf.view(-1, 4096), vec), repeats)}
+    passes: dict[str, tuple[float, ...] | None] = {}
+
+    def timed(name: str, measure, *args) -> float:
+        """measure(*args): a best pass in seconds; the passes behind it are kept for its spread."""
+        with _recording() as runs:
+            best_s = measure(*args)
+        passes[name] = _passes_of(runs, best_s)
+        return best_s
+
+    kernels = {"sum": timed("sum", _best, buf.sum, repeats),
+               "sgemv": timed("sgemv", _best, functools.partial(torch.mv, buf.view(-1, 4096), vec), repeats)}
     read_bytes = buf.numel() * buf.element_size()
     del buf, vec
     if engine_kernel:
         # The same bytes as bf16 (twice the elements), held by the engine's linear kernel.
-        kernels["engine bf16 linear"] = _engine_read_s(n * 2, repeats)
+        kernels["engine bf16 linear"] = timed("engine bf16 linear", _engine_read_s, n * 2, repeats)
     read_kernel = min(kernels, key=kernels.get)
     read_s = kernels[read_kernel]
     m = max(n // 4, 1024)  # triad: three arrays, together ~3/4 of the read buffer
     a = torch.zeros(m, dtype=torch.float32)
     b = torch.ones(m, dtype=torch.float32)
     c = torch.full((m,), 2.0, dtype=torch.float32)
-    triad_s = _best(functools.partial(torch.add, b, c, alpha=3.0, out=a), repeats)
+    triad_s = timed("triad", _best, functools.partial(torch.add, b, c, alpha=3.0, out=a), repeats)
     triad_bytes = 3 * m * 4
     del a, b, c
+    spreads = {figure: steady.spread_of(times).to_dict()
+               for figure, times in (("read", passes[read_kernel]), ("triad", passes["triad"])) if times}
     return Bandwidth(read_gbs=read_bytes / read_s / 1e9, triad_gbs=triad_bytes / triad_s / 1e9,
                      read_kernel=read_kernel,
                      read_kernels={k: round(read_bytes / v / 1e9, 2) for k, v in kernels.items()},
                      threads=torch.get_num_threads(), buffer_bytes=read_bytes, repeats=repeats,
-                     seconds=time.perf_counter() - started)
+                     seconds=time.perf_counter() - started, spreads=spreads)
 
 
 def _read_buffer(mib: int):
@@ -278,13 +304,128 @@ def measure_gemm(threads: int | None = None, rows: tuple[int, ...] = GEMM_ROWS, 
 
 
 def _best(fn, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn` (after one untimed call); every pass's
+    time also goes to each recording open (`_recording`), for the figure's spread."""
     fn()  # first touch / warm the code path
-    best = float("inf")
+    times = []
     for _ in range(max(repeats, 1)):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    for runs in _RECORDINGS:
+        runs.append(tuple(times))
+    return min(times)
+
+
+# The recordings open around measurements: each gets every _best call's pass times, in order.
+_RECORDINGS: list[list[tuple[float, ...]]] = []
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[list[tuple[float, ...]]]:
+    """The pass times of every _best call made inside the block, one tuple per call."""
+    runs: list[tuple[float, ...]] = []
+    _RECORDINGS.append(runs)
+    try:
+        yield runs
+    finally:
+        del _RECORDINGS[next(i for i, open_runs in enumerate(_RECORDINGS) if open_runs is runs)]
+
+
+def _passes_of(runs: list[tuple[float, ...]], best_s: float, rel: float = 1e-9) -> tuple[float, ...] | None:
+    """The one recorded call whose best pass is `best_s` (within `rel`); None when none is, or
+    several are (the figure's spread is then unknown rather than another call's)."""
+    found = [times for times in runs if math.isclose(min(times), best_s, rel_tol=rel)]
+    return found[0] if len(found) == 1 else None
+
+
+# ---------------------------------------------------------------- the whole probe, watched
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: its figures, and whether the machine was quiet while it took them
+    (`bandwidth.steadiness` holds the verdict's dict too, so it travels with the probe)."""
+
+    bandwidth: Bandwidth
+    gemm: GemmRate | None
+    decode_linears: DecodeLinears | None
+    steadiness: steady.Steadiness
+
+
+def measure_probe(threads: int | None = None, mib: int = DEFAULT_MIB, repeats: int = 5, *, gemm: bool = True,
+                  decode_mib: int = DECODE_MIB, plan=None, cpus: Collection[int] | None = None) -> Probe:
+    """Bandwidth, then (with `gemm`) the GEMM rate and the decode-batch curve, watched: every
+    figure's spread over its passes, and the CPU time others took on `cpus` (the CPUs the
+    probe may run on; default: this process's affinity) meanwhile, judged steady or busy."""
+    if cpus is None and hasattr(os, "sched_getaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+    with _Watch(cpus) as watch:
+        bandwidth = measure_bandwidth(threads, mib, repeats)
+        rate = curve = None
+        if gemm:
+            with _recording() as gemm_runs:
+                rate = measure_gemm(threads, plan=plan)
+            with _recording() as curve_runs:
+                curve = measure_decode_linears(threads, mib=decode_mib, plan=plan)
+    spreads = {name: steady.Spread(**{k: s[k] for k in ("passes", "best_s", "median_s")})
+               for name, s in bandwidth.spreads.items()}
+    if rate is not None:
+        times = _passes_of(gemm_runs, 2.0 * rate.rows * rate.k * rate.n / (rate.tflops * 1e12))
+        if times:
+            spreads["gemm"] = steady.spread_of(times)
+    if curve is not None:
+        spreads.update(_curve_spreads(curve, curve_runs))
+    verdict = steady.judge(spreads, watch.others())
+    return Probe(bandwidth=dataclasses.replace(bandwidth, steadiness=verdict.to_dict()), gemm=rate,
+                 decode_linears=curve, steadiness=verdict)
+
+
+def _curve_spreads(curve: DecodeLinears, runs: list[tuple[float, ...]]) -> dict[str, steady.Spread]:
+    """The decode-batch curve's spread at its first row count: the decode rate a step meets,
+    which the SLO scaling and the roofline take. (Its compute-bound rows scatter by a quarter
+    on a quiet machine, so they would only cry wolf.) The curve times one call per
+    row count, in order; empty when the calls do not line up with the rows."""
+    if len(runs) != len(curve.rows) or not runs:
+        return {}
+    first = curve.rows[0]
+    return {f"decode linears at {first} row{'s' if first > 1 else ''}": steady.spread_of(runs[0])}
+
+
+class _Watch:
+    """Around a block: /proc/stat and this process's CPU time (children included) at its start
+    and its end, for the CPU time others took on `cpus` meanwhile."""
+
+    def __init__(self, cpus: Collection[int] | None):
+        self.cpus = tuple(cpus) if cpus else None
+        self.start = self.end = None
+
+    def __enter__(self) -> _Watch:
+        self.start = _reading()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.end = _reading()
+
+    def others(self) -> steady.OthersCpu:
+        (stat0, own0, t0), (stat1, own1, t1) = self.start, self.end
+        return steady.others_cpu(stat0, stat1, self.cpus, own1 - own0, t1 - t0, os.sysconf("SC_CLK_TCK"))
+
+
+def _reading() -> tuple[str | None, float, float]:
+    """(/proc/stat's text or None, this process's CPU seconds, a perf_counter stamp)."""
+    times = os.times()
+    return _proc_stat(), times.user + times.system + times.children_user + times.children_system, \
+        time.perf_counter()
+
+
+def _proc_stat() -> str | None:
+    """/proc/stat's text; None where there is none (not Linux, a sandbox without /proc)."""
+    try:
+        with open("/proc/stat", encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,16 +437,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-gemm", action="store_true",
                         help="skip the bf16 GEMM rate and the decode-batch linear rates")
     args = parser.parse_args(argv)
-    result = measure_bandwidth(args.threads, args.mib, args.repeats).to_dict()
-    if not args.no_gemm:
-        result["gemm"] = measure_gemm(args.threads).to_dict()
-        result["decode_linears"] = measure_decode_linears(args.threads).to_dict()
+    from ..topology import parse_cpu_list
+    from .placement import start_binding
+
+    binding = start_binding()   # before OpenMP binds the main thread to one core
+    cpus = parse_cpu_list(binding["cpus"]) if binding.get("cpus") else None
+    probe = measure_probe(args.threads, args.mib, args.repeats, gemm=not args.no_gemm, cpus=cpus)
+    result = probe.bandwidth.to_dict()
+    if probe.gemm is not None:
+        result["gemm"] = probe.gemm.to_dict()
+    if probe.decode_linears is not None:
+        result["decode_linears"] = probe.decode_linears.to_dict()
     try:
         import torch
 
         from .placement import placement_facts
 
-        facts = placement_facts(torch)
+        facts = placement_facts(torch, binding)
         result["cpu_affinity"] = facts["cpu_affinity"]
         result["memory_numa_node"] = facts["memory_numa_node"]
         result["cpu_numa_nodes"] = facts["cpu_numa_nodes"]

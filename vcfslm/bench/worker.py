@@ -265,6 +265,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     from ..engine.decode import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
     from ..engine.linear import default_plan
     from ..engine.model import load_model
+    from ..topology import parse_cpu_list
     from . import probe as probe_mod
     from .placement import placement_facts, placement_problems, thread_cpus
 
@@ -293,13 +294,15 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
     if job.run.probe.enabled:
         dist.barrier()  # probe together: ranks of a node share its memory system
         threads = torch.get_num_threads()
-        bandwidth = probe_mod.measure_bandwidth(threads, job.probe_mib)
-        gemm = probe_mod.measure_gemm(threads, plan=engine.plan)
-        decode_linears = probe_mod.measure_decode_linears(threads, mib=min(job.probe_mib, probe_mod.DECODE_MIB),
-                                                          plan=engine.plan)
+        # Watched: each figure's spread, and the CPU time others took on this rank's CPUs.
+        probed = probe_mod.measure_probe(threads, job.probe_mib, decode_mib=min(job.probe_mib, probe_mod.DECODE_MIB),
+                                         plan=engine.plan,
+                                         cpus=parse_cpu_list(binding["cpus"]) if binding.get("cpus") else None)
+        bandwidth, gemm, decode_linears = probed.bandwidth, probed.gemm, probed.decode_linears
         torch.set_num_threads(job.run.threads or _default_threads())
         progress({**base, "phase": "probed", "read_gbs": round(bandwidth.read_gbs, 2),
-                  "triad_gbs": round(bandwidth.triad_gbs, 2), "gemm_tflops": round(gemm.tflops, 4)})
+                  "triad_gbs": round(bandwidth.triad_gbs, 2), "gemm_tflops": round(gemm.tflops, 4),
+                  "steadiness": probed.steadiness.verdict})
 
     placement = placement_facts(torch, binding)
     placement["engine"] = engine.label

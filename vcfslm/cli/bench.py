@@ -20,6 +20,7 @@ from rich.table import Table
 from ..contract import ACCEPTED_COMPILE_MODES, Matrix, new_run_id, serve_matrix
 from ..errors import BenchError, Problem, UsageError
 from ..runspec import ProbeSpec, RunSpec
+from ..steadiness import recorded
 from .bench_endpoint import endpoint_options, endpoint_run
 from .bench_serve import check_serve_flags, serve_options, serve_spec, server_spec
 from .bench_summary import print_run_summary
@@ -359,6 +360,9 @@ def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
     the GEMM rate, when longer); the prefill floor is prompt FLOPs / GEMM rate. The
     decode-batch curve (the engine's linear kernel at 1..64 rows over streamed weights) is
     the knee `vcfslm predict` models decode with; its JSON is a --platform for predict.
+    Each node's probe also says whether the machine was quiet while it ran (`steadiness`:
+    steady, or busy with the reasons: a figure whose passes scattered, other processes'
+    share of its CPUs); a busy probe reads low, so probe again on a quiet machine.
     Example: vcfslm probe --mib 2048
              vcfslm probe -o json > this-host.json
     """
@@ -382,23 +386,43 @@ def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
         result = json.loads(done.stdout.strip().splitlines()[-1])
         result["numa_node"] = node
         rows.append(result)
+    verdicts = [(_where(r), recorded(r)) for r in rows]
+    busy = [where for where, verdict in verdicts if verdict is not None and verdict.busy]
     if output == "json":
-        print_json(rows)
+        print_json(rows)   # each node's `steadiness` says it too
+        if busy:
+            err_console.print(f"warning: {_busy_text(busy)}", markup=False, highlight=False, soft_wrap=True)
         return
     table = Table(title="memory bandwidth (GB/s = 1e9 bytes/s, best of 5) and bf16 GEMM rate")
     for col in ("NUMA node", "CPUs", "threads", "read GB/s", "read kernel", "triad GB/s", "buffer MiB",
-                "GEMM TFLOP/s", "GEMM kernel", "decode linears GB/s by rows"):
+                "GEMM TFLOP/s", "GEMM kernel", "decode linears GB/s by rows", "machine"):
         table.add_column(col, justify="right")
-    for r in rows:
+    for r, (_, verdict) in zip(rows, verdicts, strict=True):
         gemm = r.get("gemm") or {}
         curve = r.get("decode_linears") or {}
         knee = " ".join(f"{n}:{g:.0f}" for n, g in zip(curve.get("rows", ()), curve.get("gbs", ()), strict=False))
         table.add_row("all" if r["numa_node"] is None else str(r["numa_node"]), r.get("cpu_affinity", "?"),
                       str(r["threads"]), f"{r['read_gbs']:.1f}", str(r.get("read_kernel", "?")),
                       f"{r['triad_gbs']:.1f}", str(r["buffer_bytes"] // (1024 * 1024)),
-                      f"{gemm['tflops']:.3f}" if gemm else "-", str(gemm.get("kernel", "-")), knee or "-")
+                      f"{gemm['tflops']:.3f}" if gemm else "-", str(gemm.get("kernel", "-")), knee or "-",
+                      "-" if verdict is None else verdict.verdict)
     console.print(table)
+    for where, verdict in verdicts:
+        if verdict is not None:
+            click.echo(f"{where}: {verdict.summary}")
+    if busy:
+        click.echo(f"warning: {_busy_text(busy)}")
     click.echo("Save `vcfslm probe -o json > host.json` on a target machine for `vcfslm predict --platform host.json`.")
+
+
+def _where(row: dict) -> str:
+    """What one probe row measured: `NUMA node N`, or `the whole machine` (--no-numactl)."""
+    return "the whole machine" if row.get("numa_node") is None else f"NUMA node {row['numa_node']}"
+
+
+def _busy_text(where: list[str]) -> str:
+    return (f"the probe of {', '.join(where)} was taken on a busy machine: its figures are likely low; "
+            "rerun `vcfslm probe` on a quiet machine before scaling SLOs or predicting from them")
 
 
 COMMANDS = [bench, probe]

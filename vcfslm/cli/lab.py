@@ -202,6 +202,7 @@ def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[
     if probe_file is None:
         return None, []
     from ..analysis.slo_scaling import (
+        busy_probe_lines,
         model_cost,
         probe_decode_gbs,
         probe_rates,
@@ -224,7 +225,7 @@ def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[
     lines = scaling.lines(DEFAULT_SLOS)
     if cost is None:
         lines.insert(1, f"model {model}: no published shape, so the limits are scaled by the machine alone")
-    return scale_slos(DEFAULT_SLOS, scaling), lines
+    return scale_slos(DEFAULT_SLOS, scaling), lines + busy_probe_lines(probe_file)
 
 
 def _print_table(rows) -> None:
