@@ -100,8 +100,9 @@ def measure_bandwidth(threads: int | None = None, mib: int = DEFAULT_MIB, repeat
     read_bytes = buf.numel() * buf.element_size()
     del buf, vec
     if engine_kernel:
-        # The same bytes as bf16 (twice the elements), held by the engine's linear kernel.
-        kernels["engine bf16 linear"] = timed("engine bf16 linear", _engine_read_s, n * 2, repeats)
+        # The same bytes held by the engine's linear kernel: twice the elements in bf16, as many
+        # in fp32 (a plan that holds fp32 reads 4 bytes a weight).
+        kernels[ENGINE_READ_KERNEL] = timed(ENGINE_READ_KERNEL, _engine_read_s, read_bytes, repeats)
     read_kernel = min(kernels, key=kernels.get)
     read_s = kernels[read_kernel]
     m = max(n // 4, 1024)  # triad: three arrays, together ~3/4 of the read buffer
@@ -129,14 +130,19 @@ def _read_buffer(mib: int):
     return torch.ones(n - n % 4096, dtype=torch.float32)
 
 
-def _engine_read_s(elements: int, repeats: int) -> float:
-    """Seconds of one pass of the engine's linear kernel over `elements` bf16 weights."""
+# The read kernel's name for the engine's own linear kernel (whatever precision its plan holds).
+ENGINE_READ_KERNEL = "engine bf16 linear"
+
+
+def _engine_read_s(held_bytes: int, repeats: int) -> float:
+    """Seconds of one pass of the engine's linear kernel over weights that hold `held_bytes`
+    in its plan's layout (bf16, or fp32 where the plan holds fp32)."""
     import torch
 
     from ..engine import linear
 
     plan = linear.default_plan()
-    slices = _engine_slices(elements, plan)
+    slices = _engine_slices(held_bytes // plan.held_bytes_per_weight, plan)
     x = torch.ones(plan.rows_computed(1), slices[0].in_features, dtype=torch.bfloat16)
     with torch.inference_mode():
         return _best(lambda: [layer(x) for layer in slices], repeats)
@@ -204,6 +210,10 @@ class DecodeLinears:
     threads: int
     buffer_bytes: int
     seconds: float
+    # Bytes the plan holds per weight: 4 where it holds fp32 (onednn-fp32). `gbs` counts the
+    # model's bf16 bytes either way, as the roofline does, so a step's weights over it is the
+    # step's time; the memory read is gbs x held_bytes_per_weight / 2.
+    held_bytes_per_weight: int = 2
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -236,6 +246,7 @@ def measure_decode_linears(threads: int | None = None, rows: tuple[int, ...] = D
             x = torch.ones(plan.rows_computed(m), slices[0].in_features, dtype=torch.bfloat16)
             rates.append(weight_bytes / _best(lambda x=x: [layer(x) for layer in slices], repeats) / 1e9)
     return DecodeLinears(rows=tuple(rows), gbs=tuple(round(r, 3) for r in rates), kernel=plan.kernel,
+                         held_bytes_per_weight=plan.held_bytes_per_weight,
                          threads=torch.get_num_threads(), buffer_bytes=weight_bytes,
                          seconds=time.perf_counter() - started)
 
