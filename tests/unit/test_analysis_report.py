@@ -324,3 +324,21 @@ def test_a_run_older_than_the_probe_check_still_reports_and_claims_nothing(tmp_p
     assert not any("busy machine" in w for w in result.warnings)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "probe steadiness" not in md and "## Answer" in md
+
+
+def test_the_report_names_the_linear_kernels_and_their_memory(tmp_path):
+    """The metadata says which plan the ranks' linears ran on, and that an fp32 plan held the
+    weights at twice the bf16 memory; ranks that ran different plans are named."""
+    run_dir = make_run(tmp_path / "r", "r", ["vm1"], SHORT, ranks=2)
+    meta = read_meta(run_dir)
+    fp32 = "onednn-fp32 (weights held in fp32, 2x the bf16 memory)"
+    meta.ranks = {"0": {"node": "vm1", "pack": {"label": fp32}}, "1": {"node": "vm1", "pack": {"label": fp32}}}
+    write_meta(run_dir, meta)
+    write_report([run_dir], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text().splitlines()
+    assert f"| linear kernels | {fp32} |" in md
+    meta.ranks["1"]["pack"]["label"] = "dense-bf16"
+    write_meta(run_dir, meta)
+    write_report([run_dir], tmp_path / "out2")
+    md = (tmp_path / "out2" / "report.md").read_text().splitlines()
+    assert f"| linear kernels, ranks 0 | {fp32} |" in md and "| linear kernels, ranks 1 | dense-bf16 |" in md

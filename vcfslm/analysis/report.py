@@ -322,7 +322,24 @@ def meta_rows(meta: RunMeta) -> list[tuple[str, str]]:
         if not key.endswith(".steadiness"):     # said in words below, from every rank
             rows.append((key, value))
     rows.extend(probe_steadiness_rows(m))
+    rows.extend(linear_plan_rows(m))
     return rows
+
+
+def linear_plan_rows(meta: RunMeta) -> list[tuple[str, str]]:
+    """("linear kernels", the plan every rank's linears ran on): the label names the path and,
+    where the plan holds fp32 (onednn-fp32 on a CPU without bf16), that the weights took twice
+    the bf16 memory. One row per distinct plan, with the ranks that ran it when they differ."""
+    plans: dict[str, list[str]] = {}
+    ranks = meta.ranks if isinstance(meta.ranks, dict) else {}
+    for rank, facts in sorted(ranks.items(), key=lambda kv: (len(str(kv[0])), str(kv[0]))):
+        pack = facts.get("pack") if isinstance(facts, dict) else None
+        label = pack.get("label") if isinstance(pack, dict) else None
+        if isinstance(label, str) and label:
+            plans.setdefault(label, []).append(str(rank))
+    if len(plans) == 1:
+        return [("linear kernels", next(iter(plans)))]
+    return [(f"linear kernels, ranks {', '.join(r)}", label) for label, r in plans.items()]
 
 
 def probe_steadiness_rows(meta: RunMeta) -> list[tuple[str, str]]:
