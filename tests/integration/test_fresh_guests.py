@@ -140,7 +140,7 @@ def test_provision_verify_bench_then_a_second_provision_changes_nothing(fresh_la
     # The guests have no compiler and the wheel carries none of vcfslm's own code: every rank
     # runs a stock kernel plan, and its records name it.
     for r in records:
-        assert r.placement["linear_kernel"] in ("onednn-packed", "dense-bf16"), r.placement
+        assert r.placement["linear_kernel"] in ("onednn-packed", "onednn-fp32", "dense-bf16"), r.placement
 
     again = _cli(env, "provision", "--allow-restart", "--yes", "-o", "json", timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
