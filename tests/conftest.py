@@ -12,17 +12,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytest_plugins = ["lab_fixtures"] if importlib.util.find_spec("lab_fixtures") else []
 
 # The session-scoped lab (vcsim, four sshd guests, one provisioning of them): every module
-# that uses it runs on one worker, so the lab is started and provisioned once, not once
-# per worker.
+# that uses it runs on the worker of its lab group, so each lab is started and provisioned
+# once, not once per worker.
 LAB_FIXTURES = frozenset({"vcsim_server", "ssh_guests", "lab", "provisioned_lab"})
+# Two labs, each on a worker of its own: the lab's modules one after another took ~16 of the
+# suite's 19.5 minutes on a 2-core AVX2 machine while the cores sat half idle (a lab test
+# mostly waits on its guests and servers), and two labs coexist (free ports, folders of their
+# own). The modules that run vLLM on the lab (its servers, the router, a deployment) get the
+# second; the benches, playbooks and the lab's own life cycle the first.
+SECOND_LAB_MODULES = frozenset({"test_serve_deploy.py", "test_endpoint_bench.py", "test_workloads_lab.py"})
 
 
-def xdist_group_for(module_fixtures: list[tuple[str, str]]) -> str | None:
+def xdist_group_for(module_fixtures: list[tuple[str, str]], module: str = "") -> str | None:
     """The xdist group of a module's tests from the (name, scope) of the fixtures they use
-    (pure): "lab" for lab users, the module itself when any fixture is module-scoped (one
-    worker then builds it once), none otherwise (each test goes where a worker is free)."""
+    (pure): "lab" or "lab-2" for lab users (by the module's file name), the module itself when
+    any fixture is module-scoped (one worker then builds it once), none otherwise (each test
+    goes where a worker is free)."""
     if any(name in LAB_FIXTURES for name, _ in module_fixtures):
-        return "lab"
+        return "lab-2" if Path(module).name in SECOND_LAB_MODULES else "lab"
     if any(scope == "module" for _, scope in module_fixtures):
         return "module"
     return None
@@ -42,8 +49,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
         for module, module_items in by_module.items():
-            group = xdist_group_for([f for item in module_items for f in _fixtures(item)])
+            group = xdist_group_for([f for item in module_items for f in _fixtures(item)], module)
             if group is not None:
                 for item in module_items:
-                    item.add_marker(pytest.mark.xdist_group("lab" if group == "lab" else module))
+                    item.add_marker(pytest.mark.xdist_group(module if group == "module" else group))
     return (yield)

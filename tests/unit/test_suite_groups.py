@@ -13,6 +13,15 @@ def test_lab_users_share_one_group_whatever_else_they_use():
     assert xdist_group_for([("walkthrough", "module"), ("ssh_guests", "session")]) == "lab"
 
 
+def test_the_modules_that_run_vllm_on_the_lab_share_a_second_lab():
+    lab = [("tmp_path", "function"), ("provisioned_lab", "session")]
+    assert xdist_group_for(lab, "tests/integration/test_serve_deploy.py") == "lab-2"
+    assert xdist_group_for(lab, "tests/integration/test_workloads_lab.py") == "lab-2"
+    assert xdist_group_for(lab, "tests/integration/test_bench_cluster.py") == "lab"
+    # A module that is not a lab user is grouped by its fixtures alone, whatever its name.
+    assert xdist_group_for([("engine", "module")], "tests/integration/test_serve_deploy.py") == "module"
+
+
 def test_a_module_scoped_fixture_keeps_its_module_together():
     assert xdist_group_for([("tmp_path", "function"), ("engine", "module")]) == "module"
 
