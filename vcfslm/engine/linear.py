@@ -24,7 +24,7 @@ ops, no code of vcfslm's own in the matrix products:
   holds its linears in fp32: twice the memory of bf16 and twice the bytes per decode step,
   but fp32 is what these CPUs multiply natively. Measured on a 2-core AVX2 EPYC (family 25
   model 1, Phi-3-mini's linears at 4 layers, `benchmarks/decode_efficiency.py`): one row
-  read the fp32 weights at ~0.7-0.9 of the plain read bandwidth and four rows cost ~1.3x
+  read the fp32 weights at ~0.7-0.9 of the plain read bandwidth and four rows cost ~1.3-1.5x
   one, where dense-bf16's per-row bf16 GEMV read the bf16 weights at a fifth of it and
   four rows cost four times one (four streams, four weight reads).
 - `dense-bf16` (no oneDNN at all, or forced): the weight stays a plain bf16
