@@ -3,8 +3,8 @@ the flags over the resumed run's own spec, else over the inventory, over the one
 
 `check_flags` refuses a flag given where its declaration says it does not apply (exit 2,
 naming the flag); `resolve` builds the RunSpec. Both are pure: what needs a file, the
-network or SSH (the run's meta.json, the endpoint's model, the deployment's nodes) comes in
-as an argument.
+network or SSH comes in as an argument (the resumed run's meta.json, read by
+`Resumed.read`; the endpoint's model and the deployment's nodes, as `ask`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.slo import PRESETS, resolve_slos
+from ..bench.local import NODE_NAME
 from ..contract import Matrix, new_run_id, select_nodes, serve_matrix
 from ..errors import Problem, UsageError
 from ..inventory import serve_settings
@@ -34,10 +35,9 @@ from .bench_options import (
 )
 from .bench_serve import serve_of, server_of
 
-LOCAL_NODE = "local"   # the one node of a local run (bench.local.NODE_NAME)
 # What a mode fixes, whatever the flags: a local run is one node; a run through an endpoint
 # is one process on this machine, loading vLLM's OpenAI API.
-FIXED: dict[str, dict[str, Any]] = {"local": {"nodes": (LOCAL_NODE,)},
+FIXED: dict[str, dict[str, Any]] = {"local": {"nodes": (NODE_NAME,)},
                                     "cluster": {},
                                     "endpoint": {"ranks": 1, "threads": 1, "nodes": (),
                                                  "server": ServerSpec(name=VLLM.name)}}
@@ -230,7 +230,7 @@ def resolve(flags: Mapping[str, Any], inventory, resumed: Resumed | None, mode: 
     if mode == "endpoint":
         settings["endpoint"] = _endpoint(parts["endpoint"])
     if not top.get("run_id"):
-        prefix = {"local": LOCAL_NODE, "cluster": getattr(inventory, "name", "cluster"), "endpoint": "endpoint"}[mode]
+        prefix = {"local": NODE_NAME, "cluster": getattr(inventory, "name", "cluster"), "endpoint": "endpoint"}[mode]
         count = max(settings["endpoint"].nodes) if mode == "endpoint" else len(settings["nodes"])
         settings["run_id"] = new_run_id(prefix, count)
     return RunSpec.from_cli(settings, getattr(inventory, "source", ""), FIELD_FLAGS)
