@@ -58,7 +58,7 @@ def run_endpoint_bench(flags: dict[str, Any], opts: dict[str, Any], resumed: Res
             spec = resolve(flags, None, resumed, "endpoint", command=command)
             runs_dir = resumed.run_dir.parent
         else:
-            spec = _new_spec(flags, opts, reporter, command)
+            spec = _spec_for_a_new_run(flags, opts, reporter, command)
             runs_dir = Path(opts["runs_dir"])
         ep = spec.endpoint
         key = read_key(ep.key_file)
@@ -75,7 +75,7 @@ def run_endpoint_bench(flags: dict[str, Any], opts: dict[str, Any], resumed: Res
                       f"{', '.join(map(str, ep.nodes))} node(s) behind it")
 
 
-def _new_spec(flags: dict[str, Any], opts: dict[str, Any], reporter, command: list[str]) -> RunSpec:
+def _spec_for_a_new_run(flags: dict[str, Any], opts: dict[str, Any], reporter, command: list[str]) -> RunSpec:
     """The flags over the deployment's (or -i's) inventory; what neither says, asked of the
     endpoint (the model it serves) or the deployment (its nodes)."""
     source = flags.get("deployment") or opts["inventory"]
