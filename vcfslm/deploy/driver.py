@@ -109,8 +109,8 @@ class NodeDriver:
         if supervisor == SYSTEMD:
             if not units:
                 return True, {}
-            result = self.t.run("systemctl show -p Id,ActiveState,MainPID " + " ".join(q(u) for u in units),
-                                check=False)
+            result = self.t.run("systemctl show -p Id,ActiveState,MainPID " +
+                                " ".join(q(u) for u in units.values()), check=False)
             return True, parse_systemd_show(result.stdout, {u: p for p, u in units.items()})
         if not self._supervisord_answers():
             return False, {}
