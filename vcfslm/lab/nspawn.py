@@ -30,6 +30,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,11 +131,13 @@ def sshd_config(name: str, address: str, port: int) -> str:
         ""])
 
 
-def boot_script(folder: Path, name: str) -> str:
+def boot_script(folder: Path, name: str, binds: Sequence[tuple[str, str]] = ()) -> str:
     """What runs in the boot's own mount namespace: a tmpfs for nspawn's bookkeeping, then
-    systemd-nspawn booting the guest's root into vcfslm-guest.target."""
+    systemd-nspawn booting the guest's root into vcfslm-guest.target, with `binds`
+    (operator's path, guest's path) mounted read-only."""
     nspawn = ["systemd-nspawn", "--quiet", "-D", str(folder / "root"), f"--machine={name}", "--register=no",
-              "--keep-unit", "--link-journal=no", "--console=pipe", "-b", "--", f"systemd.unit={TARGET}"]
+              "--keep-unit", "--link-journal=no", "--console=pipe",
+              *(f"--bind-ro={src}:{dest}" for src, dest in binds), "-b", "--", f"systemd.unit={TARGET}"]
     return ("mkdir -p /run/systemd/nspawn && mount -t tmpfs -o mode=0755 tmpfs /run/systemd/nspawn && exec "
             + shlex.join(nspawn))
 
@@ -182,8 +185,10 @@ def prepare(folder: Path, name: str, address: str, port: int, client_public_key:
 
 
 def boot(folder: Path, *, name: str, address: str, client_public_key: str, port: int = 0,
-         timeout: float = 120.0) -> BootedGuest:
-    """Mount, prepare and boot the guest; return once its sshd answers."""
+         binds: Sequence[tuple[str, str]] = (), timeout: float = 120.0) -> BootedGuest:
+    """Mount, prepare and boot the guest; return once its sshd answers. `binds`: folders of
+    the operator's mounted read-only in the guest (operator's path, guest's path), for
+    what must not sit under a home (a service with ProtectHome sees no /root or /home)."""
     reason = unavailable_reason()
     if reason:
         raise NspawnUnavailable(reason)
@@ -192,10 +197,9 @@ def boot(folder: Path, *, name: str, address: str, client_public_key: str, port:
     mount_root(folder)
     try:
         public = prepare(folder, name, address, port, client_public_key)
-        log = open(folder / "boot.log", "ab", buffering=0)   # noqa: SIM115 - the guest writes to it while it runs
-        with log:
+        with open(folder / "boot.log", "ab", buffering=0) as log:
             proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                                     boot_script(folder, name)], stdin=subprocess.DEVNULL, stdout=log,
+                                     boot_script(folder, name, binds)], stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=log, start_new_session=True)
         guest = BootedGuest(name, folder, address, port, public, proc)
         try:
