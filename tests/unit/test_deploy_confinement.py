@@ -182,3 +182,36 @@ def test_supervisord_as_another_login_cannot_switch_user_and_says_so(tmp_path):
                                          "guest.service_user vcfslm"):
         driver(inv, node, t).apply(node, fresh(node))
     assert t.puts == []
+
+
+# ------------------------------------------------------------------ the serve playbook
+
+
+USERADD = "useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin vcfslm"
+
+
+def run_service_user_step(inv, t: FakeTransport):
+    from dataclasses import replace
+
+    from vcfslm.guest.playbook import load_playbook
+    from vcfslm.guest.runner import run_hosts
+
+    book = load_playbook("serve", inv)
+    assert book.steps[0].name == "service user"      # before anything the service needs is installed
+    summary = run_hosts(inv, [replace(book, steps=book.steps[:1])], inv.nodes[:1], lambda node: t)
+    return summary.hosts[0]
+
+
+@pytest.mark.parametrize("login", ["root", "deploy"])
+def test_the_serve_playbook_makes_the_service_user_once(tmp_path, login):
+    inv = inventory(tmp_path, user=login)
+    fresh_guest = FakeTransport("slm-01", {re.compile(r".*id -u vcfslm.*", re.S): "no\n",
+                                           re.compile(r".*useradd .*"): ""}, user=login)
+    host = run_service_user_step(inv, fresh_guest)
+    assert host.succeeded, host.error
+    [made] = [c for c in fresh_guest.calls if "useradd" in c]
+    assert USERADD in made and made.startswith("sudo") == (login != "root")
+    again = FakeTransport("slm-01", {re.compile(r".*id -u vcfslm.*", re.S): "yes\n",
+                                     re.compile(r".*useradd .*"): ""}, user=login)
+    assert run_service_user_step(inv, again).succeeded
+    assert not [c for c in again.calls if "useradd" in c]
