@@ -97,3 +97,22 @@ def test_down_with_every_node_reached_exits_0(tmp_path, monkeypatch):
     down = CliRunner().invoke(main, ["serve", "down", str(path)])
     assert down.exit_code == 0, down.output
     assert down.output.startswith("slm-01: stopped ")
+
+
+def test_a_crash_kills_a_vllm_servers_api_process_under_its_entry(tmp_path):
+    """kill_program kills the entry's one child (vLLM's API process) when there is one, else
+    the program's main process; the pid it killed comes back."""
+    from vcfslm.deploy.service import kill_program
+
+    _, inv, connect, transports, _ = setup(tmp_path)
+    kill = "api=$(pgrep -P 412 -f vllm-entry.py | head -n 1); kill -KILL ${api:-412} && echo ${api:-412}"
+
+    def answering(node):
+        t = connect(node)
+        t.add("systemctl show -p Id,ActiveState,MainPID vcfslm-slm-vllm-node0.service",
+              "Id=vcfslm-slm-vllm-node0.service\nActiveState=active\nMainPID=412\n")
+        t.add(kill, "4321\n")
+        return t
+
+    assert kill_program(inv, answering, "slm-01", "vllm-node0") == 4321
+    assert kill in transports["slm-01"].calls

@@ -424,7 +424,8 @@ def serve_down(inventory, connect: Connect) -> DownResult:
 
 def kill_program(inventory, connect: Connect, node_name: str, program: str) -> int:
     """SIGKILL one program of the deployment on its node, as a crash would (its supervisor
-    then brings it back); the pid killed. ServeError when it is not running."""
+    then brings it back); the pid killed (a vLLM server's API process, else the program's
+    main process). ServeError when it is not running."""
     name = inventory.serve.name or inventory.name
     node = inventory.node(node_name)
     drivers = _drivers(inventory, [node], connect, name)
@@ -438,8 +439,12 @@ def kill_program(inventory, connect: Connect, node_name: str, program: str) -> i
         state = states.get(program)
         if state is None or not state.pid:
             raise ServeError(f"{node_name}: {program} is not running ({state.state if state else 'unknown'})")
-        # The main process only: its supervisor sees it die and restarts the whole group.
-        d.t.run(f"kill -KILL {state.pid}", sudo=d.sudo)
-        return state.pid
+        # A crash: vLLM's API process dies, which under vLLM's entry (templates/vllm-entry.py)
+        # is the entry's one child; any other program's is its main process. Its supervisor
+        # sees it die and restarts it, its engine gone with it.
+        pid = state.pid
+        done = d.t.run(f"api=$(pgrep -P {pid} -f vllm-entry.py | head -n 1); kill -KILL ${{api:-{pid}}} && "
+                       f"echo ${{api:-{pid}}}", sudo=d.sudo)
+        return int(done.stdout.strip().splitlines()[-1])
     finally:
         _close(drivers)
