@@ -82,10 +82,12 @@ def prepare_guest(guest: nspawn.BootedGuest, tmp: Path, inventory: Path) -> None
     site = next(venv.glob("lib/python3*/site-packages"))
     assert site.parent.name == version, f"the guest's Python is {site.parent.name}, the vLLM venv's {version}"
     (site / "vcfslm-router.pth").write_text(SITE + "\n")
-    router = venv / "bin" / "vllm-router"
-    router.write_text(f"#!{WORKDIR}/vllm-venv/bin/python\nimport sys\nfrom vllm_router.launch_router import main\n"
-                      "sys.exit(main())\n")
-    router.chmod(0o755)
+    for tool, module in (("vllm-router", "vllm_router.launch_router"), ("supervisord", "supervisor.supervisord"),
+                         ("supervisorctl", "supervisor.supervisorctl")):
+        script = venv / "bin" / tool
+        script.write_text(f"#!{WORKDIR}/vllm-venv/bin/python\nimport sys\nfrom {module} import main\n"
+                          "sys.exit(main())\n")
+        script.chmod(0o755)
     fake = guest.path(f"{WORKDIR}/fake")
     fake.mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "fake_openai.py", fake / "fake_openai.py")
@@ -106,7 +108,8 @@ def prepare_guest(guest: nspawn.BootedGuest, tmp: Path, inventory: Path) -> None
         "num_hidden_layers": 2, "max_position_embeddings": 4096}))
 
 
-def write_inventory(guest: nspawn.BootedGuest, client: guests.ClientKeys, tmp: Path) -> Path:
+def write_inventory(guest: nspawn.BootedGuest, client: guests.ClientKeys, tmp: Path,
+                    supervisor: str = "systemd") -> Path:
     doc = generate.lab_inventory(
         vcenter=generate.LabVcenter(host="127.0.0.1", port=443, user="lab", ca_bundle="/dev/null",
                                     template="vcfslm-template"),
@@ -119,7 +122,7 @@ def write_inventory(guest: nspawn.BootedGuest, client: guests.ClientKeys, tmp: P
     doc["guest"]["model"] = str(tmp / "model")
     doc["bench"]["serve"]["vllm"]["venv"] = f"{WORKDIR}/vllm-venv"
     doc["bench"]["serve"]["vllm"]["reserved_cores"] = 0
-    doc["serve"] = {"nodes": ["slm-01"], "supervisor": "systemd", "port": free_port(),
+    doc["serve"] = {"nodes": ["slm-01"], "supervisor": supervisor, "port": free_port(),
                     "router": {"port": free_port(), "prometheus_port": free_port(), "health_check_interval_s": 1},
                     "front_door": {"port": free_port()}, "health_timeout_s": 60}
     path = tmp / "serve.yaml"
@@ -256,3 +259,43 @@ def test_serve_up_status_restart_change_and_down_under_systemd_as_pid_1(booted, 
     assert on_guest(guest, client, "pgrep -u vcfslm -a || true").strip() == ""
     assert status(inventory)["deployed"] is False
     print(f"\nsystemd-booted guest: boot {boot_s:.1f} s, the test's serve cycle {time.monotonic() - started:.1f} s")
+
+
+def test_supervisords_programs_run_as_the_service_user_too(booted, tmp_path):
+    """The same guest with `supervisor: supervisord`: supervisord as root (the SSH user),
+    every program it runs as the service user, a killed server back, nothing left after down."""
+    guest, client, _ = booted
+    inventory = write_inventory(guest, client, tmp_path, supervisor="supervisord")
+    if not guest.path(f"{WORKDIR}/vllm-venv").exists():
+        prepare_guest(guest, tmp_path, inventory)
+    else:
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "config.json").write_text(json.dumps({
+            "vocab_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 128,
+            "num_hidden_layers": 2, "max_position_embeddings": 4096}))
+    make_service_user(inventory, tmp_path)
+    key_file = tmp_path / "slm.key"
+    try:
+        first = up(inventory, key_file)
+        assert first["checks"]["keyless"] == 401 and first["checks"]["keyed"] == 200
+        doc = status(inventory)
+        assert doc["healthy"] is True and doc["nodes"]["slm-01"]["supervisor"] == "supervisord"
+        # Every program supervisord started (its children: the server, the router, nginx) is the service user's.
+        pid_file = f"{WORKDIR}/serve/slm-01/supervisord.pid"
+        assert on_guest(guest, client, f"ps -o user= -p $(cat {pid_file})").strip() == "root"
+        users = on_guest(guest, client, f"ps -o user= --ppid $(cat {pid_file})").split()
+        assert len(users) == 3 and set(users) == {"vcfslm"}, users
+        killed = server_pid(doc)
+        assert on_guest(guest, client, f"ps -o user= -p {killed}").strip() == "vcfslm"
+        on_guest(guest, client, f"kill -KILL {killed}")
+        deadline = time.monotonic() + 60
+        while True:
+            now = status(inventory)
+            if now["healthy"] and server_pid(now) not in (None, killed):
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(1)
+    finally:
+        done = cli("serve", "down", str(inventory), "--output", "json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert on_guest(guest, client, "pgrep -u vcfslm -a || true").strip() == ""
