@@ -5,7 +5,8 @@ front door (nginx) in front of fake OpenAI servers started from the rendered lau
 script as if they were vLLM (tests/fake_openai.py), every program as the service's
 system user (made by the serve playbook's step) in its sandbox: up, status, a SIGKILLed
 server back through Restart=, a changed setting that restarts only the router, and a
-down that leaves no unit, no unit file and no process of the service user.
+down that leaves no unit, no unit file and no process of the service user. Then the same
+guest under supervisord: every program it starts runs as the service user.
 """
 
 from __future__ import annotations
