@@ -156,8 +156,10 @@ class NodeDriver:
 
     def apply(self, desired: NodeService, changes: NodeChanges) -> None:
         """Write what differs, then have the supervisor start, restart and stop what changes says."""
-        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} && "
-                   f"chmod 700 {q(self.serve_dir)}")
+        # Closed to everyone else; with a service user, _hand_over opens it to that user's group
+        # (closing it here first would cut the running programs off for a moment).
+        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')}" +
+                   ("" if self.service_user else f" && chmod 700 {q(self.serve_dir)}"))
         if desired.supervisor == SUPERVISORD and self.service_user and self.sudo:
             raise ServeError(f"{self.t.host}: supervisord runs as {self.login} there and cannot switch to "
                              f"guest.service_user {self.service_user}: connect as root, or set "
