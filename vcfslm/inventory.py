@@ -173,6 +173,11 @@ class Guest(_Model):
                                    "qwen2.5-7b, ...: `vcfslm model presets`) | synthetic:config=PATH | synthetic:tiny.")
     workdir: str = Field("/opt/vcfslm", description="Guest folder for the venv, model, scripts, runs.")
     venv: str | None = Field(None, description="Guest venv path; null = <workdir>/venv.")
+    service_user: str = Field("vcfslm", pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+                              description="System user the service's programs run as (`serve up`: vLLM, the "
+                                          "router, nginx); the serve playbook creates it. The SSH user's name "
+                                          "runs them as that user (the lab's loopback guests, which share the "
+                                          "operator's files).")
     parallel: PositiveInt | None = Field(
         None, description=f"Guests prepared at once; null = every guest up to "
                           f"{contract.GUEST_PARALLEL_CAP}; --parallel overrides.")

@@ -231,3 +231,82 @@ def test_a_real_vllm_server_behind_the_real_router(lab, tmp_path):
         done = cli(lab, "serve", "down", str(inventory))
     assert done.returncode == 0, done.stderr[-2000:]
     assert processes_under(tmp_path / "work") == []
+
+
+def process_tree(root: int) -> dict[int, tuple[str, str]]:
+    """pid -> (start time, command line) of `root` and every process below it, from /proc."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(entry))
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        out[pid] = (start, cmdline.strip())
+        todo.extend(kids.get(pid, []))
+    return out
+
+
+def still_alive(tree: dict[int, tuple[str, str]]) -> list[str]:
+    """The processes of a recorded tree that still run (same pid and start time)."""
+    alive = []
+    for pid, (start, cmdline) in tree.items():
+        try:
+            now = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            continue
+        if now == start:
+            alive.append(f"{pid} {cmdline}")
+    return alive
+
+
+def test_a_killed_vllm_api_process_leaves_no_engine_behind(request):
+    """The real server's API process SIGKILLed (as a crash or the OOM killer would): its
+    engine and workers end with it, its supervisor starts it again, and nothing of the old
+    tree runs after the restart; a stop (as down stops it) leaves nothing of the new one."""
+    try:
+        real = request.getfixturevalue("real_vllm")
+    except pytest.FixtureLookupError:
+        pytest.skip("needs this module's real_vllm deployment")
+    lab, inventory = real.lab, real.inventory
+    [server] = status(lab, inventory)["nodes"]["slm-01"]["servers"]
+    main = server["pid"]
+    tree = process_tree(main)
+    assert any(cmd.startswith("VLLM::EngineCore") for _, cmd in tree.values()), tree
+    # The entry (the supervisor's pid) runs vLLM's API process as its one child.
+    [api] = [pid for pid in tree if pid != main and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
+             .split()[1] == str(main)]
+    subprocess.run(["kill", "-KILL", str(api)], check=True)
+    deadline = time.monotonic() + 900
+    while True:
+        now = status(lab, inventory)
+        [server] = now["nodes"]["slm-01"]["servers"]
+        if now["healthy"] and server["pid"] not in (None, main):
+            break
+        assert time.monotonic() < deadline, now
+        time.sleep(2)
+    assert still_alive(tree) == []
+
+    # Stopped as serve down stops it (supervisord's stop), then started again for the
+    # module's other tests: nothing of the stopped tree runs.
+    tree = process_tree(server["pid"])
+    assert any(cmd.startswith("VLLM::EngineCore") for _, cmd in tree.values()), tree
+    ctl = [str(VLLM_VENV / "bin" / "supervisorctl"), "-c", str(real.work / "serve" / "slm-01" / "supervisord.conf")]
+    stopped = subprocess.run([*ctl, "stop", "vllm-node0"], capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert still_alive(tree) == []
+    started = subprocess.run([*ctl, "start", "vllm-node0"], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    deadline = time.monotonic() + 900
+    while not status(lab, inventory)["healthy"]:
+        assert time.monotonic() < deadline
+        time.sleep(2)

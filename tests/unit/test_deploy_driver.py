@@ -14,6 +14,7 @@ from test_deploy_support import KEY, deployment, inventory
 from vcfslm.deploy.changes import NodeChanges, NodeState, ProgramState, node_changes
 from vcfslm.deploy.desired import MANIFEST, SYSTEMD, UNIT_DIR, supervisor_socket
 from vcfslm.deploy.driver import NodeDriver
+from vcfslm.errors import ServeError
 from vcfslm.guest.fake import FakeTransport
 
 ANY = re.compile(r".*")
@@ -219,18 +220,39 @@ def test_down_with_systemd_disables_the_units_and_removes_them(tmp_path):
     node = deployment(inv, supervisor=SYSTEMD).node("slm-02")
     manifest = json.loads(manifest_text(node))
     assert manifest["units"] == ["vcfslm-slm-vllm-node0.service", "vcfslm-slm-vllm-node1.service"]
-    t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node), re.compile(r".*systemctl .*"): "",
-                                 re.compile(r".*rm -f .*"): ""}, user="deploy")
+    show = "systemctl show -p Id,ActiveState,MainPID " + " ".join(manifest["units"])
+    stopped = "".join(f"Id={u}\nActiveState={state}\nMainPID=0\n\n"
+                      for u, state in zip(manifest["units"], ("inactive", "failed"), strict=True))
+    t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node), show: stopped,
+                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): ""}, user="deploy")
     assert driver(inv, node, t).down() == ["vllm-node0", "vllm-node1"]
     disable = [c for c in t.calls if "disable --now" in c]
     assert [unwrap(c) for c in disable] == ["systemctl disable --now " + " ".join(manifest["units"])]
     assert disable[0].startswith("sudo -n sh -c ")
+    # Stopped as systemd says, before anything is removed.
+    assert t.calls.index(disable[0]) < t.calls.index(show) < min(i for i, c in enumerate(t.calls) if "rm -f" in c)
     for path in manifest["files"]:
         [rm] = [c for c in t.calls if c.endswith(f"rm -f {path}") or unwrap(c) == f"rm -f {path}"]
         assert rm.startswith("sudo") == path.startswith(UNIT_DIR)
-    assert t.calls.index(disable[0]) < min(i for i, c in enumerate(t.calls) if "rm -f" in c)
-    assert any(unwrap(c) == "systemctl daemon-reload" for c in t.calls)
+    [reload] = [unwrap(c) for c in t.calls if "daemon-reload" in c]
+    assert reload.startswith("systemctl daemon-reload; systemctl reset-failed " + " ".join(manifest["units"]))
     assert not [c for c in t.calls if "supervisorctl" in c]
+
+
+def test_down_with_systemd_names_a_unit_that_does_not_stop(tmp_path, monkeypatch):
+    monkeypatch.setattr("vcfslm.deploy.driver.STOP_WAIT_S", 0.0)
+    inv = inventory(tmp_path)
+    node = deployment(inv, supervisor=SYSTEMD).node("slm-02")
+    units = json.loads(manifest_text(node))["units"]
+    show = "systemctl show -p Id,ActiveState,MainPID " + " ".join(units)
+    t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node),
+                                 show: f"Id={units[0]}\nActiveState=inactive\nMainPID=0\n\n"
+                                       f"Id={units[1]}\nActiveState=deactivating\nMainPID=77\n",
+                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): ""})
+    with pytest.raises(ServeError, match=f"slm-02: still running 0 s after systemctl stop: {units[1]}$"):
+        driver(inv, node, t).down()
+    # Nothing is removed while a unit runs: the next down finds it all again.
+    assert not [c for c in t.calls if "rm -f" in c]
 
 
 # ------------------------------------------------------------------ the key

@@ -123,7 +123,7 @@ def _deployed(inv, reporter, log_dir: Path | None = None) -> dict[str, Any]:
         raise BenchError(f"deployment {doc.get('deployment')} is not up: `vcfslm serve up {inv.source}` first")
     if not doc.get("healthy"):
         down = [f"{node}/{s['program']}" for node, info in doc["nodes"].items() for s in info["servers"]
-                if not s["healthy"]]
+                if not s["healthy"]] + [f"{node} (unreachable)" for node in doc.get("unreachable") or {}]
         raise BenchError(f"deployment {doc.get('deployment')} is not healthy ({', '.join(down) or 'its endpoint'}): "
                          f"see `vcfslm serve status {inv.source}`")
     return doc

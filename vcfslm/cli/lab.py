@@ -189,12 +189,14 @@ def _service_down(inventory_file) -> None:
     try:
         inv = load_inventory(inventory_file)
         connect = ssh_connector(inv, None)
-        stopped = serve_down(inv, lambda node: connect(node, log_dir=default_run_dir(), wait_s=0))
+        done = serve_down(inv, lambda node: connect(node, log_dir=default_run_dir(), wait_s=0))
     except VcfslmError as exc:
         console.print(f"the lab's service was not taken down: {exc}", markup=False, highlight=False)
         return
-    for node, programs in stopped.items():
+    for node, programs in done.stopped.items():
         console.print(f"{node}: stopped the service's {', '.join(programs)}", markup=False, highlight=False)
+    for node, why in done.unreachable.items():
+        console.print(f"{node}: not reached, its service (if any) still runs: {why}", markup=False, highlight=False)
 
 
 def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[str]]:

@@ -111,7 +111,8 @@ def up(inventory: str | None, **options) -> None:
 @output_option
 def status(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, output: str) -> None:
     """Each server's health, model, version, peak RSS and KV-cache use; the router's view;
-    the endpoint. Exit 1 when anything is unhealthy, 3 when nothing is deployed."""
+    the endpoint. Exit 1 when anything is unhealthy or a node cannot be reached (the rest is
+    reported), 3 when nothing is deployed."""
     from ..deploy.service import serve_status
     from ..progress import NullReporter
 
@@ -121,13 +122,15 @@ def status(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, ou
         print_json(doc)
     else:
         _print_status(doc)
-    if not doc["deployed"]:
+    if not doc["deployed"] and not doc.get("unreachable"):
         raise SystemExit(3)
     if not doc["healthy"]:
         raise SystemExit(1)
 
 
 def _print_status(doc: dict) -> None:
+    for node, why in (doc.get("unreachable") or {}).items():
+        err_console.print(f"{node}: unreachable: {why}", markup=False, highlight=False, soft_wrap=True)
     if not doc["deployed"]:
         console.print(f"deployment {doc['deployment']}: not deployed", markup=False, highlight=False)
         return
@@ -158,19 +161,25 @@ def _print_status(doc: dict) -> None:
 @node_access_options
 @output_option
 def down(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, output: str) -> None:
-    """Stop every program serve up started and remove its units, configs and key (logs stay)."""
+    """Stop every program serve up started and remove its units, configs and key (logs stay).
+    Exit 1 when a node cannot be reached (the others are taken down all the same)."""
     from ..deploy.service import serve_down
     from ..progress import NullReporter
 
     inv = load(inventory)
-    stopped = serve_down(inv, _connect(inv, NullReporter(), trust_new_hosts, log_dir))
+    done = serve_down(inv, _connect(inv, NullReporter(), trust_new_hosts, log_dir))
     if output == "json":
-        print_json({"stopped": stopped})
-        return
-    if not stopped:
-        console.print("nothing to take down", markup=False, highlight=False)
-    for node, programs in stopped.items():
-        console.print(f"{node}: stopped {', '.join(programs)}", markup=False, highlight=False)
+        print_json({"stopped": done.stopped, "unreachable": done.unreachable})
+    else:
+        if not done.stopped and not done.unreachable:
+            console.print("nothing to take down", markup=False, highlight=False)
+        for node, programs in done.stopped.items():
+            console.print(f"{node}: stopped {', '.join(programs)}", markup=False, highlight=False)
+        for node, why in done.unreachable.items():
+            err_console.print(f"{node}: unreachable, not taken down: {why}", markup=False, highlight=False,
+                              soft_wrap=True)
+    if done.unreachable:
+        raise SystemExit(1)
 
 
 COMMANDS = [serve]

@@ -29,6 +29,7 @@ from ..guest import vllm
 from ..guest.templates import render_template
 from ..resources import resource_dir
 from ..servers import VLLM, ServerSpec, server_argv
+from .confinement import Confinement, confinement, with_environment
 
 SYSTEMD = "systemd"
 SUPERVISORD = "supervisord"
@@ -271,7 +272,10 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
                 name="frontdoor", description="nginx: the deployment's endpoint, checking its API key",
                 argv=argv, environment={}, env_file=None, log=f"{folder}/logs/frontdoor.log",
                 health_url=None, digest=_digest(argv, conf, digest_of_key)))
-        files += supervisor_files(name, folder, supervisor, programs)
+        confined = {p.name: confinement(p.name, folder, inventory.guest.service_user, service.front_door.port)
+                    for p in programs}
+        programs = [with_environment(p, confined[p.name]) for p in programs]
+        files += supervisor_files(name, folder, supervisor, programs, confined)
         facts = {"model": model, "model_name": model_name, "router_node": router_node,
                  "endpoint": f"http://{router_ip}:{service.front_door.port}",
                  "servers": [s.url for s in servers if s.node == node.name]}
@@ -284,24 +288,30 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
                       nodes=tuple(out_nodes))
 
 
-def supervisor_files(deployment: str, folder: str, supervisor: str,
-                     programs: Sequence[Program]) -> list[DesiredFile]:
-    """supervisord's one config, or one systemd unit per program."""
+def supervisor_files(deployment: str, folder: str, supervisor: str, programs: Sequence[Program],
+                     confined: Mapping[str, Confinement] | None = None) -> list[DesiredFile]:
+    """supervisord's one config, or one systemd unit per program (each confined as
+    `confined` says; none: as root, unconfined)."""
+    confined = confined or {}
     if supervisor == SUPERVISORD:
         text = render_template("serve-supervisord.conf.j2", {
             "deployment": deployment, "folder": folder, "socket": supervisor_socket(folder),
-            "programs": [_template_program(p) for p in programs]})
+            "programs": [_template_program(p, confined.get(p.name)) for p in programs]})
         return [DesiredFile(f"{folder}/supervisord.conf", text)]
     return [DesiredFile(f"{UNIT_DIR}/{p.unit(deployment)}",
-                        render_template("serve-unit.service.j2", {"deployment": deployment,
-                                                                  "program": _template_program(p)}))
+                        render_template("serve-unit.service.j2", {
+                            "deployment": deployment, "program": _template_program(p, confined.get(p.name))}))
             for p in programs]
 
 
-def _template_program(program: Program) -> dict[str, object]:
+def _template_program(program: Program, confined: Confinement | None) -> dict[str, object]:
+    confined = confined or Confinement("root")
     return {"name": program.name, "description": program.description,
             "command": shlex.join(program.argv), "env_file": program.env_file, "log": program.log,
-            "environment": dict(program.environment, VCFSLM_DIGEST=program.digest)}
+            "environment": dict(program.environment, VCFSLM_DIGEST=program.digest),
+            "user": confined.user, "read_write": list(confined.read_write),
+            "deny_write_execute": confined.deny_write_execute, "proc_pids_only": confined.proc_pids_only,
+            "capabilities": list(confined.capabilities)}
 
 
 def manifest_text(facts: Mapping[str, object], supervisor: str, deployment: str,

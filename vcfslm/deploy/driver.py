@@ -33,6 +33,7 @@ from .changes import (
     parse_supervisor_status,
     parse_systemd_show,
 )
+from .confinement import owned_paths
 from .desired import (
     KEY_VARIABLE,
     MANIFEST,
@@ -48,17 +49,23 @@ POLL_S = 1.0
 STOP_WAIT_S = 60.0
 # supervisord's states of a program that will not come back by itself.
 GAVE_UP = ("FATAL", "EXITED", "STOPPED", "FAILED", "INACTIVE")
+# systemd's ActiveState of a stopped unit.
+STOPPED_UNIT = ("INACTIVE", "FAILED")
 
 
 class NodeDriver:
     """One node's share of the deployment, over one transport."""
 
-    def __init__(self, transport: Transport, *, serve_dir: str, venv_bin: str, deployment: str = ""):
+    def __init__(self, transport: Transport, *, serve_dir: str, venv_bin: str, deployment: str = "",
+                 service_user: str | None = None):
         self.t = transport
         self.serve_dir = serve_dir
         self.venv_bin = venv_bin
         self.deployment = deployment
-        self.sudo = getattr(transport, "user", "root") != "root"
+        self.login = getattr(transport, "user", "root")
+        self.sudo = self.login != "root"
+        # The programs' user (guest.service_user); None or the SSH user: nothing to hand over.
+        self.service_user = service_user if service_user not in (None, self.login) else None
 
     # ------------------------------------------------------------------ reading
 
@@ -102,8 +109,8 @@ class NodeDriver:
         if supervisor == SYSTEMD:
             if not units:
                 return True, {}
-            result = self.t.run("systemctl show -p Id,ActiveState,MainPID " + " ".join(q(u) for u in units),
-                                check=False)
+            result = self.t.run("systemctl show -p Id,ActiveState,MainPID " +
+                                " ".join(q(u) for u in units.values()), check=False)
             return True, parse_systemd_show(result.stdout, {u: p for p, u in units.items()})
         if not self._supervisord_answers():
             return False, {}
@@ -149,11 +156,18 @@ class NodeDriver:
 
     def apply(self, desired: NodeService, changes: NodeChanges) -> None:
         """Write what differs, then have the supervisor start, restart and stop what changes says."""
-        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} && "
-                   f"chmod 700 {q(self.serve_dir)}")
+        # Closed to everyone else; with a service user, _hand_over opens it to that user's group
+        # (closing it here first would cut the running programs off for a moment).
+        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')}" +
+                   ("" if self.service_user else f" && chmod 700 {q(self.serve_dir)}"))
+        if desired.supervisor == SUPERVISORD and self.service_user and self.sudo:
+            raise ServeError(f"{self.t.host}: supervisord runs as {self.login} there and cannot switch to "
+                             f"guest.service_user {self.service_user}: connect as root, or set "
+                             f"guest.service_user: {self.login}")
         files = {f.path: f for f in desired.files}
         for path in changes.write:
             self._write(files[path].content.encode(), path, files[path].mode)
+        self._hand_over(desired)
         if desired.supervisor == SYSTEMD:
             self._apply_systemd(desired, changes)
         else:
@@ -161,11 +175,25 @@ class NodeDriver:
         for path in changes.remove:
             self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
 
+    def _hand_over(self, desired: NodeService) -> None:
+        """The service user owns what its programs write and the key files they read; the
+        node's folder lets it in (group) and nobody else."""
+        if not self.service_user:
+            return
+        user, folder = q(self.service_user), q(self.serve_dir)
+        owned = owned_paths(self.serve_dir, desired.supervisor)
+        self.t.run(f"mkdir -p {q(owned[0])} && chown -R {user}:{user} {' '.join(q(p) for p in owned)} && "
+                   f"chgrp {user} {folder} && chmod 750 {folder}", sudo=self.sudo)
+
     def _write(self, data: bytes, path: str, mode: int) -> None:
-        if path.startswith(UNIT_DIR) and self.sudo:
+        # The unit folder is root's, nginx's prefix the service user's: an SSH user that is
+        # neither stages the file and installs it with sudo.
+        theirs = self.service_user and path.startswith(f"{self.serve_dir}/frontdoor/")
+        if (path.startswith(UNIT_DIR) or theirs) and self.sudo:
             staged = f"{self.serve_dir}/.staged-{Path(path).name}"
+            owner = f" -o {q(self.service_user)} -g {q(self.service_user)}" if theirs else ""
             self.t.put_bytes(data, staged, mode)
-            self.t.run(f"install -m {mode:o} {q(staged)} {q(path)} && rm -f {q(staged)}", sudo=True)
+            self.t.run(f"install -m {mode:o}{owner} {q(staged)} {q(path)} && rm -f {q(staged)}", sudo=True)
         else:
             self.t.put_bytes(data, path, mode)
 
@@ -202,10 +230,10 @@ class NodeDriver:
         if manifest is None:
             return []
         programs = list(manifest_programs_of(manifest))
-        if manifest.get("supervisor") == SYSTEMD:
-            units = [str(u) for u in manifest.get("units") or []]
-            if units:
-                self.t.run("systemctl disable --now " + " ".join(q(u) for u in units), sudo=self.sudo, check=False)
+        units = [str(u) for u in manifest.get("units") or []] if manifest.get("supervisor") == SYSTEMD else []
+        if units:
+            self.t.run("systemctl disable --now " + " ".join(q(u) for u in units), sudo=self.sudo, check=False)
+            self._wait_units_stopped(units)
         elif self._supervisord_answers():
             pid = self.t.run(self.supervisorctl("pid"), check=False).stdout.strip()
             self.t.run(self.supervisorctl("shutdown"), check=False)
@@ -214,9 +242,26 @@ class NodeDriver:
         for path in files:
             self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
         if manifest.get("supervisor") == SYSTEMD:
-            self.t.run("systemctl daemon-reload", sudo=self.sudo, check=False)
+            # A unit that failed before it was stopped stays listed (not-found, failed) until reset.
+            self.t.run("systemctl daemon-reload; systemctl reset-failed " + " ".join(q(u) for u in units) +
+                       " 2>/dev/null; true", sudo=self.sudo, check=False)
         self.t.run(f"rm -f {q(self.serve_dir + '/' + MANIFEST)} {q(supervisor_socket(self.serve_dir))}")
         return programs
+
+    def _wait_units_stopped(self, units: Sequence[str], sleep: Callable[[float], None] = time.sleep) -> None:
+        """Every unit inactive (or failed: stopped all the same), as systemd says; ServeError
+        naming those still running after STOP_WAIT_S."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            _, states = self.programs(SYSTEMD, {u: u for u in units})
+            running = sorted(u for u in units if u in states and states[u].state not in STOPPED_UNIT)
+            unknown = sorted(u for u in units if u not in states)
+            if not running and not unknown:
+                return
+            if time.monotonic() > deadline:
+                raise ServeError(f"{self.t.host}: still running {STOP_WAIT_S:g} s after systemctl stop: "
+                                 f"{', '.join(running + unknown)}")
+            sleep(POLL_S)
 
     def _wait_gone(self, pid: int, sleep: Callable[[float], None] = time.sleep) -> None:
         deadline = time.monotonic() + STOP_WAIT_S

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import guest_paths
-from ..errors import ServeError
+from ..errors import CommandFailed, ServeError, TransportError
 from ..guest.provision import GuestRun, provision_guests
 from ..guest.transport import Transport
 from ..inventory import located, service_model_problems
@@ -76,10 +76,45 @@ def _drivers(inventory, nodes, connect: Connect, deployment: str) -> dict[str, N
 
     def one(node) -> tuple[str, NodeDriver]:
         return node.name, NodeDriver(connect(node), serve_dir=serve_dir(paths, node.name), venv_bin=venv_bin,
-                                     deployment=deployment)
+                                     deployment=deployment, service_user=inventory.guest.service_user)
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
         return dict(pool.map(one, nodes))
+
+
+def _reachable_drivers(inventory, nodes, connect: Connect,
+                       deployment: str) -> tuple[dict[str, NodeDriver], dict[str, str]]:
+    """(drivers of the nodes that answer, node -> why each other one does not)."""
+    def one(node) -> tuple[NodeDriver | None, str]:
+        try:
+            return _drivers(inventory, [node], connect, deployment)[node.name], ""
+        except TransportError as e:
+            return None, _why(e)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
+        answers = dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
+    return ({n: d for n, (d, _) in answers.items() if d is not None},
+            {n: why for n, (d, why) in answers.items() if d is None})
+
+
+def _why(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _each_reached(drivers: dict[str, NodeDriver], fn: Callable[[str, NodeDriver], Any],
+                  unreachable: dict[str, str]) -> dict[str, Any]:
+    """_each, a node whose connection fails on the way added to `unreachable` (not raised)."""
+    def guarded(name: str, d: NodeDriver) -> Any:
+        try:
+            return fn(name, d)
+        except CommandFailed:
+            raise
+        except TransportError as e:
+            unreachable[name] = _why(e)
+            return None
+
+    return {n: v for n, v in _each(drivers, guarded).items() if n not in unreachable}
 
 
 def _close(drivers: dict[str, NodeDriver]) -> None:
@@ -279,16 +314,19 @@ def router_workers(body: str) -> list[str]:
 
 def serve_status(inventory, connect: Connect) -> dict[str, Any]:
     """Every node's programs (state, pid, peak RSS), each server's health, version and KV
-    use, the router's view, and the endpoint."""
+    use, the router's view, and the endpoint; the nodes that could not be reached, by name
+    and why (the others are reported all the same; the deployment is then not healthy)."""
     name = inventory.serve.name or inventory.name
-    drivers = _drivers(inventory, list(inventory.nodes), connect, name)
+    drivers, unreachable = _reachable_drivers(inventory, list(inventory.nodes), connect, name)
     try:
-        return _status(inventory, drivers, name)
+        return _status(inventory, drivers, name, unreachable)
     finally:
         _close(drivers)
 
 
-def _status(inventory, drivers: dict[str, NodeDriver], name: str) -> dict[str, Any]:
+def _status(inventory, drivers: dict[str, NodeDriver], name: str,
+            unreachable: dict[str, str] | None = None) -> dict[str, Any]:
+    unreachable = dict(unreachable or {})
     python = _python(inventory)
     service = inventory.serve
 
@@ -337,11 +375,12 @@ def _status(inventory, drivers: dict[str, NodeDriver], name: str) -> dict[str, A
                                "state": states["frontdoor"].state if "frontdoor" in states else "UNKNOWN"}
         return out
 
-    nodes = {n: v for n, v in _each(drivers, one).items() if v is not None}
+    nodes = {n: v for n, v in _each_reached(drivers, one, unreachable).items() if v is not None}
     endpoint = next((v["endpoint"] for v in nodes.values() if "endpoint" in v), None)
     servers = [s for v in nodes.values() for s in v["servers"]]
     return {"deployment": name, "deployed": bool(nodes), "endpoint": endpoint, "nodes": nodes,
-            "healthy": bool(nodes) and all(s["healthy"] for s in servers) and bool(endpoint)
+            "unreachable": dict(sorted(unreachable.items())),
+            "healthy": bool(nodes) and not unreachable and all(s["healthy"] for s in servers) and bool(endpoint)
             and endpoint.get("health") == 200}
 
 
@@ -362,12 +401,20 @@ def _version(answer: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------------- down
 
 
-def serve_down(inventory, connect: Connect) -> dict[str, list[str]]:
-    """Take the deployment down on every node that has it: node -> the programs stopped."""
+@dataclass
+class DownResult:
+    stopped: dict[str, list[str]]           # node -> the programs stopped (nodes that had none: absent)
+    unreachable: dict[str, str]             # node -> why it could not be reached (nothing done there)
+
+
+def serve_down(inventory, connect: Connect) -> DownResult:
+    """Take the deployment down on every node that has it and can be reached; the nodes
+    that cannot are named, not waited for."""
     name = inventory.serve.name or inventory.name
-    drivers = _drivers(inventory, list(inventory.nodes), connect, name)
+    drivers, unreachable = _reachable_drivers(inventory, list(inventory.nodes), connect, name)
     try:
-        return {n: v for n, v in _each(drivers, lambda _, d: d.down()).items() if v}
+        stopped = _each_reached(drivers, lambda _, d: d.down(), unreachable)
+        return DownResult({n: v for n, v in stopped.items() if v}, dict(sorted(unreachable.items())))
     finally:
         _close(drivers)
 
@@ -377,7 +424,8 @@ def serve_down(inventory, connect: Connect) -> dict[str, list[str]]:
 
 def kill_program(inventory, connect: Connect, node_name: str, program: str) -> int:
     """SIGKILL one program of the deployment on its node, as a crash would (its supervisor
-    then brings it back); the pid killed. ServeError when it is not running."""
+    then brings it back); the pid killed (a vLLM server's API process, else the program's
+    main process). ServeError when it is not running."""
     name = inventory.serve.name or inventory.name
     node = inventory.node(node_name)
     drivers = _drivers(inventory, [node], connect, name)
@@ -391,8 +439,12 @@ def kill_program(inventory, connect: Connect, node_name: str, program: str) -> i
         state = states.get(program)
         if state is None or not state.pid:
             raise ServeError(f"{node_name}: {program} is not running ({state.state if state else 'unknown'})")
-        # The main process only: its supervisor sees it die and restarts the whole group.
-        d.t.run(f"kill -KILL {state.pid}", sudo=d.sudo)
-        return state.pid
+        # A crash: vLLM's API process dies, which under vLLM's entry (templates/vllm-entry.py)
+        # is the entry's one child; any other program's is its main process. Its supervisor
+        # sees it die and restarts it, its engine gone with it.
+        pid = state.pid
+        done = d.t.run(f"api=$(pgrep -P {pid} -f vllm-entry.py | head -n 1); kill -KILL ${{api:-{pid}}} && "
+                       f"echo ${{api:-{pid}}}", sudo=d.sudo)
+        return int(done.stdout.strip().splitlines()[-1])
     finally:
         _close(drivers)
