@@ -6,17 +6,16 @@ loopback guests, containers) supervisord from the vLLM venv, one per node, with 
 program under it. Both restart a program that dies, and both stop a program's whole
 process tree (vLLM's engine process included).
 
-The key is written with the transport's file put (the command log records the path and
-mode, never the content), read back with its get into a private temporary file, and fed
-to the node's probe on stdin: it is on no command line and in no log.
+The key is written with the transport's file put (mode 0600 before its first byte; the
+command log records the path and mode, never the content), read back into memory over
+SFTP, and fed to the node's probe on stdin: it is on no command line, in no log and in
+no file on this machine but the operator's key file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,14 +33,15 @@ from .changes import (
     parse_systemd_show,
 )
 from .desired import (
-    KEY_VARIABLE,
     MANIFEST,
     SUPERVISORD,
     SYSTEMD,
     UNIT_DIR,
     NodeService,
+    socket_folder,
     supervisor_socket,
 )
+from .keys import key_of_env
 
 q = shlex.quote
 POLL_S = 1.0
@@ -122,20 +122,13 @@ class NodeDriver:
         return NodeState(self.digests(paths), manifest, up, programs)
 
     def read_key(self) -> str | None:
-        """The deployment's key as this node holds it (None: none)."""
+        """The deployment's key as this node holds it (None: none), read into memory over SFTP
+        (no file on this machine, nothing in the command log) and checked as a key file is."""
         path = f"{self.serve_dir}/serve.env"
         if not self.t.run(f"test -f {q(path)}", check=False).ok:
             return None
-        fd, local = tempfile.mkstemp(prefix="vcfslm-key-")
-        os.close(fd)
-        try:
-            self.t.get(path, local)
-            for line in Path(local).read_text().splitlines():
-                if line.startswith(KEY_VARIABLE + "="):
-                    return line.split("=", 1)[1].strip() or None
-            return None
-        finally:
-            Path(local).unlink(missing_ok=True)
+        text = self.t.read_bytes(path).decode("utf-8", "replace")
+        return key_of_env(text, f"{self.t.host}:{path}")
 
     def probe(self, python: str, gets: Sequence[Mapping[str, Any]], rss: Mapping[str, int] | None = None,
               key: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
@@ -149,8 +142,10 @@ class NodeDriver:
 
     def apply(self, desired: NodeService, changes: NodeChanges) -> None:
         """Write what differs, then have the supervisor start, restart and stop what changes says."""
-        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} && "
-                   f"chmod 700 {q(self.serve_dir)}")
+        sockets = socket_folder(self.serve_dir)
+        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} "
+                   f"{q(self.serve_dir + '/proxy/tmp')} {q(self.serve_dir + '/tls')} {q(sockets)} && "
+                   f"chmod 700 {q(self.serve_dir)} {q(sockets)}")
         files = {f.path: f for f in desired.files}
         for path in changes.write:
             self._write(files[path].content.encode(), path, files[path].mode)
