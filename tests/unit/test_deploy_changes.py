@@ -89,8 +89,9 @@ def test_a_program_the_deployment_drops_is_stopped_and_its_files_removed(tmp_pat
                                                 f"{folder}/tls/door.key"])
     assert was_router.start == was_router.revive == ()
     assert f"slm-01: stop {', '.join(was_router.stop)}" in was_router.lines()
-    # The servers read the router's workers from nowhere: only the router itself moves.
-    assert was_router.restart == ()
+    # The servers read the router's workers from nowhere: they stay; the proxy lets the new
+    # router's node in instead.
+    assert was_router.restart == ("proxy",)
     now_router = node_changes(new.node("slm-02"), as_deployed(old.node("slm-02")))
     assert now_router.start == ("router", "frontdoor") and now_router.stop == now_router.remove == ()
     assert f"{new.node('slm-02').serve_dir}/frontdoor/nginx.conf" in now_router.write

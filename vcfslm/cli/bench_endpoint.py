@@ -155,11 +155,20 @@ def run_endpoint_bench(inventory: str | None, opts: dict[str, Any], given: set[s
         if ep.prompts == "text":
             reporter.log("prompts go as text (one-token words): no model folder with a config.json was given "
                          "(--model), so the served vocab is not known")
-        launch = EndpointLaunch(key=key, runs_dir=runs_dir, resume=resume, scale=scale, kill=kill)
+        launch = EndpointLaunch(key=key, ca_file=_client_ca(ep), runs_dir=runs_dir, resume=resume, scale=scale,
+                                kill=kill)
         run = run_endpoint(spec, launch, reporter)
     print_run_summary(run.meta, [], run.run_dir, opts["output"],
                       f"run {run.meta.run_id}: through {ep.url or 'the deployment endpoint'}, "
                       f"{', '.join(map(str, ep.nodes))} node(s) behind it")
+
+
+def _client_ca(ep) -> str | None:
+    """The CA the client verifies the door with: the deployment's, beside its key file."""
+    from ..deploy.material import client_ca
+    from .common import load
+
+    return client_ca(ep.key_file, load(ep.deployment) if ep.deployment else None)
 
 
 def read_key(path: str) -> str:
@@ -196,7 +205,9 @@ def _new_spec(inventory: str | None, opts: dict[str, Any], slos: dict[str, Any] 
         from ..bench.endpoint import served_model
 
         # Without a model folder, the series are named by what the endpoint says it serves.
-        model = served_model(opts["endpoint"], read_key(opts["key_file"]))
+        from ..deploy.material import client_ca
+
+        model = served_model(opts["endpoint"], read_key(opts["key_file"]), client_ca(opts["key_file"]))
     if opts.get("deployment"):
         nodes = tuple(opts.get("scale_out") or ())
         if not nodes:
