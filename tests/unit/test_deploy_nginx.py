@@ -91,7 +91,10 @@ def test_each_proxy_lets_in_the_router_node_and_its_own_node_only(tmp_path):
             assert f"server unix:{s.socket};" in proxy
         # /health without the key (the router's checks); the API and status's reads with it; else 404.
         assert "location = /health" in proxy and "location ~ ^/(v1/|version$|metrics$)" in proxy
-        assert re.findall(r"return (\d+)", proxy) == ["401", "404"] * 2
+        assert re.findall(r"return (\d+)", proxy) == ["403", "401", "404"] * 2
+        geo = proxy.split("geo $vcfslm_client_ok {")[1].split("}")[0]
+        assert re.findall(r"^\s*(\S+) 1;", geo, re.M) == sorted({BENCH_IPS["slm-02"], BENCH_IPS[node.node],
+                                                                  "127.0.0.1"})
 
 
 def free_port() -> int:
