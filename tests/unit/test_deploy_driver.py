@@ -156,7 +156,7 @@ def test_down_shuts_supervisord_and_removes_every_file_it_wrote(tmp_path):
     manifest = json.loads(manifest_text(node))
     t = FakeTransport("slm-01", {cat_manifest(node): manifest_text(node), ctl(inv, node, "pid"): "4242\n",
                                  ctl(inv, node, "shutdown"): "Shut down\n", "kill -0 4242": (1, "", "No such process"),
-                                 re.compile(r"rm -f .*"): ""})
+                                 re.compile(r"rm -f .*"): "", re.compile(r"rm -rf .*"): ""})
     stopped = driver(inv, node, t).down()
     assert sorted(stopped) == sorted(["vllm-node0", "vllm-node1", "proxy", "router", "frontdoor"])
     assert t.calls.count(ctl(inv, node, "shutdown")) == 1
@@ -225,7 +225,7 @@ def test_down_with_systemd_disables_the_units_and_removes_them(tmp_path):
     assert manifest["units"] == ["vcfslm-slm-vllm-node0.service", "vcfslm-slm-vllm-node1.service",
                                  "vcfslm-slm-proxy.service"]
     t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node), re.compile(r".*systemctl .*"): "",
-                                 re.compile(r".*rm -f .*"): ""}, user="deploy")
+                                 re.compile(r".*rm -f .*"): "", re.compile(r"rm -rf .*"): ""}, user="deploy")
     assert sorted(driver(inv, node, t).down()) == ["proxy", "vllm-node0", "vllm-node1"]
     disable = [c for c in t.calls if "disable --now" in c]
     assert [unwrap(c) for c in disable] == ["systemctl disable --now " + " ".join(manifest["units"])]

@@ -210,6 +210,7 @@ class NodeDriver:
             self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
         if manifest.get("supervisor") == SYSTEMD:
             self.t.run("systemctl daemon-reload", sudo=self.sudo, check=False)
+        self.t.run(f"rm -rf {q(socket_folder(self.serve_dir))}", check=False)     # the servers' sockets
         self.t.run(f"rm -f {q(self.serve_dir + '/' + MANIFEST)} {q(supervisor_socket(self.serve_dir))}")
         return programs
 
