@@ -105,10 +105,11 @@ def up(inventory: str | None, **options) -> None:
                       "the network in clear", markup=False, highlight=False)
     elif result.ca_file:
         console.print(f"clients trust the deployment's CA: {result.ca_file}", markup=False, highlight=False)
-    if result.new_key:
-        console.print(f"{'the nodes will take ' if run.dry_run else ''}a new API key"
-                      f"{'' if run.dry_run else ' in ' + str(result.key_file) + ' (mode 0600)'}; "
-                      f"`vcfslm serve key` prints it", markup=False, highlight=False)
+    if result.new_key and run.dry_run:
+        console.print(f"would make a new API key and write it to {result.key_file}", markup=False, highlight=False)
+    elif result.new_key:
+        console.print(f"a new API key is in {result.key_file} (mode 0600); `vcfslm serve key` prints it",
+                      markup=False, highlight=False)
 
 
 @serve.command("status")
