@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import ssl
+import stat
 import subprocess
 import time
 import urllib.error
@@ -380,5 +381,11 @@ def test_the_door_refuses_keyless_wrong_key_and_untrusting_clients_over_tls(real
     # Plain HTTP to the door's port is not served either.
     assert get_status(endpoint.replace("https://", "http://").rsplit("/v1", 1)[0] + "/health") == 400
     # The access log has the requests, never the key.
-    log = (real_vllm.work / "serve" / "slm-01" / "logs" / "frontdoor.log").read_text()
+    folder = real_vllm.work / "serve" / "slm-01"
+    log = (folder / "logs" / "frontdoor.log").read_text()
     assert '"POST /v1/completions HTTP/1.1" 401' in log and key not in log
+    # What holds the key or a private key on the node is 0600; the key file and the CA's key here too.
+    for path in (folder / "serve.env", folder / "frontdoor" / "nginx.conf", folder / "proxy" / "nginx.conf",
+                 folder / "tls" / "node.key", folder / "tls" / "door.key", real_vllm.key_file,
+                 Path(real_vllm.ca).with_name("ca.key")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
