@@ -67,8 +67,8 @@ def trusting(ca_file: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_file)
 
 
-def stream(endpoint: str, key: str | None, ca_file: str | None = None) -> tuple[int, list[str]]:
-    body = json.dumps({"model": "model", "prompt": [5, 6, 7], "max_tokens": 4, "stream": True}).encode()
+def stream(endpoint: str, key: str | None, ca_file: str | None = None, model: str = "model") -> tuple[int, list[str]]:
+    body = json.dumps({"model": model, "prompt": [5, 6, 7], "max_tokens": 4, "stream": True}).encode()
     req = urllib.request.Request(endpoint + "/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {key}"} if key else {})})
@@ -368,7 +368,7 @@ def test_no_server_serves_any_route_of_its_openapi_to_an_address_but_the_router_
 def test_the_door_refuses_keyless_wrong_key_and_untrusting_clients_over_tls(real_vllm):
     endpoint, key, ca = real_vllm.first["endpoint"], real_vllm.key, real_vllm.ca
     assert endpoint.startswith("https://")
-    assert stream(endpoint, key, ca)[0] == 200
+    assert stream(endpoint, key, ca, real_vllm.model.name)[0] == 200
     assert stream(endpoint, None, ca)[0] == 401
     assert stream(endpoint, "not-the-key-0123456789abcdef", ca)[0] == 401
     # A client that does not trust the deployment's CA never gets to send its request.
