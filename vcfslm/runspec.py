@@ -114,8 +114,8 @@ class EndpointSpec(BaseModel):
             return None
         # `serve up` prints the endpoint with its API root (…/v1); the client adds that itself.
         base = value.rstrip("/").removesuffix("/v1")
-        if not re.match(r"^http://[^/\s]+$", base):
-            raise ValueError(f"the endpoint is a plain http URL like http://10.0.0.11:8000, got {value!r}")
+        if not re.match(r"^https?://[^/\s]+$", base):
+            raise ValueError(f"the endpoint is a URL like https://10.0.0.11:8000, got {value!r}")
         return base
 
     @field_validator("nodes")

@@ -22,7 +22,7 @@ from test_deploy_support import build, deployment, inventory, inventory_doc
 
 from vcfslm.deploy.changes import node_changes
 from vcfslm.deploy.confinement import home_dir
-from vcfslm.deploy.desired import SUPERVISORD, SYSTEMD
+from vcfslm.deploy.desired import SUPERVISORD, SYSTEMD, socket_folder
 from vcfslm.deploy.driver import NodeDriver
 from vcfslm.errors import InventoryError, ServeError
 from vcfslm.guest.fake import FakeTransport
@@ -46,7 +46,7 @@ def exposure(analyze: str, unit: Path) -> tuple[float, str, str]:
 
 def test_every_unit_is_rated_ok_by_systemd_analyze_security(tmp_path, systemd_analyze):
     _, units, _ = rendered_units(tmp_path)
-    assert {k.split("/")[1] for k in units} == {"vllm-node0", "vllm-node1", "router", "frontdoor"}
+    assert {k.split("/")[1] for k in units} == {"vllm-node0", "vllm-node1", "router", "frontdoor", "proxy"}
     for name, path in units.items():
         level, word, report = exposure(systemd_analyze, path)
         assert level <= EXPOSURE_OK and word == "OK", f"{name}: {level} {word}\n{report}"
@@ -84,12 +84,14 @@ def test_each_unit_keeps_what_its_program_needs(tmp_path):
     home = home_dir(node.serve_dir)
     for server in ("vllm-node0", "vllm-node1"):
         text = units[server]
-        # Its caches (HOME), nothing else writable; oneDNN's JIT needs writable code pages.
-        assert unit_value(text, "ReadWritePaths") == [home] and f"Environment=HOME={home}" in text
+        # Its caches (HOME) and its socket, nothing else writable; oneDNN's JIT needs writable code pages.
+        assert unit_value(text, "ReadWritePaths") == [home, socket_folder(node.serve_dir)] and f"Environment=HOME={home}" in text
         assert unit_value(text, "MemoryDenyWriteExecute") == [] and unit_value(text, "ProcSubset") == []
     assert unit_value(units["router"], "ReadWritePaths") == []
     assert unit_value(units["frontdoor"], "ReadWritePaths") == [f"{node.serve_dir}/frontdoor"]
     assert unit_value(units["frontdoor"], "MemoryDenyWriteExecute") == ["yes"]
+    assert unit_value(units["proxy"], "ReadWritePaths") == [f"{node.serve_dir}/proxy"]
+    assert unit_value(units["proxy"], "MemoryDenyWriteExecute") == ["yes"]
 
 
 def test_supervisords_programs_run_as_the_service_user(tmp_path):
@@ -100,7 +102,7 @@ def test_supervisords_programs_run_as_the_service_user(tmp_path):
         [conf] = [f for f in node.files if f.path == node.supervisor_conf]
         parser = supervisord_config(conf.content)
         programs = [s for s in parser.sections() if s.startswith("program:")]
-        assert len(programs) == 4
+        assert len(programs) == 5
         for section in programs:
             assert parser[section]["user"] == want
         assert environment(parser["program:vllm-node0"]["environment"])["HOME"] == home_dir(node.serve_dir)
@@ -159,7 +161,8 @@ def test_apply_hands_the_service_user_its_folders_before_anything_starts(tmp_pat
     driver(inv, node, t).apply(node, fresh(node))
     [chown] = [c for c in t.calls if "chown" in c]
     folder = node.serve_dir
-    owned = f"{folder}/home {folder}/frontdoor" + (f" {folder}/serve.env" if supervisor == SUPERVISORD else "")
+    owned = (f"{folder}/home {folder}/frontdoor {folder}/proxy {folder}/tls {socket_folder(folder)}" +
+             (f" {folder}/serve.env" if supervisor == SUPERVISORD else ""))
     assert chown == (f"mkdir -p {folder}/home && chown -R vcfslm:vcfslm {owned} && "
                      f"chgrp vcfslm {folder} && chmod 750 {folder}")
     starts = [i for i, c in enumerate(t.calls) if "systemctl" in c or "supervisord -c" in c]

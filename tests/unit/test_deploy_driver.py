@@ -20,6 +20,7 @@ from vcfslm.guest.fake import FakeTransport
 ANY = re.compile(r".*")
 STATUS = ("vllm-node0                       RUNNING   pid 412, uptime 0:01:02\n"
           "vllm-node1                       RUNNING   pid 413, uptime 0:01:02\n"
+          "proxy                            RUNNING   pid 414, uptime 0:01:02\n"
           "router                           BACKOFF   Exited too quickly (process log may have details)\n"
           "frontdoor                        FATAL     Exited too quickly\n")
 REFUSED = (7, "", "unix:///x/supervisor.sock refused connection")
@@ -83,7 +84,8 @@ def test_observe_reads_every_digest_in_one_sha256sum_loop(tmp_path, user):
     assert state.digests == {p: known.get(p) for p in paths}
     assert state.manifest == old and state.supervisor_up is True
     assert {n: s.state for n, s in state.programs.items()} == {
-        "vllm-node0": "RUNNING", "vllm-node1": "RUNNING", "router": "BACKOFF", "frontdoor": "FATAL"}
+        "vllm-node0": "RUNNING", "vllm-node1": "RUNNING", "proxy": "RUNNING", "router": "BACKOFF",
+        "frontdoor": "FATAL"}
     assert state.programs["vllm-node0"].pid == 412
     assert node_changes(node, state).revive == ("router", "frontdoor")
 
@@ -114,7 +116,9 @@ def test_apply_with_supervisord_down_starts_it_once(tmp_path):
     for f in node.files:
         assert t.files[f.path] == f.content.encode() and t.modes[f.path] == f.mode
     assert t.modes[f"{node.serve_dir}/serve.env"] == 0o600
-    assert t.modes[f"{node.serve_dir}/frontdoor/key.conf"] == 0o600
+    assert t.modes[f"{node.serve_dir}/frontdoor/nginx.conf"] == 0o600
+    assert t.modes[f"{node.serve_dir}/proxy/nginx.conf"] == 0o600
+    assert t.modes[f"{node.serve_dir}/tls/node.key"] == 0o600
     assert t.calls.index(start) > t.calls.index(next(c for c in t.calls if c.startswith("mkdir -p ")))
     no_key_in(t)
 
@@ -153,9 +157,9 @@ def test_down_shuts_supervisord_and_removes_every_file_it_wrote(tmp_path):
     manifest = json.loads(manifest_text(node))
     t = FakeTransport("slm-01", {cat_manifest(node): manifest_text(node), ctl(inv, node, "pid"): "4242\n",
                                  ctl(inv, node, "shutdown"): "Shut down\n", "kill -0 4242": (1, "", "No such process"),
-                                 re.compile(r"rm -f .*"): ""})
+                                 re.compile(r"rm -f .*"): "", re.compile(r"rm -rf .*"): ""})
     stopped = driver(inv, node, t).down()
-    assert sorted(stopped) == sorted(["vllm-node0", "vllm-node1", "router", "frontdoor"])
+    assert sorted(stopped) == sorted(["vllm-node0", "vllm-node1", "proxy", "router", "frontdoor"])
     assert t.calls.count(ctl(inv, node, "shutdown")) == 1
     removed = [shlex.split(c)[2:] for c in t.calls if c.startswith("rm -f ")]
     assert sorted(p for r in removed for p in r) == sorted(
@@ -219,13 +223,15 @@ def test_down_with_systemd_disables_the_units_and_removes_them(tmp_path):
     inv = inventory(tmp_path)
     node = deployment(inv, supervisor=SYSTEMD).node("slm-02")
     manifest = json.loads(manifest_text(node))
-    assert manifest["units"] == ["vcfslm-slm-vllm-node0.service", "vcfslm-slm-vllm-node1.service"]
+    assert manifest["units"] == ["vcfslm-slm-vllm-node0.service", "vcfslm-slm-vllm-node1.service",
+                                 "vcfslm-slm-proxy.service"]
     show = "systemctl show -p Id,ActiveState,MainPID " + " ".join(manifest["units"])
     stopped = "".join(f"Id={u}\nActiveState={state}\nMainPID=0\n\n"
-                      for u, state in zip(manifest["units"], ("inactive", "failed"), strict=True))
+                      for u, state in zip(manifest["units"], ("inactive", "failed", "inactive"), strict=True))
     t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node), show: stopped,
-                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): ""}, user="deploy")
-    assert driver(inv, node, t).down() == ["vllm-node0", "vllm-node1"]
+                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): "",
+                                 re.compile(r".*rm -rf .*"): ""}, user="deploy")
+    assert sorted(driver(inv, node, t).down()) == ["proxy", "vllm-node0", "vllm-node1"]
     disable = [c for c in t.calls if "disable --now" in c]
     assert [unwrap(c) for c in disable] == ["systemctl disable --now " + " ".join(manifest["units"])]
     assert disable[0].startswith("sudo -n sh -c ")
@@ -247,7 +253,8 @@ def test_down_with_systemd_names_a_unit_that_does_not_stop(tmp_path, monkeypatch
     show = "systemctl show -p Id,ActiveState,MainPID " + " ".join(units)
     t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node),
                                  show: f"Id={units[0]}\nActiveState=inactive\nMainPID=0\n\n"
-                                       f"Id={units[1]}\nActiveState=deactivating\nMainPID=77\n",
+                                       f"Id={units[1]}\nActiveState=deactivating\nMainPID=77\n\n"
+                                       f"Id={units[2]}\nActiveState=inactive\nMainPID=0\n",
                                  re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): ""})
     with pytest.raises(ServeError, match=f"slm-02: still running 0 s after systemctl stop: {units[1]}$"):
         driver(inv, node, t).down()

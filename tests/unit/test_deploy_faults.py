@@ -46,6 +46,7 @@ def setup(tmp_path):
                 "systemctl show -p Id,ActiveState,MainPID " + " ".join(by_program): active,
                 "systemctl show -p Id,ActiveState,MainPID " + " ".join(units): stopped,
                 remote.probe_command(guest_paths(inv).vllm_python): json.dumps({"http": {}, "rss": {}}),
+                f"test -f {router.serve_dir}/serve.env": (1, ""),
                 re.compile(r".*"): ""})
         else:
             t = FakeTransport(node.name, {re.compile(r"cat .*manifest.json.*"): (1, ""), re.compile(r".*"): ""})

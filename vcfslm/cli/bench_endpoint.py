@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.endpoint import EndpointLaunch, Target, run_endpoint, served_model
+from ..deploy.material import client_ca
 from ..deploy.service import UpOptions, kill_program, serve_status, serve_up
 from ..errors import BenchError, Problem, UsageError
 from ..guest.provision import default_run_dir
@@ -68,7 +69,8 @@ def run_endpoint_bench(flags: dict[str, Any], opts: dict[str, Any], resumed: Res
         if ep.prompts == "text":
             reporter.log("prompts go as text (one-token words): no model folder with a config.json was given "
                          "(--model), so the served vocab is not known")
-        launch = EndpointLaunch(key=key, runs_dir=runs_dir, resume=resumed is not None, scale=scale, kill=kill)
+        launch = EndpointLaunch(key=key, ca_file=_client_ca(ep), runs_dir=runs_dir, resume=resumed is not None,
+                                scale=scale, kill=kill)
         run = run_endpoint(spec, launch, reporter)
     print_run_summary(run.meta, [], run.run_dir, opts["output"],
                       f"run {run.meta.run_id}: through {ep.url or 'the deployment endpoint'}, "
@@ -80,7 +82,7 @@ def _spec_for_a_new_run(flags: dict[str, Any], opts: dict[str, Any], reporter, c
     endpoint (the model it serves) or the deployment (its nodes)."""
     source = flags.get("deployment") or opts["inventory"]
     inv = load(source) if source else None
-    ask = {"model": lambda: served_model(flags["endpoint"], read_key(flags["key_file"]))}
+    ask = {"model": lambda: served_model(flags["endpoint"], read_key(flags["key_file"]), client_ca(flags["key_file"]))}
     if inv is not None and flags.get("deployment"):
         ask["endpoint.nodes"] = lambda: (len(_deployed(inv, reporter)["nodes"]),)
     spec = resolve(flags, inv, None, "endpoint", command=command, ask=ask)
@@ -88,6 +90,11 @@ def _spec_for_a_new_run(flags: dict[str, Any], opts: dict[str, Any], reporter, c
     endpoint = EndpointSpec.model_validate({**spec.endpoint.model_dump(), "vocab": vocab,
                                             "prompts": "ids" if vocab else "text"})
     return spec.replaced(endpoint=endpoint)
+
+
+def _client_ca(ep) -> str | None:
+    """The CA the client verifies the door with: the deployment's, beside its key file."""
+    return client_ca(ep.key_file, load(ep.deployment) if ep.deployment else None)
 
 
 def read_key(path: str) -> str:

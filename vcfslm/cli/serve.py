@@ -40,6 +40,7 @@ def serve() -> None:
       vcfslm serve up cluster.yaml --key-file ~/.vcfslm/slm.key     bring it up (or change it)
       vcfslm serve up cluster.yaml --nodes 2 --dry-run              what a 2-node service changes
       vcfslm serve status cluster.yaml                              health, versions, memory, KV use
+      vcfslm serve key cluster.yaml                                 print the API key (alone)
       vcfslm serve down cluster.yaml                                stop it, remove units and key
     """
 
@@ -50,9 +51,12 @@ def serve() -> None:
               help="Serve on the first N nodes (default: serve.nodes, else every node).")
 @click.option("--hosts", "hosts", metavar="A,B", help="Serve on these nodes (comma-separated names).")
 @click.option("--key-file", type=click.Path(dir_okay=False), default=None,
-              help="The API key: read from this file when it exists, else written to it (mode 0600). "
-                   "Without it a new key is printed once.")
-@click.option("--rotate-key", is_flag=True, help="Make a new key (every server restarts).")
+              help="The API key: read from this file when it exists (mode 0600, or it is refused), else "
+                   "written to it (default ~/.vcfslm/keys/<deployment>.key). The deployment's CA goes "
+                   "beside it (<name>-tls/ca.pem).")
+@click.option("--rotate-key", is_flag=True,
+              help="The nodes take a new key: the key file's when it differs from theirs, else a new one "
+                   "written to it (every server restarts).")
 @click.option("--dry-run", is_flag=True, help="Print what would change on each node, change nothing.")
 @click.option("--no-install", "no_install", is_flag=True,
               help="Skip the vllm and serve playbooks (vLLM, its router, supervisord and nginx are in place).")
@@ -78,9 +82,8 @@ def up(inventory: str | None, **options) -> None:
            "dry_run": run.dry_run, "router_node": d.router_node, "policy": d.policy,
            "servers": [s.url for s in d.servers],
            "changes": {c.node: c.to_dict() for c in result.changes}, "dropped": result.dropped,
-           "healthy_s": result.healthy_s, "checks": result.checks, "key_file": result.key_file}
-    if result.new_key and not result.key_file:
-        doc["api_key"] = result.new_key
+           "healthy_s": result.healthy_s, "checks": result.checks, "key_file": result.key_file,
+           "new_key": bool(result.new_key), "tls": d.endpoint.startswith("https:"), "ca_file": result.ca_file}
     if options["output"] == "json":
         print_json(doc)
         return
@@ -97,12 +100,16 @@ def up(inventory: str | None, **options) -> None:
         console.print(f"deployment {d.name} {verb}: {len(d.servers)} server(s) on {len(d.nodes)} node(s), "
                       f"router on {d.router_node} ({d.policy})", markup=False, highlight=False)
     console.print(f"endpoint: {d.endpoint}/v1  model: {d.model_name}", markup=False, highlight=False)
-    if result.new_key and result.key_file:
-        console.print(f"a new API key is in {result.key_file} (mode 0600)", markup=False, highlight=False)
+    if not d.endpoint.startswith("https:"):
+        console.print("the endpoint is plain HTTP (serve.front_door.tls: false): the key and the prompts cross "
+                      "the network in clear", markup=False, highlight=False)
+    elif result.ca_file:
+        console.print(f"clients trust the deployment's CA: {result.ca_file}", markup=False, highlight=False)
+    if result.new_key and run.dry_run:
+        console.print(f"would make a new API key and write it to {result.key_file}", markup=False, highlight=False)
     elif result.new_key:
-        err_console.print("API key (shown once; serve up --key-file FILE keeps it in a file instead):",
-                          markup=False, highlight=False)
-        console.print(result.new_key, markup=False, highlight=False, soft_wrap=True)
+        console.print(f"a new API key is in {result.key_file} (mode 0600); `vcfslm serve key` prints it",
+                      markup=False, highlight=False)
 
 
 @serve.command("status")
@@ -152,8 +159,24 @@ def _print_status(doc: dict) -> None:
             console.print(f"router on {node} ({r['state']}): {len(r['workers'])} worker(s): "
                           f"{', '.join(r['workers'])}", markup=False, highlight=False, soft_wrap=True)
     endpoint = doc["endpoint"] or {}
-    console.print(f"endpoint: {endpoint.get('url')}/v1 (health {endpoint.get('health')})",
-                  markup=False, highlight=False)
+    console.print(f"endpoint: {endpoint.get('url')}/v1 ({endpoint.get('transport', 'TLS')}, health "
+                  f"{endpoint.get('health')})", markup=False, highlight=False)
+
+
+@serve.command("key")
+@inventory_argument
+@click.option("--key-file", type=click.Path(dir_okay=False), default=None,
+              help="The key file serve up wrote (default ~/.vcfslm/keys/<deployment>.key).")
+def key(inventory: str | None, key_file: str | None) -> None:
+    """Print the deployment's API key, alone on its line (for `$(vcfslm serve key ...)`).
+
+    The file must be private (mode 0600): one readable by others is refused, as ssh
+    refuses such a private key."""
+    from ..deploy.keys import default_key_file, read_key_file
+
+    inv = load(inventory)
+    path = key_file or default_key_file(inv.serve.name or inv.name)
+    click.echo(read_key_file(path))
 
 
 @serve.command("down")

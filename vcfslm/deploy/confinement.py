@@ -42,21 +42,23 @@ def home_dir(folder: str) -> str:
     return f"{folder}/home"
 
 
-def owned_paths(folder: str, supervisor: str) -> tuple[str, ...]:
-    """What the service user owns on a node, its home first: its writable folders (nginx's
-    prefix holds its key map, which nginx reads itself) and, under supervisord, the
+def owned_paths(folder: str, supervisor: str, sockets: str) -> tuple[str, ...]:
+    """What the service user owns on a node, its home first: its writable folders (the two
+    nginx prefixes hold their key maps, which nginx reads itself; the servers make their
+    sockets in `sockets`), the certificates its programs read, and, under supervisord, the
     servers' environment file (its programs source it as that user; systemd reads it as root)."""
-    own = (home_dir(folder), f"{folder}/frontdoor")
+    own = (home_dir(folder), f"{folder}/frontdoor", f"{folder}/proxy", f"{folder}/tls", sockets)
     return (*own, f"{folder}/serve.env") if supervisor == "supervisord" else own
 
 
-def confinement(program: str, folder: str, user: str, door_port: int | None = None) -> Confinement:
+def confinement(program: str, folder: str, user: str, door_port: int | None = None,
+                sockets: str | None = None) -> Confinement:
     if program.startswith("vllm-node"):
         home = home_dir(folder)
-        return Confinement(user, read_write=(home,), environment={"HOME": home})
-    if program == "frontdoor":
-        low = door_port is not None and door_port < PRIVILEGED_PORTS
-        return Confinement(user, read_write=(f"{folder}/frontdoor",), deny_write_execute=True,
+        return Confinement(user, read_write=(home, *((sockets,) if sockets else ())), environment={"HOME": home})
+    if program in ("frontdoor", "proxy"):
+        low = program == "frontdoor" and door_port is not None and door_port < PRIVILEGED_PORTS
+        return Confinement(user, read_write=(f"{folder}/{program}",), deny_write_execute=True,
                            proc_pids_only=True, capabilities=("CAP_NET_BIND_SERVICE",) if low else ())
     return Confinement(user, environment={"HOME": home_dir(folder)})
 

@@ -6,17 +6,16 @@ loopback guests, containers) supervisord from the vLLM venv, one per node, with 
 program under it. Both restart a program that dies, and both stop a program's whole
 process tree (vLLM's engine process included).
 
-The key is written with the transport's file put (the command log records the path and
-mode, never the content), read back with its get into a private temporary file, and fed
-to the node's probe on stdin: it is on no command line and in no log.
+The key is written with the transport's file put (mode 0600 before its first byte; the
+command log records the path and mode, never the content), read back into memory over
+SFTP, and fed to the node's probe on stdin: it is on no command line, in no log and in
+no file on this machine but the operator's key file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,14 +34,15 @@ from .changes import (
 )
 from .confinement import owned_paths
 from .desired import (
-    KEY_VARIABLE,
     MANIFEST,
     SUPERVISORD,
     SYSTEMD,
     UNIT_DIR,
     NodeService,
+    socket_folder,
     supervisor_socket,
 )
+from .keys import key_of_env
 
 q = shlex.quote
 POLL_S = 1.0
@@ -129,20 +129,13 @@ class NodeDriver:
         return NodeState(self.digests(paths), manifest, up, programs)
 
     def read_key(self) -> str | None:
-        """The deployment's key as this node holds it (None: none)."""
+        """The deployment's key as this node holds it (None: none), read into memory over SFTP
+        (no file on this machine, nothing in the command log) and checked as a key file is."""
         path = f"{self.serve_dir}/serve.env"
         if not self.t.run(f"test -f {q(path)}", check=False).ok:
             return None
-        fd, local = tempfile.mkstemp(prefix="vcfslm-key-")
-        os.close(fd)
-        try:
-            self.t.get(path, local)
-            for line in Path(local).read_text().splitlines():
-                if line.startswith(KEY_VARIABLE + "="):
-                    return line.split("=", 1)[1].strip() or None
-            return None
-        finally:
-            Path(local).unlink(missing_ok=True)
+        text = self.t.read_bytes(path).decode("utf-8", "replace")
+        return key_of_env(text, f"{self.t.host}:{path}")
 
     def probe(self, python: str, gets: Sequence[Mapping[str, Any]], rss: Mapping[str, int] | None = None,
               key: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
@@ -158,8 +151,10 @@ class NodeDriver:
         """Write what differs, then have the supervisor start, restart and stop what changes says."""
         # Closed to everyone else; with a service user, _hand_over opens it to that user's group
         # (closing it here first would cut the running programs off for a moment).
-        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')}" +
-                   ("" if self.service_user else f" && chmod 700 {q(self.serve_dir)}"))
+        sockets = socket_folder(self.serve_dir)
+        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} "
+                   f"{q(self.serve_dir + '/proxy/tmp')} {q(self.serve_dir + '/tls')} {q(sockets)} && "
+                   f"chmod 700 {q(sockets)}" + ("" if self.service_user else f" {q(self.serve_dir)}"))
         if desired.supervisor == SUPERVISORD and self.service_user and self.sudo:
             raise ServeError(f"{self.t.host}: supervisord runs as {self.login} there and cannot switch to "
                              f"guest.service_user {self.service_user}: connect as root, or set "
@@ -181,14 +176,15 @@ class NodeDriver:
         if not self.service_user:
             return
         user, folder = q(self.service_user), q(self.serve_dir)
-        owned = owned_paths(self.serve_dir, desired.supervisor)
+        owned = owned_paths(self.serve_dir, desired.supervisor, socket_folder(self.serve_dir))
         self.t.run(f"mkdir -p {q(owned[0])} && chown -R {user}:{user} {' '.join(q(p) for p in owned)} && "
                    f"chgrp {user} {folder} && chmod 750 {folder}", sudo=self.sudo)
 
     def _write(self, data: bytes, path: str, mode: int) -> None:
         # The unit folder is root's, nginx's prefix the service user's: an SSH user that is
         # neither stages the file and installs it with sudo.
-        theirs = self.service_user and path.startswith(f"{self.serve_dir}/frontdoor/")
+        theirs = self.service_user and path.startswith(
+            tuple(f"{self.serve_dir}/{room}/" for room in ("frontdoor", "proxy", "tls")))
         if (path.startswith(UNIT_DIR) or theirs) and self.sudo:
             staged = f"{self.serve_dir}/.staged-{Path(path).name}"
             owner = f" -o {q(self.service_user)} -g {q(self.service_user)}" if theirs else ""
@@ -245,6 +241,8 @@ class NodeDriver:
             # A unit that failed before it was stopped stays listed (not-found, failed) until reset.
             self.t.run("systemctl daemon-reload; systemctl reset-failed " + " ".join(q(u) for u in units) +
                        " 2>/dev/null; true", sudo=self.sudo, check=False)
+        self.t.run(f"rm -rf {q(socket_folder(self.serve_dir))}", sudo=self.sudo and bool(self.service_user),
+                   check=False)     # the servers' sockets
         self.t.run(f"rm -f {q(self.serve_dir + '/' + MANIFEST)} {q(supervisor_socket(self.serve_dir))}")
         return programs
 

@@ -1,9 +1,10 @@
 """`vcfslm serve up | status | down`: the deployment across its nodes.
 
-up: install what the nodes lack (the vllm and serve playbooks), settle the key, plan
-every node's changes, apply them, and wait until every server is healthy, the router
-lists them all, and the front door refuses a request without the key and serves one with
-it. A second `up` with nothing changed plans no change and touches nothing. Nodes that
+up: install what the nodes lack (the vllm and serve playbooks), settle the key (saved
+to its file before anything starts) and the certificates, plan every node's changes,
+apply them, and wait until every server is healthy, the router lists them all, and the
+front door refuses a request without the key and serves one with it, over TLS verified
+against the deployment's CA. A second `up` with nothing changed plans no change and touches nothing. Nodes that
 served before and are no longer chosen are taken down (a smaller deployment stops
 exactly the servers it drops).
 """
@@ -11,8 +12,6 @@ exactly the servers it drops).
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,17 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import guest_paths
-from ..errors import CommandFailed, ServeError, TransportError
+from ..errors import CommandFailed, Problem, ServeError, TransportError
 from ..guest.provision import GuestRun, provision_guests
 from ..guest.transport import Transport
 from ..inventory import located, service_model_problems
 from ..progress import NullReporter, Reporter
 from ..servers import parse_metrics
+from . import keys
 from .changes import NodeChanges, node_changes
-from .desired import Deployment, plan_deployment, serve_dir, serving_nodes
+from .desired import Deployment, plan_deployment, router_node_of, serve_dir, serving_nodes
 from .driver import GAVE_UP, NodeDriver
+from .material import client_ca, deployment_tls
 
-KEY_BYTES = 32
 # A program that died this many times before its server answered /health is crashing, not
 # loading: its supervisor would go on restarting it, so serve up stops and quotes the cause.
 CRASH_RESTARTS = 3
@@ -41,7 +41,9 @@ ROUTER_WAIT_S = 60.0
 @dataclass(frozen=True)
 class UpOptions:
     """What one `serve up` does: the nodes (names or a count; None: serve.nodes or all),
-    a key file to read or write, a new key, plan only, and whether to install first."""
+    the key file to read or write (None: ~/.vcfslm/keys/<deployment>.key), a new key
+    (or the key file's, when it differs from the nodes'), plan only, and whether to
+    install first."""
 
     names: Sequence[str] | None = None
     count: int | None = None
@@ -59,6 +61,8 @@ class UpResult:
     dropped: dict[str, list[str]]            # nodes taken down -> programs stopped
     new_key: str | None = field(default=None, repr=False)   # only when made by this up
     key_file: str | None = None
+    ca_file: str | None = None                               # what clients trust (None: the system's store)
+    tls_made: list[str] = field(default_factory=list)        # certificate files this up made
     healthy_s: dict[str, float] = field(default_factory=dict)
     checks: dict[str, Any] = field(default_factory=dict)
 
@@ -128,28 +132,29 @@ def _each(drivers: dict[str, NodeDriver], fn: Callable[[str, NodeDriver], Any]) 
         return {name: f.result() for name, f in futures.items()}
 
 
-def settle_key(options: UpOptions, held: Sequence[str | None]) -> tuple[str, bool]:
-    """(the deployment's key, whether this up made it): the operator's key file when it
-    exists, else the one the nodes hold, else a new one (also when rotating)."""
-    if options.key_file and Path(options.key_file).expanduser().is_file() and not options.rotate_key:
-        key = Path(options.key_file).expanduser().read_text().strip()
-        if not key:
-            raise ServeError(f"{options.key_file} is empty: remove it to have serve up write a new key there")
-        return key, False
+def key_file_of(inventory, options: UpOptions) -> str:
+    return str(Path(options.key_file).expanduser() if options.key_file
+               else keys.default_key_file(inventory.serve.name or inventory.name))
+
+
+def settle_key(key_file: str, rotate: bool, held: Sequence[str | None]) -> tuple[str, bool]:
+    """(the deployment's key, whether the key file must be written): the key file's when it
+    exists (an error when the nodes hold another, unless rotating: then the nodes take the
+    file's), else the one the nodes hold, else a new one; rotating with no other key in
+    the file makes a new one. `held`: the nodes' keys, the router's first."""
     known = [k for k in held if k]
-    if known and not options.rotate_key:
-        return known[0], False
-    return secrets.token_urlsafe(KEY_BYTES), True
-
-
-def write_key_file(path: str, key: str) -> None:
-    target = Path(path).expanduser()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w") as fh:
-        fh.write(key + "\n")
-    tmp.replace(target)
+    if Path(key_file).is_file():
+        key = keys.read_key_file(key_file)
+        if known and known[0] != key and not rotate:
+            raise keys.KeyFileError([Problem(key_file, None, None, "--key-file", (
+                "holds another key than the deployment's nodes: give the key file of this deployment, or "
+                "--rotate-key to have every node take this one"))])
+        if rotate and (not known or known[0] == key):
+            return keys.new_key(), True
+        return key, False
+    if known and not rotate:
+        return known[0], True
+    return keys.new_key(), True
 
 
 def serve_up(inventory, connect: Connect, options: UpOptions, reporter: Reporter | None = None) -> UpResult:
@@ -182,10 +187,18 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
     manifests = _each(drivers, lambda _, d: d.manifest())
     held = _each({n: drivers[n] for n in drivers if manifests[n]}, lambda _, d: d.read_key())
     router_first = sorted(held, key=lambda n: n != (service.router.node or chosen_names[0]))
-    key, made = settle_key(options, [held[n] for n in router_first])
+    key_file = key_file_of(inventory, options)
+    key, save_key = settle_key(key_file, options.rotate_key, [held[n] for n in router_first])
+    made = key not in held.values()
+    if save_key and not options.dry_run:
+        # Before anything starts: a key the nodes take is never only on the nodes.
+        keys.write_key_file(key_file, key)
+    router_ip = str(inventory.node(router_node_of(inventory, chosen)).bench_ip)
+    certificates, tls_made = deployment_tls(inventory, key_file, [str(n.bench_ip) for n in chosen], router_ip,
+                                            write=not options.dry_run)
     supervisors = _each({n: drivers[n] for n in chosen_names},
                         lambda _, d: d.supervisor_of_guest(service.supervisor))
-    deployment = plan_deployment(inventory, key, supervisors, chosen)
+    deployment = plan_deployment(inventory, key, supervisors, chosen, tls=certificates)
     if deployment.policy == "power_of_two" and len(deployment.servers) < 2:
         # vllm-router refuses to start so; refuse before anything changes.
         raise located(inventory, [(("serve", "router", "policy"),
@@ -200,11 +213,10 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
             reporter.log(("would " if options.dry_run else "") + line)
     for n in leaving:
         reporter.log(f"{'would take' if options.dry_run else 'taking'} down {n} (no longer in the deployment)")
-    result = UpResult(deployment, changes, {}, key if made else None, options.key_file)
+    result = UpResult(deployment, changes, {}, key if made else None, key_file,
+                      client_ca(key_file, inventory) if certificates.door else None, tls_made)
     if options.dry_run:
         return result
-    if made and options.key_file:
-        write_key_file(options.key_file, key)
     dropped = _each({n: drivers[n] for n in leaving}, lambda _, d: d.down())
     result.dropped = dropped
     by_node = {c.node: c for c in changes}
@@ -218,6 +230,11 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
 
 def _python(inventory) -> str:
     return guest_paths(inventory).vllm_python
+
+
+def _node_ca(service) -> str:
+    """The deployment CA's copy on a node: what its checks verify the proxies and the door with."""
+    return f"{service.serve_dir}/tls/ca.pem"
 
 
 def wait_healthy(deployment: Deployment, drivers: dict[str, NodeDriver], inventory, reporter: Reporter,
@@ -234,7 +251,8 @@ def wait_healthy(deployment: Deployment, drivers: dict[str, NodeDriver], invento
             return healthy
         for node in sorted({s.node for s in pending}):
             d, service = drivers[node], deployment.node(node)
-            gets = [{"id": s.program, "url": s.url + "/health", "timeout": 2} for s in pending if s.node == node]
+            gets = [{"id": s.program, "url": s.url + "/health", "timeout": 2, "ca": _node_ca(service)}
+                    for s in pending if s.node == node]
             answers = d.probe(python, gets)["http"]
             for s in pending:
                 if s.node == node and answers.get(s.program, {}).get("status") == 200:
@@ -262,19 +280,21 @@ def check_front_door(deployment: Deployment, router: NodeDriver, inventory, key:
                      sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """From the router's node: the router lists every server; the endpoint answers /health,
     refuses a request without the key (401), serves one with it, and hides the router's
-    management calls (404)."""
+    management calls (404); over TLS, verified with the deployment's CA (an operator's
+    certificate: with the system's trust store, or the CA the inventory names, on the node)."""
     service = inventory.serve
     python = _python(inventory)
     router_url = f"http://127.0.0.1:{service.router.port}"
     want = {s.url for s in deployment.servers}
+    ca = deployment.door_ca
     deadline = time.monotonic() + ROUTER_WAIT_S
     while True:
         got = router.probe(python, [
             {"id": "workers", "url": router_url + "/list_workers"},
-            {"id": "health", "url": deployment.endpoint + "/health"},
-            {"id": "keyless", "url": deployment.endpoint + "/v1/models"},
-            {"id": "keyed", "url": deployment.endpoint + "/v1/models", "key": True},
-            {"id": "management", "url": deployment.endpoint + "/list_workers"}], key=key)["http"]
+            {"id": "health", "url": deployment.endpoint + "/health", "ca": ca},
+            {"id": "keyless", "url": deployment.endpoint + "/v1/models", "ca": ca},
+            {"id": "keyed", "url": deployment.endpoint + "/v1/models", "key": True, "ca": ca},
+            {"id": "management", "url": deployment.endpoint + "/list_workers", "ca": ca}], key=key)["http"]
         listed = router_workers(got.get("workers", {}).get("body", ""))
         statuses = {k: v.get("status") for k, v in got.items()}
         ok = (set(listed) == want and statuses.get("health") == 200 and statuses.get("keyless") == 401
@@ -338,16 +358,19 @@ def _status(inventory, drivers: dict[str, NodeDriver], name: str,
         units = {p: f"vcfslm-{name}-{p}.service" for p in programs}
         up, states = d.programs(str(manifest.get("supervisor")), units)
         servers = [str(u) for u in manifest.get("servers") or []]
+        ca = str(manifest.get("ca") or "")
         gets = []
         for i, url in enumerate(servers):
-            gets += [{"id": f"{i}/health", "url": url + "/health", "timeout": 3},
-                     {"id": f"{i}/version", "url": url + "/version", "timeout": 3},
-                     {"id": f"{i}/metrics", "url": url + "/metrics", "timeout": 5}]
+            gets += [{"id": f"{i}/health", "url": url + "/health", "timeout": 3, "ca": ca},
+                     {"id": f"{i}/version", "url": url + "/version", "timeout": 3, "ca": ca, "key": True},
+                     {"id": f"{i}/metrics", "url": url + "/metrics", "timeout": 5, "ca": ca, "key": True}]
         if manifest.get("router_node") == node:
             gets += [{"id": "router/workers", "url": f"http://127.0.0.1:{service.router.port}/list_workers"},
-                     {"id": "endpoint/health", "url": f"{manifest.get('endpoint')}/health"}]
+                     {"id": "endpoint/health", "url": f"{manifest.get('endpoint')}/health",
+                      "ca": str(manifest.get("door_ca") or "")}]
         rss = {p: s.pid for p, s in states.items() if s.pid}
-        answers = d.probe(python, gets, rss)
+        # The proxies take /version and /metrics with the key only: the node's own copy.
+        answers = d.probe(python, gets, rss, key=d.read_key() if servers else None)
         http, peaks = answers["http"], answers["rss"]
         rows = []
         for i, url in enumerate(servers):
@@ -371,6 +394,7 @@ def _status(inventory, drivers: dict[str, NodeDriver], name: str,
                              "state": states["router"].state if "router" in states else "UNKNOWN",
                              "peak_rss_bytes": peaks.get("router")}
             out["endpoint"] = {"url": manifest.get("endpoint"),
+                               "transport": "TLS" if manifest.get("tls") else "plain HTTP",
                                "health": http.get("endpoint/health", {}).get("status"),
                                "state": states["frontdoor"].state if "frontdoor" in states else "UNKNOWN"}
         return out
