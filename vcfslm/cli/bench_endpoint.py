@@ -1,5 +1,5 @@
 """`vcfslm bench --serve --endpoint URL | --deployment INVENTORY`: load through one endpoint
-from this machine, one process, no ranks (vcfslm.bench.endpoint).
+from this machine, one process, no ranks (vcfslm.endpoint).
 
 The flags resolve into a RunSpec of mode "endpoint" (its EndpointSpec keeps where the load
 went, the key file's path, the node counts, the servers and the faults; never the key).
@@ -134,7 +134,7 @@ def check_endpoint_flags(opts: dict[str, Any], given: set[str]) -> None:
 def run_endpoint_bench(inventory: str | None, opts: dict[str, Any], given: set[str],
                        slos: dict[str, Any] | None, verbose: int = 0) -> None:
     """Build the endpoint run's spec (a resumed run's own), its drivers, and run it."""
-    from ..bench.endpoint import EndpointLaunch, run_endpoint
+    from ..endpoint.client import EndpointLaunch, run_endpoint
     from .bench_summary import print_run_summary
 
     check_endpoint_flags(opts, given)
@@ -193,7 +193,7 @@ def _new_spec(inventory: str | None, opts: dict[str, Any], slos: dict[str, Any] 
     model = opts.get("model") or (inv.guest.model if inv else None)
     vocab = _vocab(model)
     if model is None:
-        from ..bench.endpoint import served_model
+        from ..endpoint.client import served_model
 
         # Without a model folder, the series are named by what the endpoint says it serves.
         model = served_model(opts["endpoint"], read_key(opts["key_file"]))
@@ -276,7 +276,7 @@ def _deployed(inv, reporter, log_dir: Path | None = None) -> dict[str, Any]:
 
 def target_of(doc: dict[str, Any]):
     """Where the load goes, from `serve status --output json`'s document."""
-    from ..bench.endpoint import Target
+    from ..endpoint.client import Target
 
     endpoint = (doc.get("endpoint") or {}).get("url")
     if not endpoint:

@@ -23,6 +23,7 @@ from .. import servers
 from ..errors import BenchError
 from ..servers import HttpBackend, ServerSpec
 from ..serving import ServeSpec
+from ..topology import format_cpu_list
 from ..workloads import segment_ids
 from . import server_process
 from .http_serve import http_record_fields, invalid_reasons, run_http_window
@@ -59,23 +60,36 @@ def model_facts(model_dir: str) -> dict[str, Any]:
             "max_position_embeddings": config.get("max_position_embeddings")}
 
 
+def check_key(endpoint: Endpoint, label: str) -> str:
+    """The server (`label`) refuses a wrong API key and takes `endpoint`'s: its /v1/models."""
+    status, _ = get(Endpoint(endpoint.host, endpoint.port, "not-" + endpoint.key, endpoint.model), "/v1/models")
+    if status != 401:
+        raise BenchError(f"{label} answered a wrong API key with HTTP {status}: it does not check the key, "
+                         "so anyone on that address could use it")
+    status, body = get(endpoint, "/v1/models")
+    if status != 200:
+        raise BenchError(f"{label} refused the run's API key: HTTP {status} {body[:200]}")
+    return body
+
+
 class HttpDriver:
-    """One rank's server and client."""
+    """One rank's server and client: a driver of the window loop (bench/windows.WindowDriver),
+    its windows judged by `limits`; the server writes its log to `log_path`."""
 
     def __init__(self, spec: ServerSpec, serve: ServeSpec, *, model_dir: str, numa_node: int,
-                 node_cpus: list[int], out: Path, node: str, rank: int):
+                 node_cpus: list[int], log_path: Path, limits: dict[str, Any] | None = None):
         backend = spec.backend
         if backend is None:
             raise BenchError(f"{spec.name} is not an HTTP server")
         self.backend: HttpBackend = backend
-        self.spec, self.serve = spec, serve
+        self.spec, self.serve, self.limits = spec, serve, limits or {}
         self.model_dir, self.numa_node = model_dir, numa_node
         self.node_cpus = list(node_cpus)
         self.server_cpus, self.client_cpus = servers.split_cpus(node_cpus, spec.reserved_cores)
         self.facts_model = model_facts(model_dir)
         self.kv_gib = spec.kv_cache_gib or servers.kv_cache_gib(
             self.facts_model["kv_bytes_per_token"], serve.slots, serve.max_context)
-        self.log_path = out / "logs" / node / f"server-{rank}.log"
+        self.log_path = log_path
         self.endpoint = Endpoint(spec.host, spec.port_for(numa_node), secrets.token_urlsafe(24), SERVED_NAME)
         self.process: server_process.ServerProcess | None = None
         self.startup_s: float | None = None
@@ -107,7 +121,7 @@ class HttpDriver:
         log.info("started %s, pid %d, log %s", label, self.process.pid, self.log_path)
         self.startup_s = self.process.wait_healthy(self._healthy, self.spec.health_timeout_s)
         log.info("%s healthy after %.1f s", label, self.startup_s)
-        self._check_key()
+        check_key(self.endpoint, self.process.label)
         # The client's threads (made by this one) run on the reserved CPUs, or on all of the
         # node's when none are: never on the single core OpenMP bound this thread to, where
         # a server thread spins.
@@ -119,16 +133,6 @@ class HttpDriver:
         except OSError:
             return False
 
-    def _check_key(self) -> None:
-        wrong = Endpoint(self.endpoint.host, self.endpoint.port, "not-" + self.endpoint.key, SERVED_NAME)
-        status, _ = get(wrong, "/v1/models")
-        if status != 401:
-            raise BenchError(f"{self.process.label} answered a wrong API key with HTTP {status}: it does not "
-                             f"require the run's key, so anyone on that address could use it")
-        status, body = get(self.endpoint, "/v1/models")
-        if status != 200:
-            raise BenchError(f"{self.process.label} refused the run's API key: HTTP {status} {body[:200]}")
-
     def metrics(self) -> dict[str, float]:
         try:
             status, body = get(self.endpoint, self.backend.metrics_path, timeout_s=5.0)
@@ -136,12 +140,13 @@ class HttpDriver:
             return {}
         return servers.parse_metrics(body) if status == 200 else {}
 
-    def window(self, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random, seed: int,
-               limits: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        """One window: (the record's measured fields, why it is invalid)."""
+    def window(self, w) -> tuple[dict[str, Any], list[str]]:
+        """One window `w` (the loop's Window: its scenario, index and seed): (the record's measured
+        fields, why it is invalid)."""
         assert self.process is not None
         self.process.check_alive()
-        path = self.backend.completions_path
+        path, seed = self.backend.completions_path, w.seed
+        _, load, input_tokens, _ = w.scenario
 
         def send(r, deadline: float):
             body = servers.completion_body(SERVED_NAME, request_prompt_ids(seed, r, self.vocab), r.output_tokens)
@@ -158,7 +163,7 @@ class HttpDriver:
         sampler = threading.Thread(target=sample, daemon=True, name="metrics")
         sampler.start()
         try:
-            outcome = run_http_window(send, spec, load, input_tokens, rng)
+            outcome = run_http_window(send, self.serve, load, input_tokens, random.Random(seed))
         finally:
             stop.set()
             sampler.join(10)
@@ -166,8 +171,8 @@ class HttpDriver:
         self.process.check_alive()
         after = self.metrics()
         deltas = servers.metric_deltas(self.backend, before, after, [*samples, after])
-        fields = http_record_fields(outcome, spec, limits, self.backend.name, deltas)
-        return fields, invalid_reasons(outcome, self.spec.max_lag_s)
+        fields = http_record_fields(outcome, self.serve, self.limits, self.backend.name, deltas)
+        return fields, invalid_reasons(outcome, self.spec.max_lag_s) + self.thread_problems()
 
     def facts(self) -> dict[str, Any]:
         """What the run records of the server: version, how it runs, where it ran, its memory."""
@@ -202,7 +207,7 @@ class HttpDriver:
                     continue
                 if cpu not in allowed:
                     out.append(f"server thread {task.name} (pid {pid}) ran on CPU {cpu}, outside "
-                               f"{servers_cpu_text(self.server_cpus)}")
+                               f"{format_cpu_list(self.server_cpus)}")
                     break
         return out[:3]
 
@@ -221,8 +226,3 @@ class HttpDriver:
             code = self.process.stop()
             log.info("stopped %s (exit %s)", self.process.label, code)
 
-
-def servers_cpu_text(cpus: list[int]) -> str:
-    from ..topology import format_cpu_list
-
-    return format_cpu_list(cpus)
