@@ -1,9 +1,6 @@
-"""The serving half of the rank worker: the in-process backend, vcfslm's own engine under
-the continuous-batching scheduler (serve/scheduler.py), as a driver of the window loop.
-
-The loop (bench/windows.py, started through bench/rank.serve_windows) runs its windows
-at each load, barrier-aligned across ranks, and the sweep towards each SLO's threshold;
-every rank draws its own arrivals (its own seed) and serves them on its own slots.
+"""The serving half of the rank worker: vcfslm's own engine under the continuous-batching
+scheduler (serve/scheduler.py), a driver of the window loop (bench/windows.py), which runs
+its windows and sweep through bench/rank.serve_windows.
 """
 
 from __future__ import annotations

@@ -39,9 +39,9 @@ from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
 from ..results import ServeRecord
 from ..runspec import Fault, RunSpec
-from ..serve.http_backend import check_key, request_prompt_ids
+from ..serve.http_backend import check_key, read_metrics, request_prompt_ids, server_version
 from ..serve.http_serve import http_record_fields, run_http_window
-from ..serve.openai_client import Endpoint, Stream, get, stream_completion
+from ..serve.openai_client import Endpoint, Stream, stream_completion
 from ..serve.scheduler import Request
 from .faults import FaultRun, endpoint_outage
 
@@ -185,15 +185,7 @@ class EndpointClient:
 
     def counters(self) -> dict[str, dict[str, float] | None]:
         """Each server's /metrics, parsed (None: it did not answer)."""
-        out: dict[str, dict[str, float] | None] = {}
-        for url, ep in self.meters.items():
-            try:
-                status, body = get(ep, "/metrics", timeout_s=5.0)
-            except OSError:
-                out[url] = None
-                continue
-            out[url] = servers.parse_metrics(body) if status == 200 else None
-        return out
+        return {url: read_metrics(ep) for url, ep in self.meters.items()}
 
     def body(self, seed: int, r: Request) -> dict[str, Any]:
         ep = self.spec.endpoint
@@ -297,12 +289,7 @@ class EndpointClient:
         return out
 
     def facts(self) -> dict[str, Any]:
-        version = None
-        try:
-            status, body = get(self.endpoint, "/version")
-            version = json.loads(body).get("version") if status == 200 else None
-        except (OSError, ValueError, AttributeError):
-            pass
+        version = server_version(self.endpoint)
         return {"url": self.target.url, "nodes": self.target.nodes, "servers": list(self.target.servers),
                 "programs": dict(self.target.programs), "model": self.model, "version": version,
                 "prompts": "token ids" if self.spec.endpoint.prompts == "ids" and self.spec.endpoint.vocab

@@ -72,6 +72,24 @@ def check_key(endpoint: Endpoint, label: str) -> str:
     return body
 
 
+def read_metrics(endpoint: Endpoint, path: str = "/metrics") -> dict[str, float] | None:
+    """A server's /metrics, parsed (None: it did not answer)."""
+    try:
+        status, body = get(endpoint, path, timeout_s=5.0)
+    except OSError:
+        return None
+    return servers.parse_metrics(body) if status == 200 else None
+
+
+def server_version(endpoint: Endpoint, path: str = "/version") -> str | None:
+    """The version a server says it runs (None: it does not say)."""
+    try:
+        status, body = get(endpoint, path)
+        return json.loads(body).get("version") if status == 200 else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class HttpDriver:
     """One rank's server and client: a driver of the window loop (bench/windows.WindowDriver),
     its windows judged by `limits`; the server writes its log to `log_path`."""
@@ -134,11 +152,7 @@ class HttpDriver:
             return False
 
     def metrics(self) -> dict[str, float]:
-        try:
-            status, body = get(self.endpoint, self.backend.metrics_path, timeout_s=5.0)
-        except OSError:
-            return {}
-        return servers.parse_metrics(body) if status == 200 else {}
+        return read_metrics(self.endpoint, self.backend.metrics_path) or {}
 
     def window(self, w) -> tuple[dict[str, Any], list[str]]:
         """One window `w` (the loop's Window: its scenario, index and seed): (the record's measured
@@ -176,12 +190,7 @@ class HttpDriver:
 
     def facts(self) -> dict[str, Any]:
         """What the run records of the server: version, how it runs, where it ran, its memory."""
-        version = None
-        try:
-            status, body = get(self.endpoint, self.backend.version_path)
-            version = json.loads(body).get("version") if status == 200 else None
-        except (OSError, ValueError):
-            pass
+        version = server_version(self.endpoint, self.backend.version_path)
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return {"name": self.backend.name, "version": version, "pid": self.process and self.process.pid,
                 "log": str(self.log_path), "startup_s": self.startup_s, "host": self.spec.host,
