@@ -39,7 +39,13 @@ from ..errors import BenchError, Problem, RunFolderError, UsageError
 from ..progress import NullReporter, Reporter
 from ..results import ServeRecord
 from ..runspec import Fault, RunSpec
-from ..serve.http_backend import check_key, read_metrics, request_prompt_ids, server_version
+from ..serve.http_backend import (
+    check_key,
+    read_metrics,
+    request_prompt_ids,
+    sampled,
+    server_version,
+)
 from ..serve.http_serve import http_record_fields, run_http_window
 from ..serve.openai_client import Endpoint, Stream, stream_completion
 from ..serve.scheduler import Request
@@ -50,7 +56,6 @@ log = logging.getLogger("vcfslm.endpoint")
 NODE = "endpoint"                   # the records' node: the operator's client, not a guest
 COMPLETIONS = "/v1/completions"
 REQUESTS_FINISHED = "vllm:request_success_total"
-METRICS_EVERY_S = 2.0
 # Words that are one token each in the common BPE vocabularies (with their leading space):
 # the text prompts' words when no vocab is known.
 TEXT_WORDS = ("the", "of", "and", "to", "in", "is", "on", "for", "with", "as", "at", "by")
@@ -212,29 +217,16 @@ class EndpointClient:
                     sent[r.index] = stream.sent_s
             return stream
 
-        before = self.counters()
-        samples: list[dict[str, dict[str, float] | None]] = []
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.wait(METRICS_EVERY_S):
-                samples.append(self.counters())
-
-        sampler = threading.Thread(target=sample, daemon=True, name="metrics")
         faults = [FaultRun(f, self._health(f), self.launch.kill, self.launch.health_poll_s,
                            self.launch.restart_timeout_s) for f in self.faults] if self.launch.kill and w.measured else []
-        sampler.start()
-        t0 = time.perf_counter()
-        for f in faults:
-            f.begin(t0)
-        try:
+        with sampled(self.counters) as reads:
+            t0 = time.perf_counter()
+            for f in faults:
+                f.begin(t0)
             outcome = run_http_window(send, serve, load, input_tokens, random.Random(seed))
-        finally:
-            stop.set()
-            sampler.join(10)
         for f in faults:
             f.finish()
-        after = self.counters()
+        before, samples, after = reads[0], reads[1:], self.counters()
         # The window's clock starts where run_http_window took it, a moment after t0: any
         # request that went out says where (its send time less its time on that clock).
         start = next((sent[r.index] - r.started_s for r in outcome.requests

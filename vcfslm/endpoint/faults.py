@@ -20,8 +20,9 @@ from typing import Any
 
 from .. import judging
 from ..runspec import Fault
+from ..serve.http_backend import healthy
 from ..serve.http_serve import HttpOutcome
-from ..serve.openai_client import Endpoint, get
+from ..serve.openai_client import Endpoint
 from ..serve.scheduler import Request
 
 # Failed requests in a row, outside a fault, that say the front door stopped answering.
@@ -136,14 +137,6 @@ class FaultRun:
         self._thread = threading.Thread(target=self._run, args=(t0,), daemon=True, name="fault")
         self._thread.start()
 
-    def _healthy(self) -> bool:
-        if self.health is None:
-            return False
-        try:
-            return get(self.health, "/health", timeout_s=2.0)[0] == 200
-        except OSError:
-            return False
-
     def _run(self, t0: float) -> None:
         wait = t0 + self.fault.at_s - time.perf_counter()
         if wait > 0 and self._stop.wait(wait):
@@ -165,7 +158,7 @@ class FaultRun:
             now = time.perf_counter() - t0
             if now - self.start_s > self.timeout_s:
                 return
-            if self._healthy():
+            if healthy(self.health):
                 if seen_down:
                     self.end_s = time.perf_counter() - t0
                     return

@@ -16,6 +16,8 @@ import os
 import random
 import secrets
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,32 @@ def check_key(endpoint: Endpoint, label: str) -> str:
     if status != 200:
         raise BenchError(f"{label} refused the run's API key: HTTP {status} {body[:200]}")
     return body
+
+
+def healthy(endpoint: Endpoint, path: str = "/health") -> bool:
+    try:
+        return get(endpoint, path, timeout_s=2.0)[0] == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def sampled(read: Callable[[], Any], every_s: float = METRICS_EVERY_S) -> Iterator[list]:
+    """read() now and every `every_s` until the block ends: the reads, in order (a server's
+    counters before and during a window)."""
+    reads, stop = [read()], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every_s):
+            reads.append(read())
+
+    sampler = threading.Thread(target=sample, daemon=True, name="metrics")
+    sampler.start()
+    try:
+        yield reads
+    finally:
+        stop.set()
+        sampler.join(10)
 
 
 def read_metrics(endpoint: Endpoint, path: str = "/metrics") -> dict[str, float] | None:
@@ -137,19 +165,14 @@ class HttpDriver:
         self.process = server_process.start(self.script(), argv, env=env, log_path=self.log_path, label=label,
                                              cpus=self.node_cpus)
         log.info("started %s, pid %d, log %s", label, self.process.pid, self.log_path)
-        self.startup_s = self.process.wait_healthy(self._healthy, self.spec.health_timeout_s)
+        self.startup_s = self.process.wait_healthy(lambda: healthy(self.endpoint, self.backend.health_path),
+                                                    self.spec.health_timeout_s)
         log.info("%s healthy after %.1f s", label, self.startup_s)
         check_key(self.endpoint, self.process.label)
         # The client's threads (made by this one) run on the reserved CPUs, or on all of the
         # node's when none are: never on the single core OpenMP bound this thread to, where
         # a server thread spins.
         os.sched_setaffinity(0, self.client_cpus)
-
-    def _healthy(self) -> bool:
-        try:
-            return get(self.endpoint, self.backend.health_path, timeout_s=2.0)[0] == 200
-        except OSError:
-            return False
 
     def metrics(self) -> dict[str, float]:
         return read_metrics(self.endpoint, self.backend.metrics_path) or {}
@@ -166,25 +189,12 @@ class HttpDriver:
             body = servers.completion_body(SERVED_NAME, request_prompt_ids(seed, r, self.vocab), r.output_tokens)
             return stream_completion(self.endpoint, path, body, deadline_s=deadline)
 
-        before = self.metrics()
-        samples: list[dict[str, float]] = []
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.wait(METRICS_EVERY_S):
-                samples.append(self.metrics())
-
-        sampler = threading.Thread(target=sample, daemon=True, name="metrics")
-        sampler.start()
-        try:
+        with sampled(self.metrics) as reads:
             outcome = run_http_window(send, self.serve, load, input_tokens, random.Random(seed))
-        finally:
-            stop.set()
-            sampler.join(10)
         # A server that died under the window stops the run, as a dead rank does.
         self.process.check_alive()
         after = self.metrics()
-        deltas = servers.metric_deltas(self.backend, before, after, [*samples, after])
+        deltas = servers.metric_deltas(self.backend, reads[0], after, [*reads[1:], after])
         fields = http_record_fields(outcome, self.serve, self.limits, self.backend.name, deltas)
         return fields, invalid_reasons(outcome, self.spec.max_lag_s) + self.thread_problems()
 
