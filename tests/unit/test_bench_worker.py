@@ -157,3 +157,18 @@ def test_worker_module_keeps_heavy_imports_lazy():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_window_driver_takes_the_one_loops_protocol():
+    """The static engine, the slot engine, a rank's HTTP server and an endpoint drive one loop."""
+    import inspect
+
+    from vcfslm.bench.serve_worker import SlotDriver
+    from vcfslm.endpoint.client import EndpointClient
+    from vcfslm.serve.http_backend import HttpDriver
+
+    for driver in (worker.StaticDriver, SlotDriver, HttpDriver, EndpointClient):
+        for name in ("window", "rss"):
+            got = inspect.signature(getattr(driver, name)).parameters
+            assert list(got) == list(inspect.signature(getattr(windows.WindowDriver, name)).parameters), (driver, name)
+        assert "compiles" in inspect.getsource(driver), driver

@@ -255,8 +255,7 @@ class EndpointClient:
                       window_finished=sum(1 for r in outcome.requests if r.done), fault=fault)
         return fields, reasons
 
-    @staticmethod
-    def rss() -> tuple[int, int]:
+    def rss(self) -> tuple[int, int]:
         """(peak, current) resident bytes: the client's peak (the servers' are theirs)."""
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0
 
@@ -361,7 +360,8 @@ class Stage:
         return self.client.window(w)
 
     def rss(self) -> tuple[int, int]:
-        return EndpointClient.rss()
+        assert self.client is not None                # a window made it
+        return self.client.rss()
 
     def report(self, event: dict[str, Any], record: ServeRecord | None = None) -> None:
         """The window loop's events, as the rank workers' are shown; a fault's account; a server
