@@ -78,12 +78,7 @@ def rank_window(args: RankArgs, env: TorchrunEnv) -> dict[str, Any]:
 
 def agreed_skips(per_rank_finished: list[set[tuple]]) -> set[tuple]:
     """Scenarios every rank has finished (only those may be skipped by all)."""
-    if not per_rank_finished:
-        return set()
-    common = set(per_rank_finished[0])
-    for finished in per_rank_finished[1:]:
-        common &= set(finished)
-    return common
+    return set.intersection(*map(set, per_rank_finished)) if per_rank_finished else set()
 
 
 class Ranks:
