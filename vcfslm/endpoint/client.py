@@ -218,7 +218,7 @@ class EndpointClient:
             return stream
 
         faults = [FaultRun(f, self._health(f), self.launch.kill, self.launch.health_poll_s,
-                           self.launch.restart_timeout_s) for f in self.faults] if self.launch.kill and w.measured else []
+                           self.launch.restart_timeout_s) for f in self.faults] if self.launch.kill and w.index >= 0 else []
         with sampled(self.counters) as reads:
             t0 = time.perf_counter()
             for f in faults:
