@@ -436,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         # The server's context leaves room over the prompts: a tokenizer that re-encodes
         # vllm bench's text longer than asked would otherwise see 400s (failed requests).
         roomy = dataclasses.replace(spec, input_tokens=(2 * args.input_tokens,))
-        driver = HttpDriver(server, roomy, model_dir=model_dir, numa_node=0, node_cpus=cpus, out=work,
-                            node="local", rank=0)
+        driver = HttpDriver(server, roomy, model_dir=model_dir, numa_node=0, node_cpus=cpus,
+                            log_path=work / "logs" / "local" / "server-0.log")
         driver.start()
         facts = driver.facts()
         print(f"vLLM {facts['version']} healthy after {driver.startup_s:.0f} s; CPUs {facts['server_cpus']}; "

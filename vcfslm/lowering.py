@@ -2,7 +2,7 @@
 which lower load to measure next, or why there is none.
 
 The rank workers and the endpoint client decide with it inside the run
-(bench/serve_worker.py's `sweep_input`); the analysis asks it the same question of the
+(bench/windows.py's `sweep_input`); the analysis asks it the same question of the
 recorded loads (analysis/below.py), so an answer that stays below the loads measured says
 why in the sweep's own terms.
 

@@ -1,4 +1,4 @@
-"""Load through one endpoint, end to end: the endpoint driver (vcfslm/bench/endpoint.py)
+"""Load through one endpoint, end to end: the endpoint driver (vcfslm/endpoint/)
 against fake OpenAI servers (tests/fake_openai.py) behind a real vLLM router
 (.venv-vllm/bin/vllm-router, as `make vllm` installs it): the per-server split of every
 window, a server killed and restarted inside a window, a router that stops answering,
@@ -22,9 +22,9 @@ from click.testing import CliRunner
 from tests.fake_openai import FakeServer
 from tests.serve_lab import VLLM_VENV, free_port, lab_cli, serve_inventory
 from vcfslm.analysis.report import ReportOptions, write_report
-from vcfslm.bench.endpoint import EndpointLaunch, Target, run_endpoint
 from vcfslm.cli import main
 from vcfslm.contract import serve_matrix
+from vcfslm.endpoint.client import EndpointLaunch, Target, run_endpoint
 from vcfslm.errors import BenchError
 from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, RunSpec

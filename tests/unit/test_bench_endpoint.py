@@ -1,4 +1,4 @@
-"""Load through one endpoint (vcfslm/bench/endpoint.py): the per-server split, the fault's
+"""Load through one endpoint (vcfslm/endpoint/): the per-server split, the fault's
 account, the front door's outage, the flags that become the spec, and the driver itself
 against a fake server standing in for an endpoint."""
 
@@ -11,17 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fake_openai import FakeServer
-from vcfslm.bench.endpoint import (
-    EndpointLaunch,
-    Target,
-    endpoint_outage,
-    fault_accounting,
-    requests_split,
-    run_endpoint,
-    text_prompt,
-)
 from vcfslm.cli import main
 from vcfslm.contract import serve_matrix
+from vcfslm.endpoint.client import EndpointLaunch, Target, requests_split, run_endpoint, text_prompt
+from vcfslm.endpoint.faults import endpoint_outage, fault_accounting
 from vcfslm.errors import BenchError, UsageError
 from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, Fault, RunSpec, parse_fault

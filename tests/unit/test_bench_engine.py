@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.bench.rank import RankArgs, TorchrunEnv  # noqa: E402
-from vcfslm.bench.worker import WindowFacts, window_record  # noqa: E402
+from vcfslm.bench.rank import RankArgs, TorchrunEnv, rank_window  # noqa: E402
+from vcfslm.bench.windows import Alone, StaticWindows  # noqa: E402
+from vcfslm.bench.worker import static_fields  # noqa: E402
 from vcfslm.contract import Matrix, normalize_compile_mode  # noqa: E402
 from vcfslm.engine.decode import DecodeEngine, Generation, synthetic_prompt  # noqa: E402
 from vcfslm.engine.linear import DENSE_BF16, KernelPlan, PackedLinear  # noqa: E402
@@ -145,14 +146,35 @@ def _args():
     return RankArgs(WorkerSpec(run=run, out="/tmp/r", model="synthetic:tiny", nodes=1), "n0")
 
 
-def test_window_metrics_from_recorded_timestamps():
+class RecordedGeneration:
+    """A static driver whose every window is one recorded generation."""
+
+    def __init__(self, gen: Generation):
+        self.gen, self.compiles = gen, 0
+
+    def window(self, w):
+        self.compiles += self.gen.compiles
+        return static_fields(w.scenario, self.gen, (150.0, None))
+
+    def rss(self):
+        return 123, 0
+
+
+def measured(tmp_path, env: TorchrunEnv, scenario: tuple[int, int, int], gen: Generation):
+    """The record the window loop makes of one measured window of `gen`."""
+    loop = StaticWindows(RecordedGeneration(gen), Alone(rank_window(_args(), env), env.rank, lambda *_: None),
+                         tmp_path / "rank-0.jsonl", resume=False, placement={"cpu_affinity": "0-1"})
+    loop.run([scenario], 0, 1, lambda *_: [])
+    (rec,) = loop.records
+    return rec
+
+
+def test_window_metrics_from_recorded_timestamps(tmp_path):
     gen = Generation(tokens=torch.zeros(4, 11, dtype=torch.long), request_start=100.0,
                      first_token=100.5, last_token=102.5)
     env = TorchrunEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, group_rank=1,
                       master_addr="x", master_port=1)
-    rec = window_record(env=env, args=_args(), scenario=(4, 128, 11), window=2, gen=gen,
-                        facts=WindowFacts(skew_s=0.001, roofline_ms=150.0, placement={"cpu_affinity": "0-1"},
-                                          peak_rss=123))
+    rec = measured(tmp_path, env, (4, 128, 11), gen)
     assert rec.ttft_s == [0.5] * 4
     assert rec.e2e_s == [2.5] * 4
     assert rec.tpot_ms == pytest.approx([200.0] * 4)  # (2.5 - 0.5) / (11 - 1) s
@@ -163,12 +185,11 @@ def test_window_metrics_from_recorded_timestamps():
     assert rec.valid and rec.invalid_reasons == []
 
 
-def test_a_compile_or_a_short_output_invalidates_the_window():
+def test_a_compile_or_a_short_output_invalidates_the_window(tmp_path):
     gen = Generation(tokens=torch.zeros(2, 9, dtype=torch.long), request_start=0.0, first_token=1.0,
                      last_token=2.0, compiles=1)
     env = TorchrunEnv(0, 0, 1, 1, 0, "x", 1)
-    rec = window_record(env=env, args=_args(), scenario=(2, 16, 10), window=0, gen=gen,
-                        facts=WindowFacts(skew_s=0.0, roofline_ms=None, placement={}, peak_rss=0))
+    rec = measured(tmp_path, env, (2, 16, 10), gen)
     assert not rec.valid
     assert any("compilation" in r for r in rec.invalid_reasons)
     assert any("(2, 9)" in r for r in rec.invalid_reasons)

@@ -1,5 +1,5 @@
-"""The worker's pure parts (and bench/rank.py's, which every kind of rank shares): arguments,
-scenario selection, resume agreement, record files."""
+"""The worker's pure parts (and bench/rank.py's and bench/windows.py's, which every kind of
+rank shares): arguments, scenario selection, resume agreement, record files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vcfslm import results
-from vcfslm.bench import rank, worker
+from vcfslm.bench import rank, windows, worker
 from vcfslm.contract import Matrix, parse_progress
 from vcfslm.runspec import ProbeSpec, RunSpec, WorkerSpec
 
@@ -102,10 +102,10 @@ def test_record_schema_round_trip(tmp_path):
 def test_drop_scenarios_keeps_the_others(tmp_path):
     path = tmp_path / "rank-0.jsonl"
     results.write_records(path, [record(window=0), record(window=1), record(batch=4, window=0)])
-    assert rank.drop_scenarios(path, {(4, 128, 16)}) == 1
+    assert windows.drop_scenarios(path, {(4, 128, 16)}) == 1
     assert [r.scenario for r in results.read_records(path)] == [(1, 128, 16)] * 2
-    assert rank.drop_scenarios(path, {(8, 128, 16)}) == 0
-    assert rank.drop_scenarios(tmp_path / "missing.jsonl", {(1, 128, 16)}) == 0
+    assert windows.drop_scenarios(path, {(8, 128, 16)}) == 0
+    assert windows.drop_scenarios(tmp_path / "missing.jsonl", {(1, 128, 16)}) == 0
 
 
 def test_each_rank_writes_its_own_files(tmp_path):
@@ -129,7 +129,7 @@ def test_no_rank_module_imports_the_static_worker():
         return []
 
     bench = Path(worker.__file__).parent
-    wrong = [f"{name}:{node.lineno}" for name in ("rank.py", "serve_worker.py", "http_worker.py")
+    wrong = [f"{name}:{node.lineno}" for name in ("rank.py", "serve_worker.py", "http_worker.py", "windows.py")
              for node in ast.walk(ast.parse((bench / name).read_text()))
              if any(m.split(".")[-1] == "worker" for m in imported(node))]
     assert not wrong, wrong
@@ -157,3 +157,18 @@ def test_worker_module_keeps_heavy_imports_lazy():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_window_driver_takes_the_one_loops_protocol():
+    """The static engine, the slot engine, a rank's HTTP server and an endpoint drive one loop."""
+    import inspect
+
+    from vcfslm.bench.serve_worker import SlotDriver
+    from vcfslm.endpoint.client import EndpointClient
+    from vcfslm.serve.http_backend import HttpDriver
+
+    for driver in (worker.StaticDriver, SlotDriver, HttpDriver, EndpointClient):
+        for name in ("window", "rss"):
+            got = inspect.signature(getattr(driver, name)).parameters
+            assert list(got) == list(inspect.signature(getattr(windows.WindowDriver, name)).parameters), (driver, name)
+        assert "compiles" in inspect.getsource(driver), driver

@@ -1,4 +1,4 @@
-"""The serving sweep as the rank worker drives it (bench/serve_worker.py): refinement (_refine: a
+"""The serving sweep as the rank worker drives it (bench/windows.py): refinement (_refine: a
 new load inside a wide gap, windows where the replicates disagree, the budget, on fake windows),
 and sweep_input below a grid that fails, over a synthetic latency model."""
 
@@ -8,7 +8,7 @@ import math
 
 from test_analysis_support import serve_record
 
-from vcfslm.bench.serve_worker import _refine, extra_seconds, sweep_input
+from vcfslm.bench.windows import _refine, extra_seconds, sweep_input
 from vcfslm.serving import ServeSpec
 
 LIMIT = {"tpot_ms": 200.0, "ttft_s": 3.0}

@@ -1,6 +1,6 @@
 """The rank worker with an HTTP server as its backend (`worker --serve JSON --server JSON`):
 no model is loaded in the rank; it starts its vNUMA node's server, runs the same serving
-windows and sweep as the in-process engine (bench/serve_worker.py), and stops the server
+windows and sweep as the in-process engine (bench/windows.py), and stops the server
 whatever happens.
 """
 
@@ -12,8 +12,7 @@ from typing import Any
 
 from .. import results, topology
 from ..serve.http_backend import HttpDriver
-from .rank import RankArgs, facts_file, progress, rank_base
-from .serve_worker import serve_windows
+from .rank import RankArgs, facts_file, progress, rank_base, serve_windows
 
 
 def run_http_serving(args: RankArgs, env, dist, binding: dict[str, str], finish) -> int:
@@ -31,7 +30,8 @@ def run_http_serving(args: RankArgs, env, dist, binding: dict[str, str], finish)
     node_cpus = sorted(topology.parse_cpu_list(binding["cpus"])) if binding.get("cpus") \
         else sorted(os.sched_getaffinity(0))
     driver = HttpDriver(server, spec, model_dir=model, numa_node=numa_node, node_cpus=node_cpus,
-                        out=out, node=args.node, rank=env.rank)
+                        log_path=out / "logs" / args.node / f"server-{env.rank}.log",
+                        limits=args.spec.run.serve_limits())
     progress({**base, "phase": "server", "server": server.name, "numa_node": numa_node,
               "port": driver.endpoint.port, "log": str(driver.log_path)})
     # Where the rank was put, read before the client moves to the node's reserved CPUs.

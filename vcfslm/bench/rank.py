@@ -1,5 +1,6 @@
 """What every kind of rank worker shares: the rank's coordinates, its records' identity,
-resume agreement, its record files and its progress lines.
+resume agreement, the window barriers (`Ranks`, the window loop's coordinator of torchrun's
+ranks), its record files and its progress lines.
 
 The static worker (bench/worker.py), the in-process serving loop (bench/serve_worker.py)
 and the HTTP-backed one (bench/http_worker.py) all import from here and never from
@@ -12,14 +13,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import results
 from ..contract import format_progress
-from ..results import WindowRecord
+from ..results import ServeRecord
 from ..runspec import WorkerSpec
+from .placement import placement_problems, thread_cpus
+from .windows import ServeWindows
 
 # The workers' one logger: every kind of rank writes its events under the same name.
 log = logging.getLogger("vcfslm.bench.worker")
@@ -74,24 +78,65 @@ def rank_window(args: RankArgs, env: TorchrunEnv) -> dict[str, Any]:
 
 def agreed_skips(per_rank_finished: list[set[tuple]]) -> set[tuple]:
     """Scenarios every rank has finished (only those may be skipped by all)."""
-    if not per_rank_finished:
-        return set()
-    common = set(per_rank_finished[0])
-    for finished in per_rank_finished[1:]:
-        common &= set(finished)
-    return common
+    return set.intersection(*map(set, per_rank_finished)) if per_rank_finished else set()
 
 
-def drop_scenarios(path: Path, scenarios: set[tuple], kind: type = WindowRecord) -> int:
-    """Remove the records of `scenarios` from a rank file (a rerun replaces them); count removed."""
-    if not path.exists() or not scenarios:
-        return 0
-    every = results.read_records(path, kind=kind)
-    kept = [r for r in every if r.scenario not in scenarios]
-    removed = len(every) - len(kept)
-    if removed:
-        results.write_records(path, kept)
-    return removed
+class Ranks:
+    """The window loop's coordinator of torchrun's ranks (bench/windows.py): every window, warm-up
+    included, starts right after a `dist.barrier()` across all ranks of the run; after it the
+    ranks all_gather the wall clock each noted as it left the barrier, and each records its own
+    minus the earliest as its start skew. allowed_cpus: the rank's binding (numactl's), to
+    catch a thread that left it during a window."""
+
+    def __init__(self, args: RankArgs, env: TorchrunEnv, dist, allowed_cpus: str | None = None):
+        self.env, self.dist, self.allowed_cpus = env, dist, allowed_cpus
+        self.identity, self.base, self.seat = rank_window(args, env), rank_base(args, env), env.rank
+
+    def _gathered(self, mine: Any) -> list[Any]:
+        out: list[Any] = [None] * self.env.world_size
+        self.dist.all_gather_object(out, mine)
+        return out
+
+    def agree(self, finished: set[tuple]) -> set[tuple]:
+        return agreed_skips([{tuple(s) for s in g} for g in self._gathered(sorted(finished))])
+
+    def share(self, records: list, kind: type) -> list:
+        return [kind.from_dict(d) for recs in self._gathered([asdict(r) for r in records]) for d in recs]
+
+    def aligned(self, measure: Callable[[], Any]) -> tuple[Any, float, list[str]]:
+        injected_delay(self.env.rank)
+        self.dist.barrier()
+        released = time.time()
+        out = measure()
+        skew = released - min(self._gathered(released))
+        # Where the threads ran during this window: a thread outside the rank's CPUs
+        # (a lost binding) makes the window untrustworthy.
+        return out, skew, placement_problems(process_cpus=self.allowed_cpus, process_mems=None, intended_cpus=None,
+                                             intended_node=None, threads=thread_cpus())
+
+    def report(self, event: dict[str, Any], record: Any = None) -> None:
+        progress({**self.base, **event})
+
+
+def serve_windows(args: RankArgs, env: TorchrunEnv, dist, driver, placement: dict, invalid: list[str], *,
+                  allowed_cpus: str | None = None, stops: list | None = None) -> list[ServeRecord]:
+    """A serving rank's windows (the spec's loads and the sweep's, per context) over `driver`
+    (SlotDriver or serve/http_backend.HttpDriver); its records. invalid: reasons every window
+    carries (the rank's placement, a failed slot-graph gate); stops: ServeWindows'."""
+    spec = args.spec.run.serve
+    if spec is None:
+        raise ValueError("serve_windows: the run's spec has no serving settings")
+    return ServeWindows(driver, Ranks(args, env, dist, allowed_cpus), serve_file(Path(args.spec.out), env.rank),
+                        spec=spec, limits=args.spec.run.serve_limits(), stops=stops, resume=args.spec.resume,
+                        placement=placement, invalid=invalid).run()
+
+
+def injected_delay(rank: int) -> None:
+    """Fault injection for tests: VCFSLM_FAULT_DELAY="RANK:SECONDS" makes that rank late to
+    every window's barrier (a barrier that works keeps the start skew small anyway)."""
+    who, _, seconds = os.environ.get("VCFSLM_FAULT_DELAY", "").partition(":")
+    if who.strip().isdigit() and int(who) == rank and seconds:
+        time.sleep(float(seconds))
 
 
 # ------------------------------------------------------------------ files and progress

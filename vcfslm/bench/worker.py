@@ -13,11 +13,11 @@ GROUP_RANK, MASTER_ADDR/PORT), joins a gloo process group (bounded timeout), loa
 model replica, probes its memory bandwidth, and runs every scenario (batch per rank x
 input length): `warmup` discarded windows, then `repeats` measured ones.
 
-Every window, warmup included, starts right after a `dist.barrier()` across all ranks
-of the run. Start skew: each rank notes its wall clock (time.time()) as it leaves the
-barrier; after the window the ranks all_gather those stamps and each records its own
-minus the earliest. On one node this is exact; across nodes it also contains the
-clock offset between the nodes (NTP-synchronised guests: well under a millisecond).
+The windows go through the window loop (bench/windows.py) with `Ranks` (bench/rank.py)
+as its coordinator: every window, warmup included, starts right after a `dist.barrier()`
+across all ranks of the run, and each records its start skew (its wall clock as it left
+the barrier, minus the earliest rank's; across nodes it also holds the clock offset
+between them: NTP-synchronised guests, well under a millisecond).
 
 Output (see vcfslm/results.py for the record schema):
 - DIR/ranks/rank-<RANK>.jsonl   each measured window's WindowRecord, appended atomically
@@ -34,18 +34,19 @@ Progress: one machine-readable line per event on stdout,
                      "window": 1, "batch": 4, "input_tokens": 128, "output_tokens": 128, ...}
 
 phase is one of start | loaded | probed | gated | skip | warmup | measure | serve |
-swept | done | finished | failed (swept: a serving sweep stopped for one SLO, and why). `scenario` counts from 1 (k of `scenarios`); `window` counts from 0 within its
-phase. warmup/measure lines come as each window ends and carry tpot_ms_p50, ttft_s_p50,
+swept | done | finished | failed (swept: a serving sweep stopped for one SLO, and why).
+`scenario` counts from 1 (k of `scenarios`); `window` counts from 0 within its phase.
+warmup/measure lines come as each window ends and carry tpot_ms_p50, ttft_s_p50,
 rank_tps, wall_s, valid; done closes a scenario; finished closes the run (rank 0 adds
 results_path).
 
-`--resume` reads this rank's own file and skips the scenarios that have `repeats`
-windows; the ranks agree (all_gather) on skipping only scenarios every rank finished, so
-their barriers still line up; a scenario a rank re-runs loses its old partial records.
+`--resume` reads this rank's own file and skips the scenarios every rank finished (`repeats`
+windows), so their barriers still line up; a scenario a rank re-runs loses its old partial
+records.
 
 The serving loops (bench/serve_worker.py, bench/http_worker.py) are started from here;
-what they share with this module (the rank's coordinates, record identity, resume
-agreement, files, progress lines) lives in bench/rank.py, so none imports another back.
+what they share with this module (the rank's coordinates, record identity, the window
+barriers, files, progress lines) lives in bench/rank.py, so none imports another back.
 """
 
 from __future__ import annotations
@@ -55,29 +56,25 @@ import datetime
 import logging
 import os
 import sys
-import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import results
-from ..results import WindowRecord
+from .. import results, roofline
 from ..runspec import WorkerSpec
 from ..servers import ServerSpec
 from ..serving import ServeSpec
-from ..verdicts import recompiled
 from .rank import (
     RankArgs,
+    Ranks,
     TorchrunEnv,
-    agreed_skips,
-    drop_scenarios,
     facts_file,
     progress,
     rank_base,
     rank_file,
-    rank_window,
+    serve_windows,
 )
+from .windows import StaticWindows, Window
 
 log = logging.getLogger("vcfslm.bench.worker")
 
@@ -122,41 +119,52 @@ def parse_args(argv: list[str] | None = None) -> RankArgs:
 # ------------------------------------------------------------------ scenarios
 
 
-@dataclass(frozen=True)
-class WindowFacts:
-    """What a window's record carries beside its generation: the start skew, where the rank
-    ran, its memory, the scenario's roofline floors and why the window is invalid."""
+class StaticDriver:
+    """The static engine as the window loop's driver (bench/windows.WindowDriver): a scenario's
+    batch of equal prompts decoded together. `begin` readies a scenario: its prompt and its
+    roofline floors from the rank's probed rates (None: not probed)."""
 
-    skew_s: float
-    placement: dict
-    peak_rss: int
-    rss: int = 0
-    roofline_ms: float | None = None
-    roofline_ttft: float | None = None
-    invalid: tuple[str, ...] = ()
+    def __init__(self, engine, loaded, seed: int, read_gbs: float | None, tflops: float | None):
+        self.engine, self.loaded, self.seed, self.rates = engine, loaded, seed, (read_gbs, tflops)
+        self.compiles = 0
+        self.prompt, self.floors = None, (None, None)
+
+    def begin(self, scenario: tuple[int, int, int]) -> None:
+        from ..engine.decode import synthetic_prompt
+
+        batch, input_tokens, output_tokens = scenario
+        loaded = self.loaded
+        self.prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
+                                       seed=self.seed * 1_000_003 + batch * 7919 + input_tokens)
+        self.floors = roofline.scenario_floors(loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token,
+                                               batch, input_tokens, output_tokens, *self.rates)
+
+    def window(self, w: Window) -> tuple[dict[str, Any], list[str]]:
+        gen = self.engine.generate(self.prompt, w.scenario[2])
+        self.compiles += gen.compiles
+        return static_fields(w.scenario, gen, self.floors)
+
+    def rss(self) -> tuple[int, int]:
+        from ..engine.decode import current_rss_bytes, peak_rss_bytes
+
+        return peak_rss_bytes(), current_rss_bytes()
 
 
-def window_record(*, env: TorchrunEnv, args: RankArgs, scenario: tuple[int, int, int], window: int, gen,
-                  facts: WindowFacts) -> WindowRecord:
-    """A WindowRecord from one generation's timestamps (pure apart from its inputs)."""
+def static_fields(scenario: tuple[int, int, int], gen, floors: tuple = (None, None)) -> tuple[dict[str, Any], list[str]]:
+    """A static window's measured fields from its generation's timestamps, and why it is
+    invalid (pure). floors: the scenario's roofline TPOT (ms) and TTFT (s)."""
     batch, input_tokens, output_tokens = scenario
     first = [gen.first_token] * batch  # a batch's streams get their tokens together
     last = [gen.last_token] * batch
     ttft, tpot, e2e = results.stream_metrics(gen.request_start, first, last, output_tokens)
     wall = gen.last_token - gen.request_start
     generated = int(gen.tokens.shape[0] * gen.tokens.shape[1])
-    reasons = list(facts.invalid)
-    if gen.compiles:
-        reasons.append(recompiled(gen.compiles))
-    if tuple(gen.tokens.shape) != (batch, output_tokens):
-        reasons.append(f"generated shape {tuple(gen.tokens.shape)} != ({batch}, {output_tokens})")
-    return WindowRecord(
-        **rank_window(args, env), batch_per_rank=batch, input_tokens=input_tokens,
-        output_tokens=output_tokens, window=window, start_skew_s=facts.skew_s, wall_s=wall,
-        generated_tokens=generated, rank_tps=generated / wall if wall > 0 else 0.0,
-        ttft_s=ttft, tpot_ms=tpot, e2e_s=e2e, peak_rss_bytes=facts.peak_rss, rss_bytes=facts.rss,
-        recompiles=gen.compiles, valid=not reasons, invalid_reasons=reasons,
-        roofline_tpot_ms=facts.roofline_ms, roofline_ttft_s=facts.roofline_ttft, placement=facts.placement)
+    shape = tuple(gen.tokens.shape)
+    return ({"batch_per_rank": batch, "input_tokens": input_tokens, "output_tokens": output_tokens,
+             "wall_s": wall, "generated_tokens": generated, "rank_tps": generated / wall if wall > 0 else 0.0,
+             "ttft_s": ttft, "tpot_ms": tpot, "e2e_s": e2e, "roofline_tpot_ms": floors[0],
+             "roofline_ttft_s": floors[1]},
+            [] if shape == (batch, output_tokens) else [f"generated shape {shape} != ({batch}, {output_tokens})"])
 
 
 # ------------------------------------------------------------------ output
@@ -219,15 +227,6 @@ def run(args: RankArgs, env: TorchrunEnv, out: Path, base: dict[str, Any],
         dist.destroy_process_group()
 
 
-def _injected_delay(rank: int) -> None:
-    """Fault injection for tests: VCFSLM_FAULT_DELAY="RANK:SECONDS" makes that rank late to
-    every window's barrier (a barrier that works keeps the start skew small anyway)."""
-    spec = os.environ.get("VCFSLM_FAULT_DELAY", "")
-    who, _, seconds = spec.partition(":")
-    if who.strip().isdigit() and int(who) == rank and seconds:
-        time.sleep(float(seconds))
-
-
 def _default_threads() -> int:
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:
@@ -261,13 +260,12 @@ def _inject_numerics_fault(rank: int, engine) -> None:
 
 def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
                    binding: dict[str, str]) -> int:
-    from .. import roofline
-    from ..engine.decode import DecodeEngine, current_rss_bytes, peak_rss_bytes, synthetic_prompt
+    from ..engine.decode import DecodeEngine, current_rss_bytes, peak_rss_bytes
     from ..engine.linear import default_plan
     from ..engine.model import load_model
     from ..topology import parse_cpu_list
     from . import probe as probe_mod
-    from .placement import placement_facts, placement_problems, thread_cpus
+    from .placement import placement_facts
 
     job = args.spec
     scenarios = job.matrix.scenarios(job.run.scenarios)
@@ -328,7 +326,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
              "rss_after_load_bytes": current_rss_bytes(), "peak_rss_after_load_bytes": peak_rss_bytes()}
     results.atomic_write_json(facts_file(out, env.rank), facts)
     if spec is not None:
-        from .serve_worker import SlotDriver, serve_windows
+        from .serve_worker import SlotDriver
 
         facts["sweep"] = []
         from ..engine.decode import StepCost, chunk_for_probes, chunk_rule, tightest_tpot_ms
@@ -344,7 +342,8 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         slo = None if tpot is None else (tpot, StepCost({}, loaded.step_weight_bytes, tflops, read_gbs,
                                                         *(tuple(c) if c else None for c in curve)))
         driver = SlotDriver(engine, spec, loaded.config.vocab_size, chunk, batched,
-                            gate=None if gate is None else (gate[0][0], gate[1][0], reference), slo=slo)
+                            gate=None if gate is None else (gate[0][0], gate[1][0], reference), slo=slo,
+                            limits=args.spec.run.serve_limits())
         chunk, rule = driver.slots.chunk_tokens, chunk_rule(tpot, spec.chunk_tokens)
         driver.slots.rule = rule          # the records say which rule chose the chunk
         facts["chunk_tokens"], facts["batched_tokens"], facts["chunk_rule"] = chunk, batched, rule
@@ -369,76 +368,27 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         results.atomic_write_json(facts_file(out, env.rank), facts)
         return _finish(args, env, dist, mine, facts, results.SERVE_RESULTS, n=len(mine))
 
-    my_file = rank_file(out, env.rank)
-    finished = results.finished_scenarios(results.read_records(my_file), job.matrix.repeats) \
-        if job.resume and my_file.exists() else set()
-    gathered: list[Any] = [None] * env.world_size
-    dist.all_gather_object(gathered, sorted(finished))
-    skip = agreed_skips([{tuple(s) for s in g} for g in gathered]) & set(scenarios)
-    rerun = {s for s in scenarios if s not in skip}
-    dropped = drop_scenarios(my_file, rerun) if job.resume else 0
-    if not job.resume and my_file.exists():
-        my_file.unlink()  # a fresh run in an old folder starts clean
-    if dropped:
-        log.info("dropped %d partial record(s) of scenarios to rerun", dropped)
+    static = StaticDriver(engine, loaded, job.seed, bandwidth.read_gbs if bandwidth else None,
+                          gemm.tflops if gemm else None)
+    windows = StaticWindows(static, Ranks(args, env, dist, binding.get("cpus")), rank_file(out, env.rank),
+                            resume=job.resume, placement=placement, invalid=rank_invalid)
 
-    n = len(scenarios)
-    for k, scenario in enumerate(scenarios, 1):
-        batch, input_tokens, output_tokens = scenario
-        where = {**base, "scenario": k, "scenarios": n, "batch": batch,
-                 "input_tokens": input_tokens, "output_tokens": output_tokens}
-        if scenario in skip:
-            progress({**where, "phase": "skip", "window": 0})
-            continue
-        prompt = synthetic_prompt(batch, input_tokens, loaded.config.vocab_size,
-                                  seed=job.seed * 1_000_003 + batch * 7919 + input_tokens)
-        tpot_floor, ttft_floor = roofline.scenario_floors(
-            loaded.config, loaded.step_weight_bytes, loaded.kv_bytes_per_token, batch, input_tokens,
-            output_tokens, bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None)
-        allowed = binding.get("cpus")
-        graph_invalid = []
-        if gate is not None:
-            # Before the scenario's first window, by the compile its windows reuse.
-            checked = _static_gate(args, engine, loaded.config.vocab_size, gate, scenario, reference)
-            gates.append(checked)
-            progress({**where, "phase": "gated", "window": 0, **checked.progress()})
-            graph_invalid = [checked.invalid_reason] if not checked.passed else []
-            facts["numerics"] = numerics_facts()
-            results.atomic_write_json(facts_file(out, env.rank), facts)
-        phases = [("warmup", w) for w in range(job.matrix.warmup)] + [("measure", w) for w in range(job.matrix.repeats)]
-        for phase, window in phases:
-            _injected_delay(env.rank)
-            dist.barrier()
-            released = time.time()
-            gen = engine.generate(prompt, output_tokens)
-            stamps: list[Any] = [None] * env.world_size
-            dist.all_gather_object(stamps, released)
-            skew = released - min(stamps)
-            # Where the threads ran during this window: a thread outside the rank's CPUs
-            # (a lost binding) makes the window untrustworthy.
-            moved = placement_problems(process_cpus=allowed, process_mems=None, intended_cpus=None,
-                                       intended_node=None, threads=thread_cpus())
-            record = window_record(env=env, args=args, scenario=scenario, window=window, gen=gen,
-                                   facts=WindowFacts(skew, placement, peak_rss_bytes(), current_rss_bytes(),
-                                                     tpot_floor, ttft_floor,
-                                                     tuple(graph_invalid + rank_invalid + moved)))
-            if phase == "measure":
-                results.append_record(my_file, record)
-            progress({**where, "phase": phase, "window": window,
-                      "tpot_ms_p50": round(results.percentile(record.tpot_ms, 50), 3),
-                      "ttft_s_p50": round(results.percentile(record.ttft_s, 50), 4),
-                      "rank_tps": round(record.rank_tps, 3), "wall_s": round(record.wall_s, 4),
-                      "skew_ms": round(skew * 1000, 3), "valid": record.valid,
-                      "compiles": gen.compiles, "roofline_tpot_ms": tpot_floor and round(tpot_floor, 3),
-                      "roofline_ttft_s": ttft_floor and round(ttft_floor, 4),
-                      "rss_gb": round(record.rss_bytes / 1e9, 3),
-                      "peak_rss_gb": round(record.peak_rss_bytes / 1e9, 3)})
-        progress({**where, "phase": "done", "window": job.matrix.repeats})
+    def begin(scenario: tuple[int, int, int], where: dict) -> list[str]:
+        static.begin(scenario)
+        if gate is None:
+            return []
+        # Before the scenario's first window, by the compile its windows reuse.
+        checked = _static_gate(args, engine, loaded.config.vocab_size, gate, scenario, reference)
+        gates.append(checked)
+        progress({**base, **where, "phase": "gated", "window": 0, **checked.progress()})
+        facts["numerics"] = numerics_facts()
+        results.atomic_write_json(facts_file(out, env.rank), facts)
+        return [] if checked.passed else [checked.invalid_reason]
+
+    windows.run(scenarios, job.matrix.warmup, job.matrix.repeats, begin)
     engine.release()
-
     dist.barrier()
-    mine = results.read_records(my_file) if my_file.exists() else []
-    return _finish(args, env, dist, mine, facts, "results.jsonl", n=n)
+    return _finish(args, env, dist, windows.records, facts, "results.jsonl", n=len(scenarios))
 
 
 def _finish(args: RankArgs, env: TorchrunEnv, dist, mine: list, facts: dict, merged_name: str, *, n: int) -> int:

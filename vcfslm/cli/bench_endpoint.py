@@ -1,5 +1,5 @@
 """`vcfslm bench --serve --endpoint URL | --deployment INVENTORY`: load through one endpoint
-from this machine, one process, no ranks (vcfslm.bench.endpoint).
+from this machine, one process, no ranks (vcfslm.endpoint).
 
 The flags resolve into a RunSpec of mode "endpoint" (its EndpointSpec keeps where the load
 went, the key file's path, the node counts, the servers and the faults; never the key).
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..bench.endpoint import EndpointLaunch, Target, run_endpoint, served_model
 from ..deploy.material import client_ca
 from ..deploy.service import UpOptions, kill_program, serve_status, serve_up
+from ..endpoint.client import EndpointLaunch, Target, run_endpoint, served_model
 from ..errors import BenchError, Problem, UsageError
 from ..guest.provision import default_run_dir
 from ..runspec import EndpointSpec, RunSpec

@@ -215,7 +215,7 @@ class ServeRecord(RankWindow):
     server_resets: Texts = field(default_factory=list)     # servers whose counter restarted in the window
     window_finished: Count = 0     # every request of the window that finished, counted or not
     # A fault injected into the window (bench --fault): what was killed, when, when it answered
-    # /health again, the requests that failed, and attainment during and after (bench/endpoint.py).
+    # /health again, the requests that failed, and attainment during and after (endpoint/faults.py).
     fault: Object = field(default_factory=dict)
     # What the requests looked like (vcfslm.workloads): its name ("" in records written before
     # workloads: the spec's fixed lengths), the digest of its definition (a file's bytes), the

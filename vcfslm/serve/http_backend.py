@@ -16,6 +16,8 @@ import os
 import random
 import secrets
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from .. import servers
 from ..errors import BenchError
 from ..servers import HttpBackend, ServerSpec
 from ..serving import ServeSpec
+from ..topology import format_cpu_list
 from ..workloads import segment_ids
 from . import server_process
 from .http_serve import http_record_fields, invalid_reasons, run_http_window
@@ -59,23 +62,81 @@ def model_facts(model_dir: str) -> dict[str, Any]:
             "max_position_embeddings": config.get("max_position_embeddings")}
 
 
+def check_key(endpoint: Endpoint, label: str) -> str:
+    """The server (`label`) refuses a wrong API key and takes `endpoint`'s: its /v1/models."""
+    status, _ = get(Endpoint(endpoint.host, endpoint.port, "not-" + endpoint.key, endpoint.model, endpoint.tls,
+                             endpoint.ca_file), "/v1/models")
+    if status != 401:
+        raise BenchError(f"{label} answered a wrong API key with HTTP {status}: it does not check the key, "
+                         "so anyone on that address could use it")
+    status, body = get(endpoint, "/v1/models")
+    if status != 200:
+        raise BenchError(f"{label} refused the run's API key: HTTP {status} {body[:200]}")
+    return body
+
+
+def healthy(endpoint: Endpoint, path: str = "/health") -> bool:
+    try:
+        return get(endpoint, path, timeout_s=2.0)[0] == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def sampled(read: Callable[[], Any], every_s: float = METRICS_EVERY_S) -> Iterator[list]:
+    """read() now and every `every_s` until the block ends: the reads, in order (a server's
+    counters before and during a window)."""
+    reads, stop = [read()], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every_s):
+            reads.append(read())
+
+    sampler = threading.Thread(target=sample, daemon=True, name="metrics")
+    sampler.start()
+    try:
+        yield reads
+    finally:
+        stop.set()
+        sampler.join(10)
+
+
+def read_metrics(endpoint: Endpoint, path: str = "/metrics") -> dict[str, float] | None:
+    """A server's /metrics, parsed (None: it did not answer)."""
+    try:
+        status, body = get(endpoint, path, timeout_s=5.0)
+    except OSError:
+        return None
+    return servers.parse_metrics(body) if status == 200 else None
+
+
+def server_version(endpoint: Endpoint, path: str = "/version") -> str | None:
+    """The version a server says it runs (None: it does not say)."""
+    try:
+        status, body = get(endpoint, path)
+        return json.loads(body).get("version") if status == 200 else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class HttpDriver:
-    """One rank's server and client."""
+    """One rank's server and client: a driver of the window loop (bench/windows.WindowDriver),
+    its windows judged by `limits`; the server writes its log to `log_path`."""
 
     def __init__(self, spec: ServerSpec, serve: ServeSpec, *, model_dir: str, numa_node: int,
-                 node_cpus: list[int], out: Path, node: str, rank: int):
+                 node_cpus: list[int], log_path: Path, limits: dict[str, Any] | None = None):
         backend = spec.backend
         if backend is None:
             raise BenchError(f"{spec.name} is not an HTTP server")
         self.backend: HttpBackend = backend
-        self.spec, self.serve = spec, serve
+        self.spec, self.serve, self.limits = spec, serve, limits or {}
         self.model_dir, self.numa_node = model_dir, numa_node
         self.node_cpus = list(node_cpus)
         self.server_cpus, self.client_cpus = servers.split_cpus(node_cpus, spec.reserved_cores)
         self.facts_model = model_facts(model_dir)
         self.kv_gib = spec.kv_cache_gib or servers.kv_cache_gib(
             self.facts_model["kv_bytes_per_token"], serve.slots, serve.max_context)
-        self.log_path = out / "logs" / node / f"server-{rank}.log"
+        self.log_path = log_path
         self.endpoint = Endpoint(spec.host, spec.port_for(numa_node), secrets.token_urlsafe(24), SERVED_NAME)
         self.process: server_process.ServerProcess | None = None
         self.startup_s: float | None = None
@@ -105,78 +166,42 @@ class HttpDriver:
         self.process = server_process.start(self.script(), argv, env=env, log_path=self.log_path, label=label,
                                              cpus=self.node_cpus)
         log.info("started %s, pid %d, log %s", label, self.process.pid, self.log_path)
-        self.startup_s = self.process.wait_healthy(self._healthy, self.spec.health_timeout_s)
+        self.startup_s = self.process.wait_healthy(lambda: healthy(self.endpoint, self.backend.health_path),
+                                                    self.spec.health_timeout_s)
         log.info("%s healthy after %.1f s", label, self.startup_s)
-        self._check_key()
+        check_key(self.endpoint, self.process.label)
         # The client's threads (made by this one) run on the reserved CPUs, or on all of the
         # node's when none are: never on the single core OpenMP bound this thread to, where
         # a server thread spins.
         os.sched_setaffinity(0, self.client_cpus)
 
-    def _healthy(self) -> bool:
-        try:
-            return get(self.endpoint, self.backend.health_path, timeout_s=2.0)[0] == 200
-        except OSError:
-            return False
-
-    def _check_key(self) -> None:
-        wrong = Endpoint(self.endpoint.host, self.endpoint.port, "not-" + self.endpoint.key, SERVED_NAME)
-        status, _ = get(wrong, "/v1/models")
-        if status != 401:
-            raise BenchError(f"{self.process.label} answered a wrong API key with HTTP {status}: it does not "
-                             f"require the run's key, so anyone on that address could use it")
-        status, body = get(self.endpoint, "/v1/models")
-        if status != 200:
-            raise BenchError(f"{self.process.label} refused the run's API key: HTTP {status} {body[:200]}")
-
     def metrics(self) -> dict[str, float]:
-        try:
-            status, body = get(self.endpoint, self.backend.metrics_path, timeout_s=5.0)
-        except OSError:
-            return {}
-        return servers.parse_metrics(body) if status == 200 else {}
+        return read_metrics(self.endpoint, self.backend.metrics_path) or {}
 
-    def window(self, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random, seed: int,
-               limits: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        """One window: (the record's measured fields, why it is invalid)."""
+    def window(self, w) -> tuple[dict[str, Any], list[str]]:
+        """One window `w` (the loop's Window: its scenario, index and seed): (the record's measured
+        fields, why it is invalid)."""
         assert self.process is not None
         self.process.check_alive()
-        path = self.backend.completions_path
+        path, seed = self.backend.completions_path, w.seed
+        _, load, input_tokens, _ = w.scenario
 
         def send(r, deadline: float):
             body = servers.completion_body(SERVED_NAME, request_prompt_ids(seed, r, self.vocab), r.output_tokens)
             return stream_completion(self.endpoint, path, body, deadline_s=deadline)
 
-        before = self.metrics()
-        samples: list[dict[str, float]] = []
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.wait(METRICS_EVERY_S):
-                samples.append(self.metrics())
-
-        sampler = threading.Thread(target=sample, daemon=True, name="metrics")
-        sampler.start()
-        try:
-            outcome = run_http_window(send, spec, load, input_tokens, rng)
-        finally:
-            stop.set()
-            sampler.join(10)
+        with sampled(self.metrics) as reads:
+            outcome = run_http_window(send, self.serve, load, input_tokens, random.Random(seed))
         # A server that died under the window stops the run, as a dead rank does.
         self.process.check_alive()
         after = self.metrics()
-        deltas = servers.metric_deltas(self.backend, before, after, [*samples, after])
-        fields = http_record_fields(outcome, spec, limits, self.backend.name, deltas)
-        return fields, invalid_reasons(outcome, self.spec.max_lag_s)
+        deltas = servers.metric_deltas(self.backend, reads[0], after, [*reads[1:], after])
+        fields = http_record_fields(outcome, self.serve, self.limits, self.backend.name, deltas)
+        return fields, invalid_reasons(outcome, self.spec.max_lag_s) + self.thread_problems()
 
     def facts(self) -> dict[str, Any]:
         """What the run records of the server: version, how it runs, where it ran, its memory."""
-        version = None
-        try:
-            status, body = get(self.endpoint, self.backend.version_path)
-            version = json.loads(body).get("version") if status == 200 else None
-        except (OSError, ValueError):
-            pass
+        version = server_version(self.endpoint, self.backend.version_path)
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return {"name": self.backend.name, "version": version, "pid": self.process and self.process.pid,
                 "log": str(self.log_path), "startup_s": self.startup_s, "host": self.spec.host,
@@ -202,7 +227,7 @@ class HttpDriver:
                     continue
                 if cpu not in allowed:
                     out.append(f"server thread {task.name} (pid {pid}) ran on CPU {cpu}, outside "
-                               f"{servers_cpu_text(self.server_cpus)}")
+                               f"{format_cpu_list(self.server_cpus)}")
                     break
         return out[:3]
 
@@ -221,8 +246,3 @@ class HttpDriver:
             code = self.process.stop()
             log.info("stopped %s (exit %s)", self.process.label, code)
 
-
-def servers_cpu_text(cpus: list[int]) -> str:
-    from ..topology import format_cpu_list
-
-    return format_cpu_list(cpus)
