@@ -35,7 +35,7 @@ def test_the_longest_units_start_first_then_the_integration_tests_then_the_rest(
     integration = start_rank("tests/integration/test_worker_torchrun.py", None)
     unit = start_rank("tests/unit/test_layering.py", None)
     assert first < integration < unit
-    assert start_rank("tests/unit/test_bench_engine.py", "tests/unit/test_bench_engine.py") == unit
+    assert start_rank("tests/unit/test_bench_numerics.py", "tests/unit/test_bench_numerics.py") == unit
 
 
 def test_a_module_scoped_fixture_keeps_its_module_together():
