@@ -57,13 +57,14 @@ class SlotDriver:
     graph), the one-lane decode also against the unpacked model. None: no gate.
     slo: (the tightest TPOT limit in ms, the rank's StepCost without decode times) for the
     SLO rule: the decode step is timed at each lane count, each lane count's chunk is what
-    fits under the limit (engine.decode.slo_chunks), and after priming a step with each
+    fits under the limit (engine.step_cost.slo_chunks), and after priming a step with each
     chunk is timed against its estimate (`sizing`). None: `chunk_tokens` for every step."""
 
     def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int, batched_tokens: int,
                  gate: tuple | None = None, slo: tuple | None = None):
-        from ..engine.decode import TokenSlots, synthetic_prompt
+        from ..engine.decode import synthetic_prompt
         from ..engine.numerics import slot_gates
+        from ..engine.slots import TokenSlots
 
         engine.release()                  # a static store and its graph are not used here
         self.slots = TokenSlots(engine, spec.slots, spec.max_context, chunk_tokens, batched_tokens)
@@ -88,7 +89,7 @@ class SlotDriver:
         """The SLO rule's chunks, from decode steps timed on this engine at each lane count."""
         from dataclasses import replace
 
-        from ..engine.decode import SLO_MARGIN, chunk_rule, slo_chunks
+        from ..engine.step_cost import SLO_MARGIN, chunk_rule, slo_chunks
 
         cost = replace(cost, decode_s=self.slots.time_steps(sample))
         chunks = slo_chunks(cost, tpot_limit_ms, most=self.slots.batched_tokens)
