@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from test_analysis_support import make_serve_run
 
 from vcfslm.analysis.cells import aggregate, load_runs
-from vcfslm.analysis.serve import analyse, size
+from vcfslm.analysis.serve import analyse
+from vcfslm.analysis.serve_sizing import size
 from vcfslm.analysis.slo import DEFAULT_SLOS
 from vcfslm.analysis.tables import serve_answer_table
 from vcfslm.cli import main

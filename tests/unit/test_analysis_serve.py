@@ -10,7 +10,9 @@ from test_analysis_support import BRIEF_SHAPED, make_run, make_serve_run
 
 from vcfslm import judging, serving
 from vcfslm.analysis.cells import aggregate, load_runs
-from vcfslm.analysis.serve import analyse, serve_points, size
+from vcfslm.analysis.serve import analyse
+from vcfslm.analysis.serve_points import serve_points
+from vcfslm.analysis.serve_sizing import size
 from vcfslm.analysis.slo import DEFAULT_SLOS
 from vcfslm.errors import UsageError
 

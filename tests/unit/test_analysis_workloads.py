@@ -22,7 +22,8 @@ from vcfslm.analysis.lengths import (
     split_loads,
 )
 from vcfslm.analysis.report import write_report
-from vcfslm.analysis.serve import ServeKey, analyse, describe_key, workload_label, workload_title
+from vcfslm.analysis.serve import analyse
+from vcfslm.analysis.serve_points import ServeKey, describe_key, workload_label, workload_title
 from vcfslm.analysis.slo import DEFAULT_SLOS
 from vcfslm.analysis.tables import (
     length_table,

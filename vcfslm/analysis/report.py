@@ -34,14 +34,10 @@ from typing import Any
 from vcfslm.analysis.cells import Analysis, CellKey, aggregate, load_runs
 from vcfslm.analysis.csv_import import import_csv
 from vcfslm.analysis.predict import ModelSection, model_section, model_table
-from vcfslm.analysis.serve import (
-    SERVE_FIGURES,
-    ServeAnalysis,
-    fmt_load,
-    has_serving,
-    threshold_reason,
-)
+from vcfslm.analysis.serve import ServeAnalysis, has_serving
 from vcfslm.analysis.serve import analyse as analyse_serving
+from vcfslm.analysis.serve_points import SERVE_FIGURES, fmt_load
+from vcfslm.analysis.serve_threshold import threshold_reason
 from vcfslm.analysis.slo import Crossover, Sizing, crossovers, resolve_slos, size, slos_from_meta
 from vcfslm.analysis.summary import SloReasons, reasoning_intro, slo_reasons, summary_table
 from vcfslm.analysis.tables import (
@@ -225,7 +221,7 @@ def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
     """The serving section's detail: every series' loads (each followed by its split by prompt
     length, where it has one), then (when the answer does not show them all) every series'
     thresholds. The nodes are in the answer table and the reasoning."""
-    from vcfslm.analysis.serve import series_of
+    from vcfslm.analysis.serve_points import series_of
 
     several_models = len({p.key.model for p in serving.points}) > 1
     split = {s.key: s for s in serving.lengths}

@@ -46,19 +46,19 @@ from vcfslm.analysis.endpoint import (
     shares_text,
 )
 from vcfslm.analysis.lengths import HISTORY_BRIEF, LengthSplit, SeriesLengths
-from vcfslm.analysis.serve import (
+from vcfslm.analysis.serve import ServeComparison
+from vcfslm.analysis.serve_points import (
     PCT,
     UNITS,
-    ServeComparison,
     ServeKey,
     ServePoint,
-    ServeSizing,
-    ServeThreshold,
     describe_key,
     fmt_load,
     history_of,
     key_dict,
 )
+from vcfslm.analysis.serve_sizing import ServeSizing
+from vcfslm.analysis.serve_threshold import ServeThreshold
 from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, law_formula
 
 # What a serving threshold's node count divides by.

@@ -46,7 +46,8 @@ def rich_table(table, title: str | None = None) -> Table:
 def print_serve_summary(meta, run_dir: Path, output: str, title: str) -> None:
     """A serving run's loads (the report's serving tables, judged as its sweep judged them)."""
     from ..analysis.report import judging_rule
-    from ..analysis.serve import analyse, series_of
+    from ..analysis.serve import analyse
+    from ..analysis.serve_points import series_of
     from ..analysis.slo import slos_from_meta
     from ..analysis.tables import serve_answer_table, serve_points_table
     from ..results import read_run

@@ -271,7 +271,8 @@ def _size_static(inputs: SizingInputs, opts: SizeOptions, serves: bool) -> None:
 def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
     from ..analysis.cells import model_text
-    from ..analysis.serve import UNITS, analyse, compare, workload_title
+    from ..analysis.serve import analyse, compare
+    from ..analysis.serve_points import UNITS, workload_title
     from ..analysis.tables import serve_sizing_table
 
     analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
