@@ -53,6 +53,9 @@ from vcfslm.analysis.endpoint import (
     scale_outs,
 )
 from vcfslm.analysis.lengths import SeriesLengths, series_lengths
+from vcfslm.analysis.serve_points import ServePoint, key_dict, series_of, serve_points
+from vcfslm.analysis.serve_sizing import ServeSizing, sized
+from vcfslm.analysis.serve_threshold import ServeThreshold, primary, thresholds
 from vcfslm.analysis.slo import (
     Crossover,
     Slo,
@@ -60,10 +63,6 @@ from vcfslm.analysis.slo import (
 )
 from vcfslm.errors import UsageError
 from vcfslm.judging import Rule
-
-from .serve_points import ServePoint, key_dict, series_of, serve_points
-from .serve_sizing import ServeSizing, sized
-from .serve_threshold import ServeThreshold, primary, thresholds
 
 
 @dataclass(frozen=True, eq=False)

@@ -22,6 +22,8 @@ from vcfslm.analysis.endpoint import (
     curve_nodes,
     curve_text,
 )
+from vcfslm.analysis.serve_points import LOAD_NAMES, fmt_load, key_dict
+from vcfslm.analysis.serve_threshold import ServeThreshold
 from vcfslm.analysis.slo import (
     check_headroom,
     check_peak_streams,
@@ -30,9 +32,6 @@ from vcfslm.analysis.slo import (
 )
 from vcfslm.errors import UsageError
 from vcfslm.judging import Interval
-
-from .serve_points import LOAD_NAMES, fmt_load, key_dict
-from .serve_threshold import ServeThreshold
 
 
 @dataclass(frozen=True, eq=False)

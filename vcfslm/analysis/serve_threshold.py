@@ -16,12 +16,7 @@ from vcfslm.analysis.cells import (
     SINGLE,
     model_text,
 )
-from vcfslm.analysis.slo import (
-    Slo,
-)
-from vcfslm.judging import Interval, Replicate, Rule
-
-from .serve_points import (
+from vcfslm.analysis.serve_points import (
     LOAD_NAMES,
     PCT,
     ServeKey,
@@ -31,6 +26,10 @@ from .serve_points import (
     key_dict,
     series_of,
 )
+from vcfslm.analysis.slo import (
+    Slo,
+)
+from vcfslm.judging import Interval, Replicate, Rule
 
 
 @dataclass(frozen=True, eq=False)

@@ -63,7 +63,8 @@ def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headro
       vcfslm report runs/<id> --slo B --slo mlperf-server --attainment 0.95
       vcfslm report --csv published.csv --percentile p50 --out /tmp/published
     """
-    from ..analysis.report import ReportOptions, render_text, write_report
+    from ..analysis.report import ReportOptions, write_report
+    from ..analysis.report_render import render_text
 
     reporter = RichReporter(quiet=_verbose() == 0)
     options = ReportOptions(slo_specs=slos, percentile=percentile, peaks=peaks, headroom=headroom,
