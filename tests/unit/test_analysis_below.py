@@ -13,8 +13,8 @@ from test_analysis_support import make_serve_run
 from vcfslm.analysis.cells import aggregate, load_runs
 from vcfslm.analysis.serve import analyse
 from vcfslm.analysis.serve_sizing import size
+from vcfslm.analysis.serve_tables import serve_answer_table
 from vcfslm.analysis.slo import DEFAULT_SLOS
-from vcfslm.analysis.tables import serve_answer_table
 from vcfslm.cli import main
 from vcfslm.results.records import REQUEST_LISTS
 

@@ -153,6 +153,11 @@ class Cell:
         return spread(self.rank_tps_repeats)
 
 
+def finite(value: float | None) -> float | None:
+    """The value, or None when it is missing, infinite or NaN (what JSON and CSV can hold)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def spread(values: Sequence[float]) -> tuple[float, float] | None:
     """(min, max) over repeats, or None with fewer than two repeats (spread unknown)."""
     xs = [v for v in values if v is not None and math.isfinite(v)]

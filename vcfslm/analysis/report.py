@@ -33,6 +33,15 @@ from vcfslm.analysis.predict import model_section
 from vcfslm.analysis.report_render import Report, has_static, render_html, render_markdown
 from vcfslm.analysis.serve import ServeAnalysis, has_serving
 from vcfslm.analysis.serve import analyse as analyse_serving
+from vcfslm.analysis.serve_tables import (
+    fault_table,
+    length_buckets_csv,
+    length_table,
+    scale_out_table,
+    serve_answer_table,
+    serve_points_table,
+    serve_thresholds_table,
+)
 from vcfslm.analysis.slo import crossovers, resolve_slos, size, slos_from_meta
 from vcfslm.analysis.summary import reasoning_intro, slo_reasons, summary_table
 from vcfslm.analysis.tables import (
@@ -41,14 +50,7 @@ from vcfslm.analysis.tables import (
     compare,
     comparison_table,
     crossover_table,
-    fault_table,
-    length_buckets_csv,
-    length_table,
     results_table,
-    scale_out_table,
-    serve_answer_table,
-    serve_points_table,
-    serve_thresholds_table,
 )
 from vcfslm.errors import CsvError, Problem, UsageError
 from vcfslm.judging import LEGACY_SERVING_RULE, Rule

@@ -16,6 +16,7 @@ from vcfslm.analysis.cells import (
     CLUSTER,
     SCOPE_TITLES,
     SINGLE,
+    finite,
     recompile_flag,
     scope_of,
 )
@@ -197,8 +198,8 @@ class ServePoint:
 
     def to_dict(self) -> dict[str, Any]:
         return {**key_dict(self.key), "load_per_rank": self.load, "load_per_vm": self.load_per_vm,
-                "ttft_p50_s": _finite(self.ttft_p50_s), "ttft_p90_s": _finite(self.ttft_p90_s),
-                "tpot_p50_ms": _finite(self.tpot_p50_ms), "tpot_p90_ms": _finite(self.tpot_p90_ms),
+                "ttft_p50_s": finite(self.ttft_p50_s), "ttft_p90_s": finite(self.ttft_p90_s),
+                "tpot_p50_ms": finite(self.tpot_p50_ms), "tpot_p90_ms": finite(self.tpot_p90_ms),
                 "tails_infinite": [name for name, v in (("ttft", self.ttft_p90_s), ("tpot", self.tpot_p90_ms))
                                    if v is not None and math.isinf(v)],
                 "goodput_per_vm": dict(self.goodput_per_vm), "completed_per_vm": self.completed_per_vm,
@@ -214,9 +215,6 @@ def key_dict(key: ServeKey) -> dict[str, Any]:
             "output_tokens": key.output_tokens, "server": key.server, "model": key.model,
             "endpoint_nodes": key.endpoint_nodes, "faulted": key.faulted, "workload": key.workload}
 
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
 
 
 def fmt_load(value: float) -> str:

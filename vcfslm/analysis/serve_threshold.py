@@ -14,6 +14,7 @@ from vcfslm.analysis import below
 from vcfslm.analysis.cells import (
     CLUSTER,
     SINGLE,
+    finite,
     model_text,
 )
 from vcfslm.analysis.serve_points import (
@@ -21,7 +22,6 @@ from vcfslm.analysis.serve_points import (
     PCT,
     ServeKey,
     ServePoint,
-    _finite,
     fmt_load,
     key_dict,
     series_of,
@@ -169,7 +169,7 @@ class ServeThreshold:
                 "binding": self.binding, "non_monotonic_loads_per_rank": list(self.non_monotonic),
                 "verdicts": [{"load_per_rank": p.load, "load_per_vm": p.load_per_vm,
                               "meets": self.verdicts.get(p.load),
-                              "attainment": _finite(a.share) if (a := self.attainment_at(p)) else None,
+                              "attainment": finite(a.share) if (a := self.attainment_at(p)) else None,
                               "requests": p.requests} for p in self.points],
                 "few_samples": list(self.few_samples), "below": below.to_dict(self.below_why, self.slo.title, self.key),
                 "threshold": self.threshold_text, "notes": list(self.notes), "reasoning": self.summary()}

@@ -274,7 +274,7 @@ def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     from ..analysis.cells import model_text
     from ..analysis.serve import analyse, compare
     from ..analysis.serve_points import UNITS, workload_title
-    from ..analysis.tables import serve_sizing_table
+    from ..analysis.serve_tables import serve_sizing_table
 
     analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
     rule, rule_notes = inputs.rule, inputs.rule_notes
