@@ -13,7 +13,7 @@ from vcfslm.analysis.cells import aggregate, load_runs
 from vcfslm.analysis.serve import analyse
 from vcfslm.analysis.serve_points import serve_points
 from vcfslm.analysis.serve_sizing import size
-from vcfslm.analysis.slo import DEFAULT_SLOS
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 from vcfslm.errors import UsageError
 
 SLO_A, SLO_B = DEFAULT_SLOS            # A: TPOT <= 130 ms, TTFT <= 3 s; B: TPOT <= 200 ms, TTFT <= 5 s

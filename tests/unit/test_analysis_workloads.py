@@ -30,7 +30,7 @@ from vcfslm.analysis.serve_tables import (
     serve_points_table,
     serve_sizing_table,
 )
-from vcfslm.analysis.slo import DEFAULT_SLOS
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 
 SLO_A, SLO_B = DEFAULT_SLOS            # A: TPOT <= 130 ms, TTFT <= 3 s; B: TPOT <= 200 ms, TTFT <= 5 s
 # (load per rank, input tokens) -> (TTFT s, TPOT ms, mean busy slots): SLO-A passes 1 and fails 2 per rank.

@@ -10,7 +10,8 @@ import pytest
 from test_analysis_support import serve_record
 
 from vcfslm import judging, serving
-from vcfslm.analysis.slo import LoadPoint, Slo, judge, parse_slo, slos_from_meta
+from vcfslm.analysis.slo import LoadPoint, judge
+from vcfslm.analysis.slo_spec import Slo, parse_slo, slos_from_meta
 from vcfslm.contract import serve_limits
 from vcfslm.errors import SloSpecError
 

@@ -42,7 +42,8 @@ from vcfslm.analysis.serve_tables import (
     serve_points_table,
     serve_thresholds_table,
 )
-from vcfslm.analysis.slo import crossovers, resolve_slos, size, slos_from_meta
+from vcfslm.analysis.slo import crossovers, size
+from vcfslm.analysis.slo_spec import resolve_slos, slos_from_meta
 from vcfslm.analysis.summary import reasoning_intro, slo_reasons, summary_table
 from vcfslm.analysis.tables import (
     Table,

@@ -56,11 +56,8 @@ from vcfslm.analysis.lengths import SeriesLengths, series_lengths
 from vcfslm.analysis.serve_points import ServePoint, key_dict, series_of, serve_points
 from vcfslm.analysis.serve_sizing import ServeSizing, sized
 from vcfslm.analysis.serve_threshold import ServeThreshold, primary, thresholds
-from vcfslm.analysis.slo import (
-    Crossover,
-    Slo,
-    crossovers,
-)
+from vcfslm.analysis.slo import Crossover, crossovers
+from vcfslm.analysis.slo_spec import Slo
 from vcfslm.errors import UsageError
 from vcfslm.judging import Rule
 

@@ -21,9 +21,7 @@ from vcfslm.analysis.cells import (
     scope_of,
 )
 from vcfslm.analysis.lengths import cached_share, history_note
-from vcfslm.analysis.slo import (
-    Slo,
-)
+from vcfslm.analysis.slo_spec import Slo
 from vcfslm.results import ServeRecord
 from vcfslm.workloads import MIXES
 

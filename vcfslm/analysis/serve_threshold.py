@@ -26,9 +26,7 @@ from vcfslm.analysis.serve_points import (
     key_dict,
     series_of,
 )
-from vcfslm.analysis.slo import (
-    Slo,
-)
+from vcfslm.analysis.slo_spec import Slo
 from vcfslm.judging import Interval, Replicate, Rule
 
 

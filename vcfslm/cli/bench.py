@@ -148,7 +148,7 @@ def _flags(names: list[str]) -> str:
 def _parse_slos(specs) -> dict[str, Any] | None:
     """--slo texts as meta.json records SLOs ({name: {tpot_ms, ttft_s}}); None when none given."""
 
-    from ..analysis.slo import PRESETS, resolve_slos
+    from ..analysis.slo_spec import PRESETS, resolve_slos
 
     parsed = resolve_slos(specs, list(PRESETS.values())) if specs else []
     return {s.name: s.limits() for s in parsed} or None

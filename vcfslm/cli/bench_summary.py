@@ -49,7 +49,7 @@ def print_serve_summary(meta, run_dir: Path, output: str, title: str) -> None:
     from ..analysis.serve import analyse
     from ..analysis.serve_points import series_of
     from ..analysis.serve_tables import serve_answer_table, serve_points_table
-    from ..analysis.slo import slos_from_meta
+    from ..analysis.slo_spec import slos_from_meta
     from ..results import read_run
     from ..results.vllm_results import write_vllm_results
 

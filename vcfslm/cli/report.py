@@ -14,7 +14,7 @@ from .common import RichReporter, output_option, print_json
 
 if TYPE_CHECKING:
     from ..analysis.cells import Analysis
-    from ..analysis.slo import Slo
+    from ..analysis.slo_spec import Slo
     from ..judging import Rule
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])
@@ -151,7 +151,7 @@ def size(**options) -> None:
     """
     from ..analysis.report import judging_rule, known_slos, load_inputs
     from ..analysis.serve import has_serving
-    from ..analysis.slo import resolve_slos
+    from ..analysis.slo_spec import resolve_slos
 
     opts = SizeOptions.from_cli(options)
     peak_streams, peak_rps = opts.peak_streams, opts.peak_rps
