@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vcfslm import contract  # noqa: E402
-from vcfslm.inventory import load_inventory  # noqa: E402
+from vcfslm.inventory_load import load_inventory  # noqa: E402
 from vcfslm.lab import vcsim  # noqa: E402
 from vcfslm.vsphere import reconcile  # noqa: E402
 from vcfslm.vsphere.credentials import Secret  # noqa: E402

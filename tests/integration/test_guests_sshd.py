@@ -25,7 +25,7 @@ from vcfslm.errors import HostKeyError, TransportError
 from vcfslm.guest.provision import GuestRun, provision_guests, verify_guests
 from vcfslm.guest.transport import SshLogin, SSHTransport
 from vcfslm.guest.wheel import ProjectWheel
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 from vcfslm.lab import generate
 from vcfslm.lab import guests as lab_guests
 from vcfslm.lab.lab import seed_guest_venv

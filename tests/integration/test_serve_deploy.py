@@ -21,7 +21,7 @@ import yaml
 
 from tests.serve_lab import VLLM_VENV, free_port, lab_cli, serve_inventory
 from vcfslm.guest import vllm as guest_vllm
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 pytestmark = pytest.mark.integration
 

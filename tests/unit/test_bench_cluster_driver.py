@@ -15,7 +15,7 @@ from vcfslm.bench.cluster import ClusterBench, ClusterOptions
 from vcfslm.contract import targets_of
 from vcfslm.errors import BenchError
 from vcfslm.guest.fake import FakeTransport
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.results import WindowRecord, load_run
 from vcfslm.runspec import RunSpec
 

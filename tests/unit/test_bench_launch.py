@@ -12,7 +12,7 @@ from vcfslm import contract as C
 from vcfslm.bench import launch as L
 from vcfslm.bench.cluster import ClusterOptions, plan_launches
 from vcfslm.contract import Matrix
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.runspec import ProbeSpec, RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import yaml
 
 from vcfslm import contract as K
 from vcfslm.errors import InventoryError
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.results import RunMeta
 from vcfslm.runspec import RunSpec
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from vcfslm.deploy.desired import SUPERVISORD, plan_deployment
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 
 KEY = "k3y-Sekr1t-0123456789abcdefABCDEF"
 NODES = ("slm-01", "slm-02", "slm-03")

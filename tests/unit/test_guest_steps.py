@@ -23,7 +23,7 @@ from vcfslm.guest import facts as F
 from vcfslm.guest.playbook import host_variables
 from vcfslm.guest.steps import STEP_TYPES, HostContext, Upload, describe
 from vcfslm.guest.wheel import BuiltWheel
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]

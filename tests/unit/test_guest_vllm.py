@@ -32,7 +32,7 @@ from vcfslm.guest.runner import run_hosts
 from vcfslm.guest.steps import HostContext, VerifyStep
 from vcfslm.guest.verify import server_script_problems, verify_guest
 from vcfslm.guest.wheel import BuiltWheel
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.resources import resource_dir
 
 ROOT = Path(__file__).resolve().parents[2]

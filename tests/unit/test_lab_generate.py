@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcfslm.inventory import load_inventory, parse_inventory
+from vcfslm.inventory_load import load_inventory, parse_inventory
 from vcfslm.lab import generate
 from vcfslm.resources import resource_dir
 

@@ -293,7 +293,7 @@ def _local_defaults() -> dict[str, Any]:
 
 
 def _from_inventory(path: str) -> dict[str, Any]:
-    from ..inventory import serve_settings
+    from ..inventory_load import serve_settings
     from .common import load
 
     inv = load(path)

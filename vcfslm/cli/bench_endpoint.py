@@ -18,7 +18,7 @@ import click
 
 from ..contract import new_run_id, serve_matrix
 from ..errors import BenchError, Problem, UsageError
-from ..inventory import serve_settings
+from ..inventory_load import serve_settings
 from ..runspec import EndpointSpec, RunSpec, parse_fault
 from ..servers import VLLM, ServerSpec
 from .bench_serve import serve_spec

@@ -71,7 +71,7 @@ def cluster_spec(inv, opts: dict[str, Any], slos: dict | None = None) -> RunSpec
     """A new cluster run's spec: the flags over the inventory's bench settings."""
     serve = server = None
     if opts.get("serve"):
-        from ..inventory import serve_settings
+        from ..inventory_load import serve_settings
         from .bench_serve import serve_spec, server_spec
 
         serve = serve_spec(opts, inventory=serve_settings(inv), previous=None,
@@ -126,7 +126,7 @@ def _refuse_a_server_without_a_folder(inv, server) -> None:
     if server is None or server.in_process:
         return
     if inv.guest.model.startswith("synthetic:"):
-        from ..inventory import SERVER_NEEDS_FOLDER
+        from ..inventory_load import SERVER_NEEDS_FOLDER
 
         raise UsageError([Problem(inv.source, None, None, "guest.model",
                                   SERVER_NEEDS_FOLDER.format(server=server.name, model=inv.guest.model))])

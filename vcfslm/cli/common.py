@@ -52,7 +52,7 @@ def resolve_inventory_path(given: str | None) -> Path:
 
 def load(given: str | None):
     """Resolve and load the inventory (InventoryError on any problem)."""
-    from ..inventory import load_inventory
+    from ..inventory_load import load_inventory
 
     return load_inventory(resolve_inventory_path(given))
 

@@ -179,7 +179,7 @@ def _service_down(inventory_file) -> None:
     from ..deploy.service import serve_down
     from ..errors import VcfslmError
     from ..guest.provision import default_run_dir
-    from ..inventory import load_inventory
+    from ..inventory_load import load_inventory
     from .guest_stage import ssh_connector
 
     if not inventory_file.exists():

@@ -24,7 +24,7 @@ from ..contract import guest_paths
 from ..errors import ServeError
 from ..guest.provision import GuestRun, provision_guests
 from ..guest.transport import Transport
-from ..inventory import located, service_model_problems
+from ..inventory_load import located, service_model_problems
 from ..progress import NullReporter, Reporter
 from ..servers import parse_metrics
 from .changes import NodeChanges, node_changes
