@@ -29,7 +29,7 @@ from vcfslm.serve.http_backend import request_prompt_ids
 from vcfslm.serve.scheduler import Request
 from vcfslm.servers import ServerSpec
 from vcfslm.serving import ServeSpec
-from vcfslm.workloads import Ask
+from vcfslm.window_plan import Ask
 
 LIMITS = {"B": {"tpot_ms": 100.0, "ttft_s": 1.0}}
 

@@ -16,11 +16,10 @@ from vcfslm.cli import main
 from vcfslm.errors import InventoryError, WorkloadError
 from vcfslm.serve.scheduler import Arrivals
 from vcfslm.serving import ServeSpec
+from vcfslm.window_plan import Ask, WindowPlan
 from vcfslm.workloads import (
     MIXES,
     MOONCAKE_BLOCK_TOKENS,
-    Ask,
-    WindowPlan,
     Workload,
     length_bucket,
     parse_workload,
