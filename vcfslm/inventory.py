@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from . import arrivals, contract, serving, topology, vm_settings
+from . import arrivals, contract, node_selection, serving, topology, vm_settings
 from .contract import LEGACY_COMPILE_MODES
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -51,7 +51,7 @@ class VCenter(_Model):
     insecure: bool = Field(False, description="Skip TLS verification (explicit, warns every time).")
     parallel: PositiveInt | None = Field(
         None, description=f"VMs provisioned or destroyed at once; null = every VM up to "
-                          f"{contract.VCENTER_PARALLEL_CAP} (a load a shared vCenter takes "
+                          f"{node_selection.VCENTER_PARALLEL_CAP} (a load a shared vCenter takes "
                           f"without throttling); --parallel overrides.")
 
 
@@ -167,7 +167,7 @@ class Guest(_Model):
     venv: str | None = Field(None, description="Guest venv path; null = <workdir>/venv.")
     parallel: PositiveInt | None = Field(
         None, description=f"Guests prepared at once; null = every guest up to "
-                          f"{contract.GUEST_PARALLEL_CAP}; --parallel overrides.")
+                          f"{node_selection.GUEST_PARALLEL_CAP}; --parallel overrides.")
 
     @property
     def venv_path(self) -> str:

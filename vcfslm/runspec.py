@@ -31,8 +31,9 @@ from pydantic import (
     field_validator,
 )
 
-from .contract import COLLECTIVE_TIMEOUT_S, Matrix, matrix_record, serve_limits
+from .contract import COLLECTIVE_TIMEOUT_S
 from .errors import Problem, UsageError
+from .matrix import Matrix, matrix_record, serve_limits
 from .servers import ServerSpec
 from .serving import ServeSpec
 

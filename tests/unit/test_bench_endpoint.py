@@ -21,8 +21,8 @@ from vcfslm.bench.endpoint import (
     text_prompt,
 )
 from vcfslm.cli import main
-from vcfslm.contract import serve_matrix
 from vcfslm.errors import BenchError, UsageError
+from vcfslm.matrix import serve_matrix
 from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, Fault, RunSpec, parse_fault
 from vcfslm.serve.http_backend import request_prompt_ids

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from vcfslm.bench.launch import worker_args
 from vcfslm.cli import main
 from vcfslm.cli.bench_serve import serve_spec
-from vcfslm.contract import Matrix, serve_complete, serve_limits, serve_matrix
 from vcfslm.errors import UsageError
+from vcfslm.matrix import Matrix, serve_complete, serve_limits, serve_matrix
 from vcfslm.runspec import RunSpec, WorkerSpec
 from vcfslm.serving import ServeSpec
 

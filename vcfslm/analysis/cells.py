@@ -26,8 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES, recorded_scenarios
+from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES
 from vcfslm.errors import RunFolderError
+from vcfslm.matrix import recorded_scenarios
 from vcfslm.results import (
     RunFile,
     RunMeta,

@@ -26,17 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..contract import (
-    GUEST_PARALLEL_CAP,
-    NodeTarget,
-    build_run_meta,
-    guest_model,
-    parallelism,
-    parse_progress,
-    process_group_timeout_s,
-    rendezvous_timeout_s,
-)
+from ..contract import parse_progress, process_group_timeout_s, rendezvous_timeout_s
 from ..errors import BenchError, CommandFailed, TransportError, VcfslmError
+from ..guest_layout import guest_model
+from ..node_selection import GUEST_PARALLEL_CAP, NodeTarget, parallelism
 from ..progress import NullReporter, Reporter
 from ..results import (
     SERVE_RESULTS,
@@ -50,6 +43,7 @@ from ..results import (
     write_meta,
     write_records,
 )
+from ..run_meta import build_run_meta
 from ..runspec import RunSpec, WorkerSpec
 from . import launch as L
 from .tracker import BenchTracker

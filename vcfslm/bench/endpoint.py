@@ -46,10 +46,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import judging, results, servers, serving
-from ..contract import build_run_meta, serve_complete
 from ..errors import BenchError, Problem, RunFolderError, UsageError
+from ..matrix import serve_complete
 from ..progress import NullReporter, Reporter
 from ..results import ServeRecord
+from ..run_meta import build_run_meta
 from ..runspec import Fault, RunSpec
 from ..serve.http_backend import request_prompt_ids
 from ..serve.http_serve import HttpOutcome, http_record_fields, run_http_window

@@ -31,15 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import results, topology
-from ..contract import (
-    Matrix,
-    build_run_meta,
-    host_inductor_cache,
-    parse_progress,
-    serve_complete,
-)
+from ..contract import parse_progress
 from ..errors import BenchError, Problem, RunFolderError, UsageError
+from ..guest_layout import host_inductor_cache
+from ..matrix import Matrix, serve_complete
 from ..progress import NullReporter, Reporter
+from ..run_meta import build_run_meta
 from ..runspec import RunSpec, WorkerSpec
 from ..servers import ServerSpec
 from ..serving import ServeSpec

@@ -17,8 +17,10 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ..contract import ACCEPTED_COMPILE_MODES, Matrix, new_run_id, serve_matrix
+from ..contract import ACCEPTED_COMPILE_MODES
 from ..errors import BenchError, Problem, UsageError
+from ..matrix import Matrix, serve_matrix
+from ..run_meta import new_run_id
 from ..runspec import ProbeSpec, RunSpec
 from ..steadiness import recorded
 from .bench_endpoint import endpoint_options, endpoint_run

@@ -16,9 +16,10 @@ from typing import Any
 
 import click
 
-from ..contract import new_run_id, serve_matrix
 from ..errors import BenchError, Problem, UsageError
 from ..inventory_load import serve_settings
+from ..matrix import serve_matrix
+from ..run_meta import new_run_id
 from ..runspec import EndpointSpec, RunSpec, parse_fault
 from ..servers import VLLM, ServerSpec
 from .bench_serve import serve_spec

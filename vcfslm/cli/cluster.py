@@ -14,8 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..contract import Matrix, NodeTarget, new_run_id, select_nodes, serve_matrix, targets_of
 from ..errors import Problem, UsageError
+from ..matrix import Matrix, serve_matrix
+from ..node_selection import NodeTarget, select_nodes, targets_of
+from ..run_meta import new_run_id
 from ..runspec import ProbeSpec, RunSpec
 from .bench_summary import print_run_summary
 from .common import RichReporter, console, err_console, load, print_json, to_jsonable

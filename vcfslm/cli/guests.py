@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..contract import GUEST_PARALLEL_CAP
+from ..node_selection import GUEST_PARALLEL_CAP
 from ..progress import Progress, describe
 from .common import (
     RichReporter,
