@@ -33,6 +33,7 @@ from vcfslm.analysis.predict import model_section
 from vcfslm.analysis.report_render import Report, has_static, render_html, render_markdown
 from vcfslm.analysis.serve import ServeAnalysis, has_serving
 from vcfslm.analysis.serve import analyse as analyse_serving
+from vcfslm.analysis.serve_points import series_of
 from vcfslm.analysis.serve_tables import (
     fault_table,
     length_buckets_csv,
@@ -188,8 +189,6 @@ def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
     """The serving section's detail: every series' loads (each followed by its split by prompt
     length, where it has one), then (when the answer does not show them all) every series'
     thresholds. The nodes are in the answer table and the reasoning."""
-    from vcfslm.analysis.serve_points import series_of
-
     several_models = len({p.key.model for p in serving.points}) > 1
     split = {s.key: s for s in serving.lengths}
     out = [scale_out_table(serving.scale_outs)] if serving.scale_outs else []
