@@ -16,7 +16,7 @@ A small invocation (2 nodes, one scenario; about a minute here):
     .venv/bin/python benchmarks/cluster_fanout.py --nodes 2 --scenarios 1x16
 
 Each run is planned as `vcfslm bench` plans one: a RunSpec of the inventory's bench
-settings with the flags over them, and one NodeTarget per node (contract.targets_of).
+settings with the flags over them, and one NodeTarget per node (node_selection.targets_of).
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ from vcfslm.bench import launch as L  # noqa: E402
 from vcfslm.bench.cluster import ClusterBench, ClusterOptions  # noqa: E402
 from vcfslm.cli.cluster import inspect_guest, inventory_sha256  # noqa: E402
 from vcfslm.cli.guest_stage import bench_connector, ssh_connector  # noqa: E402
-from vcfslm.contract import Matrix, parse_progress, rendezvous_timeout_s, targets_of  # noqa: E402
+from vcfslm.contract import parse_progress, rendezvous_timeout_s  # noqa: E402
 from vcfslm.guest.provision import GuestRun, provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
-from vcfslm.inventory import load_inventory  # noqa: E402
+from vcfslm.inventory_load import load_inventory  # noqa: E402
 from vcfslm.lab import generate, guests  # noqa: E402
 from vcfslm.lab.lab import seed_guest_venv  # noqa: E402
+from vcfslm.matrix import Matrix  # noqa: E402
+from vcfslm.node_selection import targets_of  # noqa: E402
 from vcfslm.runspec import ProbeSpec, RunSpec  # noqa: E402
 
 FIRST_INDEX = 139  # 127.0.0.150.. : away from the lab's, the tests' and ssh_fanout's guests

@@ -42,7 +42,7 @@ from test_deploy_support import inventory_doc  # noqa: E402
 from vcfslm.deploy import keys  # noqa: E402
 from vcfslm.deploy.desired import SUPERVISORD, plan_deployment, socket_folder  # noqa: E402
 from vcfslm.deploy.material import ca_file, deployment_tls  # noqa: E402
-from vcfslm.inventory import parse_inventory  # noqa: E402
+from vcfslm.inventory_load import parse_inventory  # noqa: E402
 from vcfslm.serve.openai_client import Endpoint, stream_completion  # noqa: E402
 
 BENCH_IP = "127.0.1.61"         # the node's "bench address", on this machine's loopback

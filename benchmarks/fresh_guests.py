@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from vcfslm.cli.guest_stage import ssh_connector  # noqa: E402
 from vcfslm.guest.provision import GuestRun, provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
-from vcfslm.inventory import load_inventory  # noqa: E402
+from vcfslm.inventory_load import load_inventory  # noqa: E402
 from vcfslm.lab import fresh, freshroot, generate, guests, vcsim, wheelhouse  # noqa: E402
 
 

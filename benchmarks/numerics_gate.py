@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from vcfslm.engine.decode import DecodeEngine, TokenSlots, slot_gate_fit, synthetic_prompt  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, synthetic_prompt  # noqa: E402
 from vcfslm.engine.model import load_model  # noqa: E402
 from vcfslm.engine.numerics import (  # noqa: E402
     GATE_PROMPT_TOKENS,
@@ -37,6 +37,7 @@ from vcfslm.engine.numerics import (  # noqa: E402
     run_gate,
     slot_gates,
 )
+from vcfslm.engine.slots import TokenSlots, slot_gate_fit  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)

@@ -574,7 +574,7 @@ def child_env(args, name: str, kv_gib: int = 2) -> dict:
     the CPU binding and the in-process engine core for vLLM."""
     if name == "vcfslm":
         from vcfslm.bench.pages import HUGE_PAGES_ENV
-        from vcfslm.contract import host_inductor_cache
+        from vcfslm.guest_layout import host_inductor_cache
 
         # The rank's environment: its weights on 2 MiB pages, as rank.sh sets, and the compile
         # cache `bench --local` ranks use, so a graph either compiled is warm for the other.

@@ -189,7 +189,7 @@ def predict_brief(run: Path, platform: Path):
     from vcfslm.analysis import predict as P
     from vcfslm.analysis.perfmodel import Scenario, fit_model
     from vcfslm.analysis.report import known_slos
-    from vcfslm.analysis.slo import resolve_slos
+    from vcfslm.analysis.slo_spec import resolve_slos
     from vcfslm.cli.predict import TargetSpec, build_target, load_measured
 
     inputs = load_measured([run], None)

@@ -3,7 +3,7 @@
 Every VM needs the same chain of slow calls (clone, migrate off the template's
 host, reconfigure, customize, mark, power on), so if VMs are handled in
 parallel, N VMs take about as long as one. Workers are resolved as `vcfslm provision` resolves them (--parallel,
-else every VM up to contract.VCENTER_PARALLEL_CAP). Prints both wall times,
+else every VM up to node_selection.VCENTER_PARALLEL_CAP). Prints both wall times,
 their ratio (target <= 1.5) and the parallelism used.
 
     .venv/bin/python benchmarks/provision_fanout.py [--vms 64] [--delay-ms 1000] [--parallel N]
@@ -23,8 +23,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vcfslm import contract  # noqa: E402
-from vcfslm.inventory import load_inventory  # noqa: E402
+from vcfslm import node_selection  # noqa: E402
+from vcfslm.inventory_load import load_inventory  # noqa: E402
 from vcfslm.lab import vcsim  # noqa: E402
 from vcfslm.vsphere import reconcile  # noqa: E402
 from vcfslm.vsphere.credentials import Secret  # noqa: E402
@@ -76,11 +76,11 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=int, default=1000)
     parser.add_argument("--parallel", type=int, default=None,
                         help="VMs at once, as provision --parallel (default: every VM up to "
-                             f"the cap, {contract.VCENTER_PARALLEL_CAP})")
+                             f"the cap, {node_selection.VCENTER_PARALLEL_CAP})")
     args = parser.parse_args()
     if args.vms < 1 or args.delay_ms < 0 or (args.parallel is not None and args.parallel < 1):
         parser.error("--vms and --parallel must be at least 1, --delay-ms at least 0")
-    workers = contract.parallelism(args.parallel, args.vms, contract.VCENTER_PARALLEL_CAP)
+    workers = node_selection.parallelism(args.parallel, args.vms, node_selection.VCENTER_PARALLEL_CAP)
     password = secrets.token_urlsafe(12)
     with tempfile.TemporaryDirectory(prefix="vcfslm-fanout-") as tmp:
         workdir = Path(tmp)
@@ -99,7 +99,7 @@ def main() -> int:
             vcsim.stop(server)
     ratio = many / one
     how = (f"--parallel {args.parallel}" if args.parallel is not None
-           else f"the default: every VM up to the cap of {contract.VCENTER_PARALLEL_CAP}")
+           else f"the default: every VM up to the cap of {node_selection.VCENTER_PARALLEL_CAP}")
     print(f"vcsim latency {args.delay_ms} ms on {', '.join(SLOW_METHODS)}")
     print(f"parallelism {workers} VMs at once ({how})")
     print(f"{'VMs':>4}  {'wall time (s)':>13}  {'operator CPU (s)':>16}")

@@ -33,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from vcfslm.bench import probe  # noqa: E402
-from vcfslm.engine.decode import DecodeEngine, TokenSlots, chunk_for_probes, synthetic_prompt  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, synthetic_prompt  # noqa: E402
 from vcfslm.engine.model import load_model  # noqa: E402
+from vcfslm.engine.slots import TokenSlots  # noqa: E402
+from vcfslm.engine.step_cost import chunk_for_probes  # noqa: E402
 from vcfslm.serving import Piece  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

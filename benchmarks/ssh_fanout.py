@@ -37,7 +37,7 @@ from vcfslm.cli.guest_stage import ssh_connector  # noqa: E402
 from vcfslm.guest.playbook import DEFAULT_PLAYBOOKS  # noqa: E402
 from vcfslm.guest.provision import GuestRun, provision_guests  # noqa: E402
 from vcfslm.guest.wheel import ProjectWheel  # noqa: E402
-from vcfslm.inventory import load_inventory  # noqa: E402
+from vcfslm.inventory_load import load_inventory  # noqa: E402
 from vcfslm.lab import generate, guests  # noqa: E402
 from vcfslm.lab.lab import seed_guest_venv  # noqa: E402
 

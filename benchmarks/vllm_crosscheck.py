@@ -102,7 +102,8 @@ from vcfslm.serve.openai_client import Endpoint, get, stream_completion  # noqa:
 from vcfslm.serve.server_process import descendants  # noqa: E402
 from vcfslm.servers import ServerSpec, completion_body  # noqa: E402
 from vcfslm.serving import ServeSpec  # noqa: E402
-from vcfslm.workloads import WindowPlan, Workload, parse_workload, segment_ids, stable_key  # noqa: E402
+from vcfslm.window_plan import WindowPlan  # noqa: E402
+from vcfslm.workloads import Workload, parse_workload, segment_ids, stable_key  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TOLERANCE = {"p50 TTFT (s)": 0.10, "p50 TPOT (ms)": 0.10, "completed req/s": 0.05}

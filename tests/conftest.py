@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vcfslm.contract import host_inductor_cache
+from vcfslm.guest_layout import host_inductor_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -67,7 +67,7 @@ class LabInfo:
     env: dict[str, str] = field(default_factory=dict)
 
     def load_inventory(self):
-        from vcfslm.inventory import load_inventory
+        from vcfslm.inventory_load import load_inventory
 
         return load_inventory(self.inventory)
 

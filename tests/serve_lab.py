@@ -16,7 +16,7 @@ import yaml
 
 from vcfslm.guest import vllm as guest_vllm
 from vcfslm.guest.templates import render_template
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_VENV = ROOT / ".venv-vllm"

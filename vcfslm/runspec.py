@@ -3,7 +3,7 @@
 `RunSpec` is built once, in `cli/`, from the inventory and the flags (a resumed run's from
 its own meta.json, the flags over it) and checked there; below the CLI each stage takes
 the slice it needs (the matrix, the serving settings, a node's worker spec). Where a
-cluster run goes is not the spec's: the CLI hands the bench one `contract.NodeTarget` per
+cluster run goes is not the spec's: the CLI hands the bench one `node_selection.NodeTarget` per
 node (addresses, ports, guest layout, rank slots), never the inventory. It is
 written whole into meta.json (`spec`), so `--resume` reads back exactly what the run was
 asked, whatever the inventory says since. `WorkerSpec` is one node's share of it: the
@@ -31,8 +31,9 @@ from pydantic import (
     field_validator,
 )
 
-from .contract import COLLECTIVE_TIMEOUT_S, Matrix, matrix_record, serve_limits
+from .contract import COLLECTIVE_TIMEOUT_S
 from .errors import Problem, UsageError
+from .matrix import Matrix, matrix_record, serve_limits
 from .servers import ServerSpec
 from .serving import ServeSpec
 
@@ -274,12 +275,12 @@ class RunSpec(BaseModel):
     # -- the slices below the CLI -----------------------------------------------------
 
     def matrix_record(self) -> dict[str, Any]:
-        """meta.json's `matrix` (contract.matrix_record)."""
+        """meta.json's `matrix` (matrix.matrix_record)."""
         return matrix_record(self.matrix, compile_mode=self.compile_mode, scenarios=self.scenarios,
                              seed=self.seed, serve=self.serve, percentile=self.percentile, server=self.server)
 
     def serve_limits(self) -> dict[str, dict[str, float | None]]:
-        """The SLO limits a serving run's workers judge by (contract.serve_limits)."""
+        """The SLO limits a serving run's workers judge by (matrix.serve_limits)."""
         return serve_limits(self.slos)
 
 

@@ -23,9 +23,9 @@ from tests.fake_openai import FakeServer
 from tests.serve_lab import VLLM_VENV, free_port, lab_cli, serve_inventory
 from vcfslm.analysis.report import ReportOptions, write_report
 from vcfslm.cli import main
-from vcfslm.contract import serve_matrix
 from vcfslm.endpoint.client import EndpointLaunch, Target, run_endpoint
 from vcfslm.errors import BenchError
+from vcfslm.matrix import serve_matrix
 from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, RunSpec
 from vcfslm.servers import ServerSpec

@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from vcfslm.cli.guest_stage import ssh_connector
-from vcfslm.contract import guest_paths
 from vcfslm.errors import HostKeyError, TransportError
 from vcfslm.guest.provision import GuestRun, provision_guests, verify_guests
 from vcfslm.guest.transport import SshLogin, SSHTransport
 from vcfslm.guest.wheel import ProjectWheel
-from vcfslm.inventory import load_inventory
+from vcfslm.guest_layout import guest_paths
+from vcfslm.inventory_load import load_inventory
 from vcfslm.lab import generate
 from vcfslm.lab import guests as lab_guests
 from vcfslm.lab.lab import seed_guest_venv

@@ -285,7 +285,7 @@ def test_lab_up_is_idempotent_and_down_leaves_no_process(tmp_path, vcsim_binary)
         assert len(records) == 3
         # The CLI has exited; what it started keeps running in the background.
         assert all(process.is_alive(r) for r in records)
-        from vcfslm.inventory import load_inventory
+        from vcfslm.inventory_load import load_inventory
 
         inventory = load_inventory(directory / "inventory.yaml")
         assert [n.name for n in inventory.nodes] == ["slm-01", "slm-02"]

@@ -27,7 +27,7 @@ import yaml
 
 from tests.serve_lab import VLLM_VENV, free_port, lab_cli, serve_inventory
 from vcfslm.guest import vllm as guest_vllm
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 pytestmark = pytest.mark.integration
 
@@ -319,8 +319,8 @@ def test_no_server_serves_any_route_of_its_openapi_to_an_address_but_the_router_
     """Every path of each server's own /openapi.json, by each of its methods: from an address
     that is neither the router's node nor the server's, a refusal (403) on every one; from the
     router's node without the key, nothing but /health (200) is served (401 or 404)."""
-    from vcfslm.contract import guest_paths
     from vcfslm.deploy.desired import serve_dir, socket_folder
+    from vcfslm.guest_layout import guest_paths
 
     inv = load_inventory(real_vllm.inventory)
     router_ip = str(inv.node("slm-01").bench_ip)

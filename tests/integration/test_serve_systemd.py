@@ -30,7 +30,7 @@ from tests.serve_lab import ROOT, VLLM_VENV, free_port
 from vcfslm.guest import vllm as guest_vllm
 from vcfslm.guest.provision import GuestRun, provision_guests
 from vcfslm.guest.templates import render_template
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 from vcfslm.lab import generate, guests, nspawn
 
 pytestmark = pytest.mark.integration

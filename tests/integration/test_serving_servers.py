@@ -15,9 +15,9 @@ import pytest
 
 from vcfslm import results, serving
 from vcfslm.bench.local import NODE_NAME, LocalLaunch, run_local
-from vcfslm.contract import serve_matrix
 from vcfslm.errors import BenchError
 from vcfslm.guest.templates import render_template
+from vcfslm.matrix import serve_matrix
 from vcfslm.runspec import ProbeSpec, RunSpec
 from vcfslm.servers import ServerSpec
 from vcfslm.serving import ServeSpec

@@ -15,7 +15,7 @@ import pytest
 
 from vcfslm import results
 from vcfslm.bench.launch import NodeFiles, worker_args
-from vcfslm.contract import Matrix
+from vcfslm.matrix import Matrix
 from vcfslm.runspec import ProbeSpec, RunSpec, WorkerSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,9 +11,10 @@ from click.testing import CliRunner
 from test_analysis_support import make_serve_run
 
 from vcfslm.analysis.cells import aggregate, load_runs
-from vcfslm.analysis.serve import analyse, size
-from vcfslm.analysis.slo import DEFAULT_SLOS
-from vcfslm.analysis.tables import serve_answer_table
+from vcfslm.analysis.serve import analyse
+from vcfslm.analysis.serve_sizing import size
+from vcfslm.analysis.serve_tables import serve_answer_table
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 from vcfslm.cli import main
 from vcfslm.results.records import REQUEST_LISTS
 

@@ -19,8 +19,8 @@ from vcfslm.analysis.endpoint import (
 )
 from vcfslm.analysis.report import ReportOptions, write_report
 from vcfslm.analysis.serve import analyse
-from vcfslm.analysis.slo import DEFAULT_SLOS
-from vcfslm.analysis.tables import fault_table, scale_out_table
+from vcfslm.analysis.serve_tables import fault_table, scale_out_table
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 from vcfslm.judging import Interval
 
 SLO_A, SLO_B = DEFAULT_SLOS            # A: TPOT <= 130 ms, TTFT <= 3 s; B: TPOT <= 200 ms, TTFT <= 5 s

@@ -11,7 +11,7 @@ import pytest
 from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run, make_serve_run
 
 from vcfslm.analysis.csv_import import parse_csv
-from vcfslm.analysis.slo import DEFAULT_SLOS
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 
 ANALYSIS = Path(__file__).resolve().parents[2] / "vcfslm" / "analysis"
 

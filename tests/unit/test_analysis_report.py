@@ -9,14 +9,8 @@ import pytest
 from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv, make_run, make_serve_run
 
 from vcfslm import steadiness
-from vcfslm.analysis.report import (
-    ReportOptions,
-    build,
-    flatten,
-    load_inputs,
-    topology_rows,
-    write_report,
-)
+from vcfslm.analysis.report import ReportOptions, build, load_inputs, write_report
+from vcfslm.analysis.report_render import flatten, topology_rows
 from vcfslm.errors import CsvError
 from vcfslm.progress import RecordingReporter
 from vcfslm.results import read_meta, write_meta

@@ -10,8 +10,10 @@ from test_analysis_support import BRIEF_SHAPED, make_run, make_serve_run
 
 from vcfslm import judging, serving
 from vcfslm.analysis.cells import aggregate, load_runs
-from vcfslm.analysis.serve import analyse, serve_points, size
-from vcfslm.analysis.slo import DEFAULT_SLOS
+from vcfslm.analysis.serve import analyse
+from vcfslm.analysis.serve_points import serve_points
+from vcfslm.analysis.serve_sizing import size
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 from vcfslm.errors import UsageError
 
 SLO_A, SLO_B = DEFAULT_SLOS            # A: TPOT <= 130 ms, TTFT <= 3 s; B: TPOT <= 200 ms, TTFT <= 5 s

@@ -6,18 +6,8 @@ import pytest
 from test_analysis_support import BRIEF_SHAPED, brief_shaped_csv
 
 from vcfslm.analysis.csv_import import parse_csv
-from vcfslm.analysis.slo import (
-    DEFAULT_SLOS,
-    LoadPoint,
-    Slo,
-    crossover,
-    crossovers,
-    nodes_required,
-    parse_slo,
-    resolve_slos,
-    size,
-    slos_from_meta,
-)
+from vcfslm.analysis.slo import LoadPoint, crossover, crossovers, nodes_required, size
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS, Slo, parse_slo, resolve_slos, slos_from_meta
 from vcfslm.errors import SloSpecError, UsageError
 
 A, B = DEFAULT_SLOS

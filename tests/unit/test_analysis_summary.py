@@ -6,15 +6,8 @@ from test_analysis_support import brief_shaped_csv
 
 from vcfslm.analysis.cells import CLUSTER
 from vcfslm.analysis.csv_import import parse_csv
-from vcfslm.analysis.slo import (
-    DEFAULT_SLOS,
-    LoadPoint,
-    Origin,
-    crossover,
-    crossovers,
-    parse_slo,
-    size,
-)
+from vcfslm.analysis.slo import LoadPoint, Origin, crossover, crossovers, size
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS, parse_slo
 from vcfslm.analysis.summary import (
     SummaryRow,
     reasoning_intro,

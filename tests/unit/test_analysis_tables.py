@@ -11,7 +11,8 @@ from test_analysis_support import brief_shaped_csv
 
 from vcfslm.analysis.cells import CLUSTER, SINGLE, Cell, CellKey, Quantiles
 from vcfslm.analysis.csv_import import parse_csv
-from vcfslm.analysis.slo import DEFAULT_SLOS, LoadPoint, crossover, crossovers, parse_slo, size
+from vcfslm.analysis.slo import LoadPoint, crossover, crossovers, size
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS, parse_slo
 from vcfslm.analysis.tables import (
     Table,
     compare,

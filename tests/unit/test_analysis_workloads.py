@@ -22,14 +22,15 @@ from vcfslm.analysis.lengths import (
     split_loads,
 )
 from vcfslm.analysis.report import write_report
-from vcfslm.analysis.serve import ServeKey, analyse, describe_key, workload_label, workload_title
-from vcfslm.analysis.slo import DEFAULT_SLOS
-from vcfslm.analysis.tables import (
+from vcfslm.analysis.serve import analyse
+from vcfslm.analysis.serve_points import ServeKey, describe_key, workload_label, workload_title
+from vcfslm.analysis.serve_tables import (
     length_table,
     serve_answer_table,
     serve_points_table,
     serve_sizing_table,
 )
+from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 
 SLO_A, SLO_B = DEFAULT_SLOS            # A: TPOT <= 130 ms, TTFT <= 3 s; B: TPOT <= 200 ms, TTFT <= 5 s
 # (load per rank, input tokens) -> (TTFT s, TPOT ms, mean busy slots): SLO-A passes 1 and fails 2 per rank.

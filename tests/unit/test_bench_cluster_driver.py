@@ -12,10 +12,10 @@ import pytest
 from vcfslm import __version__
 from vcfslm.bench import launch as L
 from vcfslm.bench.cluster import ClusterBench, ClusterOptions
-from vcfslm.contract import targets_of
 from vcfslm.errors import BenchError
 from vcfslm.guest.fake import FakeTransport
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
+from vcfslm.node_selection import targets_of
 from vcfslm.results import WindowRecord, load_run
 from vcfslm.runspec import RunSpec
 
@@ -238,7 +238,7 @@ def many_nodes(inv, n: int):
 
 
 def test_pool_covers_every_node_up_to_the_guest_cap(inv, tmp_path):
-    from vcfslm.contract import GUEST_PARALLEL_CAP
+    from vcfslm.node_selection import GUEST_PARALLEL_CAP
 
     opts = ClusterOptions(runs_root=tmp_path)
     for n, workers in ((20, 20), (70, GUEST_PARALLEL_CAP)):

@@ -12,17 +12,17 @@ from click.testing import CliRunner
 
 from tests.fake_openai import FakeServer
 from vcfslm.cli import main
-from vcfslm.contract import serve_matrix
 from vcfslm.endpoint.client import EndpointLaunch, Target, requests_split, run_endpoint, text_prompt
 from vcfslm.endpoint.faults import endpoint_outage, fault_accounting
 from vcfslm.errors import BenchError, UsageError
+from vcfslm.matrix import serve_matrix
 from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, Fault, RunSpec, parse_fault
 from vcfslm.serve.http_backend import request_prompt_ids
 from vcfslm.serve.scheduler import Request
 from vcfslm.servers import ServerSpec
 from vcfslm.serving import ServeSpec
-from vcfslm.workloads import Ask
+from vcfslm.window_plan import Ask
 
 LIMITS = {"B": {"tpot_ms": 100.0, "ttft_s": 1.0}}
 

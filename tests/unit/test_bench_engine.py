@@ -15,9 +15,10 @@ pytest.importorskip("transformers")
 from vcfslm.bench.rank import RankArgs, TorchrunEnv, rank_window  # noqa: E402
 from vcfslm.bench.windows import Alone, StaticWindows  # noqa: E402
 from vcfslm.bench.worker import static_fields  # noqa: E402
-from vcfslm.contract import Matrix, normalize_compile_mode  # noqa: E402
+from vcfslm.contract import normalize_compile_mode  # noqa: E402
 from vcfslm.engine.decode import DecodeEngine, Generation, synthetic_prompt  # noqa: E402
 from vcfslm.engine.linear import DENSE_BF16, KernelPlan, PackedLinear  # noqa: E402
+from vcfslm.matrix import Matrix  # noqa: E402
 from vcfslm.runspec import RunSpec, WorkerSpec  # noqa: E402
 
 

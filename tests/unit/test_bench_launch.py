@@ -11,8 +11,10 @@ import pytest
 from vcfslm import contract as C
 from vcfslm.bench import launch as L
 from vcfslm.bench.cluster import ClusterOptions, plan_launches
-from vcfslm.contract import Matrix
-from vcfslm.inventory import parse_inventory
+from vcfslm.guest_layout import layout_paths
+from vcfslm.inventory_load import parse_inventory
+from vcfslm.matrix import Matrix
+from vcfslm.node_selection import NodeTarget, targets_of
 from vcfslm.runspec import ProbeSpec, RunSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +26,7 @@ def spec_of(inv, nodes, run_id: str, **changes) -> RunSpec:
 
 def targets(inv):
     """Every node of the inventory as the launch plan takes it (the CLI's slice)."""
-    return C.targets_of(inv, [n.name for n in inv.nodes])
+    return targets_of(inv, [n.name for n in inv.nodes])
 
 
 @pytest.fixture
@@ -62,9 +64,9 @@ def test_the_plan_takes_targets_not_an_inventory():
     from vcfslm import topology
 
     slots = tuple(topology.rank_slots(8, 2, 2, 4))
-    paths = C.layout_paths("/srv/w/", "/srv/w/venv", "/srv/w/vllm")
-    nodes = (C.NodeTarget("a", "10.0.0.1", 2222, "10.1.0.1", 29600, paths, slots),
-             C.NodeTarget("b", "10.0.0.2", 22, "10.1.0.2", 29600, paths, slots))
+    paths = layout_paths("/srv/w/", "/srv/w/venv", "/srv/w/vllm")
+    nodes = (NodeTarget("a", "10.0.0.1", 2222, "10.1.0.1", 29600, paths, slots),
+             NodeTarget("b", "10.0.0.2", 22, "10.1.0.2", 29600, paths, slots))
     spec = RunSpec(run_id="r", mode="cluster", model="./models/phi3", matrix=Matrix((1,), (16,), 4),
                    ranks=2, threads=4, nodes=("b",))
     [la] = plan_launches(nodes, spec, ClusterOptions())

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from vcfslm.bench import launch, local
-from vcfslm.contract import Matrix
 from vcfslm.errors import UsageError
 from vcfslm.guest.templates import render_template
+from vcfslm.matrix import Matrix
 from vcfslm.results import WindowRecord
 from vcfslm.runspec import ProbeSpec, RunSpec
 

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.engine.decode import DecodeEngine, TokenSlots, slot_gate_fit, synthetic_prompt  # noqa: E402
+from vcfslm.engine.decode import DecodeEngine, synthetic_prompt  # noqa: E402
 from vcfslm.engine.numerics import (  # noqa: E402
     REFERENCE_ROWS,
     compare_logits,
@@ -20,6 +20,7 @@ from vcfslm.engine.numerics import (  # noqa: E402
     run_gate,
     slot_gates,
 )
+from vcfslm.engine.slots import TokenSlots, slot_gate_fit  # noqa: E402
 from vcfslm.verdicts import NUMERICS_GATE_PREFIX, is_numerics_gate  # noqa: E402
 
 

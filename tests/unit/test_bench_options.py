@@ -14,7 +14,7 @@ from vcfslm.cli.bench import bench
 from vcfslm.cli.bench_options import BY_NAME, GROUPS, SETTINGS
 from vcfslm.cli.bench_spec import Resumed, check_flags, check_resume_flags, resolve
 from vcfslm.errors import UsageError
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 from vcfslm.results import atomic_write_json, read_meta
 from vcfslm.runspec import RunSpec
 

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from vcfslm.bench.launch import worker_args
 from vcfslm.cli import main
 from vcfslm.cli.bench_spec import Resumed, parse_slos, resolve
-from vcfslm.contract import Matrix, serve_complete, serve_limits, serve_matrix
 from vcfslm.errors import UsageError
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
+from vcfslm.matrix import Matrix, serve_complete, serve_limits, serve_matrix
 from vcfslm.runspec import RunSpec, WorkerSpec
 from vcfslm.serving import ServeSpec
 

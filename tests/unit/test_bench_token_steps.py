@@ -24,15 +24,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vcfslm.engine.decode import (  # noqa: E402
-    DecodeEngine,
-    TokenSlots,
+from vcfslm.engine.decode import DecodeEngine, synthetic_prompt  # noqa: E402
+from vcfslm.engine.slots import TokenSlots  # noqa: E402
+from vcfslm.engine.step_cost import (  # noqa: E402
     chunk_for_probes,
     chunk_tokens_for,
     decode_buckets,
     free_rows,
     lanes_for,
-    synthetic_prompt,
 )
 from vcfslm.serving import Piece  # noqa: E402
 

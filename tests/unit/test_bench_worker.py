@@ -9,7 +9,8 @@ import pytest
 
 from vcfslm import results
 from vcfslm.bench import rank, windows, worker
-from vcfslm.contract import Matrix, parse_progress
+from vcfslm.contract import parse_progress
+from vcfslm.matrix import Matrix
 from vcfslm.runspec import ProbeSpec, RunSpec, WorkerSpec
 
 

@@ -125,7 +125,7 @@ def test_a_service_user_that_is_no_user_name_is_refused(tmp_path):
 def test_the_labs_inventory_runs_the_service_as_the_labs_own_user():
     """The lab's loopback guests share the operator's files, whose test folders are private
     to the operator's user: the service runs as that user there, with nothing to hand over."""
-    from vcfslm.inventory import parse_inventory
+    from vcfslm.inventory_load import parse_inventory
     from vcfslm.lab import generate
 
     doc = generate.lab_inventory(

@@ -10,13 +10,13 @@ from click.testing import CliRunner
 from test_deploy_support import deployment, dump, inventory_doc
 
 from vcfslm.cli import main
-from vcfslm.contract import guest_paths
 from vcfslm.deploy import remote
 from vcfslm.deploy.desired import MANIFEST, SYSTEMD
 from vcfslm.deploy.service import serve_down, serve_status
 from vcfslm.errors import TransportError
 from vcfslm.guest.fake import FakeTransport
-from vcfslm.inventory import load_inventory
+from vcfslm.guest_layout import guest_paths
+from vcfslm.inventory_load import load_inventory
 
 REFUSED = "slm-02: cannot connect to 10.20.0.12:22 after 3 tries (Connection refused)"
 

@@ -12,7 +12,7 @@ from test_deploy_support import build, dump, inventory, inventory_doc
 
 from vcfslm.cli import main
 from vcfslm.errors import InventoryError
-from vcfslm.inventory import load_inventory, located, service_model_problems
+from vcfslm.inventory_load import load_inventory, located, service_model_problems
 
 
 def line_of(text: str, fragment: str) -> int:

@@ -10,7 +10,7 @@ import yaml
 
 from vcfslm.deploy import tls
 from vcfslm.deploy.desired import SUPERVISORD, DeploymentTls, plan_deployment
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 
 KEY = "k3y-Sekr1t-0123456789abcdefABCDEF"
 NODES = ("slm-01", "slm-02", "slm-03")

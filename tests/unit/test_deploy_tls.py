@@ -15,7 +15,7 @@ from test_deploy_support import BENCH_IPS, inventory_doc
 from vcfslm.deploy import material, tls
 from vcfslm.deploy.keys import KeyFileError
 from vcfslm.errors import InventoryError
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
 

@@ -21,7 +21,7 @@ from vcfslm.guest.playbook import host_variables, load_playbook
 from vcfslm.guest.runner import run_hosts
 from vcfslm.guest.steps import STEP_TYPES, HostContext
 from vcfslm.guest.transport import Result
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIEF = ROOT / "inventories" / "vx650v4-4node.yaml"

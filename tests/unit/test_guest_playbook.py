@@ -19,7 +19,7 @@ from vcfslm.guest.playbook import (
     torch_requirement,
 )
 from vcfslm.guest.steps import HostContext
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIEF = ROOT / "inventories" / "vx650v4-4node.yaml"

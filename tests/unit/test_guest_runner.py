@@ -13,7 +13,7 @@ from vcfslm.guest.fake import FakeTransport, UnscriptedCommand
 from vcfslm.guest.playbook import load_playbook
 from vcfslm.guest.provision import GuestRun, provision_guests
 from vcfslm.guest.runner import StepSettings, run_hosts
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 from vcfslm.progress import RecordingReporter
 
 ROOT = Path(__file__).resolve().parents[2]

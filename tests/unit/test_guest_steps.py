@@ -23,7 +23,7 @@ from vcfslm.guest import facts as F
 from vcfslm.guest.playbook import host_variables
 from vcfslm.guest.steps import STEP_TYPES, HostContext, Upload, describe
 from vcfslm.guest.wheel import BuiltWheel
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -171,7 +171,7 @@ def test_local_model_folder_is_pushed_then_unchanged(tmp_path, inventory):
 def test_a_synthetic_config_is_staged_where_the_worker_reads_it(tmp_path, inventory):
     """synthetic:config=PATH: the guest gets the file, and the worker's source names the
     staged copy; once there (same sha256) nothing is sent again."""
-    from vcfslm.contract import model_ref
+    from vcfslm.guest_layout import model_ref
 
     config = tmp_path / "config.json"
     config.write_text('{"model_type": "llama"}\n')

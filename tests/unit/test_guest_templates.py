@@ -15,7 +15,7 @@ import pytest
 
 from vcfslm.guest.playbook import host_variables
 from vcfslm.guest.templates import render_template
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 from vcfslm.resources import resource_dir
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from vcfslm.guest.verify import (
     numa_problems,
     verify_guest,
 )
-from vcfslm.inventory import load_inventory
+from vcfslm.inventory_load import load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIEF = ROOT / "inventories" / "vx650v4-4node.yaml"

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from vcfslm import topology
-from vcfslm.contract import guest_paths
 from vcfslm.errors import InventoryError
 from vcfslm.guest import facts as F
 from vcfslm.guest import vllm
@@ -32,7 +31,8 @@ from vcfslm.guest.runner import run_hosts
 from vcfslm.guest.steps import HostContext, VerifyStep
 from vcfslm.guest.verify import server_script_problems, verify_guest
 from vcfslm.guest.wheel import BuiltWheel
-from vcfslm.inventory import parse_inventory
+from vcfslm.guest_layout import guest_paths
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.resources import resource_dir
 
 ROOT = Path(__file__).resolve().parents[2]

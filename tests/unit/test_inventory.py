@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from vcfslm.errors import InventoryError
-from vcfslm.inventory import load_inventory, parse_inventory
+from vcfslm.inventory_load import load_inventory, parse_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIEF = ROOT / "inventories" / "vx650v4-4node.yaml"

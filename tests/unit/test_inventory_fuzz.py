@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vcfslm.errors import InventoryError
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 
 BRIEF = yaml.safe_load((Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml").read_text())
 

@@ -10,7 +10,8 @@ import pytest
 
 from vcfslm import judging, serving
 from vcfslm.analysis.cells import SINGLE, Cell, CellKey, Quantiles
-from vcfslm.analysis.slo import Slo, crossovers, size
+from vcfslm.analysis.slo import crossovers, size
+from vcfslm.analysis.slo_spec import Slo
 from vcfslm.judging import Interval, Replicate, Rule
 from vcfslm.results import percentile
 from vcfslm.serving import LoadResult

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from vcfslm.guest.playbook import load_playbook
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.lab import fresh, generate
 
 LAB = Path("/var/lab")

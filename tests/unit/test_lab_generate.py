@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcfslm.inventory import load_inventory, parse_inventory
+from vcfslm.inventory_load import load_inventory, parse_inventory
 from vcfslm.lab import generate
 from vcfslm.resources import resource_dir
 
@@ -180,7 +180,7 @@ def test_lab_vllm_settings_with_and_without_an_installed_venv():
     inventory = parse_inventory(yaml.safe_dump(doc), "lab.yaml")
     assert inventory.bench.serve.vllm.venv == "/src/vcfslm/.venv-vllm"
     assert inventory.bench.serve.server == "vcfslm"       # the lab serves with vcfslm unless told
-    from vcfslm.contract import guest_paths
+    from vcfslm.guest_layout import guest_paths
 
     assert guest_paths(inventory).vllm_python == "/src/vcfslm/.venv-vllm/bin/python"
     # fresh guests see none of this machine's folders, and each has a loopback of its own

@@ -109,7 +109,7 @@ def test_the_lab_finds_the_operators_vllm_venv(tmp_path: Path):
 def test_lab_files_name_the_vllm_venv_when_installed(tmp_path: Path, monkeypatch, installed):
     import yaml
 
-    from vcfslm.inventory import load_inventory
+    from vcfslm.inventory_load import load_inventory
     from vcfslm.lab import guests, vcsim
 
     venv = _venv(tmp_path / "vllm") if installed else tmp_path / "missing"

@@ -81,7 +81,7 @@ def test_fact_lines_keep_how_the_server_runs():
 
 
 def test_the_report_says_how_a_server_served():
-    from vcfslm.analysis.report import server_text
+    from vcfslm.analysis.report_render import server_text
 
     facts = {"name": "vllm", "version": "0.32.0", "chunked_prefill": True, "prefix_caching": False,
              "max_num_seqs": 16, "kv_cache_gib": 2, "startup_s": 149.2, "peak_rss_bytes": {"1": 1e9, "2": 15.2e9}}

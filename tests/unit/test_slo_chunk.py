@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from vcfslm.engine.decode import (
+from vcfslm.engine.step_cost import (
     MAX_CHUNK_TOKENS,
     MIN_SLO_CHUNK_TOKENS,
     SLO_MARGIN,

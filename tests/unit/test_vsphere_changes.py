@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.vsphere import changes as c
 from vcfslm.vsphere.desired import CUSTOMIZATION_KEY, desired_vms
 from vcfslm.vsphere.state import Snapshot, VmState

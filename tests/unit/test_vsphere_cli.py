@@ -127,7 +127,7 @@ def brief_with(tmp_path, **vcenter) -> Path:
     (64, None, 4),      # never more workers than VMs
 ])
 def test_vcenter_workers_follow_flag_then_inventory_then_cap(tmp_path, parallel, setting, workers):
-    from vcfslm.inventory import load_inventory
+    from vcfslm.inventory_load import load_inventory
 
     inv = load_inventory(brief_with(tmp_path, parallel=setting))
     assert cli.vcenter_workers(inv, parallel) == workers

@@ -12,7 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from vcfslm.errors import VCenterError
-from vcfslm.inventory import VCenter, parse_inventory
+from vcfslm.inventory import VCenter
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.progress import RecordingReporter
 from vcfslm.vsphere.credentials import MASK, Secret, resolve_password
 

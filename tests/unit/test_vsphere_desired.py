@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.vsphere import desired as d
 
 BRIEF = Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml"

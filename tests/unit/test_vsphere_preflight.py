@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from vcfslm.errors import PreflightError
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.vsphere import preflight
 from vcfslm.vsphere.state import HostFacts, Snapshot, VmState
 

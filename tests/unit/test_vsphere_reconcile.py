@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from vcfslm.errors import PreflightError, VCenterError
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.progress import RecordingReporter
 from vcfslm.vsphere import changes, reconcile
 from vcfslm.vsphere.desired import desired_vms

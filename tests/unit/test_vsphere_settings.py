@@ -11,7 +11,8 @@ from test_vsphere_support import BRIEF, fake_vm, inventory, lab_refs, observed
 
 from vcfslm import vm_settings as settings
 from vcfslm.errors import InventoryError
-from vcfslm.inventory import VMSpec, parse_inventory
+from vcfslm.inventory import VMSpec
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.lab import generate
 from vcfslm.vsphere import changes as c
 from vcfslm.vsphere import snapshot, specs

@@ -10,7 +10,7 @@ from unittest.mock import MagicMock
 import yaml
 from pyVmomi import vim
 
-from vcfslm.inventory import parse_inventory
+from vcfslm.inventory_load import parse_inventory
 from vcfslm.vsphere.snapshot import Refs
 from vcfslm.vsphere.state import VmState
 

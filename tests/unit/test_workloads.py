@@ -16,11 +16,10 @@ from vcfslm.cli import main
 from vcfslm.errors import InventoryError, WorkloadError
 from vcfslm.serve.scheduler import Arrivals
 from vcfslm.serving import ServeSpec
+from vcfslm.window_plan import Ask, WindowPlan
 from vcfslm.workloads import (
     MIXES,
     MOONCAKE_BLOCK_TOKENS,
-    Ask,
-    WindowPlan,
     Workload,
     length_bucket,
     parse_workload,
@@ -281,7 +280,7 @@ def test_the_cli_refuses_a_bad_workload_with_exit_2_and_its_line(tmp_path):
 def test_the_inventorys_workload_file_is_read_from_its_folder(tmp_path):
     import yaml
 
-    from vcfslm.inventory import load_inventory, serve_settings
+    from vcfslm.inventory_load import load_inventory, serve_settings
 
     brief = Path(__file__).resolve().parents[2] / "inventories" / "vx650v4-4node.yaml"
     doc = yaml.safe_load(brief.read_text())

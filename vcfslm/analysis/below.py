@@ -33,7 +33,7 @@ def why_below(results: Mapping[float, serving.LoadResult], limit: Mapping[str, A
 
 
 def of_series(points: Sequence[Any], slo: Any, share: float, status: str) -> Lowering | None:
-    """`why_below` for a series' points (analysis.serve.ServePoint) under an SLO (analysis.slo.Slo)
+    """`why_below` for a series' points (analysis.serve_points.ServePoint) under an SLO (analysis.slo_spec.Slo)
     judged at `share`; None unless its status is "below"."""
     if status != "below":
         return None

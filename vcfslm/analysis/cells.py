@@ -26,8 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES, recorded_scenarios
+from vcfslm.contract import LEGACY_COMPILE_MODES, MEASUREMENT_MODES
 from vcfslm.errors import RunFolderError
+from vcfslm.matrix import recorded_scenarios
 from vcfslm.results import (
     RunFile,
     RunMeta,
@@ -151,6 +152,11 @@ class Cell:
     @property
     def rank_tps_spread(self) -> tuple[float, float] | None:
         return spread(self.rank_tps_repeats)
+
+
+def finite(value: float | None) -> float | None:
+    """The value, or None when it is missing, infinite or NaN (what JSON and CSV can hold)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def spread(values: Sequence[float]) -> tuple[float, float] | None:

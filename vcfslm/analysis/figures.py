@@ -32,8 +32,9 @@ from matplotlib.figure import Figure as MplFigure  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter  # noqa: E402
 
 from vcfslm.analysis.cells import CLUSTER, SCOPE_TITLES, SINGLE, Cell, model_text, models_of  # noqa: E402
-from vcfslm.analysis.serve import PCT, SERVE_FIGURES, series_of  # noqa: E402
-from vcfslm.analysis.slo import Crossover, Slo  # noqa: E402
+from vcfslm.analysis.serve_points import PCT, SERVE_FIGURES, series_of  # noqa: E402
+from vcfslm.analysis.slo import Crossover  # noqa: E402
+from vcfslm.analysis.slo_spec import Slo  # noqa: E402
 
 # The per-model figure's file name (the report shows it among the key figures).
 MODELS_FIGURE = "fig-10-models"

@@ -22,12 +22,12 @@ that module may call it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vcfslm import judging, serving
+from vcfslm.analysis.cells import finite
 from vcfslm.workloads import bucket_order, length_bucket
 
 # A series with at most this many loads is split at every load: a table that short hides nothing.
@@ -59,9 +59,9 @@ class LengthBucket:
         return share_of(self.cached_tokens, self.prompt_tokens)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bucket": self.label, "requests": self.requests, "ttft_p50_s": _finite(self.ttft_p50_s),
-                "ttft_p90_s": _finite(self.ttft_p90_s), "tpot_p50_ms": _finite(self.tpot_p50_ms),
-                "tpot_p90_ms": _finite(self.tpot_p90_ms), "meets": dict(self.meets),
+        return {"bucket": self.label, "requests": self.requests, "ttft_p50_s": finite(self.ttft_p50_s),
+                "ttft_p90_s": finite(self.ttft_p90_s), "tpot_p50_ms": finite(self.tpot_p50_ms),
+                "tpot_p90_ms": finite(self.tpot_p90_ms), "meets": dict(self.meets),
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "cached_share": self.cached_share}
 
@@ -102,9 +102,6 @@ class SeriesLengths:
         return {"every_load": self.every_load, "loads": [s.to_dict() for s in self.splits],
                 "notes": list(self.notes)}
 
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def share_of(part: int | None, whole: int) -> float | None:

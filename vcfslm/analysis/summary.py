@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vcfslm.analysis.cells import CLUSTER, model_text
-from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, Slo, Verdict, law_formula
+from vcfslm.analysis.slo import NOT_ACHIEVABLE, Crossover, Sizing, Verdict, law_formula
+from vcfslm.analysis.slo_spec import Slo
 from vcfslm.analysis.tables import Table
 
 

@@ -6,7 +6,7 @@ all of them on the first failure, timeout or interrupt, and fetches the records 
 `runs/<run-id>/`. Command lines come from `launch.py`; SSH from a `Transport`.
 
 What runs is the RunSpec's; where (each node's addresses, ports, guest layout and rank
-slots) is one `contract.NodeTarget` per node, which the CLI slices from the inventory.
+slots) is one `node_selection.NodeTarget` per node, which the CLI slices from the inventory.
 
 Every phase fans out over the nodes at once (`fan_out`, one worker pool for the run, as
 wide as the guest fan-out allows). Each node keeps one transport for the whole run,
@@ -26,17 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..contract import (
-    GUEST_PARALLEL_CAP,
-    NodeTarget,
-    build_run_meta,
-    guest_model,
-    parallelism,
-    parse_progress,
-    process_group_timeout_s,
-    rendezvous_timeout_s,
-)
+from ..contract import parse_progress, process_group_timeout_s, rendezvous_timeout_s
 from ..errors import BenchError, CommandFailed, TransportError, VcfslmError
+from ..guest_layout import guest_model
+from ..node_selection import GUEST_PARALLEL_CAP, NodeTarget, parallelism
 from ..progress import NullReporter, Reporter
 from ..results import (
     SERVE_RESULTS,
@@ -50,6 +43,7 @@ from ..results import (
     write_meta,
     write_records,
 )
+from ..run_meta import build_run_meta
 from ..runspec import RunSpec, WorkerSpec
 from . import launch as L
 from .tracker import BenchTracker
@@ -172,7 +166,7 @@ RANK_SCRIPT_MARK = "VCFSLM-RANK-SCRIPT"
 class ClusterBench:
     """One cluster run: preflight, launch, watch, stop, collect.
 
-    targets: the run's nodes (contract.NodeTarget; at least the spec's). connect(target)
+    targets: the run's nodes (node_selection.NodeTarget; at least the spec's). connect(target)
     opens a Transport to one. inspect_guest(target, transport) reads a guest's facts once
     for the preflight and meta.json; vcenter_facts(names) what vCenter reports of the VMs."""
 

@@ -31,15 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import results, topology
-from ..contract import (
-    Matrix,
-    build_run_meta,
-    host_inductor_cache,
-    parse_progress,
-    serve_complete,
-)
+from ..contract import parse_progress
 from ..errors import BenchError, Problem, RunFolderError, UsageError
+from ..guest_layout import host_inductor_cache
+from ..matrix import Matrix, serve_complete
 from ..progress import NullReporter, Reporter
+from ..run_meta import build_run_meta
 from ..runspec import RunSpec, WorkerSpec
 from ..servers import ServerSpec
 from ..serving import ServeSpec
@@ -158,7 +155,7 @@ def run_local(spec: RunSpec, launch: LocalLaunch = LocalLaunch(), *,
     """Run `spec` with its ranks on this machine; returns the run (records gathered).
 
     A serving spec (`spec.serve`) runs continuous batching under its load; its matrix then
-    only sizes the numerics gate (contract.serve_matrix). render_template(name, context):
+    only sizes the numerics gate (matrix.serve_matrix). render_template(name, context):
     the guests' templates (the rank wrapper rank.sh.j2, an HTTP server's launch scripts,
     one per NUMA node the ranks use, rendered into the run folder), handed in by the caller
     so that the bench stage never imports the guest stage.

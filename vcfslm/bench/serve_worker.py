@@ -29,8 +29,9 @@ class SlotDriver:
 
     def __init__(self, engine, spec: ServeSpec, vocab: int, chunk_tokens: int, batched_tokens: int,
                  gate: tuple | None = None, slo: tuple | None = None, limits: dict[str, Any] | None = None):
-        from ..engine.decode import TokenSlots, synthetic_prompt
+        from ..engine.decode import synthetic_prompt
         from ..engine.numerics import slot_gates
+        from ..engine.slots import TokenSlots
 
         engine.release()                  # a static store and its graph are not used here
         self.slots = TokenSlots(engine, spec.slots, spec.max_context, chunk_tokens, batched_tokens)
@@ -56,7 +57,7 @@ class SlotDriver:
         """The SLO rule's chunks, from decode steps timed on this engine at each lane count."""
         from dataclasses import replace
 
-        from ..engine.decode import SLO_MARGIN, chunk_rule, slo_chunks
+        from ..engine.step_cost import SLO_MARGIN, chunk_rule, slo_chunks
 
         cost = replace(cost, decode_s=self.slots.time_steps(sample))
         chunks = slo_chunks(cost, tpot_limit_ms, most=self.slots.batched_tokens)

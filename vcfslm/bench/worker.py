@@ -329,7 +329,7 @@ def _run_scenarios(args, env: TorchrunEnv, out: Path, base: dict, torch, dist,
         from .serve_worker import SlotDriver
 
         facts["sweep"] = []
-        from ..engine.decode import StepCost, chunk_for_probes, chunk_rule, tightest_tpot_ms
+        from ..engine.step_cost import StepCost, chunk_for_probes, chunk_rule, tightest_tpot_ms
 
         curve = (decode_linears.rows, decode_linears.gbs) if decode_linears else (None, None)
         read_gbs, tflops = bandwidth.read_gbs if bandwidth else None, gemm.tflops if gemm else None
@@ -433,8 +433,8 @@ def _gate_inputs(args, vocab: int, spec: ServeSpec | None, scenarios):
     (a gate whose store outgrew its scenario's would compile a graph the windows never
     run); serving: one row, sized so the slot step's gate fits a slot's context
     (engine.slot_gate_fit)."""
-    from ..engine.decode import slot_gate_fit
     from ..engine.numerics import GATE_PROMPT_TOKENS, REFERENCE_ROWS, gate_inputs, static_gate_fit
+    from ..engine.slots import slot_gate_fit
 
     gate_steps, seed = args.spec.gate_steps, args.spec.seed
     if gate_steps <= 0 or not (scenarios or spec):

@@ -25,12 +25,12 @@ from rich.table import Table
 from .. import footprint
 from ..bench.local import LocalLaunch, run_local
 from ..bench.placement import node_cpu_lists
-from ..contract import Matrix
 from ..engine.checkpoint import write_checkpoint
 from ..engine.model import ModelSourceError, parse_model_spec, synthetic_config
 from ..errors import BenchError, Problem, UsageError
 from ..guest.templates import render_template
 from ..lab import generate
+from ..matrix import Matrix
 from ..steadiness import recorded
 from .bench_endpoint import run_endpoint_bench
 from .bench_options import GroupedCommand, bench_options

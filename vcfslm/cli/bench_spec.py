@@ -14,12 +14,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..analysis.slo import PRESETS, resolve_slos
+from ..analysis.slo_spec import PRESETS, resolve_slos
 from ..bench.local import NODE_NAME
-from ..contract import Matrix, new_run_id, select_nodes, serve_matrix
 from ..errors import Problem, UsageError
-from ..inventory import serve_settings
+from ..inventory_load import serve_settings
+from ..matrix import Matrix, serve_matrix
+from ..node_selection import select_nodes
 from ..results import RunMeta, read_meta
+from ..run_meta import new_run_id
 from ..runspec import EndpointSpec, ProbeSpec, RunSpec
 from ..servers import VLLM, ServerSpec
 from .bench_options import (

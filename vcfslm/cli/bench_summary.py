@@ -10,9 +10,11 @@ from rich.text import Text
 
 from ..analysis.cells import aggregate
 from ..analysis.report import judging_rule
-from ..analysis.serve import analyse, series_of
-from ..analysis.slo import slos_from_meta
-from ..analysis.tables import results_table, scenario_rows, serve_answer_table, serve_points_table
+from ..analysis.serve import analyse
+from ..analysis.serve_points import series_of
+from ..analysis.serve_tables import serve_answer_table, serve_points_table
+from ..analysis.slo_spec import slos_from_meta
+from ..analysis.tables import results_table, scenario_rows
 from ..results import read_run
 from ..results.vllm_results import write_vllm_results
 from .common import console, print_json

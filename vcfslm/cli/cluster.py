@@ -2,7 +2,7 @@
 
 Builds the real drivers (SSH transports, the guest preflight) and renders progress;
 the work itself is `vcfslm.bench.cluster.ClusterBench`. The inventory is read here only:
-the bench gets the run's spec and one `NodeTarget` per node (`contract.targets_of`).
+the bench gets the run's spec and one `NodeTarget` per node (`node_selection.targets_of`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.cluster import ClusterBench, ClusterOptions, GuestReport, plan_launches
-from ..contract import NodeTarget, targets_of
 from ..errors import Problem, UsageError
 from ..guest.provision import guest_check
-from ..inventory import SERVER_NEEDS_FOLDER
+from ..inventory_load import SERVER_NEEDS_FOLDER
+from ..node_selection import NodeTarget, targets_of
 from ..runspec import RunSpec
 from ..vsphere.credentials import resolve_password
 from .bench_spec import Resumed, resolve

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import InventoryError, Problem
-from ..inventory import load_inventory
+from ..inventory_load import load_inventory
 from ..results import atomic_write_json
 from .console import LINE_ENDS, make_console
 from .progress_view import ProgressLines, TerminalBars

@@ -10,9 +10,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..contract import GUEST_PARALLEL_CAP
 from ..guest import provision
 from ..guest.verify import describe_numa
+from ..node_selection import GUEST_PARALLEL_CAP
 from ..progress import Progress, describe
 from .common import (
     RichReporter,

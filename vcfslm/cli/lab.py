@@ -17,7 +17,7 @@ from ..contract import DEFAULT_SLOS
 from ..deploy.service import serve_down
 from ..errors import InputError, UsageError, VcfslmError
 from ..guest.provision import default_run_dir
-from ..inventory import load_inventory
+from ..inventory_load import load_inventory
 from ..lab import generate, vcsim
 from ..lab import lab as lab_mod
 from ..lab.vcsim import API_CHOICES, DEFAULT_API

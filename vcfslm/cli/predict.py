@@ -174,7 +174,7 @@ def _predict(opts: PredictOptions) -> None:
     model = _fit(fit_model, inputs.observations)
     target = build_target(inputs, spec)
     from ..analysis.report import known_slos
-    from ..analysis.slo import resolve_slos
+    from ..analysis.slo_spec import resolve_slos
 
     known, _ = known_slos(inputs.metas)
     chosen = resolve_slos(opts.slos, known)

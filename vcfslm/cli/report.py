@@ -8,19 +8,15 @@ from pathlib import Path
 import click
 
 from ..analysis.cells import Analysis, model_text
-from ..analysis.report import (
-    ReportOptions,
-    judging_rule,
-    known_slos,
-    load_inputs,
-    render_text,
-    write_report,
-)
-from ..analysis.serve import UNITS, analyse, compare, has_serving, workload_title
-from ..analysis.slo import Slo, crossovers, resolve_slos
+from ..analysis.report import ReportOptions, judging_rule, known_slos, load_inputs, write_report
+from ..analysis.report_render import render_text
+from ..analysis.serve import analyse, compare, has_serving
+from ..analysis.serve_points import UNITS, workload_title
+from ..analysis.serve_tables import serve_sizing_table
+from ..analysis.slo import crossovers
 from ..analysis.slo import size as size_for
+from ..analysis.slo_spec import Slo, resolve_slos
 from ..analysis.summary import summary_table
-from ..analysis.tables import serve_sizing_table
 from ..contract import presets_help
 from ..errors import Problem, RunFolderError, UsageError
 from ..judging import Rule

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .. import contract
+from .. import node_selection
 from ..errors import UsageError, VCenterError
 from ..progress import Progress, describe
 from ..vsphere import credentials, driver, reconcile
@@ -125,17 +125,17 @@ def parallel_option(help_text: str):
 
 PROVISION_PARALLEL_HELP = (
     "Hosts worked on at once, on vCenter and then over SSH (default: vcenter.parallel and "
-    f"guest.parallel, else every host up to {contract.VCENTER_PARALLEL_CAP} VMs / "
-    f"{contract.GUEST_PARALLEL_CAP} guests); e.g. --parallel 8 when vCenter throttles.")
+    f"guest.parallel, else every host up to {node_selection.VCENTER_PARALLEL_CAP} VMs / "
+    f"{node_selection.GUEST_PARALLEL_CAP} guests); e.g. --parallel 8 when vCenter throttles.")
 DESTROY_PARALLEL_HELP = (
     "VMs powered off and deleted at once (default: vcenter.parallel, else every VM up to "
-    f"{contract.VCENTER_PARALLEL_CAP}); e.g. --parallel 8 when vCenter throttles.")
+    f"{node_selection.VCENTER_PARALLEL_CAP}); e.g. --parallel 8 when vCenter throttles.")
 
 
 def vcenter_workers(inv, parallel: int | None) -> int:
     """VMs worked on at once: --parallel, else vcenter.parallel, else every VM up to the cap."""
-    return contract.parallelism(parallel or inv.vcenter.parallel, len(inv.nodes),
-                                contract.VCENTER_PARALLEL_CAP)
+    return node_selection.parallelism(parallel or inv.vcenter.parallel, len(inv.nodes),
+                                node_selection.VCENTER_PARALLEL_CAP)
 
 
 @contextmanager
@@ -252,8 +252,8 @@ def _guest_stage(inv, stage: str, output: str, trust_new_hosts: bool, doc: dict,
         err_console.print("note: the guest stage is not part of this build; provisioned VMs only")
         return
     with VmLinesReporter(quiet=output == "json") as reporter:
-        workers = contract.parallelism(parallel or inv.guest.parallel, len(inv.nodes),
-                                       contract.GUEST_PARALLEL_CAP)
+        workers = node_selection.parallelism(parallel or inv.guest.parallel, len(inv.nodes),
+                                       node_selection.GUEST_PARALLEL_CAP)
         summary = module.provision_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
                                           options=module.GuestRun(max_workers=workers))
     # the `guests` command's renderers, so both commands show a run alike

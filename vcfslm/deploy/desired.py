@@ -28,9 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from ..contract import GuestPaths, guest_paths, model_kind, select_nodes
 from ..guest import vllm
 from ..guest.templates import render_template
+from ..guest_layout import GuestPaths, guest_paths, model_kind
+from ..node_selection import select_nodes
 from ..resources import resource_dir
 from ..servers import VLLM, ServerSpec, server_argv
 from .confinement import Confinement, confinement, with_environment

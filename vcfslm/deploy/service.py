@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..contract import guest_paths
 from ..errors import CommandFailed, Problem, ServeError, TransportError
 from ..guest.provision import GuestRun, provision_guests
 from ..guest.transport import Transport
-from ..inventory import located, service_model_problems
+from ..guest_layout import guest_paths
+from ..inventory_load import located, service_model_problems
 from ..progress import NullReporter, Reporter
 from ..servers import parse_metrics
 from . import keys

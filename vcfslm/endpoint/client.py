@@ -34,10 +34,11 @@ from .. import results, servers
 from ..bench.launch import report_event
 from ..bench.tracker import BenchTracker
 from ..bench.windows import Alone, ServeWindows, Window
-from ..contract import build_run_meta, serve_complete
 from ..errors import BenchError, Problem, RunFolderError, UsageError
+from ..matrix import serve_complete
 from ..progress import NullReporter, Reporter
 from ..results import ServeRecord
+from ..run_meta import build_run_meta
 from ..runspec import Fault, RunSpec
 from ..serve.http_backend import (
     check_key,

@@ -30,7 +30,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ..contract import GuestPaths, guest_paths, model_ref, model_slug
 from ..errors import (
     CommandFailed,
     PlaybookError,
@@ -39,6 +38,7 @@ from ..errors import (
     TransportError,
     VcfslmError,
 )
+from ..guest_layout import GuestPaths, guest_paths, model_ref, model_slug
 from ..resources import resource_dir
 from ..servers import HTTP_BACKENDS
 from . import facts as F

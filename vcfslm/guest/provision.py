@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..contract import GUEST_PARALLEL_CAP, parallelism, select_nodes
+from ..node_selection import GUEST_PARALLEL_CAP, parallelism, select_nodes
 from ..progress import NullReporter, Reporter
 from . import batch
 from .facts import GuestFacts, gather_guest_facts

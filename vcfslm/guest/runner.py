@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..contract import GUEST_PARALLEL_CAP, parallelism
 from ..errors import PlaybookError, TransportError
+from ..node_selection import GUEST_PARALLEL_CAP, parallelism
 from ..progress import NullReporter, Reporter
 from .playbook import Playbook, StepResult, host_variables, run_step
 from .steps import HostContext

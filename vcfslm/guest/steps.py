@@ -19,9 +19,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..contract import model_kind as contract_model_kind
-from ..contract import model_slug, synthetic_config_on_guest
 from ..errors import CommandFailed, PlaybookError
+from ..guest_layout import model_kind as contract_model_kind
+from ..guest_layout import model_slug, synthetic_config_on_guest
 from ..presets import SyntheticSpecError, parse_synthetic
 from . import batch
 from . import facts as F
@@ -636,7 +636,7 @@ class WheelStep(Step):
 
 
 def model_kind(model: str) -> str:
-    """'synthetic', 'dir' (a local folder pushed to the guest) or 'hub' (contract.model_kind)."""
+    """'synthetic', 'dir' (a local folder pushed to the guest) or 'hub' (guest_layout.model_kind)."""
     kind = contract_model_kind(model)
     if kind is None:
         raise PlaybookError(f"model {model!r} is neither synthetic:*, a local folder, nor a hub id")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import footprint
-from ..contract import guest_paths, model_kind
+from ..guest_layout import guest_paths, model_kind
 from ..servers import VLLM, kv_bytes_per_token, kv_cache_gib, split_cpus
 from ..topology import format_cpu_list, parse_cpu_list
 

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import yaml
 
-from ..contract import host_inductor_cache
 from ..errors import UsageError, VcfslmError
 from ..guest.wheel import project_root
+from ..guest_layout import host_inductor_cache
 from ..progress import NullReporter, Reporter
 from ..results import atomic_write_json, atomic_write_text
 from . import fresh, freshroot, generate, guests, vcsim, wheelhouse
@@ -422,7 +422,7 @@ def seed_guest_venv(path: Path) -> None:
 
 
 def share_inductor_cache(path: Path) -> None:
-    """Point the lab guests' Inductor cache at this machine's (contract.host_inductor_cache).
+    """Point the lab guests' Inductor cache at this machine's (guest_layout.host_inductor_cache).
 
     A VM keeps its compile cache across runs; a lab made anew would start cold every time
     and compile each rank's graphs again (~15 s a graph on one core, for the tiny model).

@@ -94,7 +94,7 @@ class ServeMatrix(TypedDict, total=False):
 
 
 class MetaMatrix(TypedDict, total=False):
-    """meta.json's `matrix` as recorded (older runs wrote scalars; contract.Matrix is the typed run matrix)."""
+    """meta.json's `matrix` as recorded (older runs wrote scalars; matrix.Matrix is the typed run matrix)."""
 
     batch_sizes: OneOrMany | None
     input_tokens: OneOrMany | None

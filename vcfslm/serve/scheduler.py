@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from .. import arrivals, serving
 from ..serving import Piece, Planned, ServeSpec
-from ..workloads import Ask, WindowPlan
+from ..window_plan import Ask, WindowPlan
 
 # How long the loop sleeps at most while idle before it looks again (an arrival wakes it
 # sooner: the sleep is until the next arrival).

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from pyVmomi import vim, vmodl
 
-from .. import contract
+from .. import node_selection
 from ..errors import VCenterError
 from ..progress import Reporter
 from . import snapshot, specs
@@ -65,8 +65,8 @@ class PyVmomiVCenter:
     """VCenter implementation over pyVmomi; use as a context manager (closes the session).
 
     vcenter: the inventory's vcenter section; password: a Secret; max_workers: VMs
-    handled at once (the CLI resolves it with contract.parallelism); None = every VM up
-    to contract.VCENTER_PARALLEL_CAP; task_timeout, ip_timeout: seconds a task / a guest
+    handled at once (the CLI resolves it with node_selection.parallelism); None = every VM up
+    to node_selection.VCENTER_PARALLEL_CAP; task_timeout, ip_timeout: seconds a task / a guest
     IP may take; options: retries, backoff, API pin and throttling (session.SessionOptions).
     """
 
@@ -74,7 +74,7 @@ class PyVmomiVCenter:
                  max_workers: int | None = None, task_timeout: float = 3600.0,
                  ip_timeout: float = 900.0, options: SessionOptions | None = None):
         # One HTTPS connection per worker, plus the calling thread's (observe, folders).
-        pool = (max_workers or contract.VCENTER_PARALLEL_CAP) + 1
+        pool = (max_workers or node_selection.VCENTER_PARALLEL_CAP) + 1
         self.session = Session(vcenter, password, reporter, options or SessionOptions(), pool_size=pool,
                                parallel=max_workers)
         self.reporter = self.session.reporter

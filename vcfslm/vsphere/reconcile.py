@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
-from .. import contract
+from .. import node_selection
 from ..errors import VCenterError
 from ..progress import NullReporter, Reporter
 from . import changes, preflight, vnuma
@@ -299,7 +299,7 @@ def _pooled(fn: Callable[[In], Out], items: Sequence[In], max_workers: int | Non
     cap), results in item order."""
     if not items:
         return []
-    workers = contract.parallelism(max_workers, len(items), contract.VCENTER_PARALLEL_CAP)
+    workers = node_selection.parallelism(max_workers, len(items), node_selection.VCENTER_PARALLEL_CAP)
     log.debug("%s: %d VM(s), %d at once", prefix, len(items), workers)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix) as pool:
         return list(pool.map(fn, items))
