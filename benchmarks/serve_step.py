@@ -37,7 +37,7 @@ from vcfslm.engine.decode import DecodeEngine, synthetic_prompt  # noqa: E402
 from vcfslm.engine.model import load_model  # noqa: E402
 from vcfslm.engine.slots import TokenSlots  # noqa: E402
 from vcfslm.engine.step_cost import chunk_for_probes  # noqa: E402
-from vcfslm.serving import Piece  # noqa: E402
+from vcfslm.serving.decisions import Piece  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)

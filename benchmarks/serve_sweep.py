@@ -127,8 +127,8 @@ def given_slo(text: str) -> tuple[str, dict]:
 def serve_rows(serve_dir: Path, limits: dict) -> dict[float, dict]:
     """Per rate: every counted request of the run's valid windows, its p50/p90 TTFT and
     TPOT (an unfinished request counts as infinite) and the share that met both limits."""
-    from vcfslm import serving
     from vcfslm.results import read_serve_records
+    from vcfslm.serving import decisions as serving
 
     pooled: dict[float, dict] = {}
     for r in read_serve_records(serve_dir / "serving.jsonl"):

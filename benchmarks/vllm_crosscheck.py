@@ -92,7 +92,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
 
-from vcfslm import serving  # noqa: E402
 from vcfslm.bench import local  # noqa: E402
 from vcfslm.deploy.material import client_ca  # noqa: E402
 from vcfslm.guest.templates import render_template  # noqa: E402
@@ -100,10 +99,11 @@ from vcfslm.serve.http_backend import HttpDriver, model_facts, prompt_ids  # noq
 from vcfslm.serve.http_serve import run_http_window  # noqa: E402
 from vcfslm.serve.openai_client import Endpoint, get, stream_completion  # noqa: E402
 from vcfslm.serve.server_process import descendants  # noqa: E402
-from vcfslm.servers import ServerSpec, completion_body  # noqa: E402
-from vcfslm.serving import ServeSpec  # noqa: E402
-from vcfslm.window_plan import WindowPlan  # noqa: E402
-from vcfslm.workloads import Workload, parse_workload, segment_ids, stable_key  # noqa: E402
+from vcfslm.serving import decisions as serving  # noqa: E402
+from vcfslm.serving.decisions import ServeSpec  # noqa: E402
+from vcfslm.serving.servers import ServerSpec, completion_body  # noqa: E402
+from vcfslm.serving.window_plan import WindowPlan  # noqa: E402
+from vcfslm.serving.workloads import Workload, parse_workload, segment_ids, stable_key  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TOLERANCE = {"p50 TTFT (s)": 0.10, "p50 TPOT (ms)": 0.10, "completed req/s": 0.05}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import presets
-from .servers import VLLM
+from .serving.servers import VLLM
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ from pydantic import (
     model_validator,
 )
 
-from . import arrivals, contract, node_selection, serving, topology, vm_settings
+from . import contract, node_selection, topology, vm_settings
 from .contract import LEGACY_COMPILE_MODES
+from .serving import arrivals
+from .serving import decisions as serving
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 
@@ -380,7 +382,7 @@ DEFAULT_SLOS = {name: SLO(**limits) for name, limits in contract.DEFAULT_SLOS.it
 
 
 class Judging(_Model):
-    """How every SLO is judged (`vcfslm.judging`): static cells by a percentile of their
+    """How every SLO is judged (`vcfslm.serving.judging`): static cells by a percentile of their
     streams, serving loads by the share of requests meeting every limit at once."""
 
     percentile: Literal["p50", "p90", "p99"] = Field(

@@ -107,7 +107,7 @@ def matrix_record(matrix: Matrix, *, compile_mode: str, scenarios: str | None,
                   server=None) -> dict[str, Any]:
     """meta.json's `matrix`: what the run measures and how (a resume repeats exactly this).
     A serving run adds `serve`: its ServeSpec (vcfslm.serving), whose `attainment` is the
-    serving rule; `judging.percentile` is the static rule the run asked for (vcfslm.judging),
+    serving rule; `judging.percentile` is the static rule the run asked for (vcfslm.serving.judging),
     the report's default when it is given none."""
     out = {**matrix.to_dict(), "compile": compile_mode, "scenarios": scenarios}
     if seed is not None:
@@ -117,7 +117,7 @@ def matrix_record(matrix: Matrix, *, compile_mode: str, scenarios: str | None,
     if serve is not None:
         out["serve"] = serve.to_dict()
         if server is not None and not server.in_process:
-            out["server"] = server.to_dict()    # an HTTP server served (vcfslm.servers.ServerSpec)
+            out["server"] = server.to_dict()    # an HTTP server served (vcfslm.serving.servers.ServerSpec)
     return out
 
 

@@ -34,8 +34,8 @@ from pydantic import (
 from .contract import COLLECTIVE_TIMEOUT_S
 from .errors import Problem, UsageError
 from .matrix import Matrix, matrix_record, serve_limits
-from .servers import ServerSpec
-from .serving import ServeSpec
+from .serving.decisions import ServeSpec
+from .serving.servers import ServerSpec
 
 # What the worker gates each compiled graph with, in teacher-forced steps (0: no gate).
 DEFAULT_GATE_STEPS = 8

@@ -28,8 +28,8 @@ from vcfslm.errors import BenchError
 from vcfslm.matrix import serve_matrix
 from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, RunSpec
-from vcfslm.servers import ServerSpec
-from vcfslm.serving import ServeSpec
+from vcfslm.serving.decisions import ServeSpec
+from vcfslm.serving.servers import ServerSpec
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from vcfslm.results import (
     write_records,
 )
 from vcfslm.roofline import ModelDims
-from vcfslm.serving import ServeSpec
+from vcfslm.serving.decisions import ServeSpec
 
 pytestmark = pytest.mark.integration
 

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from vcfslm import results, serving
+from vcfslm import results
 from vcfslm.bench.local import NODE_NAME, LocalLaunch, run_local
 from vcfslm.errors import BenchError
 from vcfslm.guest.templates import render_template
 from vcfslm.matrix import serve_matrix
 from vcfslm.runspec import ProbeSpec, RunSpec
-from vcfslm.servers import ServerSpec
-from vcfslm.serving import ServeSpec
-from vcfslm.workloads import parse_workload
+from vcfslm.serving import decisions as serving
+from vcfslm.serving.decisions import ServeSpec
+from vcfslm.serving.servers import ServerSpec
+from vcfslm.serving.workloads import parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

@@ -21,7 +21,7 @@ from vcfslm.analysis.report import ReportOptions, write_report
 from vcfslm.analysis.serve import analyse
 from vcfslm.analysis.serve_tables import fault_table, scale_out_table
 from vcfslm.analysis.slo_spec import DEFAULT_SLOS
-from vcfslm.judging import Interval
+from vcfslm.serving.judging import Interval
 
 SLO_A, SLO_B = DEFAULT_SLOS            # A: TPOT <= 130 ms, TTFT <= 3 s; B: TPOT <= 200 ms, TTFT <= 5 s
 MET, MISSED = (0.5, 100.0), (6.0, 400.0)

@@ -8,13 +8,14 @@ import math
 import pytest
 from test_analysis_support import BRIEF_SHAPED, make_run, make_serve_run
 
-from vcfslm import judging, serving
 from vcfslm.analysis.cells import aggregate, load_runs
 from vcfslm.analysis.serve import analyse
 from vcfslm.analysis.serve_points import serve_points
 from vcfslm.analysis.serve_sizing import size
 from vcfslm.analysis.slo_spec import DEFAULT_SLOS
 from vcfslm.errors import UsageError
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import judging
 
 SLO_A, SLO_B = DEFAULT_SLOS            # A: TPOT <= 130 ms, TTFT <= 3 s; B: TPOT <= 200 ms, TTFT <= 5 s
 # (load per rank, input tokens) -> (TTFT s, TPOT ms, mean busy slots per rank): with 4 ranks per VM

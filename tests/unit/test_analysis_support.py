@@ -15,7 +15,7 @@ from vcfslm.results import (
     write_meta,
     write_records,
 )
-from vcfslm.serving import ServeSpec
+from vcfslm.serving.decisions import ServeSpec
 
 # A hand-made single-VM table shaped like the brief's prose (not its Table 3, which
 # the brief does not print): under SLO-B the thresholds are 64 / 32 / 16 streams per VM

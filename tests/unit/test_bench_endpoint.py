@@ -20,9 +20,9 @@ from vcfslm.results import read_meta, read_serve_records
 from vcfslm.runspec import EndpointSpec, Fault, RunSpec, parse_fault
 from vcfslm.serve.http_backend import request_prompt_ids
 from vcfslm.serve.scheduler import Request
-from vcfslm.servers import ServerSpec
-from vcfslm.serving import ServeSpec
-from vcfslm.window_plan import Ask
+from vcfslm.serving.decisions import ServeSpec
+from vcfslm.serving.servers import ServerSpec
+from vcfslm.serving.window_plan import Ask
 
 LIMITS = {"B": {"tpot_ms": 100.0, "ttft_s": 1.0}}
 

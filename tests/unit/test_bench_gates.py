@@ -21,7 +21,7 @@ from vcfslm.contract import parse_progress  # noqa: E402
 from vcfslm.engine.decode import DecodeEngine  # noqa: E402
 from vcfslm.matrix import Matrix  # noqa: E402
 from vcfslm.runspec import ProbeSpec, RunSpec, WorkerSpec  # noqa: E402
-from vcfslm.serving import ServeSpec  # noqa: E402
+from vcfslm.serving.decisions import ServeSpec  # noqa: E402
 from vcfslm.verdicts import NUMERICS_GATE_PREFIX  # noqa: E402
 
 

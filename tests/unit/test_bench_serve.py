@@ -8,7 +8,7 @@ import random
 import pytest
 
 from vcfslm.serve.scheduler import record_fields, run_window
-from vcfslm.serving import ServeSpec
+from vcfslm.serving.decisions import ServeSpec
 
 
 class Clock:

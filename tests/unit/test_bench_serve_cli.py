@@ -17,7 +17,7 @@ from vcfslm.errors import UsageError
 from vcfslm.inventory_load import load_inventory
 from vcfslm.matrix import Matrix, serve_complete, serve_limits, serve_matrix
 from vcfslm.runspec import RunSpec, WorkerSpec
-from vcfslm.serving import ServeSpec
+from vcfslm.serving.decisions import ServeSpec
 
 LAB = Path(__file__).resolve().parents[2] / "inventories" / "lab.yaml"
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from vcfslm.bench import local
 from vcfslm.errors import UsageError
 from vcfslm.guest.templates import render_template
-from vcfslm.servers import ServerSpec
-from vcfslm.serving import ServeSpec
+from vcfslm.serving.decisions import ServeSpec
+from vcfslm.serving.servers import ServerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "inventories" / "lab.yaml"

@@ -33,7 +33,7 @@ from vcfslm.engine.step_cost import (  # noqa: E402
     free_rows,
     lanes_for,
 )
-from vcfslm.serving import Piece  # noqa: E402
+from vcfslm.serving.decisions import Piece  # noqa: E402
 
 SLOTS = 3
 CONTEXT = 40

@@ -28,7 +28,7 @@ from vcfslm.deploy.desired import (
     supervisor_socket,
 )
 from vcfslm.guest import vllm
-from vcfslm.servers import ServerSpec, server_argv
+from vcfslm.serving.servers import ServerSpec, server_argv
 
 SERVERS = ("vllm-node0", "vllm-node1")
 

@@ -8,10 +8,11 @@ import time
 import pytest
 
 from tests.fake_openai import FakeServer
-from vcfslm import servers, serving
 from vcfslm.serve.http_serve import http_record_fields, invalid_reasons, run_http_window
 from vcfslm.serve.openai_client import Endpoint, Stream, stream_completion
-from vcfslm.serving import ServeSpec
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import servers
+from vcfslm.serving.decisions import ServeSpec
 
 SPEC = ServeSpec(loads=(8.0,), input_tokens=(16,), output_tokens=5, duration_s=3.0, warmup_s=0.5,
                  cooldown_s=0.5, drain_s=3.0)

@@ -219,7 +219,7 @@ def test_the_judging_rule_defaults_and_its_bad_values_name_the_key():
 
 
 def test_the_arrival_names_are_the_registrys_and_a_bad_one_names_the_key():
-    from vcfslm import arrivals
+    from vcfslm.serving import arrivals
 
     data = brief_data()
     for name in arrivals.OPEN_LOOP:

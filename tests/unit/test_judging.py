@@ -1,4 +1,4 @@
-"""vcfslm.judging: the rule that says whether a load meets an SLO, its sample rule, the
+"""vcfslm.serving.judging: the rule that says whether a load meets an SLO, its sample rule, the
 threshold over loads, the sizing law and the bootstrap intervals on thresholds and node counts."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ import random
 
 import pytest
 
-from vcfslm import judging, serving
 from vcfslm.analysis.cells import SINGLE, Cell, CellKey, Quantiles
 from vcfslm.analysis.slo import crossovers, size
 from vcfslm.analysis.slo_spec import Slo
-from vcfslm.judging import Interval, Replicate, Rule
 from vcfslm.results import percentile
-from vcfslm.serving import LoadResult
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import judging
+from vcfslm.serving.decisions import LoadResult
+from vcfslm.serving.judging import Interval, Replicate, Rule
 
 
 def test_min_samples_follow_the_tail_share():

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from test_analysis_support import serve_record
 
-from vcfslm import lowering, serving
 from vcfslm.results.records import REQUEST_LISTS
-from vcfslm.serving import RefineRule
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import lowering
+from vcfslm.serving.decisions import RefineRule
 
 LIMIT = {"tpot_ms": 200.0, "ttft_s": 3.0}
 RULE = RefineRule(budget_s=600.0, steps=3)

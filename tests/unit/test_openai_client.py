@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tests.fake_openai import FakeServer
-from vcfslm import servers
 from vcfslm.serve.openai_client import Endpoint, get, stream_completion
+from vcfslm.serving import servers
 
 
 @pytest.fixture

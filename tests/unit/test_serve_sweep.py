@@ -9,7 +9,7 @@ import math
 from test_analysis_support import serve_record
 
 from vcfslm.bench.windows import _refine, extra_seconds, sweep_input
-from vcfslm.serving import ServeSpec
+from vcfslm.serving.decisions import ServeSpec
 
 LIMIT = {"tpot_ms": 200.0, "ttft_s": 3.0}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vcfslm import servers
-from vcfslm.servers import VLLM, ServerSpec
+from vcfslm.serving import servers
+from vcfslm.serving.servers import VLLM, ServerSpec
 
 
 def test_split_cpus_reserves_the_last_ones_for_the_client():

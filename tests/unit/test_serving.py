@@ -8,8 +8,9 @@ import statistics
 
 import pytest
 
-from vcfslm import judging, serving
-from vcfslm.serving import LoadResult, ServeSpec
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import judging
+from vcfslm.serving.decisions import LoadResult, ServeSpec
 
 
 def _gaps(times):

@@ -10,11 +10,13 @@ from typing import get_args
 import pytest
 from click.testing import CliRunner
 
-from vcfslm import arrivals, results, serving
-from vcfslm.arrivals import ArrivalProcess
+from vcfslm import results
 from vcfslm.cli import main
 from vcfslm.inventory import Serve
-from vcfslm.serving import ServeSpec
+from vcfslm.serving import arrivals
+from vcfslm.serving import decisions as serving
+from vcfslm.serving.arrivals import ArrivalProcess
+from vcfslm.serving.decisions import ServeSpec
 
 
 def test_the_registry_names_each_process_once():

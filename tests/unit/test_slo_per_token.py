@@ -9,11 +9,12 @@ import dataclasses
 import pytest
 from test_analysis_support import serve_record
 
-from vcfslm import judging, serving
 from vcfslm.analysis.slo import LoadPoint, judge
 from vcfslm.analysis.slo_spec import Slo, parse_slo, slos_from_meta
 from vcfslm.errors import SloSpecError
 from vcfslm.matrix import serve_limits
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import judging
 
 
 def test_the_per_token_allowance_parses_describes_and_round_trips():

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from vcfslm.cli import main
 from vcfslm.errors import InventoryError, WorkloadError
 from vcfslm.serve.scheduler import Arrivals
-from vcfslm.serving import ServeSpec
-from vcfslm.window_plan import Ask, WindowPlan
-from vcfslm.workloads import (
+from vcfslm.serving.decisions import ServeSpec
+from vcfslm.serving.window_plan import Ask, WindowPlan
+from vcfslm.serving.workloads import (
     MIXES,
     MOONCAKE_BLOCK_TOKENS,
     Workload,

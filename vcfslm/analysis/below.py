@@ -1,5 +1,5 @@
 """The serving answer when even the smallest load measured fails an SLO (pure): why no
-threshold was found above it, in the sweep's own terms (vcfslm.lowering).
+threshold was found above it, in the sweep's own terms (vcfslm.serving.lowering).
 
 The recorded loads are asked what the sweep would do next with no budget left to spend:
 - a request alone misses the SLO (`lowering.ALONE`): no load meets it, said plainly; the
@@ -18,8 +18,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vcfslm import lowering, serving
-from vcfslm.lowering import Lowering
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import lowering
+from vcfslm.serving.lowering import Lowering
 
 NOT_ACHIEVABLE = "not achievable"
 BELOW_RANGE = "below range"
@@ -106,7 +107,7 @@ def nodes(low: Lowering | None) -> str:
 
 
 def to_dict(low: Lowering | None, slo_title: str, key: Any) -> dict[str, Any] | None:
-    """The JSON of it: the kind (vcfslm.lowering's), the note, the lower load per VM, the lone requests."""
+    """The JSON of it: the kind (vcfslm.serving.lowering's), the note, the lower load per VM, the lone requests."""
     if low is None:
         return None
     a = low.alone

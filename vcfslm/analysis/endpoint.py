@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vcfslm import judging
-from vcfslm.judging import Interval
+from vcfslm.serving import judging
+from vcfslm.serving.judging import Interval
 
 MEASURED = ("threshold", "above")
 

@@ -1,9 +1,9 @@
 """Serving split by prompt length, and the prefix cache (pure).
 
-A workload's requests vary in length (vcfslm.workloads), and a series' tails pool short
+A workload's requests vary in length (vcfslm.serving.workloads), and a series' tails pool short
 prompts with long ones: a load whose p90 TTFT meets the SLO may still fail most of its
 longest prompts. Here a series' loads are split into the prompt-length buckets of
-`vcfslm.workloads.length_bucket`: per bucket the finished requests, their p50 and p90 TTFT
+`vcfslm.serving.workloads.length_bucket`: per bucket the finished requests, their p50 and p90 TTFT
 and TPOT, and per SLO the share of them that met every limit at once. Records carry
 per-request lengths only for finished requests, so unfinished ones cannot be put in a
 bucket: they are counted apart (they met no SLO, whatever their length).
@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vcfslm import judging, serving
 from vcfslm.analysis.cells import finite
-from vcfslm.workloads import bucket_order, length_bucket
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import judging
+from vcfslm.serving.workloads import bucket_order, length_bucket
 
 # A series with at most this many loads is split at every load: a table that short hides nothing.
 FEW_LOADS = 4

@@ -55,9 +55,9 @@ from vcfslm.analysis.tables import (
     results_table,
 )
 from vcfslm.errors import CsvError, Problem, UsageError
-from vcfslm.judging import LEGACY_SERVING_RULE, Rule
 from vcfslm.progress import NullReporter, Reporter
 from vcfslm.results import RunMeta, atomic_write_text
+from vcfslm.serving.judging import LEGACY_SERVING_RULE, Rule
 
 DEFAULT_PEAKS = (256,)
 

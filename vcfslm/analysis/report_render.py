@@ -25,8 +25,8 @@ from vcfslm.analysis.tables import (
     Table,
     md_cell,
 )
-from vcfslm.judging import Rule, percentile_value
 from vcfslm.results import RunMeta
+from vcfslm.serving.judging import Rule, percentile_value
 from vcfslm.steadiness import rank_verdicts
 
 # The figures that answer the question, shown right under the answer table, in this

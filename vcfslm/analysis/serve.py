@@ -9,7 +9,7 @@ threshold here is the one the in-run sweep bisects towards):
   of one (scope, VMs, ranks per VM, load kind, arrival, slots, context) at that load,
   pooled by `serving.load_results`. Invalid windows are left out of every number and
   counted, as in static mode; a load without a valid window is not judged.
-- A load meets an SLO when at least the rule's share (`vcfslm.judging`: the attainment,
+- A load meets an SLO when at least the rule's share (`vcfslm.serving.judging`: the attainment,
   default 90 %, or the SLO's own percentile as a share) of its counted requests met every
   limit at once, the queue included in TTFT; a request unfinished by the window's cutoff
   met none. Tails (p50, p`SERVE_PERCENTILE`) are shown beside it, not judged.
@@ -25,7 +25,7 @@ threshold here is the one the in-run sweep bisects towards):
   within windows) and reaches up to the replicates' first failing loads, exclusive
   (`[4–<8]`); the streams interval reads the busy slots at both ends, and the node counts
   follow from the ends. A load judged on fewer requests than its share needs is flagged.
-- Workloads never pool (vcfslm.workloads): a series' key names its workload by name and
+- Workloads never pool (vcfslm.serving.workloads): a series' key names its workload by name and
   digest, and a workload series is named by its workload, not by its longest prompt and
   reply (what its records' input and output tokens are). Its loads are split by prompt
   length, with the prefix cache's share where the server said it (analysis/lengths.py).
@@ -42,7 +42,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vcfslm import judging
 from vcfslm.analysis.cells import (
     Cell,
 )
@@ -59,7 +58,8 @@ from vcfslm.analysis.serve_threshold import ServeThreshold, primary, thresholds
 from vcfslm.analysis.slo import Crossover, crossovers
 from vcfslm.analysis.slo_spec import Slo
 from vcfslm.errors import UsageError
-from vcfslm.judging import Rule
+from vcfslm.serving import judging
+from vcfslm.serving.judging import Rule
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vcfslm import serving
 from vcfslm.analysis.cells import (
     CLUSTER,
     SCOPE_TITLES,
@@ -23,7 +22,8 @@ from vcfslm.analysis.cells import (
 from vcfslm.analysis.lengths import cached_share, history_note
 from vcfslm.analysis.slo_spec import Slo
 from vcfslm.results import ServeRecord
-from vcfslm.workloads import MIXES
+from vcfslm.serving import decisions as serving
+from vcfslm.serving.workloads import MIXES
 
 PCT = f"p{serving.SERVE_PERCENTILE:g}"
 UNITS = {"rate": "req/s", "users": "users"}
@@ -46,7 +46,7 @@ class ServeKey:
     slots: int
     input_tokens: int
     output_tokens: int
-    server: str = "vcfslm"         # who served (vcfslm.servers): series of different servers never mix
+    server: str = "vcfslm"         # who served (vcfslm.serving.servers): series of different servers never mix
     model: str = ""                # what was served (meta.json `model`): series of different models never mix
     # 0: each rank loaded its own server or engine, and a load is per rank. N: one client loaded
     # one endpoint with N nodes behind it (bench --endpoint), and a load is the deployment's;
@@ -55,7 +55,7 @@ class ServeKey:
     # Its windows took a fault (bench --fault): a server killed in each. Never pooled with
     # windows without one, and never the answer while a series without faults stands beside it.
     faulted: bool = False
-    # The workload its requests came from, `name@digest` (vcfslm.workloads); "": the spec's fixed
+    # The workload its requests came from, `name@digest` (vcfslm.serving.workloads); "": the spec's fixed
     # lengths. Workloads never pool, and with one input_tokens / output_tokens are only its
     # longest prompt and reply, so a workload series is named by its workload.
     workload: str = ""
@@ -103,7 +103,7 @@ def workload_label(r: ServeRecord) -> str:
     return f"{r.workload}@{r.workload_digest}" if r.workload_digest else r.workload
 
 
-# A workload file's kind as its name carries it (vcfslm.workloads.parse_workload names them).
+# A workload file's kind as its name carries it (vcfslm.serving.workloads.parse_workload names them).
 WORKLOAD_KINDS = (("file:", "requests file"), ("mooncake:", "Mooncake trace"))
 
 

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vcfslm import judging
 from vcfslm.analysis import below
 from vcfslm.analysis.cells import (
     CLUSTER,
@@ -31,7 +30,8 @@ from vcfslm.analysis.slo import (
     sizing_law,
 )
 from vcfslm.errors import UsageError
-from vcfslm.judging import Interval
+from vcfslm.serving import judging
+from vcfslm.serving.judging import Interval
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vcfslm import judging, serving
 from vcfslm.analysis import below
 from vcfslm.analysis.cells import (
     CLUSTER,
@@ -27,7 +26,9 @@ from vcfslm.analysis.serve_points import (
     series_of,
 )
 from vcfslm.analysis.slo_spec import Slo
-from vcfslm.judging import Interval, Replicate, Rule
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import judging
+from vcfslm.serving.judging import Interval, Replicate, Rule
 
 
 @dataclass(frozen=True, eq=False)

@@ -2,7 +2,7 @@
 and how it is named is analysis/slo_spec.py's.
 
 Crossover for (SLO, context, model): the largest tested streams-per-VM that meets the SLO
-before the first failing load, each load judged by `vcfslm.judging` (the chosen
+before the first failing load, each load judged by `vcfslm.serving.judging` (the chosen
 percentile of its streams, default p90; an SLO may carry its own). A value exactly at
 the limit meets it (<=). When a load passes again after a failure the data are
 non-monotonic; the threshold stays below the first failure (the conservative reading)
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from vcfslm import judging
 from vcfslm.analysis.cells import (
     CLUSTER,
     PERCENTILES,
@@ -37,7 +36,8 @@ from vcfslm.analysis.cells import (
 )
 from vcfslm.analysis.slo_spec import Slo, _num
 from vcfslm.errors import UsageError
-from vcfslm.judging import Interval, Replicate, Rule
+from vcfslm.serving import judging
+from vcfslm.serving.judging import Interval, Replicate, Rule
 
 
 @dataclass(frozen=True)

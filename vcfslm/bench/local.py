@@ -38,8 +38,8 @@ from ..matrix import Matrix, serve_complete
 from ..progress import NullReporter, Reporter
 from ..run_meta import build_run_meta
 from ..runspec import RunSpec, WorkerSpec
-from ..servers import ServerSpec
-from ..serving import ServeSpec
+from ..serving.decisions import ServeSpec
+from ..serving.servers import ServerSpec
 from .launch import NodeFiles, report_event, worker_args
 from .tracker import BenchTracker
 
@@ -247,7 +247,7 @@ def render_server_scripts(launch_dir: Path, server: ServerSpec, slots: list[dict
                                   f"no interpreter with {server.name} at {server_python or '(none)'}: "
                                   f"`make {server.name}` installs it in .venv-{server.name}, or pass "
                                   f"--server-python")])
-    from ..servers import kv_bytes_per_token, kv_cache_gib, split_cpus
+    from ..serving.servers import kv_bytes_per_token, kv_cache_gib, split_cpus
 
     nodes = [slot["numa_node"] for slot in slots]
     if len(set(nodes)) != len(nodes):

@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 from ..serve.scheduler import record_fields, run_window
-from ..serving import ServeSpec
+from ..serving.decisions import ServeSpec
 from .windows import Window
 
 

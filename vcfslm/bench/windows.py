@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import lowering, results, serving
+from .. import results
 from ..results import ServeRecord, WindowRecord
-from ..serving import ServeSpec
+from ..serving import decisions as serving
+from ..serving import lowering
+from ..serving.decisions import ServeSpec
 from ..verdicts import recompiled
 
 log = logging.getLogger("vcfslm.bench.worker")
@@ -250,7 +252,7 @@ def sweep_input(spec: ServeSpec, limits: dict[str, dict], input_tokens: int,
                 records_of: Callable[[], list[ServeRecord]], stopped: Callable[[str, str], None]) -> None:
     """One context's loads: the spec's grid (ending once every SLO failed: higher loads only
     fail more), then with --sweep per SLO: lower loads while even the smallest fails
-    (vcfslm.lowering), bisection and refinement, `stopped(slo, why)` as each SLO's sweep ends.
+    (vcfslm.serving.lowering), bisection and refinement, `stopped(slo, why)` as each SLO's sweep ends.
     measure(load, input_tokens, extra): the load's repeats, or with `extra` that one more
     window."""
 

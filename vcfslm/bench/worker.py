@@ -62,8 +62,8 @@ from typing import Any
 
 from .. import results, roofline
 from ..runspec import WorkerSpec
-from ..servers import ServerSpec
-from ..serving import ServeSpec
+from ..serving.decisions import ServeSpec
+from ..serving.servers import ServerSpec
 from .rank import (
     RankArgs,
     Ranks,

@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
-from .. import arrivals
 from ..contract import ACCEPTED_COMPILE_MODES
 from ..runspec import parse_fault
-from ..servers import SERVERS
+from ..serving import arrivals
+from ..serving.servers import SERVERS
 from .common import INVENTORY_ENV, int_list
 
 MODES = frozenset({"local", "cluster", "endpoint"})   # where a run goes

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import Problem, UsageError
-from ..servers import ServerSpec
-from ..serving import ServeSpec
-from ..workloads import Workload, parse_workload
+from ..serving.decisions import ServeSpec
+from ..serving.servers import ServerSpec
+from ..serving.workloads import Workload, parse_workload
 
 
 def serve_of(fields: Mapping[str, Any], flags: Mapping[str, Any], inventory: Mapping[str, Any], *,

@@ -23,7 +23,7 @@ from ..node_selection import select_nodes
 from ..results import RunMeta, read_meta
 from ..run_meta import new_run_id
 from ..runspec import EndpointSpec, ProbeSpec, RunSpec
-from ..servers import VLLM, ServerSpec
+from ..serving.servers import VLLM, ServerSpec
 from .bench_options import (
     BY_NAME,
     ENDPOINT,

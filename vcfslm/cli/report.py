@@ -19,8 +19,8 @@ from ..analysis.slo_spec import Slo, resolve_slos
 from ..analysis.summary import summary_table
 from ..contract import presets_help
 from ..errors import Problem, RunFolderError, UsageError
-from ..judging import Rule
 from ..results import read_meta
+from ..serving.judging import Rule
 from .common import RichReporter, output_option, print_json
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])

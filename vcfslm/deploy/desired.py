@@ -33,7 +33,7 @@ from ..guest.templates import render_template
 from ..guest_layout import GuestPaths, guest_paths, model_kind
 from ..node_selection import select_nodes
 from ..resources import resource_dir
-from ..servers import VLLM, ServerSpec, server_argv
+from ..serving.servers import VLLM, ServerSpec, server_argv
 from .confinement import Confinement, confinement, with_environment
 from .keys import check_keys, env_text
 from .tls import Pair

@@ -25,7 +25,7 @@ from ..guest.transport import Transport
 from ..guest_layout import guest_paths
 from ..inventory_load import located, service_model_problems
 from ..progress import NullReporter, Reporter
-from ..servers import parse_metrics
+from ..serving.servers import parse_metrics
 from . import keys
 from .changes import NodeChanges, node_changes
 from .desired import Deployment, plan_deployment, router_node_of, serve_dir, serving_nodes

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .. import results, servers
+from .. import results
 from ..bench.launch import report_event
 from ..bench.tracker import BenchTracker
 from ..bench.windows import Alone, ServeWindows, Window
@@ -50,6 +50,7 @@ from ..serve.http_backend import (
 from ..serve.http_serve import http_record_fields, run_http_window
 from ..serve.openai_client import Endpoint, Stream, stream_completion
 from ..serve.scheduler import Request
+from ..serving import servers
 from .faults import FaultRun, endpoint_outage
 
 log = logging.getLogger("vcfslm.endpoint")

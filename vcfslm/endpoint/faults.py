@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import judging
 from ..runspec import Fault
 from ..serve.http_backend import healthy
 from ..serve.http_serve import HttpOutcome
 from ..serve.openai_client import Endpoint
 from ..serve.scheduler import Request
+from ..serving import judging
 
 # Failed requests in a row, outside a fault, that say the front door stopped answering.
 OUTAGE_RUN = 5

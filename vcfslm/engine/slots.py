@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..serving import Piece
+from ..serving.decisions import Piece
 from .decode import DecodeEngine, PromptPieces
 from .step_cost import decode_buckets, lanes_for
 

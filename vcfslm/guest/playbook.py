@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..guest_layout import GuestPaths, guest_paths, model_ref, model_slug
 from ..resources import resource_dir
-from ..servers import HTTP_BACKENDS
+from ..serving.servers import HTTP_BACKENDS
 from . import facts as F
 from . import vllm
 from .steps import STEP_TYPES, HostContext, Op, Shell, Upload, describe, execute

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .. import topology
-from ..servers import VLLM
+from ..serving.servers import VLLM
 from . import vllm
 from .facts import CpuInfo, GuestFacts, Interface, NumaHardware, Reach, interface_of, peer_targets
 

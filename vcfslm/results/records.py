@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any, TypeVar
 
-from .. import arrivals
+from ..serving import arrivals
 from .schema import (
     SCHEMA_VERSION,
     AtLeastOne,
@@ -181,7 +181,7 @@ class ServeRecord(RankWindow):
     valid: Flag = True
     invalid_reasons: Texts = field(default_factory=list)
     placement: Object = field(default_factory=dict)
-    # An HTTP server's window (vcfslm.servers): which server, what its client saw, and
+    # An HTTP server's window (vcfslm.serving.servers): which server, what its client saw, and
     # the server's own /metrics over the window. The in-process engine leaves them empty.
     server: Text = "vcfslm"
     sent_s: Numbers = field(default_factory=list)          # per finished request: when it went out
@@ -217,7 +217,7 @@ class ServeRecord(RankWindow):
     # A fault injected into the window (bench --fault): what was killed, when, when it answered
     # /health again, the requests that failed, and attainment during and after (endpoint/faults.py).
     fault: Object = field(default_factory=dict)
-    # What the requests looked like (vcfslm.workloads): its name ("" in records written before
+    # What the requests looked like (vcfslm.serving.workloads): its name ("" in records written before
     # workloads: the spec's fixed lengths), the digest of its definition (a file's bytes), the
     # replay's time scale (0: not a replay), and per finished counted request the prompt tokens
     # its conversation had sent before (its prefix) and those the server's prefix cache held

@@ -21,12 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .. import servers
 from ..errors import BenchError
-from ..servers import HttpBackend, ServerSpec
-from ..serving import ServeSpec
+from ..serving import servers
+from ..serving.decisions import ServeSpec
+from ..serving.servers import HttpBackend, ServerSpec
+from ..serving.workloads import segment_ids
 from ..topology import format_cpu_list
-from ..workloads import segment_ids
 from . import server_process
 from .http_serve import http_record_fields, invalid_reasons, run_http_window
 from .openai_client import Endpoint, get, stream_completion

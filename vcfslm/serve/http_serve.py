@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import servers, serving
-from ..serving import ServeSpec
+from ..serving import decisions as serving
+from ..serving import servers
+from ..serving.decisions import ServeSpec
 from .openai_client import Stream
 from .scheduler import IDLE_POLL_S, Arrivals, Request, WindowOutcome, _Occupancy, record_fields
 

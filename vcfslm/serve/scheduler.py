@@ -40,9 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import arrivals, serving
-from ..serving import Piece, Planned, ServeSpec
-from ..window_plan import Ask, WindowPlan
+from ..serving import arrivals
+from ..serving import decisions as serving
+from ..serving.decisions import Piece, Planned, ServeSpec
+from ..serving.window_plan import Ask, WindowPlan
 
 # How long the loop sleeps at most while idle before it looks again (an arrival wakes it
 # sooner: the sleep is until the next arrival).
@@ -84,7 +85,7 @@ class Request:
     produced: int = 0
     token_s: list[float] | None = None  # each token's time (an HTTP client sees them all)
     error: str | None = None           # why an HTTP request failed (it then counts as unfinished)
-    # From a workload (vcfslm.workloads): the plan it came from (its prompt's segments, its
+    # From a workload (vcfslm.serving.workloads): the plan it came from (its prompt's segments, its
     # conversation and turn), and the prompt tokens the server's prefix cache held (None:
     # the server did not say).
     ask: Ask | None = None
@@ -148,7 +149,7 @@ class Arrivals:
     """A window's requests as its load generator plans them, for the in-process window and the
     HTTP one alike: open-loop arrivals all drawn at the start, closed-loop users' first
     requests (their follow-ups are planned with `plan` as each reply ends). With a workload
-    (vcfslm.workloads) its window plan draws them, and `replied` plans a conversation's next
+    (vcfslm.serving.workloads) its window plan draws them, and `replied` plans a conversation's next
     turn as each reply ends."""
 
     def __init__(self, spec: ServeSpec, load: float, input_tokens: int, rng: random.Random):

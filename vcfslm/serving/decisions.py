@@ -11,7 +11,7 @@ server):
   or gamma with shape `burstiness` and the same mean 1/rate, so burstiness 1 is
   Poisson, below 1 burstier (the gaps' coefficient of variation is 1/sqrt(burstiness)),
   above 1 more regular. Requests arrive whether or not the rank keeps up. Each process
-  and its gaps is one entry of vcfslm.arrivals.
+  and its gaps is one entry of vcfslm.serving.arrivals.
 - Closed loop, `users` per rank: each user sends a request, waits for its last token,
   thinks (exponential, mean `think_s`; 0 = not at all) and sends the next.
 - A window generates arrivals over [0, duration_s). Only requests arriving inside the
@@ -21,11 +21,11 @@ server):
   missed every SLO (its latency is taken as infinite).
 - A load meets an SLO when at least the stated share (`attainment`, default 90 %) of the
   counted requests of every rank met every limit at once: TTFT (queue included) and TPOT
-  (`vcfslm.judging`, which also says how sure that is).
-- A sweep whose smallest load fails first measures lower loads (vcfslm.lowering) until one
+  (`vcfslm.serving.judging`, which also says how sure that is).
+- A sweep whose smallest load fails first measures lower loads (vcfslm.serving.lowering) until one
   passes, or stops and says why (a request alone misses the SLO, too few requests, the
   budget). It bisects between the largest passing and the first failing load, then refines
-  until the threshold's interval (`vcfslm.judging`: from the replicates' thresholds up to
+  until the threshold's interval (`vcfslm.serving.judging`: from the replicates' thresholds up to
   their first failing loads, exclusive) is narrower than `sweep_precision` (relative to the
   threshold) or `sweep_budget_s` is spent: a new load inside the bracket while the gap
   between the passing and the failing load alone is wider than that, else more windows
@@ -40,8 +40,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vcfslm import arrivals, judging
-from vcfslm.workloads import Workload
+from vcfslm.serving import arrivals, judging
+from vcfslm.serving.workloads import Workload
 
 LOAD_KINDS = arrivals.LOAD_KINDS
 LENGTH_DISTS = ("fixed", "uniform")
@@ -85,7 +85,7 @@ class ServeSpec:
     attainment: float = judging.DEFAULT_ATTAINMENT   # share of requests that must meet every limit
     sweep_precision: float = 0.25           # stop refining once the interval is this narrow (relative)
     sweep_budget_s: float = 600.0           # ... or once the added windows took this long (0: none)
-    # What the requests look like (vcfslm.workloads); None: `lengths` at the contexts and
+    # What the requests look like (vcfslm.serving.workloads); None: `lengths` at the contexts and
     # output length above (a fixed workload is that). With a workload the one context is its
     # longest prompt and output_tokens its longest reply, which size the servers' KV cache.
     workload: Workload | None = None
@@ -448,7 +448,7 @@ def next_load(verdicts: Mapping[float, bool | None], load_kind: str, steps_taken
 
     Bisects between the largest passing and the first failing load; without both there
     is nothing to bisect (the threshold is above the largest load tried, or below the
-    smallest, where vcfslm.lowering goes lower first). Users are whole numbers.
+    smallest, where vcfslm.serving.lowering goes lower first). Users are whole numbers.
     """
     if steps_taken >= steps:
         return None
@@ -496,7 +496,7 @@ class RefineRule:
     """How far the sweep narrows a threshold after bisection: until its interval is within
     `precision` of it (relative), within `budget_s` of extra windows; users are whole numbers,
     and the bootstrap is seeded. `steps`: the loads per SLO the sweep adds below the grid
-    (vcfslm.lowering) and by bisection, together."""
+    (vcfslm.serving.lowering) and by bisection, together."""
 
     precision: float = 0.25
     budget_s: float = 600.0

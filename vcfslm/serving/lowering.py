@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from vcfslm import judging, serving
+from vcfslm.serving import decisions as serving
+from vcfslm.serving import judging
 
 # What lower_load says (Lowering.kind).
 LOWER = "lower"          # measure Lowering.load next

@@ -15,7 +15,7 @@ A workload is a named, recorded thing. `--workload` and the inventory's
 Records keep the workload's name and a digest of its definition (the file's bytes, or the
 mix's parameters), so runs on different workloads never pool, as different models never do.
 
-How a window draws its requests from a workload is vcfslm.window_plan's (`WindowPlan`).
+How a window draws its requests from a workload is vcfslm.serving.window_plan's (`WindowPlan`).
 
 A prompt is a list of segments, each `(key, length)`: the tokens of a segment are a pure
 function of its key, so equal keys are equal tokens whoever builds them (the history a
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import Problem, WorkloadError
+from ..errors import Problem, WorkloadError
 
 # Mooncake's trace: every hash id stands for one block of this many tokens.
 MOONCAKE_BLOCK_TOKENS = 512
