@@ -54,7 +54,7 @@ ROOMS = rooms_from_doc()
 
 def test_the_document_states_the_rules_this_file_checks():
     assert {"pyVmomi", "paramiko", "click", "matplotlib", "jinja2", "torch"} <= set(OWNERS)
-    assert {"core", "vsphere", "guest", "engine", "serve", "bench", "analysis", "deploy", "lab", "cli"} == set(ROOMS)
+    assert {"core", "vsphere", "guest", "engine", "serve", "bench", "analysis", "sim", "deploy", "lab", "cli"} == set(ROOMS)
     text = ARCHITECTURE.read_text()
     for question in ("A new decode kernel.", "A new vCenter VM setting.", "A new report figure.",
                      "A new load pattern", "A new serving backend."):
