@@ -1,0 +1,177 @@
+"""`vcfslm predict --serve` against the lab: predicted against measured serving on this machine.
+
+One rank of vcfslm's engine on this machine's cores, Phi-3-mini's shape (cut to --layers
+layers, so a window costs minutes, not hours), the fixed 128/16 workload (128 prompt, 16
+output tokens) under Poisson arrivals:
+
+  1. a static run (batches 1, 4, 8, 16): what `predict` fits its step costs on;
+  2. `vcfslm predict --serve` from that fit alone, before anything is served: per rate the
+     attainment and TTFT/TPOT p50, the threshold;
+  3. a serving run (`bench --serve`) at the same rates, slots, SLO, windows and seed;
+  4. both side by side: per rate the p50s and attainment, predicted against measured, and
+     each SLO's threshold. Targets: TTFT and TPOT p50 within 20 %, the threshold within one
+     load step (printed, not asserted).
+
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/serve_predict_validate.py
+    .venv/bin/python benchmarks/serve_predict_validate.py --reuse /tmp/serve-predict-runs   # compare again
+
+The SLO defaults to one whose threshold the fit puts inside the rates (pass --slo to fix
+one); a rate's p50 is compared only where both sides finished enough requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
+
+VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
+TARGET_P50 = 0.20
+
+
+def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode not in (0, 3):
+        sys.exit(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    print(f"  {what}: {time.perf_counter() - started:.0f} s", flush=True)
+    return done
+
+
+def measured(serve_dir: Path, slos: dict[str, dict]) -> dict[float, dict]:
+    """Per rate: the measured run's pooled windows as the bench judges them (serving.load_results)."""
+    from vcfslm import serving
+    from vcfslm.results import read_serve_records
+
+    out = {}
+    for load, r in serving.load_results(read_serve_records(serve_dir / "serving.jsonl")).items():
+        out[load] = {"requests": r.requests, "ttft_p50": r.ttft_tail(50), "tpot_p50": r.tpot_tail(50),
+                     "attainment": {n: r.attainment(s.get("tpot_ms"), s.get("ttft_s")).share for n, s in slos.items()},
+                     "meets": {n: serving.meets_limit(r, s, serving.share_for(s)) for n, s in slos.items()}}
+    return out
+
+
+def threshold(meets: dict[float, bool | None]) -> tuple[float | None, float | None]:
+    from vcfslm import judging
+
+    return judging.threshold(meets)
+
+
+def slo_text(name: str, limits: dict) -> str:
+    return f"{name}:tpot<={limits['tpot_ms']:g}ms,ttft<={limits['ttft_s']:g}s"
+
+
+def pick_slo(static_dir: Path, rates: list[float], common: list[str]) -> str:
+    """An SLO whose threshold the fit puts inside the rates: TPOT at 1.5x the predicted p50 of
+    the middle rate, TTFT at 3x its p50 TTFT, so the grid brackets it."""
+    doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), *common,
+                          "--slo", "probe:tpot<=100000ms,ttft<=100000s", "-o", "json"], "predict (SLO probe)").stdout)
+    mid = doc["loads"][len(doc["loads"]) // 2]
+    return f"L:tpot<={mid['tpot_ms']['p50'] * 1.5:.0f}ms,ttft<={mid['ttft_s']['p50'] * 3:.2f}s"
+
+
+def parse_slo(text: str) -> tuple[str, dict]:
+    name, rest = text.split(":", 1)
+    limits = {}
+    for part in rest.split(","):
+        key, value = part.split("<=")
+        if key.strip() == "tpot":
+            limits["tpot_ms"] = float(value.strip().removesuffix("ms"))
+        else:
+            limits["ttft_s"] = float(value.strip().removesuffix("s"))
+    return name, limits
+
+
+def pct(a: float | None, b: float | None) -> str:
+    if a is None or b is None or not b or b != b or a != a or abs(b) == float("inf") or abs(a) == float("inf"):
+        return "–"
+    return f"{a / b - 1:+.1%}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rates", default="0.5,1,2,4")
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--slo", default=None, help="e.g. 'L:tpot<=150ms,ttft<=2s' (default: picked from the fit)")
+    p.add_argument("--duration", type=float, default=70.0, help="a window's seconds of arrivals")
+    p.add_argument("--warm", type=float, default=5.0, help="its warm-up and cool-down, s each")
+    p.add_argument("--keep", type=Path, default=Path("/tmp/serve-predict-runs"))
+    p.add_argument("--reuse", action="store_true", help="compare the runs already in --keep again")
+    args = p.parse_args()
+    print(cpu_line(), flush=True)
+    runs = args.keep
+    runs.mkdir(parents=True, exist_ok=True)
+    static_dir, serve_dir = runs / "static", runs / "serve"
+    model = f"synthetic:phi-3-mini,layers={args.layers}"
+    common = ["--local", "--model", model, "--ranks", "1", "--threads", str(args.threads), "--input-tokens", "128",
+              "--output-tokens", "16", "--runs-dir", str(runs), "-o", "json"]
+    if not args.reuse:
+        run([*VCFSLM, "bench", *common, "--run-id", "static", "--batch-sizes", "1,4,8,16", "--warmup", "1",
+             "--repeats", "2"], "static run")
+    rates = [float(r) for r in args.rates.split(",")]
+    window = ["--rates", args.rates, "--slots", str(args.slots), "--input-tokens", "128", "--output-tokens", "16",
+              "--duration", f"{args.duration:g}", "--warmup-s", f"{args.warm:g}", "--cooldown-s", f"{args.warm:g}"]
+    slo_file = runs / "slo.txt"
+    if args.slo:
+        slo = args.slo
+    elif slo_file.exists():
+        slo = slo_file.read_text().strip()
+    else:
+        slo = pick_slo(static_dir, rates, window)
+    slo_file.write_text(slo + "\n")
+    name, limits = parse_slo(slo)
+    print(f"SLO {slo}; {model}; {args.slots} slots; rates {args.rates} req/s; {args.duration:g} s windows", flush=True)
+    started = time.perf_counter()
+    doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), *window, "--slo", slo,
+                          "-o", "json"], "predict --serve").stdout)
+    print(f"  (simulated in {time.perf_counter() - started:.1f} s with the CLI's start)")
+    if not args.reuse:
+        run([*VCFSLM, "bench", *[c for c in common if c not in ("--input-tokens", "128", "--output-tokens", "16")],
+             "--run-id", "serve", "--serve", *window, "--repeats", "1", "--slo", slo], "serving run")
+    got = measured(serve_dir, {name: limits})
+    predicted = {row["load"]: row for row in doc["loads"]}
+    print()
+    print(f"| req/s | requests (pred / meas) | TTFT p50 s pred | meas | error | TPOT p50 ms pred | meas | error "
+          f"| SLO-{name} met pred | meas |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    errors = []
+    for load in sorted(set(predicted) | set(got)):
+        pr, me = predicted.get(load), got.get(load)
+        if pr is None or me is None:
+            continue
+        t_err, p_err = pct(pr["ttft_s"]["p50"], me["ttft_p50"]), pct(pr["tpot_ms"]["p50"], me["tpot_p50"])
+        for pv, mv in ((pr["ttft_s"]["p50"], me["ttft_p50"]), (pr["tpot_ms"]["p50"], me["tpot_p50"])):
+            if pv is not None and mv and mv == mv and abs(mv) != float("inf"):
+                errors.append(abs(pv / mv - 1))
+        print(f"| {load:g} | {pr['requests']} / {me['requests']} | {pr['ttft_s']['p50'] or float('nan'):.3f} | "
+              f"{me['ttft_p50']:.3f} | {t_err} | {pr['tpot_ms']['p50'] or float('nan'):.1f} | {me['tpot_p50']:.1f} | "
+              f"{p_err} | {pr['attainment'][name] or 0:.0%} | {me['attainment'][name] or 0:.0%} |")
+    (th,) = doc["thresholds"]
+    m_pass, m_fail = threshold({load: v["meets"][name] for load, v in got.items()})
+    grid = sorted(got)
+    steps_apart = None
+    if th["threshold"] in grid and m_pass in grid:
+        steps_apart = abs(grid.index(th["threshold"]) - grid.index(m_pass))
+    elif th["threshold"] == m_pass:
+        steps_apart = 0
+    print()
+    print(f"threshold SLO-{name}: predicted {th['threshold']} req/s (first failing {th['first_failing']}; fit "
+          f"interval {th['fit_interval']}), measured {m_pass} (first failing {m_fail})")
+    within = all(e <= TARGET_P50 for e in errors)
+    print(f"target p50s within {TARGET_P50:.0%}: {'met' if within else 'NOT met'} "
+          f"(largest |error| {max(errors):.1%} over {len(errors)} p50s)" if errors else "no p50 to compare")
+    print(f"target threshold within one load step: "
+          f"{'met' if steps_apart is not None and steps_apart <= 1 else 'NOT met'} ({steps_apart} steps apart)")
+
+
+if __name__ == "__main__":
+    main()
