@@ -110,10 +110,15 @@ class Server:
         self.generated_in_span = 0
         self.busy_slot_seconds = 0.0
         self._busy_since = 0.0
+        # The end of the next step when the last advance stopped before it: a later advance
+        # to an earlier time has nothing to do (the router asks often; the answer is cheap).
+        self._next_end: float | None = None
 
     # -------------------------------------------------------------- the router's side
 
     def submit(self, r: Request) -> None:
+        if r.arrival_s <= self.now:
+            self._next_end = None       # it is seen before the next step: that step may change
         heapq.heappush(self.pending, (r.arrival_s, r.index, r))
         self.requests.append(r)
         self.in_flight += 1
@@ -123,6 +128,9 @@ class Server:
     def advance(self, until: float, stop_on_finish: bool = False) -> bool:
         """Run every step that ends by `until`. With stop_on_finish, return True right after a
         step in which a request finished (a closed loop plans its next request then)."""
+        if self._next_end is not None and until < self._next_end:
+            return False
+        self._next_end = None
         vllm = self.policy.scheduler == VLLM
         while True:
             now = self.now
@@ -203,6 +211,7 @@ class Server:
             took += cost.piece_s(p.start, p.stop, p.length, padded)
         at = self.now + took
         if at > until:
+            self._next_end = at
             return None
         self._occupancy(at)
         self.now = at
@@ -248,13 +257,24 @@ class Server:
         n = min(r.output_tokens - r.produced for r in running.values())
         return self._run(run, n, until, None)
 
+    def _arrivals_change_steps(self) -> bool:
+        """Would a request arriving now change the steps of the current run? Not when it only
+        waits: no slot (or sequence) is free, or (vcfslm's SLO rule beside running streams) the
+        steps keep to the oldest admission's chunk however many go in behind it."""
+        policy = self.policy
+        if len(self.running) + len(self.admitting) >= policy.slots:
+            return False
+        return not (policy.scheduler == VCFSLM and policy.capped and self.admitting and self.running)
+
     def _run(self, run: LinearRun, n: int, until: float, also) -> bool | None:
-        """At most n steps of `run`, stopping at the step an arrival lands in and before any
-        step that would end past `until`; None when no step fits."""
-        if self.pending:
+        """At most n steps of `run`, stopping at the step an arrival lands in (when it changes
+        the steps) and before any step that would end past `until`; None when no step fits."""
+        stop_at_arrivals = self._arrivals_change_steps()
+        if self.pending and stop_at_arrivals:
             n = min(n, run.steps_to_reach(self.pending[0][0] - self.now))
         n = min(n, run.steps_within(until - self.now))
         if n <= 0:
+            self._next_end = self.now + run.first
             return None
         start = self.now
         self.now = start + run.elapsed(n)
@@ -264,10 +284,27 @@ class Server:
             inside = (run.steps_within(self.span_end - start)
                       - (run.steps_within(self.span_start - start - 1e-12) if self.span_start > start else 0))
             self.generated_in_span += streams * max(0, min(inside, n))
+        if not stop_at_arrivals:
+            self._arrivals_within(run, start, n)
         self._occupancy(self.now)
         if also is not None:
             also(n)
         return self._produce(n, self.now)
+
+    def _arrivals_within(self, run: LinearRun, start: float, n: int) -> None:
+        """The requests that arrived during a run and only wait: each seen at the end of the
+        step it arrived in, and (vcfslm) admitted there into a free slot, as the loop would;
+        those seen at the run's last step end are left to the loop (after its completions)."""
+        pending = self.pending
+        while pending and pending[0][0] <= self.now:
+            k = run.steps_to_reach(pending[0][0] - start)
+            if k >= n:
+                break
+            seen = start + run.elapsed(k)
+            self.waiting.append(heapq.heappop(pending)[2])
+            if self.policy.scheduler == VCFSLM:
+                self._admit_to_slots(seen)
+            self.max_queue = max(self.max_queue, len(self.waiting))
 
     def _count_tokens(self, tokens: int, at: float) -> None:
         if self.span_start <= at <= self.span_end:
