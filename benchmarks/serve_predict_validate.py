@@ -5,8 +5,9 @@ layers, so a window costs minutes, not hours), the fixed 128/16 workload (128 pr
 output tokens) under Poisson arrivals:
 
   1. a static run (batches 1, 4, 8, 16): what `predict` fits its step costs on;
-  2. `vcfslm predict --serve` from that fit alone, before anything is served: per rate the
-     attainment and TTFT/TPOT p50, the threshold;
+  2. `vcfslm predict --serve` from that fit alone, before anything is served: the rates (four
+     up to where it predicts saturation) and an SLO whose threshold it puts among them, then
+     per rate the attainment and TTFT/TPOT p50, the threshold;
   3. a serving run (`bench --serve`) at the same rates, slots, SLO, windows and seed;
   4. both side by side: per rate the p50s and attainment, predicted against measured, and
      each SLO's threshold. Targets: TTFT and TPOT p50 within 20 %, the threshold within one
@@ -15,8 +16,7 @@ output tokens) under Poisson arrivals:
     flock /tmp/heavy.lock .venv/bin/python benchmarks/serve_predict_validate.py
     .venv/bin/python benchmarks/serve_predict_validate.py --reuse /tmp/serve-predict-runs   # compare again
 
-The SLO defaults to one whose threshold the fit puts inside the rates (pass --slo to fix
-one); a rate's p50 is compared only where both sides finished enough requests.
+--rates and --slo fix them instead.
 """
 
 from __future__ import annotations
@@ -68,13 +68,31 @@ def slo_text(name: str, limits: dict) -> str:
     return f"{name}:tpot<={limits['tpot_ms']:g}ms,ttft<={limits['ttft_s']:g}s"
 
 
-def pick_slo(static_dir: Path, rates: list[float], common: list[str]) -> str:
-    """An SLO whose threshold the fit puts inside the rates: TPOT at 1.5x the predicted p50 of
-    the middle rate, TTFT at 3x its p50 TTFT, so the grid brackets it."""
-    doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), *common,
-                          "--slo", "probe:tpot<=100000ms,ttft<=100000s", "-o", "json"], "predict (SLO probe)").stdout)
-    mid = doc["loads"][len(doc["loads"]) // 2]
-    return f"L:tpot<={mid['tpot_ms']['p50'] * 1.5:.0f}ms,ttft<={mid['ttft_s']['p50'] * 3:.2f}s"
+PROBE_RATES = "0.02,0.05,0.1,0.2,0.5,1,2,5,10"
+LOOSE = "probe:tpot<=100000ms,ttft<=100000s"
+
+
+def predicted_loads(static_dir: Path, window: list[str], rates: str, slo: str) -> list[dict]:
+    doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), *window, "--rates", rates,
+                          "--slo", slo, "-o", "json"], f"predict --serve at {rates}").stdout)
+    return doc["loads"]
+
+
+def pick_rates(static_dir: Path, window: list[str]) -> str:
+    """Four rates up to the fit's saturation: the largest probe rate whose predicted p50 TTFT
+    is within 3x the lightest one's, times 0.25, 0.5, 0.75 and 1."""
+    rows = predicted_loads(static_dir, window, PROBE_RATES, LOOSE)
+    light = rows[0]["ttft_s"]["p50"]
+    top = max(r["load"] for r in rows if r["ttft_s"]["p50"] is not None and r["ttft_s"]["p50"] <= 3 * light)
+    return ",".join(f"{top * f:.3g}" for f in (0.25, 0.5, 0.75, 1.0))
+
+
+def pick_slo(static_dir: Path, rates: str, window: list[str]) -> str:
+    """An SLO whose threshold the fit puts inside the rates: TPOT at 1.2x the predicted p50 of
+    the third rate, TTFT at 2x its p50 TTFT."""
+    rows = predicted_loads(static_dir, window, rates, LOOSE)
+    mid = rows[2]
+    return f"L:tpot<={mid['tpot_ms']['p50'] * 1.2:.0f}ms,ttft<={mid['ttft_s']['p50'] * 2:.2f}s"
 
 
 def parse_slo(text: str) -> tuple[str, dict]:
@@ -99,7 +117,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rates", default="0.5,1,2,4")
+    p.add_argument("--rates", default=None, help="req/s (default: four up to the fit's saturation)")
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--slo", default=None, help="e.g. 'L:tpot<=150ms,ttft<=2s' (default: picked from the fit)")
     p.add_argument("--duration", type=float, default=70.0, help="a window's seconds of arrivals")
@@ -114,27 +132,27 @@ def main() -> None:
     model = f"synthetic:phi-3-mini,layers={args.layers}"
     common = ["--local", "--model", model, "--ranks", "1", "--threads", str(args.threads), "--input-tokens", "128",
               "--output-tokens", "16", "--runs-dir", str(runs), "-o", "json"]
-    if not args.reuse:
+    if not args.reuse and not (static_dir / "meta.json").exists():
         run([*VCFSLM, "bench", *common, "--run-id", "static", "--batch-sizes", "1,4,8,16", "--warmup", "1",
              "--repeats", "2"], "static run")
-    rates = [float(r) for r in args.rates.split(",")]
-    window = ["--rates", args.rates, "--slots", str(args.slots), "--input-tokens", "128", "--output-tokens", "16",
-              "--duration", f"{args.duration:g}", "--warmup-s", f"{args.warm:g}", "--cooldown-s", f"{args.warm:g}"]
-    slo_file = runs / "slo.txt"
-    if args.slo:
-        slo = args.slo
-    elif slo_file.exists():
-        slo = slo_file.read_text().strip()
-    else:
-        slo = pick_slo(static_dir, rates, window)
-    slo_file.write_text(slo + "\n")
+    shape = ["--slots", str(args.slots), "--input-tokens", "128", "--output-tokens", "16",
+             "--duration", f"{args.duration:g}", "--warmup-s", f"{args.warm:g}", "--cooldown-s", f"{args.warm:g}"]
+    # The rates and the SLO are chosen from the fit alone, before anything is served, and kept
+    # (a --reuse compares against the same ones).
+    chosen = runs / "chosen.json"
+    kept = json.loads(chosen.read_text()) if chosen.exists() else {}
+    rates_text = args.rates or kept.get("rates") or pick_rates(static_dir, shape)
+    slo = args.slo or kept.get("slo") or pick_slo(static_dir, rates_text, shape)
+    chosen.write_text(json.dumps({"rates": rates_text, "slo": slo}) + "\n")
+    args.rates = rates_text
+    window = ["--rates", rates_text, *shape]
     name, limits = parse_slo(slo)
     print(f"SLO {slo}; {model}; {args.slots} slots; rates {args.rates} req/s; {args.duration:g} s windows", flush=True)
     started = time.perf_counter()
     doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), *window, "--slo", slo,
                           "-o", "json"], "predict --serve").stdout)
     print(f"  (simulated in {time.perf_counter() - started:.1f} s with the CLI's start)")
-    if not args.reuse:
+    if not args.reuse and not (serve_dir / "meta.json").exists():
         run([*VCFSLM, "bench", *[c for c in common if c not in ("--input-tokens", "128", "--output-tokens", "16")],
              "--run-id", "serve", "--serve", *window, "--repeats", "1", "--slo", slo], "serving run")
     got = measured(serve_dir, {name: limits})

@@ -118,21 +118,23 @@ def compare(rate: float, horizon: float) -> None:
               f"{steps / took / 1e3:.0f} k steps/s", flush=True)
 
 
-def fleet(nodes: int, per_node: int, rate: float, hours: float) -> None:
+def fleet(nodes: int, per_node: int, rate: float, hours: float, output_tokens: int = OUT) -> None:
     dims = KNOWN_DIMS["phi-3-mini"]
     lanes = (0.0, *(A + G * b for b in range(1, SLOTS + 1)))
     cost = StepModel(lanes, 2e-7, PREFILL / 128, 0.0, 1e-13, A, dims, SLOTS, attention_pair=1e9)
     policy = Policy("vcfslm", SLOTS, 2048, chunks=((1, 64), (2, 48), (4, 32), (8, 24), (16, 16)),
                     lane_buckets=(1, 2, 4, 8, 16), capped=True)
-    spec = ServeSpec(loads=(rate,), input_tokens=(128,), output_tokens=OUT, duration_s=3600.0 * hours)
+    spec = ServeSpec(loads=(rate,), input_tokens=(128,), output_tokens=output_tokens, duration_s=3600.0 * hours)
     servers = nodes * per_node
     t = time.process_time()
     records = simulate_window(cost, policy, spec, rate, 128, {"B": {"tpot_ms": 200.0, "ttft_s": 5.0}},
                               fleet_of=Fleet(servers, POWER_OF_TWO))
     took = time.process_time() - t
     done = sum(r.completed for r in records)
+    steps = sum(r.steps for r in records)
     print(f"  {nodes} nodes x {per_node} server(s), {rate:g} req/s each, {hours:g} h simulated: "
-          f"{took:.1f} s CPU, {done} requests, {took / done * 1e6:.0f} us/request", flush=True)
+          f"{took:.1f} s CPU, {done} requests, {took / done * 1e6:.0f} us/request, {steps} steps "
+          f"({steps / took / 1e3:.0f} k steps per CPU second)", flush=True)
 
 
 def main() -> None:
@@ -141,12 +143,13 @@ def main() -> None:
     p.add_argument("--per-node", type=int, default=1, help="servers per node (the brief's VM: 4)")
     p.add_argument("--rate", type=float, default=0.5, help="requests/s per server")
     p.add_argument("--hours", type=float, default=1.0)
+    p.add_argument("--output-tokens", type=int, default=OUT)
     p.add_argument("--compare", action="store_true", help="simpy against the heapq loop first")
     args = p.parse_args()
     print(cpu_line(), flush=True)
     if args.compare:
         compare(args.rate, 3600.0)
-    fleet(args.nodes, args.per_node, args.rate, args.hours)
+    fleet(args.nodes, args.per_node, args.rate, args.hours, args.output_tokens)
 
 
 if __name__ == "__main__":
