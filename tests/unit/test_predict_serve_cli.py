@@ -72,3 +72,15 @@ def test_serving_flags_need_serve(tmp_path):
     out = run("predict", "--results", r, "--rates", "1,2")
     assert out.exit_code == 2
     assert "--rates only apply to predict --serve" in out.output
+
+
+def test_a_closed_loop_has_no_fleet(tmp_path):
+    r = model_run(tmp_path / "r1", "r1")
+    args = ("predict", "--results", r, "--serve", "--users", "2,4", "--input-tokens", "128", "--output-tokens", "16",
+            "--duration", "60")
+    out = run(*args, "--scale-nodes", "2")
+    assert out.exit_code == 2
+    assert "simulated on one server only" in out.output
+    one = run(*args, "-o", "json")
+    assert one.exit_code == 0, one.output
+    assert [row["load"] for row in json.loads(one.stdout)["loads"]] == [2.0, 4.0]

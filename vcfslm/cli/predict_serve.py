@@ -67,6 +67,10 @@ def serve_command(opts, options: dict[str, Any], load_measured, build_target, la
     setup = A.Setup(costs, policy, spec, slos, target.ranks_per_node, router)
     peaks = tuple(options.get("peak_rps") or ())
     most = options.get("scale_nodes") or 0
+    follows = spec.load_kind == "users" or (spec.workload is not None and spec.workload.multi_turn)
+    if follows and most:
+        raise UsageError([Problem("", None, None, "--scale-nodes", "closed loops (--users) and conversations plan "
+                                  "their next request as a reply ends: they are simulated on one server only")])
     nodes = tuple(n for n in SCALE_NODES if n <= most)
     result = A.answer(setup, spec.loads, peaks, nodes)
     notes = [chunk_note, _interval_note(d_rel, p_rel)]
