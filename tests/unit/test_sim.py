@@ -13,7 +13,9 @@ from vcfslm import serving
 from vcfslm.analysis.calibration import KNOWN_DIMS
 from vcfslm.serve.scheduler import run_window
 from vcfslm.serving import ServeSpec
-from vcfslm.sim.cost import LinearRun, StepModel
+from vcfslm.analysis import perfmodel as P
+from vcfslm.roofline import mean_decode_context
+from vcfslm.sim.cost import LinearRun, StepModel, relative_half_widths, scaled, step_model
 from vcfslm.sim.fleet import POWER_OF_TWO, ROUND_ROBIN, Fleet, simulate_window
 from vcfslm.sim.server import Policy, Server
 
@@ -43,6 +45,26 @@ def test_a_run_sums_in_closed_form_what_its_steps_sum_one_by_one(first, slope):
         reach = min(n for n, e in enumerate(ends) if n >= 1 and e >= budget - 1e-12)
         assert run.steps_to_reach(budget) == reach, budget
         assert run.elapsed(expected) == pytest.approx(ends[expected])
+
+
+def test_step_costs_are_the_fits_own_tpot_and_ttft():
+    """A plain decode step at batch b over the mean context costs the TPOT `predict` gives for
+    that cell, and a lone prompt in one piece the TTFT; the fit interval's ends scale them."""
+    from test_perfmodel import PHI3_2L, RATES, synthetic
+
+    model = P.fit_model(synthetic([1, 4, 8, 16], [128, 512], noise=0.02, seed=3))
+    m = step_model(model, PHI3_2L, RATES, 16)
+    for b, inp, out in ((1, 128, 16), (4, 512, 16), (16, 128, 64)):
+        p = P.predict(model, PHI3_2L, RATES, P.Scenario(b, inp, out))
+        context = b * mean_decode_context(inp, out)
+        assert m.lanes_s(b) + context * m.kv_token_s == pytest.approx(p.tpot_ms / 1000.0, rel=1e-9)
+        if b == 1:
+            assert m.decode_s(0, 0) + m.piece_s(0, inp, inp) == pytest.approx(p.ttft_s, rel=1e-9)
+    d_rel, p_rel = relative_half_widths(model, PHI3_2L, RATES, 16, 128, 16)
+    assert 0 < d_rel < 0.5 and 0 < p_rel < 0.5
+    low, high = (scaled(model, PHI3_2L, RATES, 16, d_rel, p_rel, end) for end in ("optimistic", "pessimistic"))
+    assert low.lanes_s(4) == pytest.approx(m.lanes_s(4) * (1 - d_rel))
+    assert high.piece_s(0, 128, 128) == pytest.approx(m.piece_s(0, 128, 128) * (1 + p_rel))
 
 
 class ModelledSlots:
