@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from vcfslm import serving
+from vcfslm.analysis import perfmodel as P
 from vcfslm.analysis.calibration import KNOWN_DIMS
+from vcfslm.roofline import mean_decode_context
 from vcfslm.serve.scheduler import run_window
 from vcfslm.serving import ServeSpec
-from vcfslm.analysis import perfmodel as P
-from vcfslm.roofline import mean_decode_context
 from vcfslm.sim.cost import LinearRun, StepModel, relative_half_widths, scaled, step_model
 from vcfslm.sim.fleet import POWER_OF_TWO, ROUND_ROBIN, Fleet, simulate_window
 from vcfslm.sim.server import Policy, Server
