@@ -92,11 +92,12 @@ def _server_of(meta) -> str:
 
 
 def _growth(metas) -> int:
-    """The decode lanes' growth (the kernel's row padding) the measured engine ran at."""
+    """The decode lanes' growth (the kernel's row padding, its pack's min_rows) the measured
+    engine ran at; 2 where the run does not say."""
     for meta in metas:
         for rank in (meta.ranks or {}).values():
-            engine = rank.get("engine") if isinstance(rank, dict) else None
-            rows = engine.get("min_rows") if isinstance(engine, dict) else None
+            pack = rank.get("pack") if isinstance(rank, dict) else None
+            rows = pack.get("min_rows") if isinstance(pack, dict) else None
             if isinstance(rows, int) and rows >= 1:
                 return max(2, rows)
     return 2
