@@ -84,3 +84,15 @@ def test_a_closed_loop_has_no_fleet(tmp_path):
     one = run(*args, "-o", "json")
     assert one.exit_code == 0, one.output
     assert [row["load"] for row in json.loads(one.stdout)["loads"]] == [2.0, 4.0]
+
+
+def test_the_sweep_goes_below_a_grid_that_fails_and_bisects(tmp_path):
+    r = model_run(tmp_path / "r1", "r1")
+    out = run("predict", "--results", r, "--serve", "--rates", "4,8", "--slo", "B:tpot<=400ms,ttft<=5s",
+              "--input-tokens", "128", "--output-tokens", "16", "--duration", "200", "--sweep", "-o", "json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    loads = [row["load"] for row in doc["loads"]]
+    assert min(loads) < 4 and len(loads) > 3
+    (th,) = doc["thresholds"]
+    assert th["threshold"] is not None and th["threshold"] < 4 and th["first_failing"] <= 4

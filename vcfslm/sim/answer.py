@@ -155,13 +155,18 @@ def simulate_loads(cost: StepModel, setup: Setup, loads: Sequence[float], server
 
 def sweep(cost: StepModel, setup: Setup, loads: Sequence[float], slos: Sequence[Slo], servers: int = 1,
           steps: int = 0) -> dict[float, LoadResult]:
-    """The grid, then up to `steps` bisection loads per SLO between its passing and first failing
-    load (the bench's `serving.next_load`)."""
+    """The grid, then up to `steps` loads per SLO: halving below the smallest while even that
+    fails (as the bench's sweep goes below its grid), else bisecting between the passing and
+    the first failing load (the bench's `serving.next_load`)."""
     results = simulate_loads(cost, setup, sorted(set(loads)), servers)
     for slo in slos:
         for taken in range(steps):
             verdicts = {load: serving.meets_limit(r, setup.limit(slo), setup.share(slo)) for load, r in results.items()}
-            nxt = serving.next_load(verdicts, setup.spec.load_kind, taken, steps)
+            passing, failing = judging.threshold(verdicts)
+            if passing is None and failing is not None and setup.spec.load_kind == "rate":
+                nxt = serving.round_rate(failing / 2)
+            else:
+                nxt = serving.next_load(verdicts, setup.spec.load_kind, taken, steps)
             if nxt is None or nxt in results:
                 break
             results.update(simulate_loads(cost, setup, [nxt], servers))
