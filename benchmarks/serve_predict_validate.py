@@ -5,9 +5,10 @@ layers, so a window costs minutes, not hours), the fixed 128/16 workload (128 pr
 output tokens) under Poisson arrivals:
 
   1. a static run (batches 1, 4, 8, 16): what `predict` fits its step costs on;
-  2. `vcfslm predict --serve` from that fit alone, before anything is served: the rates (four
-     up to where it predicts saturation) and an SLO whose threshold it puts among them, then
-     per rate the attainment and TTFT/TPOT p50, the threshold;
+  2. `vcfslm predict --serve` from that fit alone, before anything is served: an SLO this
+     machine holds at light load (TPOT 2.5x, TTFT 4x the static batch-1 figures), three rates
+     at 0.5, 1 and 2 times the threshold it predicts for it, then per rate the
+     attainment and TTFT/TPOT p50, the threshold;
   3. a serving run (`bench --serve`) at the same rates, slots, SLO, windows and seed;
   4. both side by side: per rate the p50s and attainment, predicted against measured, and
      each SLO's threshold. Targets: TTFT and TPOT p50 within 20 %, the threshold within one
@@ -68,31 +69,31 @@ def slo_text(name: str, limits: dict) -> str:
     return f"{name}:tpot<={limits['tpot_ms']:g}ms,ttft<={limits['ttft_s']:g}s"
 
 
-PROBE_RATES = "0.02,0.05,0.1,0.2,0.5,1,2,5,10"
-LOOSE = "probe:tpot<=100000ms,ttft<=100000s"
+PROBE_RATES = "0.02,0.05,0.1,0.2,0.3,0.5,0.7,1,1.5,2,3,5"
 
 
-def predicted_loads(static_dir: Path, window: list[str], rates: str, slo: str) -> list[dict]:
-    doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), *window, "--rates", rates,
-                          "--slo", slo, "-o", "json"], f"predict --serve at {rates}").stdout)
-    return doc["loads"]
+def static_batch1(static_dir: Path) -> tuple[float, float]:
+    """The static run's median batch-1 TPOT (ms) and TTFT (s)."""
+    rows = [json.loads(line) for line in (static_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    ones = [r for r in rows if r["batch_per_rank"] == 1 and r.get("valid", True)]
+    tpot = sorted(r["tpot_ms"][0] for r in ones)
+    ttft = sorted(r["ttft_s"][0] for r in ones)
+    return tpot[len(tpot) // 2], ttft[len(ttft) // 2]
 
 
-def pick_rates(static_dir: Path, window: list[str]) -> str:
-    """Four rates up to the fit's saturation: the largest probe rate whose predicted p50 TTFT
-    is within 3x the lightest one's, times 0.25, 0.5, 0.75 and 1."""
-    rows = predicted_loads(static_dir, window, PROBE_RATES, LOOSE)
-    light = rows[0]["ttft_s"]["p50"]
-    top = max(r["load"] for r in rows if r["ttft_s"]["p50"] is not None and r["ttft_s"]["p50"] <= 3 * light)
-    return ",".join(f"{top * f:.3g}" for f in (0.25, 0.5, 0.75, 1.0))
+def pick_slo(static_dir: Path) -> str:
+    """An SLO this machine can hold at light load: TPOT 2.5x and TTFT 4x the static batch-1 figures."""
+    tpot, ttft = static_batch1(static_dir)
+    return f"L:tpot<={tpot * 2.5:.0f}ms,ttft<={ttft * 4:.2f}s"
 
 
-def pick_slo(static_dir: Path, rates: str, window: list[str]) -> str:
-    """An SLO whose threshold the fit puts inside the rates: TPOT at 1.2x the predicted p50 of
-    the third rate, TTFT at 2x its p50 TTFT."""
-    rows = predicted_loads(static_dir, window, rates, LOOSE)
-    mid = rows[2]
-    return f"L:tpot<={mid['tpot_ms']['p50'] * 1.2:.0f}ms,ttft<={mid['ttft_s']['p50'] * 2:.2f}s"
+def pick_rates(static_dir: Path, window: list[str], slo: str) -> str:
+    """Three rates around the threshold the fit predicts for the SLO: 0.5, 1 and 2 times it."""
+    doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), *window, "--rates", PROBE_RATES,
+                          "--slo", slo, "-o", "json"], "predict --serve (the rates)").stdout)
+    (th,) = doc["thresholds"]
+    top = th["threshold"] or float(PROBE_RATES.split(",")[0])
+    return ",".join(f"{top * f:.3g}" for f in (0.5, 1.0, 2.0))
 
 
 def parse_slo(text: str) -> tuple[str, dict]:
@@ -120,7 +121,7 @@ def main() -> None:
     p.add_argument("--rates", default=None, help="req/s (default: four up to the fit's saturation)")
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--slo", default=None, help="e.g. 'L:tpot<=150ms,ttft<=2s' (default: picked from the fit)")
-    p.add_argument("--duration", type=float, default=70.0, help="a window's seconds of arrivals")
+    p.add_argument("--duration", type=float, default=130.0, help="a window's seconds of arrivals")
     p.add_argument("--warm", type=float, default=5.0, help="its warm-up and cool-down, s each")
     p.add_argument("--keep", type=Path, default=Path("/tmp/serve-predict-runs"))
     p.add_argument("--reuse", action="store_true", help="compare the runs already in --keep again")
@@ -141,8 +142,8 @@ def main() -> None:
     # (a --reuse compares against the same ones).
     chosen = runs / "chosen.json"
     kept = json.loads(chosen.read_text()) if chosen.exists() else {}
-    rates_text = args.rates or kept.get("rates") or pick_rates(static_dir, shape)
-    slo = args.slo or kept.get("slo") or pick_slo(static_dir, rates_text, shape)
+    slo = args.slo or kept.get("slo") or pick_slo(static_dir)
+    rates_text = args.rates or kept.get("rates") or pick_rates(static_dir, shape, slo)
     chosen.write_text(json.dumps({"rates": rates_text, "slo": slo}) + "\n")
     args.rates = rates_text
     window = ["--rates", rates_text, *shape]
