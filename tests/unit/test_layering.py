@@ -54,8 +54,8 @@ ROOMS = rooms_from_doc()
 
 def test_the_document_states_the_rules_this_file_checks():
     assert {"pyVmomi", "paramiko", "click", "matplotlib", "jinja2", "torch"} <= set(OWNERS)
-    assert {"core", "serving", "vsphere", "guest", "engine", "serve", "bench", "endpoint", "analysis", "deploy", "lab",
-            "cli"} == set(ROOMS)
+    assert {"core", "serving", "vsphere", "guest", "engine", "serve", "bench", "endpoint", "analysis", "sim",
+            "deploy", "lab", "cli"} == set(ROOMS)
     text = ARCHITECTURE.read_text()
     for question in ("A new decode kernel.", "A new vCenter VM setting.", "A new report figure.",
                      "A new load pattern", "A new serving backend."):

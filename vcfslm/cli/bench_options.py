@@ -362,3 +362,17 @@ def bench_options(command: Callable) -> Callable:
             command = click.option(*setting.flags, setting.name, help=setting.help,
                                    **{"default": None, **setting.option})(command)
     return command
+
+
+# The serving settings, which `predict --serve` takes as `bench --serve` does.
+SERVE_SETTINGS = tuple(s for s in SETTINGS if s.group == SERVING and s.flags)
+SERVE_FLAGS = tuple(s.name for s in SERVE_SETTINGS)
+
+
+def serve_options(command: Callable) -> Callable:
+    """The serving options of `vcfslm bench` (SERVING's section), onto another command."""
+    for setting in reversed(SERVE_SETTINGS):
+        command = click.option(*setting.flags, setting.name, help=setting.help,
+                               **{"default": None, **setting.option})(command)
+    return command
+

@@ -12,8 +12,13 @@ import click
 
 from ..errors import Problem, UsageError
 from ..presets import PRESET_NAMES
+from ..sim.fleet import ROUTERS
+from .bench_options import SERVE_FLAGS, float_list, serve_options
 from .common import int_list, output_option, print_json
 from .report import latest_run
+
+# The flags only `predict --serve` reads (beside bench's serving flags).
+PREDICT_SERVE_FLAGS = ("peak_rps", "scale_nodes", "router", "serve_repeats", "seed")
 
 
 @click.command("predict")
@@ -54,6 +59,16 @@ from .report import latest_run
               help="--validate: fit on these batches (default: the smaller half).")
 @click.option("--fit-threads", type=click.IntRange(min=1), default=None,
               help="--validate: fit on the runs with this many threads per rank, predict the others.")
+@serve_options
+@click.option("--windows", "serve_repeats", type=click.IntRange(min=1), default=None,
+              help="Serve: simulated windows per load, each its own seed (default 1).")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Serve: the arrivals' seed (default 0).")
+@click.option("--router", type=click.Choice(ROUTERS), default=None,
+              help="Serve: how the fleet's router picks a server (default power_of_two).")
+@click.option("--peak-rps", "peak_rps", callback=float_list, default=None, metavar="LIST",
+              help="Serve: peak requests/s of the service to size nodes for.")
+@click.option("--scale-nodes", type=click.IntRange(min=1, max=64), default=None, metavar="N",
+              help="Serve: the scale-out table up to N nodes (1, 2, 4, ... N) behind the router.")
 @output_option
 def predict(**options) -> None:
     """Predict TTFT, TPOT, the crossover and the nodes on a target platform, with 95 % intervals.
@@ -76,8 +91,24 @@ def predict(**options) -> None:
           --platform platforms/vx650v4-6737p.yaml
       vcfslm predict --validate runs/<id> --fit-batches 1,4
       vcfslm predict --validate runs/<1-thread> --validate runs/<2-thread> --fit-threads 1
+      vcfslm predict --serve --results runs/<id> --rates 0.5,1,2 --slo B --peak-rps 100 --scale-nodes 64
+      vcfslm predict --serve --results runs/<id> --platform vx650v4-6747p --rates 1,2,4 --input-tokens 128
+
+    \b
+    --serve simulates serving instead (docs/predict.md): the fitted step costs drive the
+    scheduler (vcfslm's, or vLLM's with --server vllm, fitted on vLLM's own runs) under the
+    bench's arrivals and workloads, judged by the bench's code: per load the attainment and
+    TTFT/TPOT, per SLO the threshold, the nodes for --peak-rps, and the scale-out table.
     """
     opts = PredictOptions.from_cli(options)
+    given = sorted(k for k in (*SERVE_FLAGS, *PREDICT_SERVE_FLAGS) if options.get(k) not in (None, False))
+    if options.get("serve"):
+        from .predict_serve import serve_command
+
+        serve_command(opts, options, load_measured, build_target, latest_run)
+        return
+    if given:
+        raise UsageError(f"{', '.join('--' + g.replace('_', '-') for g in given)} only apply to predict --serve")
     if opts.validate_runs:
         _validate(opts)
         return
