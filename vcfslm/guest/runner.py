@@ -20,8 +20,8 @@ from typing import Any
 from ..contract import GUEST_PARALLEL_CAP, parallelism
 from ..errors import PlaybookError, TransportError
 from ..progress import NullReporter, Reporter
+from .context import HostContext
 from .playbook import Playbook, StepResult, host_variables, run_step
-from .steps import HostContext
 from .transport import Transport
 
 
