@@ -2,7 +2,7 @@
 
 The servers listen on the bench network and the router on its node's loopback, which
 the operator's machine may not reach; the node reaches both. One call answers every
-question at once: HTTP GETs (with the key, fed on stdin so it is in no command line or
+question at once: HTTP calls (GETs, and the POSTs of the router's management API; with the key, fed on stdin so it is in no command line or
 log, where asked), and the peak RSS of process trees.
 """
 
@@ -19,7 +19,7 @@ import json, os, sys, urllib.request, urllib.error
 ask = json.loads(sys.stdin.read())
 out = {"http": {}, "rss": {}}
 for item in ask.get("get", []):
-    req = urllib.request.Request(item["url"])
+    req = urllib.request.Request(item["url"], method=item.get("method", "GET"))
     if item.get("key"):
         req.add_header("Authorization", "Bearer " + ask["key"])
     try:
@@ -64,7 +64,8 @@ def probe_command(python: str) -> str:
 
 
 def probe_input(gets: Sequence[Mapping[str, Any]], rss: Mapping[str, int], key: str | None = None) -> str:
-    """The question as the probe reads it on stdin: GETs {id, url, key: bool, timeout}."""
+    """The question as the probe reads it on stdin: calls {id, url, key: bool, timeout, method
+    (GET when absent)}."""
     return json.dumps({"get": list(gets), "rss": dict(rss), "key": key or ""})
 
 
