@@ -36,6 +36,9 @@ SUPERVISORS = (SYSTEMD, SUPERVISORD)
 UNIT_DIR = "/etc/systemd/system"
 NGINX = "/usr/sbin/nginx"
 KEY_VARIABLE = "VLLM_API_KEY"
+# Keys the servers also take while a key rotation rolls (space-separated; the vLLM entry
+# passes them to vLLM with the current one, in-process, never on a command line).
+PREVIOUS_KEYS_VARIABLE = "VCFSLM_PREVIOUS_API_KEYS"
 # Marks the files and units serve up wrote, so serve down removes exactly those.
 MANIFEST = "manifest.json"
 
@@ -201,9 +204,10 @@ def _digest(*parts: object) -> str:
 
 
 def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
-                    nodes: Sequence | None = None) -> Deployment:
+                    nodes: Sequence | None = None, previous_keys: Sequence[str] = ()) -> Deployment:
     """The deployment on `nodes` (None: serving_nodes), each supervised as `supervisors`
-    says (node name -> systemd | supervisord: what the guest runs, or the inventory's choice)."""
+    says (node name -> systemd | supervisord: what the guest runs, or the inventory's choice).
+    previous_keys: keys the door and the servers also take (while a key rotation rolls)."""
     service, bench = inventory.serve, inventory.bench
     paths = guest_paths(inventory)
     chosen = list(nodes) if nodes is not None else serving_nodes(inventory)
@@ -216,6 +220,9 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
     model, model_name = model_on_guest(inventory), api_model_name(inventory)
     kv_gib = vllm.default_kv_cache_gib(inventory)
     digest_of_key = key_digest(key)
+    api_keys = [key, *(k for k in previous_keys if k != key)]
+    # The digest the programs follow: the key's alone unless others are taken beside it.
+    digest_of_keys = digest_of_key if len(api_keys) == 1 else key_digest("\n".join(api_keys))
     venv_bin = f"{paths.vllm_venv}/bin"
     numa_nodes = sorted(vllm.node_cpus(inventory))
     # What the vllm playbook renders each launch script from: a change to any of it
@@ -240,7 +247,7 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
             program = Program(name=f"vllm-node{numa}", description=f"vLLM server on vNUMA node {numa}",
                               argv=argv, environment=env, env_file=f"{folder}/serve.env",
                               log=f"{folder}/logs/vllm-node{numa}.log", health_url=f"{url}/health",
-                              digest=_digest(argv, env, digest_of_key, script, scripts.get(script), script_inputs))
+                              digest=_digest(argv, env, digest_of_keys, script, scripts.get(script), script_inputs))
             programs.append(program)
             servers.append(ServerEntry(node.name, numa, url, program.name))
         node_servers[node.name] = programs
@@ -252,7 +259,9 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
         folder = serve_dir(paths, node.name)
         supervisor = supervisors[node.name]
         programs = list(node_servers[node.name])
-        files = [DesiredFile(f"{folder}/serve.env", f"{KEY_VARIABLE}={key}\n", 0o600)]
+        env_text = f"{KEY_VARIABLE}={key}\n" + (f"{PREVIOUS_KEYS_VARIABLE}={' '.join(api_keys[1:])}\n"
+                                                if len(api_keys) > 1 else "")
+        files = [DesiredFile(f"{folder}/serve.env", env_text, 0o600)]
         if node.name == router_node:
             argv = router_argv(venv_bin, service, workers)
             programs.append(Program(
@@ -263,14 +272,14 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
             conf = render_template("frontdoor-nginx.conf.j2", {
                 "prefix": door, "listen": f"{router_ip}:{service.front_door.port}",
                 "router": f"127.0.0.1:{service.router.port}", "key_file": f"{door}/key.conf",
-                "supervisor": supervisor})
-            key_conf = f'"Bearer {key}" 1;\n'
+                "supervisor": supervisor, "api_keys": api_keys})
+            key_conf = "".join(f'"Bearer {k}" 1;\n' for k in api_keys)
             files += [DesiredFile(f"{door}/nginx.conf", conf), DesiredFile(f"{door}/key.conf", key_conf, 0o600)]
             argv = (NGINX, "-p", door, "-c", f"{door}/nginx.conf", "-g", "daemon off;")
             programs.append(Program(
                 name="frontdoor", description="nginx: the deployment's endpoint, checking its API key",
                 argv=argv, environment={}, env_file=None, log=f"{folder}/logs/frontdoor.log",
-                health_url=None, digest=_digest(argv, conf, digest_of_key)))
+                health_url=None, digest=_digest(argv, conf, digest_of_keys)))
         files += supervisor_files(name, folder, supervisor, programs)
         facts = {"model": model, "model_name": model_name, "router_node": router_node,
                  "endpoint": f"http://{router_ip}:{service.front_door.port}",

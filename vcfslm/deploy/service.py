@@ -30,6 +30,7 @@ from ..servers import parse_metrics
 from .changes import NodeChanges, node_changes
 from .desired import Deployment, plan_deployment, serve_dir, serving_nodes
 from .driver import GAVE_UP, NodeDriver
+from .rollout import Rollout, plan_roll, router_workers
 
 KEY_BYTES = 32
 # A program that died this many times before its server answered /health is crashing, not
@@ -61,6 +62,7 @@ class UpResult:
     key_file: str | None = None
     healthy_s: dict[str, float] = field(default_factory=dict)
     checks: dict[str, Any] = field(default_factory=dict)
+    rolls: list[dict[str, Any]] = field(default_factory=list)    # servers rolled one at a time
 
     @property
     def changed(self) -> bool:
@@ -156,15 +158,20 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
         raise located(inventory, [(("serve", "router", "policy"),
                                    f"power_of_two needs two servers or more; this deployment has "
                                    f"{len(deployment.servers)} (use round_robin)")])
+    phases = rotation_phases(inventory, deployment, key, supervisors, chosen,
+                             [held[n] for n in router_first] if options.rotate_key else [])
     observed = _each({n: drivers[n] for n in chosen_names},
-                     lambda n, d: d.observe(deployment.node(n)))
-    changes = [node_changes(deployment.node(n), observed[n]) for n in chosen_names]
+                     lambda n, d: d.observe(phases[0].node(n)))
+    changes = [node_changes(phases[0].node(n), observed[n]) for n in chosen_names]
     leaving = [n for n in drivers if n not in chosen_names and manifests[n]]
     for c in changes:
         for line in c.lines():
             reporter.log(("would " if options.dry_run else "") + line)
     for n in leaving:
         reporter.log(f"{'would take' if options.dry_run else 'taking'} down {n} (no longer in the deployment)")
+    if len(phases) > 1:
+        reporter.log(f"{'would rotate' if options.dry_run else 'rotating'} the key: the door and the servers "
+                     f"take the old and the new key while the servers roll, then the new one only")
     result = UpResult(deployment, changes, {}, key if made else None, options.key_file)
     if options.dry_run:
         return result
@@ -172,13 +179,44 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
         write_key_file(options.key_file, key)
     dropped = _each({n: drivers[n] for n in leaving}, lambda _, d: d.down())
     result.dropped = dropped
-    by_node = {c.node: c for c in changes}
-    _each({n: drivers[n] for n in chosen_names if not by_node[n].empty},
-          lambda n, d: d.apply(deployment.node(n), by_node[n]))
-    result.healthy_s = wait_healthy(deployment, {n: drivers[n] for n in chosen_names}, inventory,
-                                    reporter, timeout_s=service.health_timeout_s)
-    result.checks = check_front_door(deployment, drivers[deployment.router_node], inventory, key)
+    serving = {n: drivers[n] for n in chosen_names}
+    for i, phase in enumerate(phases):
+        if i:
+            observed = _each(serving, lambda n, d, p=phase: d.observe(p.node(n)))
+            changes = [node_changes(phase.node(n), observed[n]) for n in chosen_names]
+        result.rolls += apply_changes(phase, serving, changes, inventory, reporter)
+        result.healthy_s = wait_healthy(phase, serving, inventory, reporter, timeout_s=service.health_timeout_s)
+        result.checks = check_front_door(phase, drivers[phase.router_node], inventory, key)
     return result
+
+
+def rotation_phases(inventory, deployment: Deployment, key: str, supervisors, chosen,
+                    held: Sequence[str | None]) -> list[Deployment]:
+    """The deployments a key change goes through: with a previous key and two servers or
+    more, first one where the door and the servers take both keys (the servers roll into
+    it, clients move to the new key meanwhile), then the one with the new key only.
+    Otherwise the deployment itself."""
+    previous = sorted({k for k in held if k and k != key})
+    if not previous or len(deployment.servers) < 2:
+        return [deployment]
+    both = plan_deployment(inventory, key, supervisors, chosen, previous_keys=previous)
+    return [both, deployment]
+
+
+def apply_changes(deployment: Deployment, drivers: dict[str, NodeDriver], changes: Sequence[NodeChanges],
+                  inventory, reporter: Reporter) -> list[dict[str, Any]]:
+    """Every node's changes: servers rolled one at a time where rollout.plan_roll says so,
+    else at once; the rolls' records."""
+    plan = plan_roll(deployment, changes)
+    for line in plan.lines():
+        reporter.log(line)
+    if not plan.rolling:
+        by_node = {c.node: c for c in changes}
+        _each({n: drivers[n] for n in by_node if not by_node[n].empty},
+              lambda n, d: d.apply(deployment.node(n), by_node[n]))
+        return []
+    return Rollout(deployment, drivers, python=_python(inventory), router_port=inventory.serve.router.port,
+                   health_timeout_s=inventory.serve.health_timeout_s, reporter=reporter).apply(plan, changes)
 
 
 def _python(inventory) -> str:
@@ -259,19 +297,6 @@ def check_front_door(deployment: Deployment, router: NodeDriver, inventory, key:
                          f"no key {statuses.get('keyless')} (want 401), with the key {statuses.get('keyed')} "
                          f"(want 200), /list_workers {statuses.get('management')} (want 404){causes}")
     return {"router_workers": sorted(listed), **{k: statuses[k] for k in ("health", "keyless", "keyed", "management")}}
-
-
-def router_workers(body: str) -> list[str]:
-    """The worker URLs of vllm-router's /list_workers answer ({"urls": [...]})."""
-    try:
-        data = json.loads(body or "{}")
-    except ValueError:
-        return []
-    urls = data.get("urls") if isinstance(data, dict) else data
-    out = []
-    for item in urls or []:
-        out.append(str(item.get("url") if isinstance(item, dict) else item).rstrip("/"))
-    return out
 
 
 # ---------------------------------------------------------------------- status
