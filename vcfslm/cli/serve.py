@@ -52,7 +52,9 @@ def serve() -> None:
 @click.option("--key-file", type=click.Path(dir_okay=False), default=None,
               help="The API key: read from this file when it exists, else written to it (mode 0600). "
                    "Without it a new key is printed once.")
-@click.option("--rotate-key", is_flag=True, help="Make a new key (every server restarts).")
+@click.option("--rotate-key", is_flag=True,
+              help="Make a new key. With two servers or more it rolls: the door and the servers take the old "
+                   "and the new key while the servers restart one at a time, then the new one only.")
 @click.option("--dry-run", is_flag=True, help="Print what would change on each node, change nothing.")
 @click.option("--no-install", "no_install", is_flag=True,
               help="Skip the vllm and serve playbooks (vLLM, its router, supervisord and nginx are in place).")
@@ -61,8 +63,9 @@ def serve() -> None:
 def up(inventory: str | None, **options) -> None:
     """Bring the service up, or change it to match the inventory; a second run changes nothing.
 
-    Only the programs whose settings changed restart. Nodes that served before and are
-    no longer chosen are taken down.
+    Only the programs whose settings changed restart; with two servers or more they
+    restart one at a time, each out of the router until its streams finish and it is
+    healthy again. Nodes that served before and are no longer chosen are taken down.
     """
     from ..deploy.service import UpOptions, serve_up
 
@@ -78,7 +81,8 @@ def up(inventory: str | None, **options) -> None:
            "dry_run": run.dry_run, "router_node": d.router_node, "policy": d.policy,
            "servers": [s.url for s in d.servers],
            "changes": {c.node: c.to_dict() for c in result.changes}, "dropped": result.dropped,
-           "healthy_s": result.healthy_s, "checks": result.checks, "key_file": result.key_file}
+           "healthy_s": result.healthy_s, "checks": result.checks, "key_file": result.key_file,
+           "rolled": result.rolls}
     if result.new_key and not result.key_file:
         doc["api_key"] = result.new_key
     if options["output"] == "json":

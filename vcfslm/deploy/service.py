@@ -175,8 +175,11 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
     result = UpResult(deployment, changes, {}, key if made else None, options.key_file)
     if options.dry_run:
         return result
+    # A rotation's new key is saved before anything starts, beside the key file until the
+    # door and every server take it (clients that follow the key file move to it then).
+    pending = f"{options.key_file}.new" if made and options.key_file and len(phases) > 1 else None
     if made and options.key_file:
-        write_key_file(options.key_file, key)
+        write_key_file(pending or options.key_file, key)
     dropped = _each({n: drivers[n] for n in leaving}, lambda _, d: d.down())
     result.dropped = dropped
     serving = {n: drivers[n] for n in chosen_names}
@@ -187,6 +190,11 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
         result.rolls += apply_changes(phase, serving, changes, inventory, reporter)
         result.healthy_s = wait_healthy(phase, serving, inventory, reporter, timeout_s=service.health_timeout_s)
         result.checks = check_front_door(phase, drivers[phase.router_node], inventory, key)
+        if pending:
+            Path(pending).expanduser().replace(Path(options.key_file).expanduser())
+            reporter.log(f"the door and every server take the new key: it is in {options.key_file}; "
+                         f"the old one stops working now")
+            pending = None
     return result
 
 
