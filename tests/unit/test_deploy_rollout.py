@@ -5,8 +5,11 @@ drained, restarted, healthy, back in, one server at a time, the manifests last."
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import replace
 from urllib.parse import unquote
 
@@ -27,6 +30,7 @@ from vcfslm.deploy.rollout import (
 )
 from vcfslm.errors import ServeError
 from vcfslm.guest.fake import FakeTransport
+from vcfslm.resources import resource_dir
 
 
 def running(node) -> NodeState:
@@ -260,3 +264,16 @@ def test_a_server_that_gives_up_after_its_restart_stops_the_roll(tmp_path):
     # The roll stopped at the first server: the others never left the router, no manifest moved.
     assert world.listed == {s.url for s in new.servers} - {first.url}
     assert not [p for tr in transports.values() for p in tr.puts if p.endswith(MANIFEST)]
+
+
+def test_the_vllm_entry_hands_the_previous_keys_to_vllm_beside_the_current_one():
+    code = ("import os, runpy, sys; g = runpy.run_path(sys.argv[1]); "
+            "print(g['_with_previous_keys'](['vllm', 'serve', 'm', '--port', '1'])); "
+            "print('VCFSLM_PREVIOUS_API_KEYS' in os.environ); "
+            "print(g['_with_previous_keys'](['vllm', 'serve', 'm']))")
+    entry = str(resource_dir("templates") / "vllm-entry.py")
+    env = {"PATH": os.environ["PATH"], "VLLM_API_KEY": "new", PREVIOUS_KEYS_VARIABLE: "old older"}
+    out = subprocess.run([sys.executable, "-c", code, entry], env=env, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["['vllm', 'serve', 'm', '--port', '1', '--api-key', 'new', 'old', 'older']", "False",
+                   "['vllm', 'serve', 'm']"]
