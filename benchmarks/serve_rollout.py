@@ -9,8 +9,9 @@ the window that took it, the window's attainment per SLO, and how long the roll 
 
 The bench reads its key once, when it starts: across a key rotation it keeps the old key,
 which the door refuses once the second roll begins (by design), so the rotation's window
-ends before that: the bench's requests cross the first roll, where the door and the
-servers change under them, and the figures say how many of them failed.
+is sized to end before that (0.8 of the setting change's roll, which restarts the same
+servers): its requests cross the first roll, where the door and the servers change under
+them.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ def window_figures(folder: Path) -> dict:
 
 
 def loaded_change(inventory: Path, key: Path, runs: Path, run_id: str, args, env, change: list[str],
-                  before_change_s: float) -> tuple[dict, float]:
-    """One bench window at args.rate with `serve up CHANGE` started `before_change_s` into it."""
+                  before_change_s: float, duration_s: float) -> tuple[dict, float]:
+    """One bench window of `duration_s` at args.rate with `serve up CHANGE` started
+    `before_change_s` into it."""
     bench = subprocess.Popen(
         [*VCFSLM, "bench", "--serve", "--deployment", str(inventory), "--key-file", str(key),
          "--rates", str(args.rate), "--input-tokens", str(args.input_tokens),
-         "--output-tokens", str(args.output_tokens), "--duration", str(args.duration), "--warmup-s", "2",
+         "--output-tokens", str(args.output_tokens), "--duration", f"{duration_s:.0f}", "--warmup-s", "2",
          "--cooldown-s", "2", "--run-id", run_id, "--runs-dir", str(runs)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     took = {}
@@ -86,7 +88,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=4.0, help="Requests/s (about half the threshold).")
     p.add_argument("--input-tokens", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=32)
-    p.add_argument("--duration", type=float, default=240.0, help="Seconds of arrivals in each window.")
+    p.add_argument("--duration", type=float, default=480.0,
+                   help="Seconds of arrivals in the setting change's window (longer than its roll).")
     p.add_argument("--slots", type=int, default=8, help="max_num_seqs per server.")
     p.add_argument("--lab-dir", default=None, help="Lab folder (default: a new one, taken down at the end).")
     args = p.parse_args()
@@ -107,8 +110,11 @@ def main() -> None:
         doc = yaml.safe_load(inventory.read_text())
         doc["serve"]["max_num_seqs"] = args.slots - 1
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
-        setting, setting_s = loaded_change(inventory, key, runs, "setting", args, env, [], 10.0)
-        rotation, rotation_s = loaded_change(inventory, key, runs, "rotation", args, env, ["--rotate-key"], 10.0)
+        setting, setting_s = loaded_change(inventory, key, runs, "setting", args, env, [], 10.0, args.duration)
+        # The rotation's first roll takes about as long as the setting's (the same servers
+        # restart): the window covers it and ends before the second roll refuses the old key.
+        rotation, rotation_s = loaded_change(inventory, key, runs, "rotation", args, env, ["--rotate-key"], 10.0,
+                                             min(args.duration, 0.8 * setting_s))
         print(f"\n{args.model}, {args.input_tokens}/{args.output_tokens} tokens, {args.rate:g} req/s Poisson, "
               f"2 servers behind the router, {args.duration:g} s windows")
         for name, fig, took in (("server setting (max_num_seqs)", setting, setting_s),
