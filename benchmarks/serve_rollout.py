@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,8 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=8, help="max_num_seqs per server.")
     p.add_argument("--lab-dir", default=None, help="Lab folder (default: a new one, taken down at the end).")
     args = p.parse_args()
+    # A timeout's SIGTERM still takes the service and the lab down (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(cpu_line())
     work = Path(tempfile.mkdtemp(prefix="vcfslm-rollout-"))
     lab = Path(args.lab_dir) if args.lab_dir else work / "lab"

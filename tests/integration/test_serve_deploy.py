@@ -300,6 +300,9 @@ def test_a_setting_change_and_a_key_rotation_roll_under_load_without_a_failure(l
             rotation = clients.between(started, time.monotonic())
             time.sleep(2)
         new_key = key_file.read_text().strip()
+        print(f"setting change: {setting[0]} requests, {len(setting[1])} failed; key rotation: {rotation[0]} "
+              f"requests, {len(rotation[1])} failed; rolls {[r['total_s'] for r in changed['rolled']]} s and "
+              f"{[r['total_s'] for r in rotated['rolled']]} s")
         assert new_key != old_key
         # Both phases rolled every server: into both keys, then into the new one only.
         assert len(rotated["rolled"]) == 2 * len(servers)
