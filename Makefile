@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 # vLLM's CPU server, in a venv of its own (it pins an older transformers than vcfslm's).
 VLLM_VENV := .venv-vllm
 APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openssh-client \
-                numactl iproute2 chromium debootstrap g++ nginx-light systemd
+                numactl iproute2 chromium debootstrap g++ nginx-light systemd systemd-container
 # The demo's model; empty: scripts/demo.sh's (one layer of Phi-3-mini's shape). synthetic:tiny is the quick lab.
 DEMO_MODEL ?=
 # DEMO_FRESH=1: the demo on fresh Debian guests in namespaces of their own (root only).
@@ -26,7 +26,8 @@ setup: apt venv
 
 # Debian packages: vcsim sources and Go, sshd for the lab guests, numactl for
 # pinning, Chromium for rendering the report in tests, debootstrap for the fresh guests' root,
-# g++ for Inductor's compiled step (it builds its C++ kernels on first use).
+# g++ for Inductor's compiled step (it builds its C++ kernels on first use), systemd-container
+# (systemd-nspawn) for the test that boots a guest under systemd and serves on it.
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \

@@ -94,6 +94,7 @@ from predict_validate import cpu_line  # noqa: E402  (one CPU line for every ben
 
 from vcfslm import serving  # noqa: E402
 from vcfslm.bench import local  # noqa: E402
+from vcfslm.deploy.material import client_ca  # noqa: E402
 from vcfslm.guest.templates import render_template  # noqa: E402
 from vcfslm.serve.http_backend import HttpDriver, model_facts, prompt_ids  # noqa: E402
 from vcfslm.serve.http_serve import run_http_window  # noqa: E402
@@ -123,7 +124,8 @@ class Target:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.endpoint.host}:{self.endpoint.port}{self.prefix}"
+        scheme = "https" if self.endpoint.tls else "http"
+        return f"{scheme}://{self.endpoint.host}:{self.endpoint.port}{self.prefix}"
 
     @property
     def completions(self) -> str:
@@ -276,6 +278,8 @@ def vllm_client(target: Target, args, seed: int, out_dir: Path, requests: Reques
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if target.endpoint.key:
         env["OPENAI_API_KEY"] = target.endpoint.key
+    if target.endpoint.ca_file:
+        env["SSL_CERT_FILE"] = target.endpoint.ca_file       # vllm bench's aiohttp verifies with it
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         sys.exit(redact(f"vllm bench serve failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
@@ -342,8 +346,8 @@ def redact(text: str, key: str) -> str:
 def endpoint_target(args) -> Target:
     """The running endpoint `--endpoint` names, checked to take the key and serve the model."""
     url = urlsplit(args.endpoint)
-    if url.scheme != "http" or not url.hostname:
-        sys.exit(f"--endpoint {args.endpoint}: vcfslm's client speaks plain HTTP; give http://HOST[:PORT][/PREFIX]")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        sys.exit(f"--endpoint {args.endpoint}: give https://HOST[:PORT][/PREFIX] (or http://)")
     if not args.model_name:
         sys.exit("--endpoint needs --model-name, the name the endpoint serves the model under")
     key = ""
@@ -356,8 +360,11 @@ def endpoint_target(args) -> Target:
             sys.exit(f"--key-file {args.key_file} is empty")
     prefix = url.path.rstrip("/").removesuffix("/v1")
     model_dir = checkpoint(args.model)
-    target = Target(Endpoint(url.hostname, url.port or 80, key, args.model_name), prefix, model_dir,
-                    model_facts(model_dir)["vocab_size"])
+    tls = url.scheme == "https"
+    # A deployment's door: verified against its CA (beside its key file, or --ca-file).
+    ca_file = args.ca_file or (client_ca(args.key_file) if args.key_file and tls else None)
+    target = Target(Endpoint(url.hostname, url.port or (443 if tls else 80), key, args.model_name, tls, ca_file),
+                    prefix, model_dir, model_facts(model_dir)["vocab_size"])
     try:
         status, body = get(target.endpoint, f"{prefix}/v1/models", timeout_s=10.0)
     except OSError as exc:
@@ -386,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "starting a server")
     p.add_argument("--key-file", help="with --endpoint: a file holding its API key (never printed)")
     p.add_argument("--model-name", help="with --endpoint: the model name it serves")
+    p.add_argument("--ca-file", help="with an https --endpoint: the CA to trust (default: the deployment's, "
+                                     "beside --key-file; else the system's store)")
     p.add_argument("--independent-draws", action="store_true",
                    help="vcfslm draws its own arrival times instead of vllm bench's for the same seed")
     p.add_argument("--workload", help="a single-turn workload (a mix or a JSONL file of requests) both clients "

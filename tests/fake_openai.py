@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -28,7 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeServer:
     def __init__(self, key: str = "k", *, first_s: float = 0.05, token_s: float = 0.02, mode: str = "ok",
-                 stall_after: int = 2, die_after: int = 0, host: str = "127.0.0.1", port: int = 0):
+                 stall_after: int = 2, die_after: int = 0, host: str = "127.0.0.1", port: int = 0,
+                 uds: str | None = None):
         self.key, self.first_s, self.token_s, self.mode = key, first_s, token_s, mode
         self.stall_after, self.die_after = stall_after, die_after
         self.completions = 0
@@ -37,7 +39,8 @@ class FakeServer:
         self.previous_keys: list[str] = []
         self.bodies: list[dict] = []
         self.lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer((host, port), self._handler())
+        self.httpd = (_UnixHTTPServer(uds, self._handler()) if uds
+                      else ThreadingHTTPServer((host, port), self._handler()))
         self.httpd.daemon_threads = True
 
     @property
@@ -148,20 +151,36 @@ class FakeServer:
         return Handler
 
 
+class _UnixHTTPServer(ThreadingHTTPServer):
+    """The same server on a Unix socket (vLLM's --uds)."""
+
+    address_family = socket.AF_UNIX
+
+    def server_bind(self) -> None:
+        self.socket.bind(self.server_address)
+        self.server_name, self.server_port = "localhost", 0
+
+    def get_request(self):
+        conn, _ = self.socket.accept()
+        return conn, ("127.0.0.1", 0)
+
+
 def main(argv: list[str]) -> int:
     args = [a for a in argv if not a.endswith(".py")]
     if args[:1] == ["serve"]:
         args = args[2:]
     p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--uds", default=None)
     known, _ = p.parse_known_args(args)
     server = FakeServer(os.environ["VLLM_API_KEY"], first_s=float(os.environ.get("FAKE_FIRST_S", "0.05")),
                         token_s=float(os.environ.get("FAKE_TOKEN_S", "0.02")),
                         mode=os.environ.get("FAKE_MODE", "ok"), die_after=int(os.environ.get("FAKE_DIE_AFTER", "0")),
-                        host=known.host, port=known.port)
+                        host=known.host, port=known.port, uds=known.uds)
     server.previous_keys = os.environ.get("VCFSLM_PREVIOUS_API_KEYS", "").split()
-    print(f"fake server on {known.host}:{known.port}; Chunked prefill is enabled (fake)", flush=True)
+    where = known.uds or f"{known.host}:{known.port}"
+    print(f"fake server on {where}; Chunked prefill is enabled (fake)", flush=True)
     server.httpd.serve_forever()
     return 0
 

@@ -173,6 +173,11 @@ class Guest(_Model):
                                    "qwen2.5-7b, ...: `vcfslm model presets`) | synthetic:config=PATH | synthetic:tiny.")
     workdir: str = Field("/opt/vcfslm", description="Guest folder for the venv, model, scripts, runs.")
     venv: str | None = Field(None, description="Guest venv path; null = <workdir>/venv.")
+    service_user: str = Field("vcfslm", pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+                              description="System user the service's programs run as (`serve up`: vLLM, the "
+                                          "router, nginx); the serve playbook creates it. The SSH user's name "
+                                          "runs them as that user (the lab's loopback guests, which share the "
+                                          "operator's files).")
     parallel: PositiveInt | None = Field(
         None, description=f"Guests prepared at once; null = every guest up to "
                           f"{contract.GUEST_PARALLEL_CAP}; --parallel overrides.")
@@ -283,6 +288,29 @@ class FrontDoor(_Model):
     """The one endpoint clients call: nginx on the router's node, checking the API key."""
 
     port: Port = Field(8000, description="Port of the endpoint on the router node's bench address.")
+    tls: bool = Field(True, description="HTTPS at the door; false: plain HTTP (the key and the prompts in "
+                                        "clear on the network), only when said so here.")
+    tls_cert_file: str | None = Field(None, description="The door's certificate (PEM, on this machine) naming "
+                                                        "the router node's bench address; null: one signed by "
+                                                        "the deployment's own CA, made at the first serve up.")
+    tls_key_file: str | None = Field(None, description="The private key of tls_cert_file (PEM, mode 0600).")
+    tls_ca_file: str | None = Field(None, description="What vcfslm's clients trust for tls_cert_file; null: "
+                                                      "the system's trust store.")
+    requests_per_s: PositiveInt = Field(10000, description="Requests per second one client address may send "
+                                                           "(nginx limit_req); the default no 64-node service "
+                                                           "reaches.")
+    burst: PositiveInt = Field(20000, description="Requests above requests_per_s one client address may send "
+                                                  "at once before it gets 429.")
+    connections_per_client: PositiveInt = Field(8192, description="Open connections one client address may "
+                                                                  "hold (nginx limit_conn; a stream holds one).")
+
+    @model_validator(mode="after")
+    def _certificate_pair(self) -> FrontDoor:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (give both, or neither)")
+        if not self.tls and self.tls_cert_file:
+            raise ValueError("tls is false: drop tls_cert_file and tls_key_file, or set tls: true")
+        return self
 
 
 class Service(_Model):

@@ -41,14 +41,6 @@ DEFAULT_GATE_STEPS = 8
 # The bandwidth probe's buffer when a run names none (the worker's default).
 DEFAULT_PROBE_MIB = 1024
 
-# A spec's field -> the flag that sets it, for messages about bad values.
-FLAGS = {"model": "--model", "matrix": "--batch-sizes", "compile_mode": "--compile", "scenarios": "--scenarios",
-         "seed": "--seed", "ranks": "--ranks", "threads": "--threads", "nodes": "--hosts", "label": "--label",
-         "slos": "--slo", "percentile": "--percentile", "probe": "--probe-mib", "serve": "--serve",
-         "server": "--server", "timeout_s": "--timeout", "numactl": "--no-numactl", "run_id": "--run-id",
-         "endpoint": "--endpoint"}
-
-
 class ProbeSpec(BaseModel):
     """The rank probes: on or off, and the bandwidth probe's buffer (None: the worker's default)."""
 
@@ -122,8 +114,8 @@ class EndpointSpec(BaseModel):
             return None
         # `serve up` prints the endpoint with its API root (…/v1); the client adds that itself.
         base = value.rstrip("/").removesuffix("/v1")
-        if not re.match(r"^http://[^/\s]+$", base):
-            raise ValueError(f"the endpoint is a plain http URL like http://10.0.0.11:8000, got {value!r}")
+        if not re.match(r"^https?://[^/\s]+$", base):
+            raise ValueError(f"the endpoint is a URL like https://10.0.0.11:8000, got {value!r}")
         return base
 
     @field_validator("nodes")
@@ -215,9 +207,11 @@ class RunSpec(BaseModel):
     # -- building and reading back ----------------------------------------------------
 
     @classmethod
-    def from_cli(cls, settings: Mapping[str, Any], source: str = "") -> RunSpec:
+    def from_cli(cls, settings: Mapping[str, Any], source: str = "",
+                 flags: Mapping[str, str] | None = None) -> RunSpec:
         """The spec from the CLI's resolved settings (the spec's own field names), checked;
-        UsageError names the flag (and `source`, the file the value came from, when known)."""
+        UsageError names the flag that sets the field (`flags`: field -> flag; the field's
+        name without it) and `source`, the file the value came from, when known."""
         try:
             return cls.model_validate(dict(settings))
         except ValidationError as exc:
@@ -225,7 +219,7 @@ class RunSpec(BaseModel):
             for error in exc.errors(include_url=False):
                 field = str(error["loc"][0]) if error["loc"] else ""
                 message = str(error["msg"]).removeprefix("Value error, ")
-                problems.append(Problem(source, None, None, FLAGS.get(field, field), message))
+                problems.append(Problem(source, None, None, (flags or {}).get(field, field), message))
             raise UsageError(problems) from None
 
     def record(self) -> dict[str, Any]:

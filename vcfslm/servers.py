@@ -164,10 +164,11 @@ def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int = 2) -> int:
 
 
 def server_argv(spec: ServerSpec, *, model_dir: str, served_name: str, slots: int, max_model_len: int,
-                numa_node: int) -> list[str]:
-    """The arguments the bench appends to a node's launch script (vLLM's `serve`)."""
-    argv = ["serve", model_dir, "--served-model-name", served_name, "--host", spec.host,
-            "--port", str(spec.port_for(numa_node)), "--dtype", "bfloat16",
+                numa_node: int, uds: str | None = None) -> list[str]:
+    """The arguments the bench appends to a node's launch script (vLLM's `serve`); `uds`: on
+    that Unix socket instead of the spec's address and port (serve up's servers)."""
+    listen = ["--uds", uds] if uds else ["--host", spec.host, "--port", str(spec.port_for(numa_node))]
+    argv = ["serve", model_dir, "--served-model-name", served_name, *listen, "--dtype", "bfloat16",
             "--max-num-seqs", str(slots), "--max-model-len", str(max_model_len),
             "--enable-chunked-prefill" if spec.chunked_prefill else "--no-enable-chunked-prefill",
             "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching",

@@ -184,7 +184,8 @@ def test_the_endpoint_spec_checks_its_url_node_counts_and_faults():
     spec = EndpointSpec(url="http://127.0.0.1:8000/", key_file="k", nodes=(1, 2), faults=("kill:a/b@3",))
     assert spec.url == "http://127.0.0.1:8000" and spec.fault_list == [Fault("a", "b", 3.0)]
     assert EndpointSpec(url="http://10.0.0.11:8000/v1", key_file="k").url == "http://10.0.0.11:8000"   # as serve up prints it
-    for bad in ({"url": "127.0.0.1:8000"}, {"url": "https://h:443"}, {"url": "http://h:1/api"}, {"nodes": (1, 1)}, {"nodes": (0,)}, {"faults": ("kill:a@3",)},
+    assert EndpointSpec(url="https://10.0.0.11:8000/v1", key_file="k").url == "https://10.0.0.11:8000"   # TLS at the door
+    for bad in ({"url": "127.0.0.1:8000"}, {"url": "ftp://h:443"}, {"url": "http://h:1/api"}, {"nodes": (1, 1)}, {"nodes": (0,)}, {"faults": ("kill:a@3",)},
                 {"faults": ("kill:a/b@3", "kill:a/c@4")}):
         with pytest.raises(ValueError):
             EndpointSpec(key_file="k", **bad)

@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
 from vcfslm import __version__
-from vcfslm.cli import main
+from vcfslm.cli import LAZY_COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIEF = ROOT / "inventories" / "vx650v4-4node.yaml"
@@ -82,9 +83,33 @@ def test_help_and_validate_import_nothing_heavy():
     assert proc.returncode == 0, proc.stderr
 
 
+def _commands():
+    """Every command of the group, loaded (its module imported)."""
+    with click.Context(main) as ctx:
+        return {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
+
+
 def test_every_command_has_help_with_examples():
-    for name, command in main.commands.items():
+    for name, command in _commands().items():
         r = run(name, "--help")
         assert r.exit_code == 0, (name, r.output)
         if not getattr(command, "commands", None):  # leaf commands show examples
             assert "Example" in r.output or "example" in r.output, name
+
+
+def test_the_group_lists_each_command_with_its_own_line_without_loading_it():
+    commands = _commands()
+    assert set(commands) == set(LAZY_COMMANDS) and all(commands.values())
+    for name, command in commands.items():
+        # The line `vcfslm --help` shows is the command's own first sentence.
+        assert click.Command(name, help=LAZY_COMMANDS[name][1]).get_short_help_str(1000) == \
+            command.get_short_help_str(1000), name
+    page = run("--help").output
+    assert "  plan       Show what provision would change in vCenter; change nothing." in page.splitlines()
+    # ... so that `vcfslm --help` imports none of the command modules (they import at their top).
+    code = ("import sys; from vcfslm.cli import main, LAZY_COMMANDS\n"
+            "sys.argv=['vcfslm','--help']\ntry: main()\nexcept SystemExit: pass\n"
+            "loaded=[m for m, _ in LAZY_COMMANDS.values() if 'vcfslm.cli.' + m in sys.modules]\n"
+            "assert not loaded, loaded")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -19,7 +19,7 @@ from vcfslm.deploy.changes import (
 )
 from vcfslm.deploy.desired import MANIFEST
 
-ALL = ("vllm-node0", "vllm-node1", "router", "frontdoor")
+ALL = ("vllm-node0", "vllm-node1", "proxy", "router", "frontdoor")
 
 
 def manifest_of(node) -> dict:
@@ -49,7 +49,7 @@ def test_a_fresh_node_starts_and_writes_everything(node):
     assert changes.write[-1] == f"{node.serve_dir}/{MANIFEST}"                # the record goes last
     assert changes.restart == changes.stop == changes.revive == changes.remove == ()
     assert not changes.empty
-    assert changes.lines()[0] == "slm-01: start vllm-node0, vllm-node1, router, frontdoor"
+    assert changes.lines()[0] == "slm-01: start vllm-node0, vllm-node1, proxy, router, frontdoor"
 
 
 def test_a_node_as_deployed_and_running_needs_nothing(node):
@@ -84,15 +84,17 @@ def test_a_program_the_deployment_drops_is_stopped_and_its_files_removed(tmp_pat
     new = deployment(inventory(tmp_path, {"router": {"node": "slm-02"}}))
     was_router = node_changes(new.node("slm-01"), as_deployed(old.node("slm-01")))
     assert sorted(was_router.stop) == ["frontdoor", "router"]
-    assert was_router.remove == (f"{old.node('slm-01').serve_dir}/frontdoor/key.conf",
-                                 f"{old.node('slm-01').serve_dir}/frontdoor/nginx.conf")
+    folder = old.node('slm-01').serve_dir
+    assert sorted(was_router.remove) == sorted([f"{folder}/frontdoor/nginx.conf", f"{folder}/tls/door.pem",
+                                                f"{folder}/tls/door.key"])
     assert was_router.start == was_router.revive == ()
     assert f"slm-01: stop {', '.join(was_router.stop)}" in was_router.lines()
-    # The servers read the router's workers from nowhere: only the router itself moves.
-    assert was_router.restart == ()
+    # The servers read the router's workers from nowhere: they stay; the proxy lets the new
+    # router's node in instead.
+    assert was_router.restart == ("proxy",)
     now_router = node_changes(new.node("slm-02"), as_deployed(old.node("slm-02")))
     assert now_router.start == ("router", "frontdoor") and now_router.stop == now_router.remove == ()
-    assert f"{new.node('slm-02').serve_dir}/frontdoor/key.conf" in now_router.write
+    assert f"{new.node('slm-02').serve_dir}/frontdoor/nginx.conf" in now_router.write
 
 
 @pytest.mark.parametrize("state", ["BACKOFF", "FATAL", "EXITED", "STOPPED", "FAILED", "INACTIVE"])
@@ -117,7 +119,7 @@ def test_every_program_is_revived_when_supervisord_does_not_answer(node, program
 
 
 def test_a_program_missing_from_the_status_is_revived(node):
-    programs = running(["vllm-node0", "vllm-node1", "frontdoor"])
+    programs = running(["vllm-node0", "vllm-node1", "proxy", "frontdoor"])
     assert node_changes(node, as_deployed(node, programs=programs)).revive == ("router",)
 
 

@@ -24,6 +24,7 @@ from vcfslm.deploy.desired import (
     SYSTEMD,
     UNIT_DIR,
     key_digest,
+    socket_folder,
     supervisor_socket,
 )
 from vcfslm.guest import vllm
@@ -63,19 +64,21 @@ def test_one_server_per_vnuma_node_on_every_chosen_node(tmp_path, serve, slots, 
             assert program.argv[:2] == ("/bin/bash", vllm.script_path(inv, numa))
             assert program.argv[1] == f"{tmp_path}/work/launch/vllm-node{numa}.sh"
             spec = ServerSpec(name="vllm", listen="bench", host=ip, port=9100)
+            socket = f"{socket_folder(node.serve_dir)}/vllm-node{numa}.sock"
             assert list(program.argv[2:]) == server_argv(spec, model_dir=model, served_name=name, slots=int(slots),
-                                                         max_model_len=40, numa_node=numa)
+                                                         max_model_len=40, numa_node=numa, uds=socket)
             argv = list(program.argv)
             assert argv[2:4] == ["serve", model]
             assert argv[argv.index("--served-model-name") + 1] == name
-            assert argv[argv.index("--host") + 1] == ip
-            assert argv[argv.index("--port") + 1] == str(9100 + numa)
+            # No network port of its own: a Unix socket in the node's private folder.
+            assert "--host" not in argv and "--port" not in argv
+            assert argv[argv.index("--uds") + 1] == socket
             assert argv[argv.index("--max-num-seqs") + 1] == slots
-            assert program.health_url == f"http://{ip}:{9100 + numa}/health"
+            assert program.health_url == f"https://{ip}:{9100 + numa}/health"
             assert program.env_file == f"{node.serve_dir}/serve.env"
     assert [(s.node, s.numa_node, s.url) for s in dep.servers] == [
-        ("slm-01", 0, "http://10.20.1.11:9100"), ("slm-01", 1, "http://10.20.1.11:9101"),
-        ("slm-03", 0, "http://10.20.1.13:9100"), ("slm-03", 1, "http://10.20.1.13:9101")]
+        ("slm-01", 0, "https://10.20.1.11:9100"), ("slm-01", 1, "https://10.20.1.11:9101"),
+        ("slm-03", 0, "https://10.20.1.13:9100"), ("slm-03", 1, "https://10.20.1.13:9101")]
 
 
 def test_every_node_serves_when_serve_nodes_is_unset(tmp_path):
@@ -94,13 +97,12 @@ def test_router_and_front_door_only_on_the_router_node(tmp_path, serve, router):
     inv = inventory(tmp_path, serve)
     dep = deployment(inv)
     assert dep.router_node == router
-    assert dep.endpoint == f"http://{BENCH_IPS[router]}:8443"
+    assert dep.endpoint == f"https://{BENCH_IPS[router]}:8443"
     for node in dep.nodes:
         names = [p.name for p in node.programs]
-        assert names == ([*SERVERS, "router", "frontdoor"] if node.node == router else list(SERVERS))
+        assert names == ([*SERVERS, "proxy", "router", "frontdoor"] if node.node == router else [*SERVERS, "proxy"])
         door_files = [f.path for f in node.files if "/frontdoor/" in f.path]
-        assert door_files == ([f"{node.serve_dir}/frontdoor/nginx.conf", f"{node.serve_dir}/frontdoor/key.conf"]
-                              if node.node == router else [])
+        assert door_files == ([f"{node.serve_dir}/frontdoor/nginx.conf"] if node.node == router else [])
     node = dep.node(router)
     argv = list(node.program("router").argv)
     assert argv[0] == f"{tmp_path}/work/vllm-venv/bin/vllm-router"
@@ -113,9 +115,10 @@ def test_router_and_front_door_only_on_the_router_node(tmp_path, serve, router):
     assert workers == [s.url for s in dep.servers] and len(workers) == 2 * len(dep.nodes)
     assert not any(ip in " ".join(argv[:argv.index("--worker-urls")]) for ip in BENCH_IPS.values())
     conf = next(f.content for f in node.files if f.path.endswith("/frontdoor/nginx.conf"))
-    assert f"listen {BENCH_IPS[router]}:8443;" in conf
+    assert f"listen {BENCH_IPS[router]}:8443 ssl;" in conf
+    assert f"ssl_certificate {node.serve_dir}/tls/door.pem;" in conf
     assert "server 127.0.0.1:8555;" in conf
-    assert f"include {node.serve_dir}/frontdoor/key.conf;" in conf
+    assert f'"Bearer {KEY}" 1;' in conf
     door = node.program("frontdoor").argv
     assert door == (NGINX, "-p", f"{node.serve_dir}/frontdoor", "-c", f"{node.serve_dir}/frontdoor/nginx.conf",
                     "-g", "daemon off;")
@@ -124,7 +127,7 @@ def test_router_and_front_door_only_on_the_router_node(tmp_path, serve, router):
 def test_a_router_node_outside_the_chosen_nodes_falls_back_to_the_first(tmp_path):
     inv = inventory(tmp_path, {"router": {"node": "slm-03"}})
     dep = deployment(inv, nodes=[inv.node("slm-01"), inv.node("slm-02")])     # as --nodes 2 chooses
-    assert dep.router_node == "slm-01" and dep.endpoint == "http://10.20.1.11:8000"
+    assert dep.router_node == "slm-01" and dep.endpoint == "https://10.20.1.11:8000"
     assert "router" in [p.name for p in dep.node("slm-01").programs]
 
 
@@ -132,16 +135,23 @@ def test_a_router_node_outside_the_chosen_nodes_falls_back_to_the_first(tmp_path
 
 
 @pytest.mark.parametrize("supervisor", [SUPERVISORD, SYSTEMD])
-def test_the_key_is_only_in_its_two_0600_files(tmp_path, supervisor):
+def test_the_key_is_only_in_its_0600_files(tmp_path, supervisor):
     inv = inventory(tmp_path, {"router": {"node": "slm-02"}})
     dep = deployment(inv, supervisor=supervisor)
     holding = {f.path: f for n in dep.nodes for f in n.files if KEY in f.content}
-    want = {f"{n.serve_dir}/serve.env" for n in dep.nodes} | {f"{dep.node('slm-02').serve_dir}/frontdoor/key.conf"}
+    want = ({f"{n.serve_dir}/serve.env" for n in dep.nodes} | {f"{n.serve_dir}/proxy/nginx.conf" for n in dep.nodes}
+            | {f"{dep.node('slm-02').serve_dir}/frontdoor/nginx.conf"})
     assert set(holding) == want
     assert all(f.mode == 0o600 for f in holding.values())
     for path, f in holding.items():
-        assert f.content == (f'"Bearer {KEY}" 1;\n' if path.endswith("key.conf") else f"VLLM_API_KEY={KEY}\n")
-    others = [f for n in dep.nodes for f in n.files if f.path not in want]
+        if path.endswith("serve.env"):
+            assert f.content == f"VLLM_API_KEY={KEY}\n"
+        else:
+            assert [line.strip() for line in f.content.splitlines() if KEY in line] == [f'"Bearer {KEY}" 1;']
+    # Certificates and their keys: 0600 as well; the rest (configs without a key, units) 0644.
+    private = [f for n in dep.nodes for f in n.files if "/tls/" in f.path]
+    assert private and all(f.mode == 0o600 for f in private)
+    others = [f for n in dep.nodes for f in n.files if f.path not in want and "/tls/" not in f.path]
     assert others and all(f.mode == 0o644 for f in others)
     for n in dep.nodes:
         manifest = next(f.content for f in n.files if f.path.endswith(MANIFEST))
@@ -163,10 +173,10 @@ def test_a_router_policy_change_changes_only_the_router_digest(tmp_path):
     assert changed(base, other) == {("slm-01", "router")}
 
 
-def test_a_new_key_changes_every_server_and_the_front_door_but_not_the_router(tmp_path):
+def test_a_new_key_changes_every_server_proxy_and_the_front_door_but_not_the_router(tmp_path):
     inv = inventory(tmp_path)
-    base, other = deployment(inv), deployment(inv, key="another-key-9876")
-    servers = {(n, s) for n in ("slm-01", "slm-02", "slm-03") for s in SERVERS}
+    base, other = deployment(inv), deployment(inv, key="another-key-9876543210")
+    servers = {(n, s) for n in ("slm-01", "slm-02", "slm-03") for s in (*SERVERS, "proxy")}
     assert changed(base, other) == servers | {("slm-01", "frontdoor")}
 
 
@@ -258,7 +268,7 @@ def unit_value(text: str, key: str) -> list[str]:
 
 def test_systemd_units_pass_systemd_analyze_verify(tmp_path, systemd_analyze):
     dep, units, nginx = rendered_units(tmp_path)
-    assert sorted(units) == sorted([f"{n}/{s}" for n in ("slm-01", "slm-02", "slm-03") for s in SERVERS]
+    assert sorted(units) == sorted([f"{n}/{s}" for n in ("slm-01", "slm-02", "slm-03") for s in (*SERVERS, "proxy")]
                                    + ["slm-01/router", "slm-01/frontdoor"])
     for node in ("slm-01", "slm-02", "slm-03"):       # one call per node: unit names repeat across nodes
         paths = [path for name, path in units.items() if name.startswith(node + "/")]
@@ -272,7 +282,7 @@ def test_systemd_units_pass_systemd_analyze_verify(tmp_path, systemd_analyze):
         [exec_start] = unit_value(text, "ExecStart")
         assert shlex.split(exec_start) == [a.replace(NGINX, str(nginx)) for a in p.argv]
         assert shlex.split(exec_start)[0] == {"router": f"{tmp_path}/vllm-venv/bin/vllm-router",
-                                              "frontdoor": str(nginx)}.get(program, "/bin/bash")
+                                              "frontdoor": str(nginx), "proxy": str(nginx)}.get(program, "/bin/bash")
         assert unit_value(text, "Restart") == ["always"]
         assert unit_value(text, "KillMode") == ["control-group"]
         assert f"VCFSLM_DIGEST={p.digest}" in unit_value(text, "Environment")

@@ -14,6 +14,7 @@ from test_deploy_support import KEY, deployment, inventory
 from vcfslm.deploy.changes import NodeChanges, NodeState, ProgramState, node_changes
 from vcfslm.deploy.desired import MANIFEST, SYSTEMD, UNIT_DIR, supervisor_socket
 from vcfslm.deploy.driver import NodeDriver
+from vcfslm.errors import ServeError
 from vcfslm.guest import facts as F
 from vcfslm.guest.fake import FakeTransport
 from vcfslm.guest.transport import sudo_wrap
@@ -21,6 +22,7 @@ from vcfslm.guest.transport import sudo_wrap
 ANY = re.compile(r".*")
 STATUS = ("vllm-node0                       RUNNING   pid 412, uptime 0:01:02\n"
           "vllm-node1                       RUNNING   pid 413, uptime 0:01:02\n"
+          "proxy                            RUNNING   pid 414, uptime 0:01:02\n"
           "router                           BACKOFF   Exited too quickly (process log may have details)\n"
           "frontdoor                        FATAL     Exited too quickly\n")
 REFUSED = (7, "", "unix:///x/supervisor.sock refused connection")
@@ -85,7 +87,8 @@ def test_observe_reads_every_file_as_guest_facts_in_one_round_trip(tmp_path):
     assert state.digests == {p: known.get(p) for p in paths}
     assert state.manifest == old and state.supervisor_up is True
     assert {n: s.state for n, s in state.programs.items()} == {
-        "vllm-node0": "RUNNING", "vllm-node1": "RUNNING", "router": "BACKOFF", "frontdoor": "FATAL"}
+        "vllm-node0": "RUNNING", "vllm-node1": "RUNNING", "proxy": "RUNNING", "router": "BACKOFF",
+        "frontdoor": "FATAL"}
     assert state.programs["vllm-node0"].pid == 412
     assert node_changes(node, state).revive == ("router", "frontdoor")
 
@@ -128,7 +131,9 @@ def test_apply_with_supervisord_down_starts_it_once(tmp_path):
     for f in node.files:
         assert t.files[f.path] == f.content.encode() and t.modes[f.path] == f.mode
     assert t.modes[f"{node.serve_dir}/serve.env"] == 0o600
-    assert t.modes[f"{node.serve_dir}/frontdoor/key.conf"] == 0o600
+    assert t.modes[f"{node.serve_dir}/frontdoor/nginx.conf"] == 0o600
+    assert t.modes[f"{node.serve_dir}/proxy/nginx.conf"] == 0o600
+    assert t.modes[f"{node.serve_dir}/tls/node.key"] == 0o600
     assert t.calls.index(start) > t.calls.index(next(c for c in t.calls if c.startswith("mkdir -p ")))
     no_key_in(t)
 
@@ -167,9 +172,9 @@ def test_down_shuts_supervisord_and_removes_every_file_it_wrote(tmp_path):
     manifest = json.loads(manifest_text(node))
     t = FakeTransport("slm-01", {cat_manifest(node): manifest_text(node), ctl(inv, node, "pid"): "4242\n",
                                  ctl(inv, node, "shutdown"): "Shut down\n", "kill -0 4242": (1, "", "No such process"),
-                                 re.compile(r"rm -f .*"): ""})
+                                 re.compile(r"rm -f .*"): "", re.compile(r"rm -rf .*"): ""})
     stopped = driver(inv, node, t).down()
-    assert sorted(stopped) == sorted(["vllm-node0", "vllm-node1", "router", "frontdoor"])
+    assert sorted(stopped) == sorted(["vllm-node0", "vllm-node1", "proxy", "router", "frontdoor"])
     assert t.calls.count(ctl(inv, node, "shutdown")) == 1
     removed = [shlex.split(c)[2:] for c in t.calls if c.startswith("rm -f ")]
     assert sorted(p for r in removed for p in r) == sorted(
@@ -232,23 +237,76 @@ def test_apply_with_systemd_reloads_then_enables_restarts_and_disables(tmp_path,
     no_key_in(t)
 
 
+def test_the_service_users_rooms_are_staged_installed_with_sudo_and_handed_over(tmp_path):
+    """Under another login than the service user, the files of nginx's prefixes and the
+    certificates are read and written as root (put in a private temporary file, installed
+    0600), owned by the service user; the rest of the folder stays the login's."""
+    inv = inventory(tmp_path)
+    node = deployment(inv, supervisor=SYSTEMD).node("slm-01")
+    t = FakeTransport("slm-01", {re.compile(r".*mkdir -p .*"): "", re.compile(r".*install -m 0[0-7]{3} .*"): "",
+                                 re.compile(r".*chown .*"): "", re.compile(r".*systemctl .*"): "",
+                                 NO_FILE: "absent\n"}, user="deploy")
+    NodeDriver(t, serve_dir=node.serve_dir, venv_bin=venv_bin(inv), deployment="slm",
+               service_user="vcfslm").apply(node, fresh(node))
+    rooms = [f for f in node.files if f.path.startswith(tuple(f"{node.serve_dir}/{r}/" for r in
+                                                             ("frontdoor", "proxy", "tls")))]
+    assert {f.path.rsplit("/", 1)[1] for f in rooms} >= {"nginx.conf", "ca.pem", "node.key"}
+    for f in rooms:
+        [install] = [c for c in t.calls if "install -m 0600" in c and f.path in c]
+        staged = shlex.split(unwrap(install))[3]
+        assert install.startswith("sudo -n sh -c ") and t.files[staged] == f.content.encode()
+        assert f.path not in t.files
+        [chown] = [c for c in t.calls if c.startswith("sudo") and unwrap(c) == f"chown vcfslm:vcfslm {f.path}"]
+        assert t.calls.index(chown) > t.calls.index(install)
+    env = f"{node.serve_dir}/serve.env"
+    assert t.modes[env] == 0o600 and not [c for c in t.calls if "chown" in c and env in c]
+    [hand_over] = [c for c in t.calls if "chown -R" in c]
+    starts = [i for i, c in enumerate(t.calls) if "systemctl" in c]
+    assert hand_over.startswith("sudo -n sh -c ") and t.calls.index(hand_over) < min(starts)
+    no_key_in(t)
+
+
 def test_down_with_systemd_disables_the_units_and_removes_them(tmp_path):
     inv = inventory(tmp_path)
     node = deployment(inv, supervisor=SYSTEMD).node("slm-02")
     manifest = json.loads(manifest_text(node))
-    assert manifest["units"] == ["vcfslm-slm-vllm-node0.service", "vcfslm-slm-vllm-node1.service"]
-    t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node), re.compile(r".*systemctl .*"): "",
-                                 re.compile(r".*rm -f .*"): ""}, user="deploy")
-    assert driver(inv, node, t).down() == ["vllm-node0", "vllm-node1"]
+    assert manifest["units"] == ["vcfslm-slm-vllm-node0.service", "vcfslm-slm-vllm-node1.service",
+                                 "vcfslm-slm-proxy.service"]
+    show = "systemctl show -p Id,ActiveState,MainPID " + " ".join(manifest["units"])
+    stopped = "".join(f"Id={u}\nActiveState={state}\nMainPID=0\n\n"
+                      for u, state in zip(manifest["units"], ("inactive", "failed", "inactive"), strict=True))
+    t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node), show: stopped,
+                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): "",
+                                 re.compile(r".*rm -rf .*"): ""}, user="deploy")
+    assert sorted(driver(inv, node, t).down()) == ["proxy", "vllm-node0", "vllm-node1"]
     disable = [c for c in t.calls if "disable --now" in c]
     assert [unwrap(c) for c in disable] == ["systemctl disable --now " + " ".join(manifest["units"])]
     assert disable[0].startswith("sudo -n sh -c ")
+    # Stopped as systemd says, before anything is removed.
+    assert t.calls.index(disable[0]) < t.calls.index(show) < min(i for i, c in enumerate(t.calls) if "rm -f" in c)
     for path in manifest["files"]:
         [rm] = [c for c in t.calls if c.endswith(f"rm -f {path}") or unwrap(c) == f"rm -f {path}"]
         assert rm.startswith("sudo") == path.startswith(UNIT_DIR)
-    assert t.calls.index(disable[0]) < min(i for i, c in enumerate(t.calls) if "rm -f" in c)
-    assert any(unwrap(c) == "systemctl daemon-reload" for c in t.calls)
+    [reload] = [unwrap(c) for c in t.calls if "daemon-reload" in c]
+    assert reload.startswith("systemctl daemon-reload; systemctl reset-failed " + " ".join(manifest["units"]))
     assert not [c for c in t.calls if "supervisorctl" in c]
+
+
+def test_down_with_systemd_names_a_unit_that_does_not_stop(tmp_path, monkeypatch):
+    monkeypatch.setattr("vcfslm.deploy.driver.STOP_WAIT_S", 0.0)
+    inv = inventory(tmp_path)
+    node = deployment(inv, supervisor=SYSTEMD).node("slm-02")
+    units = json.loads(manifest_text(node))["units"]
+    show = "systemctl show -p Id,ActiveState,MainPID " + " ".join(units)
+    t = FakeTransport("slm-02", {cat_manifest(node): manifest_text(node),
+                                 show: f"Id={units[0]}\nActiveState=inactive\nMainPID=0\n\n"
+                                       f"Id={units[1]}\nActiveState=deactivating\nMainPID=77\n\n"
+                                       f"Id={units[2]}\nActiveState=inactive\nMainPID=0\n",
+                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): ""})
+    with pytest.raises(ServeError, match=f"slm-02: still running 0 s after systemctl stop: {units[1]}$"):
+        driver(inv, node, t).down()
+    # Nothing is removed while a unit runs: the next down finds it all again.
+    assert not [c for c in t.calls if "rm -f" in c]
 
 
 # ------------------------------------------------------------------ the key

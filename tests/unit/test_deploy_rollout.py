@@ -17,8 +17,9 @@ import pytest
 from test_deploy_support import KEY, deployment, inventory
 
 from vcfslm.deploy.changes import NodeChanges, NodeState, ProgramState, node_changes
-from vcfslm.deploy.desired import MANIFEST, PREVIOUS_KEYS_VARIABLE, plan_deployment
+from vcfslm.deploy.desired import MANIFEST
 from vcfslm.deploy.driver import NodeDriver
+from vcfslm.deploy.keys import PREVIOUS_KEYS_VARIABLE
 from vcfslm.deploy.rollout import (
     Rollout,
     drain_verdict,
@@ -53,6 +54,9 @@ def test_a_server_setting_rolls_every_server_one_at_a_time(tmp_path):
     assert plan.rolling and [f"{s.node}/{s.program}" for s in plan.servers] == \
            [f"{s.node}/{s.program}" for s in new.servers]
     assert not plan.reload_door and not plan.restart_router
+    # The proxies' config does not change with a server's setting: they are left alone.
+    assert plan.reload_proxies == ()
+    assert not [c for c in changes_between(old, new) if "proxy" in c.restart]
 
 
 def test_a_key_change_rolls_the_servers_and_reloads_the_door(tmp_path):
@@ -60,6 +64,9 @@ def test_a_key_change_rolls_the_servers_and_reloads_the_door(tmp_path):
     old, new = deployment(inv), deployment(inv, key="n" * 43)
     plan = plan_roll(new, changes_between(old, new))
     assert plan.rolling and len(plan.servers) == len(new.servers) and plan.reload_door
+    assert plan.reload_proxies == tuple(n.node for n in new.nodes)
+    for c in changes_between(old, new):
+        assert "proxy" not in held_back(c, plan).restart and "frontdoor" not in held_back(c, plan).restart
     assert not plan.restart_router     # the router checks no key: its settings did not change
 
 
@@ -122,15 +129,18 @@ def test_router_workers_reads_the_list():
     assert router_workers("not json") == []
 
 
-def test_during_a_rotation_the_door_and_the_servers_take_both_keys(tmp_path):
+def test_during_a_rotation_the_door_the_proxies_and_the_servers_take_both_keys(tmp_path):
     inv = inventory(tmp_path)
     new = "n" * 43
-    both = plan_deployment(inv, new, {n.name: "supervisord" for n in inv.nodes}, previous_keys=[KEY])
+    both = deployment(inv, key=new, api_keys=[KEY, new])
     router = both.node(both.router_node)
-    files = {f.path.rsplit("/", 1)[1]: f for f in router.files}
-    assert files["key.conf"].content == f'"Bearer {new}" 1;\n"Bearer {KEY}" 1;\n'
+    files = {f.path.split("/serve/", 1)[1].split("/", 1)[1]: f for f in router.files}
+    for conf in ("frontdoor/nginx.conf", "proxy/nginx.conf"):
+        assert re.findall(r'"Bearer ([^"]+)" 1;', files[conf].content) == [KEY, new]
+        assert files[conf].mode == 0o600
     assert files["serve.env"].content == f"VLLM_API_KEY={new}\n{PREVIOUS_KEYS_VARIABLE}={KEY}\n"
-    assert files["serve.env"].mode == 0o600 and files["key.conf"].mode == 0o600
+    assert files["serve.env"].mode == 0o600
+    assert not [f for f in router.files if f.path.endswith("key.conf")]
     only_new = deployment(inv, key=new)
     assert {p.digest for p in router.programs if p.name.startswith("vllm")} \
         .isdisjoint({p.digest for p in only_new.node(both.router_node).programs})
@@ -149,6 +159,7 @@ class World:
         self.busy = {s.url: 2 for s in dep.servers}          # streams still running per server
         self.down = {}                                        # url -> health polls left before it answers
         self.events: list[tuple[str, str]] = []
+        self.metrics_keys: set[str] = set()                   # the keys /metrics was read with
         self.out_at_once = 0
 
     def probe(self, cmd, data):
@@ -172,6 +183,8 @@ class World:
                 out[item["id"]] = {"status": 200, "body": json.dumps({"urls": sorted(self.listed)})}
             elif url.endswith("/metrics"):
                 server = url.removesuffix("/metrics")
+                assert item.get("key") and item.get("ca", "").endswith("/tls/ca.pem")
+                self.metrics_keys.add(ask["key"])
                 if server not in self.listed and self.busy[server]:
                     self.busy[server] -= 1                   # its streams finish while it drains
                 out[item["id"]] = {"status": 200,
@@ -215,6 +228,8 @@ def rollout_over(world: World, dep, inv) -> tuple[Rollout, dict[str, FakeTranspo
             re.compile(ctl + r" reread"): "",
             re.compile(ctl + r" update( vllm-node\d)+"): update,
             re.compile(ctl + r" signal HUP frontdoor"): lambda c, d: world.events.append(("reload", "door")) or "",
+            re.compile(ctl + r" signal HUP proxy"):
+                lambda c, d, n=node.node: world.events.append(("reload", f"proxy {n}")) or "",
             re.compile(ctl + r" status"): "".join(f"{p.name} RUNNING pid 4{i}\n" for i, p in enumerate(node.programs)),
             re.compile(r"mkdir -p .*"): "",
             re.compile(r".*if \[ -e .*echo absent; fi'?", re.S): "absent\n"})
@@ -231,10 +246,15 @@ def test_the_driver_rolls_one_server_at_a_time_and_writes_the_manifests_last(tmp
     plan = plan_roll(new, changes)
     world = World(new)
     rollout, transports = rollout_over(world, new, inv)
-    log = rollout.apply(plan, changes)
+    log = rollout.apply(plan, changes, "n" * 43)
 
     assert world.out_at_once == 1 and world.listed == {s.url for s in new.servers}
-    assert [e[0] for e in world.events] == ["reload"] + ["out", "restart", "in"] * len(new.servers)
+    # The door, then every node's proxy, reload (no restart) before the servers roll.
+    reloads = 1 + len(new.nodes)
+    assert [e[0] for e in world.events] == ["reload"] * reloads + ["out", "restart", "in"] * len(new.servers)
+    assert world.events[0] == ("reload", "door")
+    assert sorted(e[1] for e in world.events[1:reloads]) == [f"proxy {n.node}" for n in new.nodes]
+    assert world.metrics_keys == {"n" * 43}
     assert [e[1] for e in world.events if e[0] == "restart"] == [s.url for s in new.servers]
     assert [r["server"] for r in log] == [f"{s.node}/{s.program}" for s in new.servers]
     assert all(r["drained"] for r in log)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from vcfslm.deploy.desired import SUPERVISORD, plan_deployment
+from vcfslm.deploy import tls
+from vcfslm.deploy.desired import SUPERVISORD, DeploymentTls, plan_deployment
 from vcfslm.inventory import parse_inventory
 
 KEY = "k3y-Sekr1t-0123456789abcdefABCDEF"
@@ -65,5 +66,13 @@ def inventory(tmp: Path, serve: dict | None = None, vllm: dict | None = None, **
     return build(doc)
 
 
-def deployment(inv, key: str = KEY, supervisor: str = SUPERVISORD, nodes=None):
-    return plan_deployment(inv, key, {n.name: supervisor for n in inv.nodes}, nodes)
+_CA = tls.make_ca("slm")
+CERTIFICATES = DeploymentTls(_CA.cert, {ip: tls.issue(_CA, [ip]) for ip in BENCH_IPS.values()},
+                             None)
+CERTIFICATES = DeploymentTls(_CA.cert, CERTIFICATES.nodes, CERTIFICATES.nodes[BENCH_IPS["slm-01"]])
+
+
+def deployment(inv, key: str = KEY, supervisor: str = SUPERVISORD, nodes=None, certificates=None, api_keys=None):
+    """The deployment's plan, with one CA and its certificates made once per test session."""
+    return plan_deployment(inv, key, {n.name: supervisor for n in inv.nodes}, nodes,
+                           tls=certificates or CERTIFICATES, api_keys=api_keys)

@@ -264,7 +264,7 @@ def room_of(module: str, rooms: dict[str, tuple[list[str], set[str]]]) -> str:
             if p == "*.py":
                 hit, length = len(parts) <= 1, 0
             else:
-                prefix = p.rstrip("/").split("/")
+                prefix = p.removesuffix(".py").rstrip("/").split("/")
                 hit, length = parts[: len(prefix)] == prefix, len(prefix)
             if hit and length > best_len:
                 best, best_len = room, length

@@ -90,3 +90,34 @@ def test_get_health_and_metrics(fake):
     metrics = servers.parse_metrics(get(ep, "/metrics")[1])
     assert metrics["vllm:kv_cache_usage_perc"] == 0.25
     assert "vllm:request_queue_time_seconds_bucket" not in metrics
+
+
+def test_over_tls_the_client_verifies_the_server_against_its_ca(fake, tmp_path):
+    """A deployment's door: streamed with the CA trusted; refused before any request without it."""
+    import ssl
+
+    from vcfslm.deploy import tls
+
+    ca, other = tls.make_ca("slm"), tls.make_ca("someone-else")
+    pair = tls.issue(ca, ["127.0.0.1"])
+    for name, text in (("ca.pem", ca.cert), ("other.pem", other.cert), ("s.pem", pair.cert), ("s.key", pair.key)):
+        (tmp_path / name).write_text(text)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "s.pem", tmp_path / "s.key")
+    server = FakeServer("right-key", first_s=0.01, token_s=0.01)
+    server.httpd.socket = context.wrap_socket(server.httpd.socket, server_side=True)
+    server.start()
+    try:
+        trusted = Endpoint("127.0.0.1", server.port, "right-key", "m", True, str(tmp_path / "ca.pem"))
+        s = stream_completion(trusted, "/v1/completions", body(3), deadline_s=time.perf_counter() + 10)
+        assert s.ok and s.tokens == 3
+        assert get(trusted, "/v1/models")[0] == 200
+        for ca_file in (str(tmp_path / "other.pem"), None):       # another CA; the system's store
+            untrusting = Endpoint("127.0.0.1", server.port, "right-key", "m", True, ca_file)
+            s = stream_completion(untrusting, "/v1/completions", body(3), deadline_s=time.perf_counter() + 10)
+            assert not s.ok and "CERTIFICATE_VERIFY_FAILED" in s.error and s.status is None
+            with pytest.raises(ssl.SSLCertVerificationError):
+                get(untrusting, "/v1/models")
+        assert server.completions == 1                             # the refused clients sent nothing
+    finally:
+        server.close()

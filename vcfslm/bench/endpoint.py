@@ -100,6 +100,7 @@ class EndpointLaunch:
     (its pid, or None when not known)."""
 
     key: str = field(repr=False)
+    ca_file: str | None = None          # what the client trusts at an https endpoint (None: the system's store)
     runs_dir: str | Path = "runs"
     resume: bool = False
     scale: Callable[[int], Target] | None = None
@@ -118,12 +119,14 @@ class EndpointRun:
 # ------------------------------------------------------------------ pure parts
 
 
-def endpoint_of(url: str, key: str, model: str = "") -> Endpoint:
-    """The client's Endpoint of a base URL (http://host:port)."""
+def endpoint_of(url: str, key: str, model: str = "", ca_file: str | None = None) -> Endpoint:
+    """The client's Endpoint of a base URL (https://host:port, verified against `ca_file` or
+    the system's store; http://host:port)."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise UsageError(f"{url}: the client speaks plain http to an endpoint like http://10.0.0.11:8000")
-    return Endpoint(parts.hostname, parts.port or 80, key, model)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{url}: the client speaks https or http to an endpoint like https://10.0.0.11:8000")
+    tls = parts.scheme == "https"
+    return Endpoint(parts.hostname, parts.port or (443 if tls else 80), key, model, tls, ca_file)
 
 
 def requests_split(series: Sequence[Mapping[str, float | None]]) -> tuple[dict[str, int | None], list[str]]:
@@ -244,9 +247,9 @@ def text_prompt(seed: int, request: Request) -> str:
     return "".join(" " + rng.choice(TEXT_WORDS) for _ in range(request.input_tokens))
 
 
-def served_model(url: str, key: str) -> str:
+def served_model(url: str, key: str, ca_file: str | None = None) -> str:
     """The model the endpoint serves (its /v1/models), checked as a run checks it."""
-    return EndpointClient.check(endpoint_of(url, key), url, key)
+    return EndpointClient.check(endpoint_of(url, key, ca_file=ca_file), url, key)
 
 
 # ------------------------------------------------------------------ the fault
@@ -358,9 +361,10 @@ class EndpointClient:
         ep = spec.endpoint
         assert ep is not None
         self.target, self.spec, self.launch = target, spec, launch
-        self.model = self.check(endpoint_of(target.url, launch.key), target.url, launch.key)
-        self.endpoint = endpoint_of(target.url, launch.key, self.model)
-        self.meters = {url: endpoint_of(url, "") for url in target.servers}
+        self.model = self.check(endpoint_of(target.url, launch.key, ca_file=launch.ca_file), target.url, launch.key)
+        self.endpoint = endpoint_of(target.url, launch.key, self.model, launch.ca_file)
+        # The servers' proxies take /metrics with the key, over TLS from the deployment's CA.
+        self.meters = {url: endpoint_of(url, launch.key, "", launch.ca_file) for url in target.servers}
         self.faults = ep.fault_list
         self.server_name = spec.server.name if spec.server is not None else servers.VLLM.name
         missing = [f.target for f in self.faults if f.target not in target.programs]
@@ -374,7 +378,7 @@ class EndpointClient:
     @staticmethod
     def check(endpoint: Endpoint, url: str, key: str) -> str:
         """The endpoint refuses a wrong key, takes the run's, and names the model it serves."""
-        wrong = Endpoint(endpoint.host, endpoint.port, "not-" + key, "")
+        wrong = Endpoint(endpoint.host, endpoint.port, "not-" + key, "", endpoint.tls, endpoint.ca_file)
         try:
             status, _ = get(wrong, "/v1/models")
             if status != 401:
@@ -479,7 +483,7 @@ class EndpointClient:
 
     def _health(self, fault: Fault) -> Endpoint | None:
         url = self.target.programs.get(fault.target)
-        return endpoint_of(url, "") if url else None
+        return endpoint_of(url, "", ca_file=self.launch.ca_file) if url else None
 
     def _server_metrics(self, before, after, samples) -> dict[str, float]:
         """The servers' own figures over the window, summed (counters) or their largest (gauges)."""

@@ -9,7 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.cells import aggregate
-from ..analysis.tables import results_table, scenario_rows
+from ..analysis.report import judging_rule
+from ..analysis.serve import analyse, series_of
+from ..analysis.slo import slos_from_meta
+from ..analysis.tables import results_table, scenario_rows, serve_answer_table, serve_points_table
+from ..results import read_run
+from ..results.vllm_results import write_vllm_results
 from .common import console, print_json
 
 
@@ -45,13 +50,6 @@ def rich_table(table, title: str | None = None) -> Table:
 
 def print_serve_summary(meta, run_dir: Path, output: str, title: str) -> None:
     """A serving run's loads (the report's serving tables, judged as its sweep judged them)."""
-    from ..analysis.report import judging_rule
-    from ..analysis.serve import analyse, series_of
-    from ..analysis.slo import slos_from_meta
-    from ..analysis.tables import serve_answer_table, serve_points_table
-    from ..results import read_run
-    from ..results.vllm_results import write_vllm_results
-
     slos = slos_from_meta(meta.slos or None)
     rule, _ = judging_rule([meta])
     run = read_run(run_dir, require_records=False)

@@ -13,7 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import InventoryError, Problem
+from ..inventory import load_inventory
+from ..results import atomic_write_json
 from .console import LINE_ENDS, make_console
+from .progress_view import ProgressLines, TerminalBars
 
 INVENTORY_ENV = "VCFSLM_INVENTORY"
 STATE_FILE_ENV = "VCFSLM_STATE"
@@ -29,8 +32,6 @@ def state_file() -> Path:
 
 
 def remember_inventory(path: str | Path) -> None:
-    from ..results import atomic_write_json
-
     atomic_write_json(state_file(), {"inventory": str(Path(path).resolve())})
 
 
@@ -52,8 +53,6 @@ def resolve_inventory_path(given: str | None) -> Path:
 
 def load(given: str | None):
     """Resolve and load the inventory (InventoryError on any problem)."""
-    from ..inventory import load_inventory
-
     return load_inventory(resolve_inventory_path(given))
 
 
@@ -113,8 +112,6 @@ class RichReporter:
     """
 
     def __init__(self, console: Console = err_console, quiet: bool = False, verbose: bool = False):
-        from .progress_view import ProgressLines, TerminalBars
-
         self.console = console
         self.quiet = quiet
         self.verbose = verbose

@@ -11,12 +11,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import PlaybookError
+from ..guest.transport import open_node
 
 
 def ssh_connector(inventory, reporter, trust_new_hosts: bool = False):
     """The guest stage's Connector: the inventory's SSH settings, one connection per node."""
-    from ..guest.transport import open_node
-
     def connect(node, *, log_dir: Path, wait_s: float):
         return open_node(inventory, node, log_dir=log_dir, trust_new_hosts=trust_new_hosts,
                          reporter=reporter, wait_s=wait_s)

@@ -11,6 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..contract import GUEST_PARALLEL_CAP
+from ..guest import provision
+from ..guest.verify import describe_numa
 from ..progress import Progress, describe
 from .common import (
     RichReporter,
@@ -101,9 +103,7 @@ def _hosts(value: str | None) -> list[str] | None:
 
 def guest_run(options: dict):
     """The guest run the `guests` command's options ask for (click's names -> GuestRun)."""
-    from ..guest.provision import GuestRun
-
-    return GuestRun(playbooks=list(options["playbooks"]) or None, dry_run=options["dry_run"],
+    return provision.GuestRun(playbooks=list(options["playbooks"]) or None, dry_run=options["dry_run"],
                     run_dir=options["log_dir"], hosts=_hosts(options["hosts"]),
                     connect_wait_s=options["wait_s"], max_workers=options["parallel"])
 
@@ -136,13 +136,11 @@ def guests(inventory: str | None, **options) -> None:
       vcfslm guests cluster.yaml --parallel 8             at most 8 guests at once
     A second run changes nothing. Exit 1 when any host failed (the others still ran).
     """
-    from ..guest.provision import provision_guests
-
     inv = load(inventory)
     run = guest_run(options)
     dry_run = run.dry_run
     with LiveHosts() as reporter:
-        summary = provision_guests(inv, ssh_connector(inv, reporter, options["trust_new_hosts"]), reporter,
+        summary = provision.provision_guests(inv, ssh_connector(inv, reporter, options["trust_new_hosts"]), reporter,
                                    options=run)
     if options["output"] == "json":
         print_json(summary_json(summary))
@@ -181,11 +179,9 @@ def verify(inventory: str | None, trust_new_hosts: bool, hosts: str | None, wait
       vcfslm verify cluster.yaml --hosts slm-02 --output json
     Exit 1 with expected vs seen for every guest that does not match.
     """
-    from ..guest.provision import verify_guests
-
     inv = load(inventory)
     with LiveHosts() as reporter:
-        summary = verify_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
+        summary = provision.verify_guests(inv, ssh_connector(inv, reporter, trust_new_hosts), reporter,
                                 hosts=_hosts(hosts), connect_wait_s=wait_s, max_workers=parallel)
     if output == "json":
         print_json(summary_json(summary))
@@ -197,8 +193,6 @@ def verify(inventory: str | None, trust_new_hosts: bool, hosts: str | None, wait
             facts = h.records.get("facts")
             seen = "-"
             if facts is not None and facts.numa is not None and facts.numa.available:
-                from ..guest.verify import describe_numa
-
                 seen = describe_numa(facts.numa)
             result = "[green]ok[/green]" if h.succeeded else f"[red]{escape(h.error)}[/red]"
             table.add_row(h.host, seen, result)

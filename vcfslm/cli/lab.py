@@ -5,10 +5,25 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from ..errors import InputError, UsageError
+from ..analysis.slo_scaling import (
+    busy_probe_lines,
+    model_cost,
+    probe_decode_gbs,
+    probe_rates,
+    scale_slos,
+    scaling_for,
+)
+from ..contract import DEFAULT_SLOS
+from ..deploy.service import serve_down
+from ..errors import InputError, UsageError, VcfslmError
+from ..guest.provision import default_run_dir
+from ..inventory import load_inventory
+from ..lab import generate, vcsim
+from ..lab import lab as lab_mod
 from ..lab.vcsim import API_CHOICES, DEFAULT_API
 from ..presets import SYNTHETIC_PREFIX, SyntheticSpecError, parse_synthetic
 from .common import RichReporter, console, print_json
+from .guest_stage import ssh_connector
 
 DIR_HELP = "Lab folder (default: $VCFSLM_LAB_DIR, then ~/.vcfslm/lab)."
 
@@ -89,9 +104,6 @@ def up(nodes: int, directory: str | None, fresh_guests: bool, slos_from: str | N
     vcsim records each ReconfigVM_Task / CloneVM_Task carrying virtualNuma or a
     numa.* setting, as it arrived, in vcsim/soap-records.jsonl of the lab folder.
     """
-    from ..lab import generate, vcsim
-    from ..lab import lab as lab_mod
-
     try:
         delays = vcsim.parse_method_delay(str(simulator["method_delay"]))
     except ValueError as exc:
@@ -137,8 +149,6 @@ def status(directory: str | None, output: str) -> None:
     Example:
       vcfslm lab status
     """
-    from ..lab import lab as lab_mod
-
     folder = lab_mod.lab_dir(directory)
     rows = lab_mod.status(folder)
     if output == "json":
@@ -164,8 +174,6 @@ def down(directory: str | None) -> None:
     Example:
       vcfslm lab down
     """
-    from ..lab import lab as lab_mod
-
     folder = lab_mod.lab_dir(directory)
     _service_down(folder / "inventory.yaml")
     stopped = lab_mod.down(folder, RichReporter())
@@ -176,23 +184,19 @@ def down(directory: str | None) -> None:
 def _service_down(inventory_file) -> None:
     """A service `serve up` left on the lab's guests goes first, while they still answer:
     its supervisors are not children of the lab and would outlive it."""
-    from ..deploy.service import serve_down
-    from ..errors import VcfslmError
-    from ..guest.provision import default_run_dir
-    from ..inventory import load_inventory
-    from .guest_stage import ssh_connector
-
     if not inventory_file.exists():
         return
     try:
         inv = load_inventory(inventory_file)
         connect = ssh_connector(inv, None)
-        stopped = serve_down(inv, lambda node: connect(node, log_dir=default_run_dir(), wait_s=0))
+        done = serve_down(inv, lambda node: connect(node, log_dir=default_run_dir(), wait_s=0))
     except VcfslmError as exc:
         console.print(f"the lab's service was not taken down: {exc}", markup=False, highlight=False)
         return
-    for node, programs in stopped.items():
+    for node, programs in done.stopped.items():
         console.print(f"{node}: stopped the service's {', '.join(programs)}", markup=False, highlight=False)
+    for node, why in done.unreachable.items():
+        console.print(f"{node}: not reached, its service (if any) still runs: {why}", markup=False, highlight=False)
 
 
 def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[str]]:
@@ -201,17 +205,6 @@ def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[
     loading it (synthetic:tiny, a folder) is scaled by the machine alone, and a line says so."""
     if probe_file is None:
         return None, []
-    from ..analysis.slo_scaling import (
-        busy_probe_lines,
-        model_cost,
-        probe_decode_gbs,
-        probe_rates,
-        scale_slos,
-        scaling_for,
-    )
-    from ..contract import DEFAULT_SLOS
-    from ..lab import generate
-
     shape = generate.machine_shape()
     cost = model_cost(model, min(generate.LAB_INPUT_TOKENS))
     try:

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from .. import presets
+from ..engine.checkpoint import write_checkpoint
+from ..engine.model import ModelSourceError, parse_model_spec
 from ..errors import Problem, UsageError
 from .common import output_option, print_json
 
@@ -27,8 +30,6 @@ def presets_command(output: str) -> None:
       vcfslm model presets
       vcfslm bench --local --model synthetic:llama-3.2-3b --batch-sizes 1,16
     """
-    from .. import presets
-
     rows = [presets.describe_preset(p) for p in presets.PRESETS.values()]
     if output == "json":
         print_json(rows)
@@ -57,9 +58,6 @@ def write(source: str, folder: str, seed: int, output: str) -> None:
       vcfslm model write synthetic:tiny-64 models/tiny-64
       vcfslm model write synthetic:phi-3-mini models/phi-3-mini     7.6 GB of bf16
     """
-    from ..engine.checkpoint import write_checkpoint
-    from ..engine.model import ModelSourceError, parse_model_spec
-
     try:
         spec = parse_model_spec(source)
     except ModelSourceError as exc:

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.progress_bar import ProgressBar
 
-from ..progress import Progress, describe
+from ..progress import Progress, describe, due
 
 BYTES_EVERY_S = 30.0
 BYTES_EVERY_FRACTION = 0.10
@@ -33,8 +33,6 @@ class _Last:
 
 def line_due(last: _Last | None, p: Progress, now: float) -> bool:
     """Whether Progress `p` deserves a line off a terminal, given the last line of its key."""
-    from ..progress import due
-
     if p.final or last is None:
         return True
     if p.unit == "windows":  # a bench: one line per scenario (its label names it)

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
+from ..analysis.cells import Analysis, model_text
+from ..analysis.report import (
+    ReportOptions,
+    judging_rule,
+    known_slos,
+    load_inputs,
+    render_text,
+    write_report,
+)
+from ..analysis.serve import UNITS, analyse, compare, has_serving, workload_title
+from ..analysis.slo import Slo, crossovers, resolve_slos
+from ..analysis.slo import size as size_for
+from ..analysis.summary import summary_table
+from ..analysis.tables import serve_sizing_table
 from ..contract import presets_help
 from ..errors import Problem, RunFolderError, UsageError
+from ..judging import Rule
+from ..results import read_meta
 from .common import RichReporter, output_option, print_json
-
-if TYPE_CHECKING:
-    from ..analysis.cells import Analysis
-    from ..analysis.slo import Slo
-    from ..judging import Rule
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])
 PERCENTILE_HELP = ("Static cells: the percentile of streams that must meet each limit (p50 is the brief's). "
@@ -63,8 +73,6 @@ def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headro
       vcfslm report runs/<id> --slo B --slo mlperf-server --attainment 0.95
       vcfslm report --csv published.csv --percentile p50 --out /tmp/published
     """
-    from ..analysis.report import ReportOptions, render_text, write_report
-
     reporter = RichReporter(quiet=_verbose() == 0)
     options = ReportOptions(slo_specs=slos, percentile=percentile, peaks=peaks, headroom=headroom,
                             attainment=attainment)
@@ -87,8 +95,6 @@ def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headro
 
 def latest_run(runs_dir: Path) -> Path:
     """The newest run dir under `runs_dir` (by meta.json `created`, then name)."""
-    from ..results import read_meta
-
     candidates = []  # a folder whose meta.json is unreadable is not a candidate
     for d in runs_dir.iterdir() if runs_dir.is_dir() else ():
         if (d / "meta.json").is_file():
@@ -148,10 +154,6 @@ def size(**options) -> None:
       vcfslm size --peak-streams 256 --threshold serving --results runs/<serving-id>
       vcfslm size --peak-rps 40 --threshold serving --slo B --results runs/<serving-id>
     """
-    from ..analysis.report import judging_rule, known_slos, load_inputs
-    from ..analysis.serve import has_serving
-    from ..analysis.slo import resolve_slos
-
     opts = SizeOptions.from_cli(options)
     peak_streams, peak_rps = opts.peak_streams, opts.peak_rps
     if peak_rps is not None and opts.threshold_kind == "static":
@@ -225,10 +227,6 @@ class SizingInputs:
 
 
 def _size_static(inputs: SizingInputs, opts: SizeOptions, serves: bool) -> None:
-    from ..analysis.slo import crossovers
-    from ..analysis.slo import size as size_for
-    from ..analysis.summary import summary_table
-
     analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
     rule, rule_notes = inputs.rule, inputs.rule_notes
     peak_streams, headroom, output = opts.peak_streams, opts.headroom, opts.output
@@ -270,10 +268,6 @@ def _size_static(inputs: SizingInputs, opts: SizeOptions, serves: bool) -> None:
 
 def _size_serving(inputs: SizingInputs, opts: SizeOptions) -> None:
     """Sizing from the serving threshold (its concurrent streams per VM; by rate with --peak-rps)."""
-    from ..analysis.cells import model_text
-    from ..analysis.serve import UNITS, analyse, compare, workload_title
-    from ..analysis.tables import serve_sizing_table
-
     analysis, names, sources, chosen = inputs.analysis, inputs.names, inputs.sources, inputs.chosen
     rule, rule_notes = inputs.rule, inputs.rule_notes
     peak_streams, peak_rps, headroom, output = opts.peak_streams, opts.peak_rps, opts.headroom, opts.output

@@ -40,6 +40,7 @@ def serve() -> None:
       vcfslm serve up cluster.yaml --key-file ~/.vcfslm/slm.key     bring it up (or change it)
       vcfslm serve up cluster.yaml --nodes 2 --dry-run              what a 2-node service changes
       vcfslm serve status cluster.yaml                              health, versions, memory, KV use
+      vcfslm serve key cluster.yaml                                 print the API key (alone)
       vcfslm serve down cluster.yaml                                stop it, remove units and key
     """
 
@@ -50,11 +51,14 @@ def serve() -> None:
               help="Serve on the first N nodes (default: serve.nodes, else every node).")
 @click.option("--hosts", "hosts", metavar="A,B", help="Serve on these nodes (comma-separated names).")
 @click.option("--key-file", type=click.Path(dir_okay=False), default=None,
-              help="The API key: read from this file when it exists, else written to it (mode 0600). "
-                   "Without it a new key is printed once.")
+              help="The API key: read from this file when it exists (mode 0600, or it is refused), else "
+                   "written to it (default ~/.vcfslm/keys/<deployment>.key). The deployment's CA goes "
+                   "beside it (<name>-tls/ca.pem).")
 @click.option("--rotate-key", is_flag=True,
-              help="Make a new key. With two servers or more it rolls: the door and the servers take the old "
-                   "and the new key while the servers restart one at a time, then the new one only.")
+              help="The nodes take a new key: the key file's when it differs from theirs, else a new one "
+                   "written to it. With two servers or more it rolls: the door, the proxies and the servers "
+                   "take the old and the new key while the servers restart one at a time, then the new one "
+                   "only (a new key waits in <key file>.new until then).")
 @click.option("--dry-run", is_flag=True, help="Print what would change on each node, change nothing.")
 @click.option("--no-install", "no_install", is_flag=True,
               help="Skip the vllm and serve playbooks (vLLM, its router, supervisord and nginx are in place).")
@@ -82,9 +86,8 @@ def up(inventory: str | None, **options) -> None:
            "servers": [s.url for s in d.servers],
            "changes": {c.node: c.to_dict() for c in result.changes}, "dropped": result.dropped,
            "healthy_s": result.healthy_s, "checks": result.checks, "key_file": result.key_file,
+           "new_key": bool(result.new_key), "tls": d.endpoint.startswith("https:"), "ca_file": result.ca_file,
            "rolled": result.rolls}
-    if result.new_key and not result.key_file:
-        doc["api_key"] = result.new_key
     if options["output"] == "json":
         print_json(doc)
         return
@@ -101,12 +104,16 @@ def up(inventory: str | None, **options) -> None:
         console.print(f"deployment {d.name} {verb}: {len(d.servers)} server(s) on {len(d.nodes)} node(s), "
                       f"router on {d.router_node} ({d.policy})", markup=False, highlight=False)
     console.print(f"endpoint: {d.endpoint}/v1  model: {d.model_name}", markup=False, highlight=False)
-    if result.new_key and result.key_file:
-        console.print(f"a new API key is in {result.key_file} (mode 0600)", markup=False, highlight=False)
+    if not d.endpoint.startswith("https:"):
+        console.print("the endpoint is plain HTTP (serve.front_door.tls: false): the key and the prompts cross "
+                      "the network in clear", markup=False, highlight=False)
+    elif result.ca_file:
+        console.print(f"clients trust the deployment's CA: {result.ca_file}", markup=False, highlight=False)
+    if result.new_key and run.dry_run:
+        console.print(f"would make a new API key and write it to {result.key_file}", markup=False, highlight=False)
     elif result.new_key:
-        err_console.print("API key (shown once; serve up --key-file FILE keeps it in a file instead):",
-                          markup=False, highlight=False)
-        console.print(result.new_key, markup=False, highlight=False, soft_wrap=True)
+        console.print(f"a new API key is in {result.key_file} (mode 0600); `vcfslm serve key` prints it",
+                      markup=False, highlight=False)
 
 
 @serve.command("status")
@@ -115,7 +122,8 @@ def up(inventory: str | None, **options) -> None:
 @output_option
 def status(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, output: str) -> None:
     """Each server's health, model, version, peak RSS and KV-cache use; the router's view;
-    the endpoint. Exit 1 when anything is unhealthy, 3 when nothing is deployed."""
+    the endpoint. Exit 1 when anything is unhealthy or a node cannot be reached (the rest is
+    reported), 3 when nothing is deployed."""
     from ..deploy.service import serve_status
     from ..progress import NullReporter
 
@@ -125,13 +133,15 @@ def status(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, ou
         print_json(doc)
     else:
         _print_status(doc)
-    if not doc["deployed"]:
+    if not doc["deployed"] and not doc.get("unreachable"):
         raise SystemExit(3)
     if not doc["healthy"]:
         raise SystemExit(1)
 
 
 def _print_status(doc: dict) -> None:
+    for node, why in (doc.get("unreachable") or {}).items():
+        err_console.print(f"{node}: unreachable: {why}", markup=False, highlight=False, soft_wrap=True)
     if not doc["deployed"]:
         console.print(f"deployment {doc['deployment']}: not deployed", markup=False, highlight=False)
         return
@@ -153,8 +163,24 @@ def _print_status(doc: dict) -> None:
             console.print(f"router on {node} ({r['state']}): {len(r['workers'])} worker(s): "
                           f"{', '.join(r['workers'])}", markup=False, highlight=False, soft_wrap=True)
     endpoint = doc["endpoint"] or {}
-    console.print(f"endpoint: {endpoint.get('url')}/v1 (health {endpoint.get('health')})",
-                  markup=False, highlight=False)
+    console.print(f"endpoint: {endpoint.get('url')}/v1 ({endpoint.get('transport', 'TLS')}, health "
+                  f"{endpoint.get('health')})", markup=False, highlight=False)
+
+
+@serve.command("key")
+@inventory_argument
+@click.option("--key-file", type=click.Path(dir_okay=False), default=None,
+              help="The key file serve up wrote (default ~/.vcfslm/keys/<deployment>.key).")
+def key(inventory: str | None, key_file: str | None) -> None:
+    """Print the deployment's API key, alone on its line (for `$(vcfslm serve key ...)`).
+
+    The file must be private (mode 0600): one readable by others is refused, as ssh
+    refuses such a private key."""
+    from ..deploy.keys import default_key_file, read_key_file
+
+    inv = load(inventory)
+    path = key_file or default_key_file(inv.serve.name or inv.name)
+    click.echo(read_key_file(path))
 
 
 @serve.command("down")
@@ -162,19 +188,25 @@ def _print_status(doc: dict) -> None:
 @node_access_options
 @output_option
 def down(inventory: str | None, trust_new_hosts: bool, log_dir: str | None, output: str) -> None:
-    """Stop every program serve up started and remove its units, configs and key (logs stay)."""
+    """Stop every program serve up started and remove its units, configs and key (logs stay).
+    Exit 1 when a node cannot be reached (the others are taken down all the same)."""
     from ..deploy.service import serve_down
     from ..progress import NullReporter
 
     inv = load(inventory)
-    stopped = serve_down(inv, _connect(inv, NullReporter(), trust_new_hosts, log_dir))
+    done = serve_down(inv, _connect(inv, NullReporter(), trust_new_hosts, log_dir))
     if output == "json":
-        print_json({"stopped": stopped})
-        return
-    if not stopped:
-        console.print("nothing to take down", markup=False, highlight=False)
-    for node, programs in stopped.items():
-        console.print(f"{node}: stopped {', '.join(programs)}", markup=False, highlight=False)
+        print_json({"stopped": done.stopped, "unreachable": done.unreachable})
+    else:
+        if not done.stopped and not done.unreachable:
+            console.print("nothing to take down", markup=False, highlight=False)
+        for node, programs in done.stopped.items():
+            console.print(f"{node}: stopped {', '.join(programs)}", markup=False, highlight=False)
+        for node, why in done.unreachable.items():
+            err_console.print(f"{node}: unreachable, not taken down: {why}", markup=False, highlight=False,
+                              soft_wrap=True)
+    if done.unreachable:
+        raise SystemExit(1)
 
 
 COMMANDS = [serve]

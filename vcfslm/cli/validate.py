@@ -7,6 +7,7 @@ import json
 import click
 from rich.table import Table
 
+from ..inventory import inventory_json_schema
 from .common import console, inventory_argument, load, output_option, print_json
 
 
@@ -90,8 +91,6 @@ def schema() -> None:
       # then, first line of cluster.yaml:
       # yaml-language-server: $schema=inventory.schema.json
     """
-    from ..inventory import inventory_json_schema
-
     click.echo(json.dumps(inventory_json_schema(), indent=2))
 
 

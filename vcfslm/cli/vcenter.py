@@ -17,6 +17,8 @@ from rich.table import Table
 from .. import contract
 from ..errors import UsageError, VCenterError
 from ..progress import Progress, describe
+from ..vsphere import credentials, driver, reconcile
+from ..vsphere.session import SessionOptions
 from .common import (
     console,
     err_console,
@@ -142,18 +144,16 @@ def _vcenter(inv, reporter, api_pin: str | None = None, parallel: int | None = N
 
     parallel: --parallel (None: the inventory's vcenter.parallel, else the cap).
     """
-    from ..vsphere.credentials import resolve_password
-    from ..vsphere.driver import PyVmomiVCenter
-    from ..vsphere.session import SessionOptions
-
-    password = resolve_password(inv.vcenter, prompt=_prompt if sys.stdin.isatty() else None)
+    password = credentials.resolve_password(inv.vcenter, prompt=_prompt if sys.stdin.isatty() else None)
 
     def automation():
+        # The vSphere Automation SDK (vmware.vapi, requests) costs about 0.3 s of CPU to import,
+        # and only a plan or provision that touches tags or folders asks for its client.
         from ..vsphere.tags import AutomationClient
 
         return AutomationClient(inv.vcenter, password)
 
-    with PyVmomiVCenter(inv.vcenter, password, reporter, options=SessionOptions(api_pin=api_pin),
+    with driver.PyVmomiVCenter(inv.vcenter, password, reporter, options=SessionOptions(api_pin=api_pin),
                         max_workers=vcenter_workers(inv, parallel)) as vc:
         yield vc, automation
 
@@ -185,8 +185,6 @@ def plan(inventory: str | None, allow_restart: bool, api_pin: str | None, output
       vcfslm plan cluster.yaml --api-version 6.7   the path a 6.7 session takes
     Exit 1 when preflight fails (every problem listed), 2 on a bad inventory.
     """
-    from ..vsphere import reconcile
-
     inv = load(inventory)
     reporter = VmLinesReporter(quiet=True)  # plan observes only; warnings still show
     with _vcenter(inv, reporter, api_pin) as (vc, automation):
@@ -212,8 +210,6 @@ def _confirm_restarts(plan) -> bool:
 
 def _run_vm_stage(inv, allow_restart: bool, yes: bool, output: str, api_pin: str | None = None,
                   parallel: int | None = None):
-    from ..vsphere import reconcile
-
     with VmLinesReporter(quiet=output == "json") as reporter:
         with _vcenter(inv, reporter, api_pin, parallel) as (vc, automation):
             return reconcile.provision(inv, vc, reporter, allow_restart, automation,
@@ -377,8 +373,6 @@ def destroy(inventory: str | None, yes: bool, parallel: int | None, output: str)
       vcfslm destroy cluster.yaml --yes --parallel 8   gentler on a busy vCenter
     Exit 1 when a VM was refused or failed to be destroyed.
     """
-    from ..vsphere import reconcile
-
     inv = load(inventory)
 
     def confirm(dplan) -> bool:

@@ -2,12 +2,16 @@
 
 One vLLM server per vNUMA node on every serving node, started from the same launch
 script `bench --server vllm` uses (templates/vllm.sh.j2: numactl binding, OpenMP threads,
-KV-cache size) with the same `serve` arguments (servers.server_argv), but listening on
-the node's bench address so the router reaches it. On the router's node, vLLM's router
-(`vllm-router`) on loopback with every server as a worker, and nginx in front of it on
-the bench address: the one endpoint clients call, which checks the API key and passes
-only the OpenAI API and /health (the router checks no key, and its management endpoints
-answer anyone).
+KV-cache size) with the same `serve` arguments (servers.server_argv), but listening on a
+Unix socket in the node's private folder: vLLM's own key check covers /v1 only, and its
+other routes (/invocations, /tokenize, ...) serve anyone who reaches them. Each node's
+`proxy` (nginx) holds the servers' ports on its bench address: TLS with a certificate of
+the deployment's CA, only the router's node and the node itself let in, the key checked
+on every route but /health. On the router's node, vLLM's router (`vllm-router`) on
+loopback with every proxy as an https worker (it verifies them against the deployment's
+CA), and nginx in front of it on the bench address: the one endpoint clients call, which
+terminates TLS, checks the API key, limits each client and passes only the OpenAI API
+and /health (the router checks no key, and its management endpoints answer anyone).
 
 Each process is a `Program`; its `digest` covers everything it reads (command line,
 environment, the files it sources), so a changed setting restarts exactly the programs
@@ -29,6 +33,9 @@ from ..guest import vllm
 from ..guest.templates import render_template
 from ..resources import resource_dir
 from ..servers import VLLM, ServerSpec, server_argv
+from .confinement import Confinement, confinement, with_environment
+from .keys import check_keys, env_text
+from .tls import Pair
 
 SYSTEMD = "systemd"
 SUPERVISORD = "supervisord"
@@ -36,9 +43,7 @@ SUPERVISORS = (SYSTEMD, SUPERVISORD)
 UNIT_DIR = "/etc/systemd/system"
 NGINX = "/usr/sbin/nginx"
 KEY_VARIABLE = "VLLM_API_KEY"
-# Keys the servers also take while a key rotation rolls (space-separated; the vLLM entry
-# passes them to vLLM with the current one, in-process, never on a command line).
-PREVIOUS_KEYS_VARIABLE = "VCFSLM_PREVIOUS_API_KEYS"
+PRIVATE = 0o600
 # Marks the files and units serve up wrote, so serve down removes exactly those.
 MANIFEST = "manifest.json"
 
@@ -77,8 +82,9 @@ class ServerEntry:
 
     node: str
     numa_node: int
-    url: str                              # http://<bench ip>:<port>
+    url: str                              # https://<bench ip>:<port>: the node's proxy in front of it
     program: str
+    socket: str = ""                      # where the server itself listens, in the node's private folder
 
 
 @dataclass(frozen=True)
@@ -106,10 +112,11 @@ class Deployment:
     model_name: str                       # as the API names it
     key_digest: str                       # the first 12 hex of the key's sha256: changes follow the key
     router_node: str
-    endpoint: str                         # http://<router node's bench ip>:<front door port>
+    endpoint: str                         # https://<router node's bench ip>:<front door port> (http: no TLS)
     policy: str
     servers: tuple[ServerEntry, ...]
     nodes: tuple[NodeService, ...]
+    door_ca: str | None = None            # the CA file on the router's node the door is checked with
 
     def node(self, name: str) -> NodeService:
         return next(n for n in self.nodes if n.node == name)
@@ -126,6 +133,36 @@ def supervisor_socket(folder: str) -> str:
     if len(path.encode()) <= SOCKET_PATH_MAX:
         return path
     return f"/tmp/vcfslm-supervisor-{hashlib.sha256(folder.encode()).hexdigest()[:16]}.sock"
+
+
+@dataclass(frozen=True)
+class DeploymentTls:
+    """The certificates the deployment uses: its CA (which the router and the nodes' checks
+    trust), each node's proxy certificate by bench address, and the door's (None: plain HTTP
+    at the door, as the inventory said)."""
+
+    ca_cert: str = field(repr=False)
+    nodes: Mapping[str, Pair] = field(repr=False)
+    door: Pair | None = field(default=None, repr=False)
+    # What checks the operator's door certificate, when the inventory names a CA for it
+    # (None with an operator's certificate: the nodes' trust store).
+    door_ca: str | None = field(default=None, repr=False)
+    operator_door: bool = False
+
+
+def socket_folder(folder: str) -> str:
+    """Where a node's servers put their Unix sockets: its folder, or, when a socket's path
+    there would be too long, a folder in /tmp named after it (made 0700 as the folder is)."""
+    if len(f"{folder}/sockets/vllm-node99.sock".encode()) <= SOCKET_PATH_MAX:
+        return f"{folder}/sockets"
+    return f"/tmp/vcfslm-sockets-{hashlib.sha256(folder.encode()).hexdigest()[:16]}"
+
+
+def service_user(inventory, supervisor: str) -> str:
+    """nginx's `user` directive, which only a root master reads (its workers must reach the
+    servers' sockets). The programs run as guest.service_user from the start (confinement.py),
+    so this matters only to an nginx started by hand as root."""
+    return "root" if supervisor == SYSTEMD else inventory.guest.user
 
 
 def template_text(name: str) -> str:
@@ -154,6 +191,12 @@ def api_model_name(inventory) -> str:
         return inventory.serve.model_name
     model = inventory.guest.model
     return PurePosixPath(model.rstrip("/")).name if model_kind(model) == "dir" else model
+
+
+def router_node_of(inventory, chosen: Sequence) -> str:
+    """The node that runs the router and the door: serve.router.node when it serves, else the first."""
+    wanted = inventory.serve.router.node
+    return wanted if wanted in {n.name for n in chosen} else chosen[0].name
 
 
 def serving_nodes(inventory, names: Sequence[str] | None = None, count: int | None = None) -> list:
@@ -204,25 +247,27 @@ def _digest(*parts: object) -> str:
 
 
 def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
-                    nodes: Sequence | None = None, previous_keys: Sequence[str] = ()) -> Deployment:
+                    nodes: Sequence | None = None, *, tls: DeploymentTls,
+                    api_keys: Sequence[str] | None = None) -> Deployment:
     """The deployment on `nodes` (None: serving_nodes), each supervised as `supervisors`
     says (node name -> systemd | supervisord: what the guest runs, or the inventory's choice).
-    previous_keys: keys the door and the servers also take (while a key rotation rolls)."""
+    `key` is the current key; `api_keys` what the door, the proxies and the servers take
+    (default: `key` alone; old and new while a key rotation rolls: keys.env_text hands the
+    others to the servers beside `key`)."""
+    keys = check_keys(list(api_keys) if api_keys else [key])
+    previous_keys = [k for k in keys if k != key]
     service, bench = inventory.serve, inventory.bench
     paths = guest_paths(inventory)
     chosen = list(nodes) if nodes is not None else serving_nodes(inventory)
-    router_node = service.router.node or chosen[0].name
-    if router_node not in {n.name for n in chosen}:
-        router_node = chosen[0].name
+    router_node = router_node_of(inventory, chosen)
     name = service.name or inventory.name
     slots = service.max_num_seqs or bench.serve.slots
     max_len = service.max_model_len or vllm.context_tokens(bench)
     model, model_name = model_on_guest(inventory), api_model_name(inventory)
     kv_gib = vllm.default_kv_cache_gib(inventory)
     digest_of_key = key_digest(key)
-    api_keys = [key, *(k for k in previous_keys if k != key)]
-    # The digest the programs follow: the key's alone unless others are taken beside it.
-    digest_of_keys = digest_of_key if len(api_keys) == 1 else key_digest("\n".join(api_keys))
+    # The digest the servers follow: the key's alone unless others are taken beside it.
+    digest_of_keys = digest_of_key if not previous_keys else key_digest("\n".join([key, *previous_keys]))
     venv_bin = f"{paths.vllm_venv}/bin"
     numa_nodes = sorted(vllm.node_cpus(inventory))
     # What the vllm playbook renders each launch script from: a change to any of it
@@ -234,83 +279,133 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
     node_servers: dict[str, list[Program]] = {}
     for node in chosen:
         folder = serve_dir(paths, node.name)
+        sockets = socket_folder(folder)
         spec = ServerSpec(name=VLLM.name, listen="bench", host=str(node.bench_ip), port=service.port,
                           chunked_prefill=bench.serve.vllm.chunked_prefill,
                           prefix_caching=bench.serve.vllm.prefix_caching)
         programs = []
         for numa in numa_nodes:
             script = vllm.script_path(inventory, numa)
+            socket = f"{sockets}/vllm-node{numa}.sock"
             argv = ("/bin/bash", script, *server_argv(spec, model_dir=model, served_name=model_name, slots=slots,
-                                                      max_model_len=max_len, numa_node=numa))
+                                                      max_model_len=max_len, numa_node=numa, uds=socket))
             env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
-            url = f"http://{node.bench_ip}:{spec.port_for(numa)}"
+            url = f"https://{node.bench_ip}:{spec.port_for(numa)}"
             program = Program(name=f"vllm-node{numa}", description=f"vLLM server on vNUMA node {numa}",
                               argv=argv, environment=env, env_file=f"{folder}/serve.env",
                               log=f"{folder}/logs/vllm-node{numa}.log", health_url=f"{url}/health",
                               digest=_digest(argv, env, digest_of_keys, script, scripts.get(script), script_inputs))
             programs.append(program)
-            servers.append(ServerEntry(node.name, numa, url, program.name))
+            servers.append(ServerEntry(node.name, numa, url, program.name, socket))
         node_servers[node.name] = programs
 
     router_ip = str(next(n for n in chosen if n.name == router_node).bench_ip)
+    door_settings = service.front_door
+    endpoint = f"{'https' if tls.door else 'http'}://{router_ip}:{door_settings.port}"
     workers = [s.url for s in servers]
     out_nodes = []
+    door_ca: str | None = None
     for node in chosen:
         folder = serve_dir(paths, node.name)
         supervisor = supervisors[node.name]
+        user = service_user(inventory, supervisor)
         programs = list(node_servers[node.name])
-        env_text = f"{KEY_VARIABLE}={key}\n" + (f"{PREVIOUS_KEYS_VARIABLE}={' '.join(api_keys[1:])}\n"
-                                                if len(api_keys) > 1 else "")
-        files = [DesiredFile(f"{folder}/serve.env", env_text, 0o600)]
+        ca = f"{folder}/tls/ca.pem"
+        node_pair = tls.nodes[str(node.bench_ip)]
+        files = [DesiredFile(f"{folder}/serve.env", env_text(key, previous_keys), PRIVATE),
+                 DesiredFile(ca, tls.ca_cert, PRIVATE),
+                 DesiredFile(f"{folder}/tls/node.pem", node_pair.cert, PRIVATE),
+                 DesiredFile(f"{folder}/tls/node.key", node_pair.key, PRIVATE)]
+        proxy = f"{folder}/proxy"
+        conf = render_template("node-proxy-nginx.conf.j2", {
+            "prefix": proxy, "api_keys": keys, "user": user,
+            "servers": [{"listen": f"{node.bench_ip}:{s.url.rsplit(':', 1)[1]}", "socket": s.socket}
+                        for s in servers if s.node == node.name],
+            "allow": sorted({router_ip, str(node.bench_ip), "127.0.0.1"}),
+            "tls": {"cert": f"{folder}/tls/node.pem", "key": f"{folder}/tls/node.key"}})
+        files.append(DesiredFile(f"{proxy}/nginx.conf", conf, PRIVATE))
+        argv = (NGINX, "-p", proxy, "-c", f"{proxy}/nginx.conf", "-g", "daemon off;")
+        programs.append(Program(
+            name="proxy", description="nginx: the node's servers on its bench address, for the router only",
+            argv=argv, environment={}, env_file=None, log=f"{folder}/logs/proxy.log", health_url=None,
+            digest=_digest(argv, conf, node_pair.cert, node_pair.key)))
         if node.name == router_node:
             argv = router_argv(venv_bin, service, workers)
+            # vllm-router (reqwest on OpenSSL) trusts SSL_CERT_FILE: the deployment's CA only.
+            env = {"SSL_CERT_FILE": ca}
             programs.append(Program(
                 name="router", description="vLLM router in front of the deployment's servers", argv=argv,
-                environment={}, env_file=None, log=f"{folder}/logs/router.log",
-                health_url=None, digest=_digest(argv)))
+                environment=env, env_file=None, log=f"{folder}/logs/router.log",
+                health_url=None, digest=_digest(argv, env, tls.ca_cert)))
             door = f"{folder}/frontdoor"
+            door_tls = None
+            if tls.door is not None:
+                door_tls = {"cert": f"{folder}/tls/door.pem", "key": f"{folder}/tls/door.key"}
+                files += [DesiredFile(door_tls["cert"], tls.door.cert, PRIVATE),
+                          DesiredFile(door_tls["key"], tls.door.key, PRIVATE)]
+                door_ca = ca
+                if tls.operator_door:
+                    door_ca = f"{folder}/tls/door-ca.pem" if tls.door_ca else None
+                    if tls.door_ca:
+                        files.append(DesiredFile(door_ca, tls.door_ca, PRIVATE))
             conf = render_template("frontdoor-nginx.conf.j2", {
-                "prefix": door, "listen": f"{router_ip}:{service.front_door.port}",
-                "router": f"127.0.0.1:{service.router.port}", "key_file": f"{door}/key.conf",
-                "supervisor": supervisor, "api_keys": api_keys})
-            key_conf = "".join(f'"Bearer {k}" 1;\n' for k in api_keys)
-            files += [DesiredFile(f"{door}/nginx.conf", conf), DesiredFile(f"{door}/key.conf", key_conf, 0o600)]
+                "prefix": door, "listen": f"{router_ip}:{door_settings.port}",
+                "router": f"127.0.0.1:{service.router.port}", "api_keys": keys, "tls": door_tls,
+                "limits": {"requests_per_s": door_settings.requests_per_s, "burst": door_settings.burst,
+                           "connections": door_settings.connections_per_client},
+                "user": user, "supervisor": supervisor,
+                # supervisord as root starting nginx as the service user: nginx cannot reopen
+                # the root-owned pipe of its stdout, so it logs to its own folder.
+                "access_file": f"{door}/access.log" if supervisor == SUPERVISORD and
+                inventory.guest.service_user != inventory.guest.user else ""})
+            files.append(DesiredFile(f"{door}/nginx.conf", conf, PRIVATE))
             argv = (NGINX, "-p", door, "-c", f"{door}/nginx.conf", "-g", "daemon off;")
             programs.append(Program(
                 name="frontdoor", description="nginx: the deployment's endpoint, checking its API key",
                 argv=argv, environment={}, env_file=None, log=f"{folder}/logs/frontdoor.log",
-                health_url=None, digest=_digest(argv, conf, digest_of_keys)))
-        files += supervisor_files(name, folder, supervisor, programs)
+                health_url=None, digest=_digest(argv, conf, door_tls and (tls.door.cert, tls.door.key))))
+        confined = {p.name: confinement(p.name, folder, inventory.guest.service_user, service.front_door.port,
+                                        socket_folder(folder))
+                    for p in programs}
+        programs = [with_environment(p, confined[p.name]) for p in programs]
+        files += supervisor_files(name, folder, supervisor, programs, confined)
         facts = {"model": model, "model_name": model_name, "router_node": router_node,
-                 "endpoint": f"http://{router_ip}:{service.front_door.port}",
+                 "endpoint": endpoint, "tls": tls.door is not None, "ca": ca,
+                 "door_ca": door_ca if node.name == router_node else None,
                  "servers": [s.url for s in servers if s.node == node.name]}
         files.append(DesiredFile(f"{folder}/{MANIFEST}", manifest_text(facts, supervisor, name, programs, files)))
         out_nodes.append(NodeService(node.name, str(node.management_ip), str(node.bench_ip), folder, supervisor,
                                      tuple(programs), tuple(files)))
     return Deployment(name=name, model=model, model_name=model_name, key_digest=digest_of_key,
-                      router_node=router_node, endpoint=f"http://{router_ip}:{service.front_door.port}",
+                      router_node=router_node, endpoint=endpoint, door_ca=door_ca,
                       policy=router_policy(service.router.policy, len(servers)), servers=tuple(servers),
                       nodes=tuple(out_nodes))
 
 
-def supervisor_files(deployment: str, folder: str, supervisor: str,
-                     programs: Sequence[Program]) -> list[DesiredFile]:
-    """supervisord's one config, or one systemd unit per program."""
+def supervisor_files(deployment: str, folder: str, supervisor: str, programs: Sequence[Program],
+                     confined: Mapping[str, Confinement] | None = None) -> list[DesiredFile]:
+    """supervisord's one config, or one systemd unit per program (each confined as
+    `confined` says; none: as root, unconfined)."""
+    confined = confined or {}
     if supervisor == SUPERVISORD:
         text = render_template("serve-supervisord.conf.j2", {
             "deployment": deployment, "folder": folder, "socket": supervisor_socket(folder),
-            "programs": [_template_program(p) for p in programs]})
+            "programs": [_template_program(p, confined.get(p.name)) for p in programs]})
         return [DesiredFile(f"{folder}/supervisord.conf", text)]
     return [DesiredFile(f"{UNIT_DIR}/{p.unit(deployment)}",
-                        render_template("serve-unit.service.j2", {"deployment": deployment,
-                                                                  "program": _template_program(p)}))
+                        render_template("serve-unit.service.j2", {
+                            "deployment": deployment, "program": _template_program(p, confined.get(p.name))}))
             for p in programs]
 
 
-def _template_program(program: Program) -> dict[str, object]:
+def _template_program(program: Program, confined: Confinement | None) -> dict[str, object]:
+    confined = confined or Confinement("root")
     return {"name": program.name, "description": program.description,
             "command": shlex.join(program.argv), "env_file": program.env_file, "log": program.log,
-            "environment": dict(program.environment, VCFSLM_DIGEST=program.digest)}
+            "environment": dict(program.environment, VCFSLM_DIGEST=program.digest),
+            "user": confined.user, "read_write": list(confined.read_write),
+            "deny_write_execute": confined.deny_write_execute, "proc_pids_only": confined.proc_pids_only,
+            "capabilities": list(confined.capabilities)}
 
 
 def manifest_text(facts: Mapping[str, object], supervisor: str, deployment: str,

@@ -10,20 +10,18 @@ loopback guests, containers) supervisord from the vLLM venv, one per node, with 
 program under it. Both restart a program that dies, and both stop a program's whole
 process tree (vLLM's engine process included).
 
-The key is written with the transport's file put (the command log records the path and
-mode, never the content), read back with its get into a private temporary file, and fed
-to the node's probe on stdin: it is on no command line and in no log.
+The key is written with the transport's file put (mode 0600 before its first byte; the
+command log records the path and mode, never the content), read back into memory over
+SFTP, and fed to the node's probe on stdin: it is on no command line, in no log and in
+no file on this machine but the operator's key file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..errors import ServeError, TransportError
@@ -41,32 +39,40 @@ from .changes import (
     parse_supervisor_status,
     parse_systemd_show,
 )
+from .confinement import owned_paths
 from .desired import (
-    KEY_VARIABLE,
     MANIFEST,
     SUPERVISORD,
     SYSTEMD,
     UNIT_DIR,
     NodeService,
+    socket_folder,
     supervisor_socket,
 )
+from .keys import key_of_env
 
 q = shlex.quote
 POLL_S = 1.0
 STOP_WAIT_S = 60.0
 # supervisord's states of a program that will not come back by itself.
 GAVE_UP = ("FATAL", "EXITED", "STOPPED", "FAILED", "INACTIVE")
+# systemd's ActiveState of a stopped unit.
+STOPPED_UNIT = ("INACTIVE", "FAILED")
 
 
 class NodeDriver:
     """One node's share of the deployment, over one transport."""
 
-    def __init__(self, transport: Transport, *, serve_dir: str, venv_bin: str, deployment: str = ""):
+    def __init__(self, transport: Transport, *, serve_dir: str, venv_bin: str, deployment: str = "",
+                 service_user: str | None = None):
         self.t = transport
         self.serve_dir = serve_dir
         self.venv_bin = venv_bin
         self.deployment = deployment
-        self.sudo = getattr(transport, "user", "root") != "root"
+        self.login = getattr(transport, "user", "root")
+        self.sudo = self.login != "root"
+        # The programs' user (guest.service_user); None or the SSH user: nothing to hand over.
+        self.service_user = service_user if service_user not in (None, self.login) else None
 
     # ------------------------------------------------------------------ reading
 
@@ -93,9 +99,19 @@ class NodeDriver:
         except ValueError:
             return None
 
+    def _theirs(self, path: str) -> bool:
+        """Whether `path` is in one of the service user's rooms (nginx's prefixes, the
+        certificates): the SSH user, when it is another user, reaches it with sudo only."""
+        return bool(self.service_user) and path.startswith(
+            tuple(f"{self.serve_dir}/{room}/" for room in ("frontdoor", "proxy", "tls")))
+
     def _sudo_for(self, path: str) -> bool:
-        """Root only for the systemd units; the node's folder belongs to the SSH user."""
-        return self.sudo and path.startswith(UNIT_DIR)
+        """Root for the systemd units and the service user's rooms; the rest of the node's
+        folder belongs to the SSH user."""
+        return self.sudo and (path.startswith(UNIT_DIR) or self._theirs(path))
+
+    def _owner_of(self, path: str) -> str | None:
+        return self.service_user if self._theirs(path) else None
 
     def _context(self) -> HostContext:
         """guest/'s view of this node: the facts its file steps read, cached until forgotten."""
@@ -114,8 +130,8 @@ class NodeDriver:
         if supervisor == SYSTEMD:
             if not units:
                 return True, {}
-            result = self.t.run("systemctl show -p Id,ActiveState,MainPID " + " ".join(q(u) for u in units),
-                                check=False)
+            result = self.t.run("systemctl show -p Id,ActiveState,MainPID " +
+                                " ".join(q(u) for u in units.values()), check=False)
             return True, parse_systemd_show(result.stdout, {u: p for p, u in units.items()})
         if not self._supervisord_answers():
             return False, {}
@@ -134,20 +150,13 @@ class NodeDriver:
         return NodeState(self.file_digests(paths), manifest, up, programs)
 
     def read_key(self) -> str | None:
-        """The deployment's key as this node holds it (None: none)."""
+        """The deployment's key as this node holds it (None: none), read into memory over SFTP
+        (no file on this machine, nothing in the command log) and checked as a key file is."""
         path = f"{self.serve_dir}/serve.env"
         if not self.t.run(f"test -f {q(path)}", check=False).ok:
             return None
-        fd, local = tempfile.mkstemp(prefix="vcfslm-key-")
-        os.close(fd)
-        try:
-            self.t.get(path, local)
-            for line in Path(local).read_text().splitlines():
-                if line.startswith(KEY_VARIABLE + "="):
-                    return line.split("=", 1)[1].strip() or None
-            return None
-        finally:
-            Path(local).unlink(missing_ok=True)
+        text = self.t.read_bytes(path).decode("utf-8", "replace")
+        return key_of_env(text, f"{self.t.host}:{path}")
 
     def probe(self, python: str, gets: Sequence[Mapping[str, Any]], rss: Mapping[str, int] | None = None,
               key: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
@@ -172,16 +181,36 @@ class NodeDriver:
 
     def converge_files(self, desired: NodeService, changes: NodeChanges) -> None:
         """The files changes.write names, through guest/'s put-if-changed (content_ops):
-        written only where their content differs, atomically, with their mode."""
+        written only where their content differs, atomically, with their mode; those of the
+        service user's rooms staged and installed with sudo and handed over to it."""
+        if desired.supervisor == SUPERVISORD and self.service_user and self.sudo:
+            raise ServeError(f"{self.t.host}: supervisord runs as {self.login} there and cannot switch to "
+                             f"guest.service_user {self.service_user}: connect as root, or set "
+                             f"guest.service_user: {self.login}")
         ctx = self._context()
-        ops: list[Op] = [Shell(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} && "
-                               f"chmod 700 {q(self.serve_dir)}")]
+        # Closed to everyone else; with a service user, the hand-over opens it to that user's group
+        # (closing it here first would cut the running programs off for a moment).
+        sockets = socket_folder(self.serve_dir)
+        ops: list[Op] = [Shell(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} "
+                               f"{q(self.serve_dir + '/proxy/tmp')} {q(self.serve_dir + '/tls')} {q(sockets)} && "
+                               f"chmod 700 {q(sockets)}" + ("" if self.service_user else f" {q(self.serve_dir)}"))]
         files = {f.path: f for f in desired.files}
         self.file_digests(changes.write, ctx)
         for path in changes.write:
-            ops += content_ops(path, files[path].content.encode(), f"{files[path].mode:04o}", None, None, ctx,
-                               self._sudo_for(path))
+            ops += content_ops(path, files[path].content.encode(), f"{files[path].mode:04o}",
+                               self._owner_of(path), self._owner_of(path), ctx, self._sudo_for(path))
+        ops += self.hand_over_ops(desired)
         self.run(ops)
+
+    def hand_over_ops(self, desired: NodeService) -> list[Shell]:
+        """The service user owns what its programs write and the key files they read; the
+        node's folder lets it in (group) and nobody else."""
+        if not self.service_user:
+            return []
+        user, folder = q(self.service_user), q(self.serve_dir)
+        owned = owned_paths(self.serve_dir, desired.supervisor, socket_folder(self.serve_dir))
+        return [Shell(f"mkdir -p {q(owned[0])} && chown -R {user}:{user} {' '.join(q(p) for p in owned)} && "
+                      f"chgrp {user} {folder} && chmod 750 {folder}", sudo=self.sudo)]
 
     def remove_files(self, changes: NodeChanges) -> None:
         """The files the last serve up wrote and this one does not (guest/'s file step, absent)."""
@@ -229,21 +258,40 @@ class NodeDriver:
         if manifest is None:
             return []
         programs = list(manifest_programs_of(manifest))
-        if manifest.get("supervisor") == SYSTEMD:
-            units = [str(u) for u in manifest.get("units") or []]
-            if units:
-                self.t.run("systemctl disable --now " + " ".join(q(u) for u in units), sudo=self.sudo, check=False)
+        units = [str(u) for u in manifest.get("units") or []] if manifest.get("supervisor") == SYSTEMD else []
+        if units:
+            self.t.run("systemctl disable --now " + " ".join(q(u) for u in units), sudo=self.sudo, check=False)
+            self._wait_units_stopped(units)
         elif self._supervisord_answers():
             pid = self.t.run(self.supervisorctl("pid"), check=False).stdout.strip()
             self.t.run(self.supervisorctl("shutdown"), check=False)
             self._wait_gone(int(pid))
         files = [str(f) for f in manifest.get("files") or []]
         for path in files:
-            self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
+            self.t.run(f"rm -f {q(path)}", sudo=self._sudo_for(path))
         if manifest.get("supervisor") == SYSTEMD:
-            self.t.run("systemctl daemon-reload", sudo=self.sudo, check=False)
+            # A unit that failed before it was stopped stays listed (not-found, failed) until reset.
+            self.t.run("systemctl daemon-reload; systemctl reset-failed " + " ".join(q(u) for u in units) +
+                       " 2>/dev/null; true", sudo=self.sudo, check=False)
+        self.t.run(f"rm -rf {q(socket_folder(self.serve_dir))}", sudo=self.sudo and bool(self.service_user),
+                   check=False)     # the servers' sockets
         self.t.run(f"rm -f {q(self.serve_dir + '/' + MANIFEST)} {q(supervisor_socket(self.serve_dir))}")
         return programs
+
+    def _wait_units_stopped(self, units: Sequence[str], sleep: Callable[[float], None] = time.sleep) -> None:
+        """Every unit inactive (or failed: stopped all the same), as systemd says; ServeError
+        naming those still running after STOP_WAIT_S."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            _, states = self.programs(SYSTEMD, {u: u for u in units})
+            running = sorted(u for u in units if u in states and states[u].state not in STOPPED_UNIT)
+            unknown = sorted(u for u in units if u not in states)
+            if not running and not unknown:
+                return
+            if time.monotonic() > deadline:
+                raise ServeError(f"{self.t.host}: still running {STOP_WAIT_S:g} s after systemctl stop: "
+                                 f"{', '.join(running + unknown)}")
+            sleep(POLL_S)
 
     def _wait_gone(self, pid: int, sleep: Callable[[float], None] = time.sleep) -> None:
         deadline = time.monotonic() + STOP_WAIT_S

@@ -1,8 +1,9 @@
 """What `serve up` and `serve status` ask a node, run by its own Python over SSH.
 
-The servers listen on the bench network and the router on its node's loopback, which
-the operator's machine may not reach; the node reaches both. One call answers every
-question at once: HTTP calls (GETs, and the POSTs of the router's management API; with the key, fed on stdin so it is in no command line or
+The servers' proxies answer only the router's node and their own, and the router listens
+on its node's loopback: the node reaches them, the operator's machine may not. One call answers every
+question at once: HTTP calls (GETs, and the POSTs of the router's management API; with the key, fed
+on stdin so it is in no command line or
 log, where asked), and the peak RSS of process trees.
 """
 
@@ -15,15 +16,22 @@ from typing import Any
 
 # Runs on the guest under any Python 3.8+: the standard library only.
 PROBE = r'''
-import json, os, sys, urllib.request, urllib.error
+import json, os, ssl, sys, urllib.request, urllib.error
 ask = json.loads(sys.stdin.read())
 out = {"http": {}, "rss": {}}
+contexts = {}
 for item in ask.get("get", []):
     req = urllib.request.Request(item["url"], method=item.get("method", "GET"))
     if item.get("key"):
         req.add_header("Authorization", "Bearer " + ask["key"])
+    context = None
+    if item["url"].startswith("https:"):
+        ca = item.get("ca") or ""
+        if ca not in contexts:
+            contexts[ca] = ssl.create_default_context(cafile=ca or None)
+        context = contexts[ca]
     try:
-        with urllib.request.urlopen(req, timeout=item.get("timeout", 5)) as r:
+        with urllib.request.urlopen(req, timeout=item.get("timeout", 5), context=context) as r:
             out["http"][item["id"]] = {"status": r.status, "body": r.read(200000).decode("utf-8", "replace")}
     except urllib.error.HTTPError as e:
         out["http"][item["id"]] = {"status": e.code, "body": e.read(2000).decode("utf-8", "replace")}
@@ -65,7 +73,8 @@ def probe_command(python: str) -> str:
 
 def probe_input(gets: Sequence[Mapping[str, Any]], rss: Mapping[str, int], key: str | None = None) -> str:
     """The question as the probe reads it on stdin: calls {id, url, key: bool, timeout, method
-    (GET when absent)}."""
+    (GET when absent), ca: the CA file on the node an https URL is verified with (absent: the
+    node's trust store)}."""
     return json.dumps({"get": list(gets), "rss": dict(rss), "key": key or ""})
 
 

@@ -6,9 +6,13 @@ router's node: `POST /remove_worker?url=` — the router sends it no new request
 until its streams have finished (the server's own /metrics: no request running or
 waiting, twice in a row), restart it under its supervisor, wait until it answers /health,
 and back in (`POST /add_worker?url=`, which the router accepts once the server answers
-its health check). The front door reads a changed config with nginx's graceful reload
-(SIGHUP: open connections finish on the old workers) instead of a restart; the router,
-whose restart no roll can hide, goes last. Every node's manifest is written after its
+its health check). The router reaches each server through its node's proxy (nginx, TLS,
+the key checked), so the server's https URL is the proxy's, and the checks here go through
+it too, verified against the deployment's CA. The front door and the proxies read a changed
+config (a key rotation's keys) with nginx's graceful reload (SIGHUP: open connections
+finish on the old workers) instead of a restart; a server's own restart needs none (the
+proxy reaches its Unix socket afresh). The router, whose restart no roll can hide, goes
+last. Every node's manifest is written after its
 programs run what it records, so a roll cut short is redone by the next `serve up`.
 
 The decisions (whether to roll, which server next, when one is drained) are the pure
@@ -33,6 +37,7 @@ from .driver import GAVE_UP, NodeDriver
 
 ROUTER = "router"
 DOOR = "frontdoor"
+PROXY = "proxy"
 # Consecutive idle readings of a server's /metrics before it counts as drained: a request
 # the router sent just before the removal shows up as running within milliseconds.
 QUIET_READINGS = 2
@@ -54,6 +59,7 @@ class RollPlan:
     rolling: bool
     servers: tuple[ServerEntry, ...] = ()     # to restart one at a time
     reload_door: bool = False                 # the door reads its new config with a graceful reload
+    reload_proxies: tuple[str, ...] = ()      # the nodes whose proxy does the same
     restart_router: bool = False              # after the servers
     why: str = ""
 
@@ -64,6 +70,8 @@ class RollPlan:
                + ", ".join(f"{s.node}/{s.program}" for s in self.servers)]
         if self.reload_door:
             out.append("the front door reloads its config (graceful)")
+        if self.reload_proxies:
+            out.append(f"the proxies of {', '.join(self.reload_proxies)} reload their config (graceful)")
         if self.restart_router:
             out.append("the router restarts after the servers (its own settings changed)")
         return out
@@ -81,16 +89,18 @@ def plan_roll(deployment: Deployment, changes: Sequence[NodeChanges]) -> RollPla
     router_changes = by_node.get(deployment.router_node, NodeChanges(deployment.router_node))
     if ROUTER in router_changes.start or ROUTER in router_changes.revive:
         return RollPlan(False, why="the router is not running to take servers out")
+    proxies = tuple(c.node for c in changes if PROXY in c.restart)
     return RollPlan(True, tuple(restarting), reload_door=DOOR in router_changes.restart,
-                    restart_router=ROUTER in router_changes.restart)
+                    reload_proxies=proxies, restart_router=ROUTER in router_changes.restart)
 
 
 def held_back(changes: NodeChanges, plan: RollPlan) -> NodeChanges:
     """What a node applies before the roll: everything but the restarts the roll does (its
-    servers, the door's reload, the router), its manifest (written after the roll) and the
-    removals (after the programs that used them stop)."""
+    servers, the door's and its proxy's reloads, the router), its manifest (written after the
+    roll) and the removals (after the programs that used them stop)."""
     rolled = {s.program for s in plan.servers if s.node == changes.node}
-    later = rolled | ({DOOR} if plan.reload_door else set()) | ({ROUTER} if plan.restart_router else set())
+    later = rolled | ({DOOR} if plan.reload_door else set()) | ({ROUTER} if plan.restart_router else set()) | (
+        {PROXY} if changes.node in plan.reload_proxies else set())
     return replace(changes, write=tuple(p for p in changes.write if not p.endswith("/" + MANIFEST)),
                    restart=tuple(p for p in changes.restart if p not in later), remove=())
 
@@ -152,6 +162,7 @@ class Rollout:
         self.python = python
         self.router_url = f"http://127.0.0.1:{router_port}"
         self.health_timeout_s = health_timeout_s
+        self.key: str | None = None            # what the proxies take /metrics with (apply's)
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self.reporter = reporter or NullReporter()
         self.sleep, self.clock = sleep, clock
@@ -159,8 +170,11 @@ class Rollout:
 
     # -------------------------------------------------------------- the whole change
 
-    def apply(self, plan: RollPlan, changes: Sequence[NodeChanges]) -> list[dict[str, object]]:
-        """Every node's change, the servers rolled one at a time; what each roll took."""
+    def apply(self, plan: RollPlan, changes: Sequence[NodeChanges],
+              key: str | None = None) -> list[dict[str, object]]:
+        """Every node's change, the servers rolled one at a time; what each roll took. `key`:
+        one the proxies take (the drain check reads the servers' /metrics through them)."""
+        self.key = key
         by_node = {c.node: c for c in changes}
         first = {n: held_back(c, plan) for n, c in by_node.items()}
 
@@ -175,6 +189,13 @@ class Rollout:
             router = self.drivers[self.deployment.router_node]
             router.run(router.reload_ops(self.deployment.node(self.deployment.router_node), DOOR))
             self.reporter.log("front door: reloaded its config")
+
+        def reload_proxy(node: str) -> None:
+            self.drivers[node].run(self.drivers[node].reload_ops(self.deployment.node(node), PROXY))
+
+        self._each(list(plan.reload_proxies), reload_proxy)
+        for node in plan.reload_proxies:
+            self.reporter.log(f"{node}: proxy reloaded its config")
         pending = list(plan.servers)
         while pending:
             healthy = self._healthy(pending)
@@ -234,7 +255,8 @@ class Rollout:
         started = self.clock()
         readings: list[float | None] = []
         while True:
-            answer = d.probe(self.python, [{"id": "m", "url": server.url + "/metrics", "timeout": 5}])["http"]["m"]
+            answer = d.probe(self.python, [{"id": "m", "url": server.url + "/metrics", "timeout": 5, "key": True,
+                                            "ca": self._ca(server.node)}], key=self.key)["http"]["m"]
             readings.append(in_flight(answer.get("body")) if answer.get("status") == 200 else None)
             verdict = drain_verdict(readings, self.clock() - started, self.drain_timeout_s)
             if verdict != "wait":
@@ -246,7 +268,8 @@ class Rollout:
         program = desired.program(server.program)
         started = self.clock()
         while True:
-            answer = d.probe(self.python, [{"id": "h", "url": server.url + "/health", "timeout": 2}])["http"]["h"]
+            answer = d.probe(self.python, [{"id": "h", "url": server.url + "/health", "timeout": 2,
+                                            "ca": self._ca(server.node)}])["http"]["h"]
             if answer.get("status") == 200:
                 return self.clock() - started
             _, states = d.programs(desired.supervisor, {program.name: program.unit(self.deployment.name)})
@@ -268,10 +291,15 @@ class Rollout:
                                  f"was put back")
             self.sleep(HEALTH_POLL_S)
 
+    def _ca(self, node: str) -> str:
+        """The deployment CA's copy on `node`: what the proxies' certificates are checked with."""
+        return f"{self.deployment.node(node).serve_dir}/tls/ca.pem"
+
     def _healthy(self, servers: Sequence[ServerEntry]) -> dict[str, bool]:
         out = {}
         for node in sorted({s.node for s in servers}):
-            gets = [{"id": s.url, "url": s.url + "/health", "timeout": 2} for s in servers if s.node == node]
+            gets = [{"id": s.url, "url": s.url + "/health", "timeout": 2, "ca": self._ca(node)}
+                    for s in servers if s.node == node]
             answers = self.drivers[node].probe(self.python, gets)["http"]
             out.update({s.url: answers.get(s.url, {}).get("status") == 200 for s in servers if s.node == node})
         return out

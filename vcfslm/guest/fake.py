@@ -129,6 +129,13 @@ class FakeTransport:
                 raise UnscriptedCommand(f"{self.host}: no such scripted file: {remote}")
             Path(local).write_bytes(self.files[remote])
 
+    def read_bytes(self, remote: str) -> bytes:
+        with self._lock:
+            self._check_alive(f"read {remote}")
+            if remote not in self.files:
+                raise UnscriptedCommand(f"{self.host}: no such scripted file: {remote}")
+            return bytes(self.files[remote])
+
     def close(self) -> None:
         self.closed = True
 

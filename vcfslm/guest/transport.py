@@ -73,6 +73,9 @@ class Transport(Protocol):
     def get(self, remote: str, local: str | Path) -> None:
         """Copy `remote` to a local file (written atomically)."""
 
+    def read_bytes(self, remote: str) -> bytes:
+        """`remote`'s content, into memory only (a secret read back: no local file, no log of it)."""
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
 
@@ -388,9 +391,12 @@ class SSHTransport:
         try:
             # paramiko calls back after each chunk with (bytes so far, size)
             callback = (lambda sent, _total: progress(sent)) if progress is not None else None
-            sftp.putfo(fileobj, tmp, file_size=size, callback=callback)
             if mode is not None:
+                # The mode before the first byte (a key is never readable by others, even
+                # for a moment); putfo's open truncates the file and keeps its mode.
+                sftp.open(tmp, "wb").close()
                 sftp.chmod(tmp, mode)
+            sftp.putfo(fileobj, tmp, file_size=size, callback=callback)
             sftp.posix_rename(tmp, remote)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             try:
@@ -416,6 +422,17 @@ class SSHTransport:
             tmp.unlink(missing_ok=True)
             raise TransportError(f"{self.host}: get {remote} failed: {_describe(exc)}") from None
         self.log.write(f"get {remote} -> {local}")
+
+    def read_bytes(self, remote: str) -> bytes:
+        import paramiko
+
+        try:
+            with self._sftp_client().open(remote, "rb") as fh:
+                data = fh.read()
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise TransportError(f"{self.host}: read {remote} failed: {_describe(exc)}") from None
+        self.log.write(f"read {remote} ({len(data)} bytes, not logged)")
+        return data
 
     def close(self) -> None:
         for thing in (self._shell, self._sftp, self._client):

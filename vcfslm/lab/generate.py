@@ -260,6 +260,8 @@ def lab_inventory(*, vcenter: LabVcenter, nodes: Sequence[LabNode], guest: LabGu
             # One machine, one user: the guests share this folder (and its venv);
             # per-node files go in node-named subfolders.
             "workdir": guest.workdir,
+            # The service runs as the lab's user: its test folders are private to that user.
+            "service_user": guest.user,
         },
         "bench": {**bench_section(shape, bench_port, model), "serve": serve_section(vllm_venv)},
         "slos": {name: dict(limits) for name, limits in (slos or DEFAULT_SLOS).items()},

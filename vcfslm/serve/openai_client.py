@@ -27,8 +27,10 @@ against this one):
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,12 +39,15 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One server: where it listens, its key, the model name it serves."""
+    """One server: where it listens, its key, the model name it serves; over TLS, verified
+    against `ca_file` (None: the system's trust store), when `tls`."""
 
     host: str
     port: int
-    key: str
+    key: str = field(repr=False)
     model: str
+    tls: bool = False
+    ca_file: str | None = None
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
@@ -67,9 +72,25 @@ class Stream:
         return self.error is None
 
 
+@functools.lru_cache(maxsize=8)
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """A client's TLS context: the certificate and its name checked, against `ca_file` or the
+    system's store (made once per CA: loading it is not free, and a run opens a connection
+    per request)."""
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def connection(endpoint: Endpoint, timeout_s: float) -> http.client.HTTPConnection:
+    if endpoint.tls:
+        return http.client.HTTPSConnection(endpoint.host, endpoint.port, timeout=timeout_s,
+                                           context=tls_context(endpoint.ca_file))
+    return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+
+
 def get(endpoint: Endpoint, path: str, timeout_s: float = 5.0) -> tuple[int, str]:
-    """(status, body) of a GET; OSError when nothing answers."""
-    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+    """(status, body) of a GET; OSError when nothing answers (ssl.SSLError, one of them, when
+    the endpoint's certificate is not trusted)."""
+    conn = connection(endpoint, timeout_s)
     try:
         conn.request("GET", path, headers=endpoint.headers())
         resp = conn.getresponse()
@@ -87,7 +108,7 @@ def stream_completion(endpoint: Endpoint, path: str, body: dict[str, Any], *, de
     if remaining <= 0:
         out.error = "not sent: the window's cutoff had passed"
         return out
-    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=remaining)
+    conn = connection(endpoint, remaining)
     try:
         payload = json.dumps(body).encode()
         out.sent_s = clock()
