@@ -47,6 +47,18 @@ def _vllm_version(name: str) -> str:
 metadata.version = _vllm_version
 
 
+def _with_previous_keys(argv: list) -> list:
+    """While a key rotation rolls (vcfslm serve up), the server takes the previous keys
+    beside VLLM_API_KEY: vLLM reads one key from its environment but several from
+    --api-key, so they are added to the arguments here, in this process only (never on a
+    command line another user could read; vLLM logs its arguments with the keys masked)."""
+    previous = os.environ.pop("VCFSLM_PREVIOUS_API_KEYS", "").split()
+    key = os.environ.get("VLLM_API_KEY", "")
+    if len(argv) < 2 or argv[1] != "serve" or not previous or not key:
+        return argv
+    return [*argv, "--api-key", key, *previous]
+
+
 def _prctl(option: int, value: int) -> bool:
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
@@ -155,4 +167,5 @@ def supervise(child_main) -> int:
 
 
 if __name__ == "__main__":
+    sys.argv = _with_previous_keys(sys.argv)
     sys.exit(supervise(run_vllm))

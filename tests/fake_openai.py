@@ -34,6 +34,9 @@ class FakeServer:
         self.key, self.first_s, self.token_s, self.mode = key, first_s, token_s, mode
         self.stall_after, self.die_after = stall_after, die_after
         self.completions = 0
+        self.running = 0                 # streams in progress (vllm:num_requests_running)
+        # Keys taken beside `key` while a rotation rolls (VCFSLM_PREVIOUS_API_KEYS, as vLLM's entry takes them).
+        self.previous_keys: list[str] = []
         self.bodies: list[dict] = []
         self.lock = threading.Lock()
         self.httpd = (_UnixHTTPServer(uds, self._handler()) if uds
@@ -59,7 +62,8 @@ class FakeServer:
                 f'vllm:request_queue_time_seconds_count{{engine="0"}} {self.completions}.0\n'
                 'vllm:request_queue_time_seconds_bucket{engine="0",le="0.1"} 3.0\n'
                 'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
-                'vllm:num_requests_waiting{engine="0"} 1.0\n'
+                'vllm:num_requests_waiting{engine="0"} 0.0\n'
+                f'vllm:num_requests_running{{engine="0"}} {self.running}.0\n'
                 f'vllm:request_success_total{{engine="0",finished_reason="length"}} {self.completions}.0\n')
 
     def _handler(self):
@@ -72,7 +76,8 @@ class FakeServer:
                 pass
 
             def _authorized(self) -> bool:
-                return fake.mode == "open" or self.headers.get("Authorization") == f"Bearer {fake.key}"
+                keys = [fake.key, *fake.previous_keys]
+                return fake.mode == "open" or self.headers.get("Authorization") in [f"Bearer {k}" for k in keys]
 
             def _send(self, status: int, body: str, kind: str = "application/json") -> None:
                 data = body.encode()
@@ -107,6 +112,15 @@ class FakeServer:
                 if fake.mode == "5xx":
                     self._send(503, json.dumps({"error": "overloaded"}))
                     return
+                with fake.lock:
+                    fake.running += 1
+                try:
+                    self._stream(body)
+                finally:
+                    with fake.lock:
+                        fake.running -= 1
+
+            def _stream(self, body: dict) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
@@ -164,6 +178,7 @@ def main(argv: list[str]) -> int:
                         token_s=float(os.environ.get("FAKE_TOKEN_S", "0.02")),
                         mode=os.environ.get("FAKE_MODE", "ok"), die_after=int(os.environ.get("FAKE_DIE_AFTER", "0")),
                         host=known.host, port=known.port, uds=known.uds)
+    server.previous_keys = os.environ.get("VCFSLM_PREVIOUS_API_KEYS", "").split()
     where = known.uds or f"{known.host}:{known.port}"
     print(f"fake server on {where}; Chunked prefill is enabled (fake)", flush=True)
     server.httpd.serve_forever()

@@ -15,6 +15,7 @@ import socket
 import ssl
 import stat
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -67,8 +68,9 @@ def trusting(ca_file: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_file)
 
 
-def stream(endpoint: str, key: str | None, ca_file: str | None = None, model: str = "model") -> tuple[int, list[str]]:
-    body = json.dumps({"model": model, "prompt": [5, 6, 7], "max_tokens": 4, "stream": True}).encode()
+def stream(endpoint: str, key: str | None, ca_file: str | None = None, model: str = "model",
+           max_tokens: int = 4) -> tuple[int, list[str]]:
+    body = json.dumps({"model": model, "prompt": [5, 6, 7], "max_tokens": max_tokens, "stream": True}).encode()
     req = urllib.request.Request(endpoint + "/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {key}"} if key else {})})
@@ -471,3 +473,91 @@ def test_a_killed_vllm_api_process_leaves_no_engine_behind(request):
     while not status(lab, inventory)["healthy"]:
         assert time.monotonic() < deadline
         time.sleep(2)
+
+
+class SteadyClients:
+    """A steady stream of streamed completions through the door, each with the key the key
+    file holds at that moment (as a client that follows a rotation does): every answer that
+    is not a whole stream counts as failed."""
+
+    def __init__(self, endpoint: str, key_file: Path, ca_file: str, clients: int = 3):
+        self.endpoint, self.key_file, self.ca_file = endpoint, key_file, ca_file
+        self.results: list[tuple[float, int, bool]] = []      # (time, status, whole stream)
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            key = self.key_file.read_text().strip()
+            try:
+                code, lines = stream(self.endpoint, key, self.ca_file, max_tokens=16)
+                whole = code == 200 and bool(lines) and lines[-1] == "data: [DONE]"
+            except OSError:
+                code, whole = 0, False
+            self.results.append((time.monotonic(), code, whole))
+
+    def __enter__(self) -> SteadyClients:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def between(self, start: float, end: float) -> tuple[int, list[tuple[float, int, bool]]]:
+        """(requests that finished in [start, end], the failed ones)."""
+        inside = [r for r in self.results if start <= r[0] <= end]
+        return len(inside), [r for r in inside if not r[2]]
+
+
+@needs_router
+def test_a_setting_change_and_a_key_rotation_roll_under_load_without_a_failure(lab, tmp_path):
+    """Fake servers (each stream about a second) behind the real router and door on two lab
+    nodes, three clients streaming all along: a server setting change, then a key rotation,
+    each rolls the servers one at a time, and not one request fails."""
+    inventory = serve_inventory(lab, tmp_path, token_s=0.06)
+    key_file = tmp_path / "keys" / "slm.key"
+    work = tmp_path / "work"
+    try:
+        first = up(lab, inventory, key_file)
+        old_key = key_file.read_text().strip()
+        servers = sorted(first["servers"])
+        ca = first["ca_file"]
+        with SteadyClients(first["endpoint"], key_file, ca) as clients:
+            time.sleep(2)
+            doc = yaml.safe_load(inventory.read_text())
+            doc["serve"]["max_num_seqs"] = 3
+            inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+            started = time.monotonic()
+            changed = up(lab, inventory, key_file)
+            setting = clients.between(started, time.monotonic())
+            assert sorted(r["server"].split("/")[1] for r in changed["rolled"]) == \
+                   sorted(c for node in changed["changes"].values() for c in node["restart"])
+            assert len(changed["rolled"]) == len(servers) and all(r["drained"] for r in changed["rolled"])
+
+            started = time.monotonic()
+            rotated = up(lab, inventory, key_file, "--rotate-key")
+            rotation = clients.between(started, time.monotonic())
+            time.sleep(2)
+        new_key = key_file.read_text().strip()
+        print(f"setting change: {setting[0]} requests, {len(setting[1])} failed; key rotation: {rotation[0]} "
+              f"requests, {len(rotation[1])} failed; rolls {[r['total_s'] for r in changed['rolled']]} s and "
+              f"{[r['total_s'] for r in rotated['rolled']]} s")
+        assert new_key != old_key
+        # Both phases rolled every server: into both keys, then into the new one only.
+        assert len(rotated["rolled"]) == 2 * len(servers)
+        assert setting[0] >= 10 and setting[1] == [], setting
+        assert rotation[0] >= 10 and rotation[1] == [], rotation
+        assert [r for r in clients.results if not r[2]] == []
+        assert stream(first["endpoint"], old_key, ca)[0] == 401 and stream(first["endpoint"], new_key, ca)[0] == 200
+        assert sorted(rotated["checks"]["router_workers"]) == servers
+    finally:
+        done = cli(lab, "serve", "down", str(inventory), "--output", "json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert processes_under(work) == []
+    for path in [*work.rglob("*"), *(tmp_path / "logs").rglob("*")]:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert old_key not in text and new_key not in text, path

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ import pytest
 import yaml
 
 from tests.serve_lab import ROOT, VLLM_VENV, free_port
+from vcfslm.deploy.material import ca_file
 from vcfslm.guest import vllm as guest_vllm
 from vcfslm.guest.provision import GuestRun, provision_guests
 from vcfslm.guest.templates import render_template
@@ -188,7 +190,7 @@ def test_serve_up_status_restart_change_and_down_under_systemd_as_pid_1(booted, 
     make_service_user(inventory, tmp_path)
     assert on_guest(guest, client, "id -u vcfslm").strip().isdigit()
     name = load_inventory(inventory).name
-    units = [f"vcfslm-{name}-{p}.service" for p in ("vllm-node0", "router", "frontdoor")]
+    units = [f"vcfslm-{name}-{p}.service" for p in ("vllm-node0", "proxy", "router", "frontdoor")]
     try:
         first = up(inventory, key_file)
         assert first["deployment"] == name
@@ -244,16 +246,19 @@ def test_serve_up_status_restart_change_and_down_under_systemd_as_pid_1(booted, 
         after = status(inventory)
         assert after["healthy"] is True and server_pid(after) == new_pid
         key = key_file.read_text().strip()
+        # The door's certificate is the deployment CA's, which serve up put beside the key file.
+        assert changed["ca_file"] == str(ca_file(key_file))
+        trusting = ssl.create_default_context(cafile=changed["ca_file"])
         req = urllib.request.Request(changed["endpoint"] + "/models", headers={"Authorization": f"Bearer {key}"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10, context=trusting) as r:
             assert r.status == 200
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(changed["endpoint"] + "/models", timeout=10)
+            urllib.request.urlopen(changed["endpoint"] + "/models", timeout=10, context=trusting)
         assert refused.value.code == 401
     finally:
         done = cli("serve", "down", str(inventory), "--output", "json")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(json.loads(done.stdout)["stopped"]["slm-01"]) == ["frontdoor", "router", "vllm-node0"]
+    assert sorted(json.loads(done.stdout)["stopped"]["slm-01"]) == ["frontdoor", "proxy", "router", "vllm-node0"]
     listed = on_guest(guest, client, f"systemctl list-units --all --no-legend --plain 'vcfslm-{name}-*'")
     assert listed.strip() == "", listed
     assert on_guest(guest, client, f"ls /etc/systemd/system | grep -c '^vcfslm-{name}-' || true").strip() == "0"
@@ -281,11 +286,12 @@ def test_supervisords_programs_run_as_the_service_user_too(booted, tmp_path):
         assert first["checks"]["keyless"] == 401 and first["checks"]["keyed"] == 200
         doc = status(inventory)
         assert doc["healthy"] is True and doc["nodes"]["slm-01"]["supervisor"] == "supervisord"
-        # Every program supervisord started (its children: the server, the router, nginx) is the service user's.
+        # Every program supervisord started (its children: the server, its proxy, the router, the door) is the
+        # service user's.
         pid_file = f"{WORKDIR}/serve/slm-01/supervisord.pid"
         assert on_guest(guest, client, f"ps -o user= -p $(cat {pid_file})").strip() == "root"
         users = on_guest(guest, client, f"ps -o user= --ppid $(cat {pid_file})").split()
-        assert len(users) == 3 and set(users) == {"vcfslm"}, users
+        assert len(users) == 4 and set(users) == {"vcfslm"}, users
         killed = server_pid(doc)
         assert on_guest(guest, client, f"ps -o user= -p {killed}").strip() == "vcfslm"
         on_guest(guest, client, f"kill -KILL {killed}")

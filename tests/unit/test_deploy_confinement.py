@@ -159,7 +159,7 @@ def test_apply_hands_the_service_user_its_folders_before_anything_starts(tmp_pat
     node = deployment(inv, supervisor=supervisor).node("slm-01")
     t = FakeTransport("slm-01", {re.compile(r".*"): ""})
     driver(inv, node, t).apply(node, fresh(node))
-    [chown] = [c for c in t.calls if "chown" in c]
+    [chown] = [c for c in t.calls if "chown -R" in c]
     folder = node.serve_dir
     owned = (f"{folder}/home {folder}/frontdoor {folder}/proxy {folder}/tls {socket_folder(folder)}" +
              (f" {folder}/serve.env" if supervisor == SUPERVISORD else ""))

@@ -15,7 +15,9 @@ from vcfslm.deploy.changes import NodeChanges, NodeState, ProgramState, node_cha
 from vcfslm.deploy.desired import MANIFEST, SYSTEMD, UNIT_DIR, supervisor_socket
 from vcfslm.deploy.driver import NodeDriver
 from vcfslm.errors import ServeError
+from vcfslm.guest import facts as F
 from vcfslm.guest.fake import FakeTransport
+from vcfslm.guest.transport import sudo_wrap
 
 ANY = re.compile(r".*")
 STATUS = ("vllm-node0                       RUNNING   pid 412, uptime 0:01:02\n"
@@ -24,6 +26,8 @@ STATUS = ("vllm-node0                       RUNNING   pid 412, uptime 0:01:02\n"
           "router                           BACKOFF   Exited too quickly (process log may have details)\n"
           "frontdoor                        FATAL     Exited too quickly\n")
 REFUSED = (7, "", "unix:///x/supervisor.sock refused connection")
+# guest/'s file fact (as root or through sudo) on a node that has none of the files yet.
+NO_FILE = re.compile(r".*if \[ -e .*echo absent; fi'?", re.S)
 
 
 def venv_bin(inv) -> str:
@@ -63,24 +67,23 @@ def no_key_in(t: FakeTransport) -> None:
 # ------------------------------------------------------------------ reading a node
 
 
-@pytest.mark.parametrize("user", ["root", "deploy"])
-def test_observe_reads_every_digest_in_one_sha256sum_loop(tmp_path, user):
+def file_answers(paths, known: dict) -> dict:
+    """The scripted answer of guest/'s file fact for each path: a file with its digest, or absent."""
+    return {F.file_state(p).command: (f"regular file|600|u|u\n{known[p]}  {p}\n" if p in known else "absent\n")
+            for p in paths}
+
+
+def test_observe_reads_every_file_as_guest_facts_in_one_round_trip(tmp_path):
     inv = inventory(tmp_path)
     node = deployment(inv).node("slm-01")
     old = json.loads(manifest_text(node))
     old["files"] = [*old["files"], "/var/lib/old/legacy.conf"]
     paths = sorted({f.path for f in node.files} | {"/var/lib/old/legacy.conf"})
     known = {f.path: f.digest for f in node.files if not f.path.endswith("/serve.env")}
-    loop_output = "".join(f"{known[p]}  {p}\n" if p in known else f"- {p}\n" for p in paths)
     t = FakeTransport("slm-01", {cat_manifest(node): json.dumps(old), ctl(inv, node, "pid"): "4242\n",
-                                 ctl(inv, node, "status"): (3, STATUS),
-                                 re.compile(r".*sha256sum.*", re.S): loop_output}, user=user)
+                                 ctl(inv, node, "status"): (3, STATUS), **file_answers(paths, known)})
     state = driver(inv, node, t).observe(node)
-    loops = [c for c in t.calls if "sha256sum" in c]
-    assert len(loops) == 1
-    loop = unwrap(loops[0])
-    assert (loops[0] != loop) == (user != "root")                # the unit folder needs root to read
-    assert shlex.split(loop.split("; do ")[0].removeprefix("for f in ")) == paths
+    assert len(t.batches) == 1 and sorted(t.batches[0]) == sorted(F.file_state(p).command for p in paths)
     assert state.digests == {p: known.get(p) for p in paths}
     assert state.manifest == old and state.supervisor_up is True
     assert {n: s.state for n, s in state.programs.items()} == {
@@ -90,11 +93,22 @@ def test_observe_reads_every_digest_in_one_sha256sum_loop(tmp_path, user):
     assert node_changes(node, state).revive == ("router", "frontdoor")
 
 
+def test_observe_reads_the_units_as_root(tmp_path):
+    inv = inventory(tmp_path, {"supervisor": "systemd"})
+    node = deployment(inv, supervisor=SYSTEMD).node("slm-01")
+    units = [f.path for f in node.files if f.path.startswith(UNIT_DIR)]
+    t = FakeTransport("slm-01", {cat_manifest(node): (1, ""), ANY: ""}, user="deploy")
+    driver(inv, node, t).observe(node)
+    reads = [c for c in t.calls if "sha256sum" in c]
+    assert units and all(unwrap(c) != c for c in reads if any(u in c for u in units))
+    assert all(unwrap(c) == c for c in reads if not any(u in c for u in units))
+
+
 def test_observe_a_node_without_supervisord(tmp_path):
     inv = inventory(tmp_path)
     node = deployment(inv).node("slm-02")
     t = FakeTransport("slm-02", {cat_manifest(node): (1, ""), ctl(inv, node, "pid"): REFUSED,
-                                 re.compile(r".*sha256sum.*", re.S): "".join(f"- {f.path}\n" for f in node.files)})
+                                 **file_answers([f.path for f in node.files], {})})
     state = driver(inv, node, t).observe(node)
     assert state == NodeState({f.path: None for f in node.files}, None, False, {})
     assert not [c for c in t.calls if c.endswith(" status")]
@@ -108,7 +122,8 @@ def test_apply_with_supervisord_down_starts_it_once(tmp_path):
     node = deployment(inv).node("slm-01")
     changes = fresh(node)
     start = f"{venv_bin(inv)}/supervisord -c {node.supervisor_conf}"
-    t = FakeTransport("slm-01", {re.compile(r"mkdir -p .*"): "", ctl(inv, node, "pid"): REFUSED, start: ""})
+    t = FakeTransport("slm-01", {re.compile(r"mkdir -p .*"): "", ctl(inv, node, "pid"): REFUSED, start: "",
+                                 NO_FILE: "absent\n"})
     driver(inv, node, t).apply(node, changes)
     assert t.calls.count(start) == 1
     assert not [c for c in t.calls if "supervisorctl" in c and c != ctl(inv, node, "pid")]
@@ -131,9 +146,9 @@ def test_apply_with_supervisord_up_updates_what_changed(tmp_path):
                          {p.name: ProgramState(p.name, "RUNNING", 400 + i) for i, p in enumerate(old.programs)})
     changes = node_changes(node, observed)
     assert changes.restart == ("router",) and changes.revive == ()
-    update = ctl(inv, node, "update")
+    update = ctl(inv, node, "update", "router")
     t = FakeTransport("slm-01", {re.compile(r"mkdir -p .*"): "", ctl(inv, node, "pid"): "4242\n",
-                                 update: "router: stopped\nrouter: updated process group\n"})
+                                 update: "router: stopped\nrouter: updated process group\n", NO_FILE: "absent\n"})
     driver(inv, node, t).apply(node, changes)
     assert t.calls.count(update) == 1
     assert not [c for c in t.calls if "supervisord -c" in c]
@@ -144,7 +159,7 @@ def test_apply_with_supervisord_up_updates_what_changed(tmp_path):
 def test_apply_with_only_programs_to_revive_starts_them(tmp_path):
     inv = inventory(tmp_path)
     node = deployment(inv).node("slm-01")
-    start = ctl(inv, node, "start", "router", "frontdoor")
+    start = ctl(inv, node, "start", "router", "frontdoor") + " || true"
     t = FakeTransport("slm-01", {re.compile(r"mkdir -p .*"): "", ctl(inv, node, "pid"): "4242\n", start: ""})
     driver(inv, node, t).apply(node, NodeChanges("slm-01", revive=("router", "frontdoor")))
     assert t.calls[-1] == start and t.puts == []
@@ -189,8 +204,11 @@ def test_apply_with_systemd_reloads_then_enables_restarts_and_disables(tmp_path,
     changes = NodeChanges("slm-01", write=(unit["vllm-node0"], unit["router"], f"{node.serve_dir}/serve.env"),
                           remove=(gone,), start=("vllm-node0",), restart=("router",), stop=("vllm-node7",),
                           revive=("frontdoor",))
-    t = FakeTransport("slm-01", {re.compile(r"mkdir -p .*"): "", re.compile(r".*install -m 644 .*"): "",
-                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): ""}, user=user)
+    t = FakeTransport("slm-01", {re.compile(r".*mkdir -p .*"): "", re.compile(r".*install -m 0644 .*"): "",
+                                 re.compile(r".*systemctl .*"): "", re.compile(r".*rm -f .*"): "",
+                                 sudo_wrap(F.file_state(gone).command, user, user != "root"):
+                                     f"regular file|644|root|root\nab  {gone}\n",
+                                 NO_FILE: "absent\n"}, user=user)
     driver(inv, node, t).apply(node, changes)
     sudo = user != "root"
     [chain] = [c for c in t.calls if "systemctl" in c]
@@ -203,19 +221,48 @@ def test_apply_with_systemd_reloads_then_enables_restarts_and_disables(tmp_path,
     assert "systemctl start vcfslm-slm-frontdoor.service" in steps
     assert not [s for s in steps if s.startswith("systemctl enable") and "router" in s]
     # The stopped unit's file goes after it is disabled, as root when the login user is not.
-    [rm] = [c for c in t.calls if gone in c]
+    [rm] = [c for c in t.calls if gone in c and "rm -f" in c]
     assert rm.startswith("sudo -n sh -c ") == sudo and t.calls.index(rm) > t.calls.index(chain)
     contents = {f.path: f.content.encode() for f in node.files}
     for path in (unit["vllm-node0"], unit["router"]):
-        staged = f"{node.serve_dir}/.staged-{path.rsplit('/', 1)[1]}"
-        if sudo:    # staged in the serve folder, installed by root
-            assert t.files[staged] == contents[path] and path not in t.files
-            [install] = [c for c in t.calls if "install -m 644" in c and path in c]
+        if sudo:    # put in a private temporary file, installed by root (guest/ops.py's execute)
+            [install] = [c for c in t.calls if "install -m 0644" in c and path in c]
+            staged = shlex.split(unwrap(install))[3]
+            assert t.files[staged] == contents[path] and t.modes[staged] == 0o600 and path not in t.files
             assert install.startswith("sudo -n sh -c ") and t.calls.index(install) < t.calls.index(chain)
         else:
-            assert t.files[path] == contents[path] and staged not in t.files
+            assert t.files[path] == contents[path]
     assert t.modes[f"{node.serve_dir}/serve.env"] == 0o600
-    assert not [c for c in t.calls if c.startswith("sudo") and "mkdir" in c]
+    assert not [c for c in t.calls if c.startswith("sudo") and "mkdir" in c and node.serve_dir in c]
+    no_key_in(t)
+
+
+def test_the_service_users_rooms_are_staged_installed_with_sudo_and_handed_over(tmp_path):
+    """Under another login than the service user, the files of nginx's prefixes and the
+    certificates are read and written as root (put in a private temporary file, installed
+    0600), owned by the service user; the rest of the folder stays the login's."""
+    inv = inventory(tmp_path)
+    node = deployment(inv, supervisor=SYSTEMD).node("slm-01")
+    t = FakeTransport("slm-01", {re.compile(r".*mkdir -p .*"): "", re.compile(r".*install -m 0[0-7]{3} .*"): "",
+                                 re.compile(r".*chown .*"): "", re.compile(r".*systemctl .*"): "",
+                                 NO_FILE: "absent\n"}, user="deploy")
+    NodeDriver(t, serve_dir=node.serve_dir, venv_bin=venv_bin(inv), deployment="slm",
+               service_user="vcfslm").apply(node, fresh(node))
+    rooms = [f for f in node.files if f.path.startswith(tuple(f"{node.serve_dir}/{r}/" for r in
+                                                             ("frontdoor", "proxy", "tls")))]
+    assert {f.path.rsplit("/", 1)[1] for f in rooms} >= {"nginx.conf", "ca.pem", "node.key"}
+    for f in rooms:
+        [install] = [c for c in t.calls if "install -m 0600" in c and f.path in c]
+        staged = shlex.split(unwrap(install))[3]
+        assert install.startswith("sudo -n sh -c ") and t.files[staged] == f.content.encode()
+        assert f.path not in t.files
+        [chown] = [c for c in t.calls if c.startswith("sudo") and unwrap(c) == f"chown vcfslm:vcfslm {f.path}"]
+        assert t.calls.index(chown) > t.calls.index(install)
+    env = f"{node.serve_dir}/serve.env"
+    assert t.modes[env] == 0o600 and not [c for c in t.calls if "chown" in c and env in c]
+    [hand_over] = [c for c in t.calls if "chown -R" in c]
+    starts = [i for i, c in enumerate(t.calls) if "systemctl" in c]
+    assert hand_over.startswith("sudo -n sh -c ") and t.calls.index(hand_over) < min(starts)
     no_key_in(t)
 
 

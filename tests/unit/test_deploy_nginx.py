@@ -29,9 +29,10 @@ def test_the_door_takes_every_key_of_its_list(tmp_path):
     assert re.findall(r'"Bearer ([^"]+)" 1;', door) == [KEY, OTHER]
     for node in dep.nodes:
         assert re.findall(r'"Bearer ([^"]+)" 1;', conf_of(node, "proxy")) == [KEY, OTHER]
-    # The servers hold the deployment's key alone: vLLM takes one.
+    # The servers hold the deployment's key, and take the others beside it (vLLM's entry hands
+    # them to vLLM in-process).
     env = next(f.content for f in dep.node("slm-02").files if f.path.endswith("/serve.env"))
-    assert env == f"VLLM_API_KEY={KEY}\n"
+    assert env == f"VLLM_API_KEY={KEY}\nVCFSLM_PREVIOUS_API_KEYS={OTHER}\n"
 
 
 def test_the_door_limits_each_client_and_passes_its_address_on(tmp_path):
@@ -55,12 +56,16 @@ def test_the_default_limits_are_beyond_a_64_node_service():
     assert door.requests_per_s >= 64 * 4 * 16
 
 
-@pytest.mark.parametrize(("supervisor", "where"), [
-    (SUPERVISORD, "access_log /dev/stdout door;"),                        # supervisord's log, rotated at 50 MB
-    (SYSTEMD, "access_log syslog:server=unix:/dev/log,tag=vcfslm_frontdoor,nohostname door;")])   # the journal
-def test_the_access_log_goes_where_the_supervisor_rotates_it_and_holds_no_header(tmp_path, supervisor, where):
-    door = conf_of(deployment(inventory(tmp_path), supervisor=supervisor).node("slm-01"), "frontdoor")
-    assert where in door
+@pytest.mark.parametrize(("supervisor", "service_user", "where"), [
+    (SUPERVISORD, "root", "access_log /dev/stdout door;"),                # supervisord's log, rotated at 50 MB
+    # supervisord as root, nginx as the service user, which cannot reopen root's stdout pipe
+    (SUPERVISORD, "vcfslm", "access_log {folder}/frontdoor/access.log door;"),
+    (SYSTEMD, "vcfslm", "access_log syslog:server=unix:/dev/log,tag=vcfslm_frontdoor,nohostname door;")])
+def test_the_access_log_goes_where_the_supervisor_rotates_it_and_holds_no_header(tmp_path, supervisor, service_user,
+                                                                               where):
+    node = deployment(inventory(tmp_path, service_user=service_user), supervisor=supervisor).node("slm-01")
+    door = conf_of(node, "frontdoor")
+    assert where.format(folder=node.serve_dir) in door
     [fmt] = re.findall(r"log_format door '([^']*)'", door)
     assert "$http_" not in fmt and "$request " not in fmt.replace('"$request"', "")
     assert "$remote_addr" in fmt

@@ -77,7 +77,9 @@ def test_a_key_file_that_disagrees_with_the_nodes_changes_nothing(tmp_path, quie
     with pytest.raises(keys.KeyFileError, match="--rotate-key"):
         run(tmp_path, key_file, held="n0des-key-0123456789abcdef")
     result, log = run(tmp_path, key_file, held="n0des-key-0123456789abcdef", rotate_key=True)
-    assert result.new_key == KEY and [e[0] for e in log].count("apply") == 2      # the nodes take the file's
+    # The nodes take the file's key: first beside their own (a rolling rotation's two phases), then alone.
+    assert result.new_key == KEY and [e[0] for e in log].count("apply") == 4
+    assert keys.read_key_file(key_file) == KEY and not Path(f"{key_file}.new").exists()
 
 
 def test_the_nodes_key_is_saved_to_a_missing_key_file_and_not_called_new(tmp_path, quiet):

@@ -16,10 +16,11 @@ import pytest
 from vcfslm.errors import PlaybookError
 from vcfslm.guest import batch
 from vcfslm.guest import facts as F
+from vcfslm.guest.context import HostContext
 from vcfslm.guest.fake import FakeTransport
 from vcfslm.guest.playbook import host_variables, load_playbook
 from vcfslm.guest.runner import run_hosts
-from vcfslm.guest.steps import STEP_TYPES, HostContext
+from vcfslm.guest.steps import STEP_TYPES
 from vcfslm.guest.transport import Result
 from vcfslm.inventory_load import load_inventory
 

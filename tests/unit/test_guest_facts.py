@@ -13,6 +13,7 @@ import time
 import pytest
 
 from vcfslm.guest import facts as F
+from vcfslm.guest import host_facts as H
 from vcfslm.guest.transport import Result
 
 
@@ -36,7 +37,7 @@ def numactl_text(nodes: int, per_node: int, sizes: list[int] | None = None) -> s
 
 
 def test_numactl_four_vnuma_nodes():
-    hw = F.parse_numactl_hardware(numactl_text(4, 24))
+    hw = H.parse_numactl_hardware(numactl_text(4, 24))
     assert [n.id for n in hw.nodes] == [0, 1, 2, 3]
     assert hw.nodes[1].cpus == tuple(range(24, 48))
     assert hw.nodes[3].size_mb == 96000 and hw.nodes[3].free_mb == 1000
@@ -46,19 +47,19 @@ def test_numactl_four_vnuma_nodes():
 def test_numactl_memoryless_and_cpuless_nodes():
     text = ("available: 2 nodes (0-1)\nnode 0 cpus: 0 1\nnode 0 size: 4000 MB\nnode 0 free: 10 MB\n"
             "node 1 cpus:\nnode 1 size: 0 MB\nnode 1 free: 0 MB\n")
-    hw = F.parse_numactl_hardware(text)
+    hw = H.parse_numactl_hardware(text)
     assert hw.nodes[1].cpus == () and hw.nodes[1].size_mb == 0
 
 
 def test_numactl_missing_is_reported_not_raised():
-    hw = F.NUMA_HARDWARE.parse(Result("numactl --hardware", 127, "", "sh: numactl: not found", 0))
+    hw = H.NUMA_HARDWARE.parse(Result("numactl --hardware", 127, "", "sh: numactl: not found", 0))
     assert not hw.available and "not installed" in hw.error
 
 
 def test_lscpu_flat_and_nested():
     flat = {"lscpu": [{"field": "CPU(s):", "data": "2"}, {"field": "On-line CPU(s) list:", "data": "0,1"},
                       {"field": "Socket(s):", "data": "1"}, {"field": "NUMA node0 CPU(s):", "data": "0,1"}]}
-    info = F.parse_lscpu_json(json.dumps(flat))
+    info = H.parse_lscpu_json(json.dumps(flat))
     assert info.cpus == 2 and info.online == (0, 1) and info.numa_nodes == {0: (0, 1)}
     nested = {"lscpu": [
         {"field": "CPU(s):", "data": "96", "children": [{"field": "On-line CPU(s) list:", "data": "0-95"}]},
@@ -69,7 +70,7 @@ def test_lscpu_flat_and_nested():
         {"field": "NUMA:", "data": None, "children": [
             {"field": "NUMA node(s):", "data": "4"},
             *[{"field": f"NUMA node{k} CPU(s):", "data": f"{24 * k}-{24 * k + 23}"} for k in range(4)]]}]}
-    info = F.parse_lscpu_json(json.dumps(nested))
+    info = H.parse_lscpu_json(json.dumps(nested))
     assert (info.cpus, info.sockets, info.cores_per_socket, info.threads_per_core) == (96, 2, 48, 1)
     assert info.numa_nodes[2] == tuple(range(48, 72)) and info.model.startswith("Intel")
 
@@ -92,19 +93,19 @@ IP_JSON = json.dumps([
     ("10.0.0.1", None),
 ])
 def test_interface_of(ip, name):
-    ifaces = F.parse_ip_addr_json(IP_JSON)
-    found = F.interface_of(ip, ifaces)
+    ifaces = H.parse_ip_addr_json(IP_JSON)
+    found = H.interface_of(ip, ifaces)
     assert (found.name if found else None) == name
 
 
 def test_ip_addr_parse_fields():
-    lo, _, ens224, ens256 = F.parse_ip_addr_json(IP_JSON)
+    lo, _, ens224, ens256 = H.parse_ip_addr_json(IP_JSON)
     assert lo.mtu == 65536 and ipaddress.ip_interface("::1/128") in lo.addresses
     assert ens224.up and not ens256.up
 
 
 def test_probe_parse():
-    got = F.parse_probe("127.0.1.12:22 ok\n127.0.1.13:22 refused\n10.9.9.9:22 fail timed_out\n")
+    got = H.parse_probe("127.0.1.12:22 ok\n127.0.1.13:22 refused\n10.9.9.9:22 fail timed_out\n")
     assert got["127.0.1.12:22"].ok and got["127.0.1.13:22"].ok  # refused: the address answered
     assert not got["10.9.9.9:22"].ok and got["10.9.9.9:22"].detail == "timed out"
 
@@ -113,12 +114,12 @@ def test_probe_parse():
 
 
 def test_this_machine_numa_lscpu_ip():
-    hw = local(F.NUMA_HARDWARE)
+    hw = local(H.NUMA_HARDWARE)
     assert hw.available and hw.nodes and sum(len(n.cpus) for n in hw.nodes) >= 1
-    cpu = local(F.LSCPU)
+    cpu = local(H.LSCPU)
     assert cpu is not None and cpu.cpus == len(hw.cpus)
-    ifaces = local(F.INTERFACES)
-    assert F.interface_of("127.0.0.1", ifaces).name == "lo"
+    ifaces = local(H.INTERFACES)
+    assert H.interface_of("127.0.0.1", ifaces).name == "lo"
 
 
 def test_reach_probe_for_real():
@@ -128,12 +129,12 @@ def test_reach_probe_for_real():
         port = server.getsockname()[1]
         closed = _closed_port()
         targets = [f"127.0.0.1:{port}", f"127.0.0.1:{closed}"]
-        got = local(F.reach_probe(targets, timeout=2))
-        by_python = subprocess.run([sys.executable, "-c", F.probe_python(2), *targets],
+        got = local(H.reach_probe(targets, timeout=2))
+        by_python = subprocess.run([sys.executable, "-c", H.probe_python(2), *targets],
                                    capture_output=True, text=True).stdout
-    assert got[targets[0]] == F.Reach(True, "ok")
-    assert got[targets[1]] == F.Reach(True, "refused")
-    assert F.parse_probe(by_python) == got
+    assert got[targets[0]] == H.Reach(True, "ok")
+    assert got[targets[1]] == H.Reach(True, "refused")
+    assert H.parse_probe(by_python) == got
 
 
 def _closed_port() -> int:
@@ -206,7 +207,7 @@ def fake_venv(path):
 
 
 def test_absent_values_describe_a_fresh_guest():
-    assert not F.NUMA_HARDWARE.absent.available
+    assert not H.NUMA_HARDWARE.absent.available
     assert F.file_state("/x").absent == F.FileState(None)
     assert not F.pip_state("/v", ["torch"]).absent.satisfied
     assert F.packages(["numactl"], []).absent.installed == frozenset()

@@ -9,7 +9,8 @@ import pytest
 
 from vcfslm.errors import PlaybookError
 from vcfslm.guest.fake import FakeTransport
-from vcfslm.guest.steps import PackagesStep, Shell, execute, missing_packages_message
+from vcfslm.guest.ops import Shell, execute
+from vcfslm.guest.software_steps import PackagesStep, missing_packages_message
 
 
 def test_the_message_names_the_packages_and_how_to_bake_them():

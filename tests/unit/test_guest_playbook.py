@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from vcfslm.errors import PlaybookError, PlaybookSpecError
+from vcfslm.guest.context import HostContext
 from vcfslm.guest.fake import FakeTransport
 from vcfslm.guest.playbook import (
     DEFAULT_PLAYBOOKS,
@@ -18,7 +19,6 @@ from vcfslm.guest.playbook import (
     run_step,
     torch_requirement,
 )
-from vcfslm.guest.steps import HostContext
 from vcfslm.inventory_load import load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]

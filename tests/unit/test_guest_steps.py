@@ -20,8 +20,11 @@ import yaml
 
 from vcfslm.errors import PlaybookError
 from vcfslm.guest import facts as F
+from vcfslm.guest import host_facts as H
+from vcfslm.guest.context import HostContext
+from vcfslm.guest.ops import Upload, describe
 from vcfslm.guest.playbook import host_variables
-from vcfslm.guest.steps import STEP_TYPES, HostContext, Upload, describe
+from vcfslm.guest.steps import STEP_TYPES
 from vcfslm.guest.wheel import BuiltWheel
 from vcfslm.inventory_load import load_inventory
 
@@ -50,7 +53,7 @@ def fact_value(key: str, value, rendered_sha: str | None):
     if kind == "versions":
         return F.Versions(**value)
     if kind == "interfaces":
-        return F.parse_ip_addr_json(value)
+        return H.parse_ip_addr_json(value)
     if kind == "dists":
         return frozenset(value)
     if kind == "output":

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from vcfslm.errors import PlaybookError
-from vcfslm.guest import facts as F
+from vcfslm.guest import host_facts as H
+from vcfslm.guest.context import HostContext
 from vcfslm.guest.fake import FakeTransport
 from vcfslm.guest.playbook import host_variables
-from vcfslm.guest.steps import HostContext, VerifyStep
+from vcfslm.guest.steps import VerifyStep
 from vcfslm.guest.verify import (
     describe_numa,
     memory_problems,
@@ -26,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 BRIEF = ROOT / "inventories" / "vx650v4-4node.yaml"
 
 
-def numa(*nodes: tuple[str, int]) -> F.NumaHardware:
+def numa(*nodes: tuple[str, int]) -> H.NumaHardware:
     """numa(("0-23", 96000), ...) -> NumaHardware."""
     from vcfslm.topology import parse_cpu_list
 
-    return F.NumaHardware(tuple(F.NumaNode(i, parse_cpu_list(c), mb) for i, (c, mb) in enumerate(nodes)))
+    return H.NumaHardware(tuple(H.NumaNode(i, parse_cpu_list(c), mb) for i, (c, mb) in enumerate(nodes)))
 
 
 GOOD = numa(("0-23", 96000), ("24-47", 96000), ("48-71", 96000), ("72-95", 96000))
@@ -65,7 +66,7 @@ def test_memory_within_ten_percent_passes():
 
 
 def test_numactl_missing_is_a_problem():
-    assert numa_problems(F.NumaHardware((), False, "numactl is not installed"), 96, 4) == \
+    assert numa_problems(H.NumaHardware((), False, "numactl is not installed"), 96, 4) == \
         ["cannot read the NUMA topology: numactl is not installed"]
 
 
@@ -74,7 +75,7 @@ def test_describe_numa():
     assert describe_numa(GOOD) == "4 nodes of 24 CPUs"
 
 
-IFACES = F.parse_ip_addr_json(json.dumps([
+IFACES = H.parse_ip_addr_json(json.dumps([
     {"ifname": "lo", "mtu": 65536, "flags": ["UP"], "addr_info": [{"local": "127.0.0.1", "prefixlen": 8}]},
     {"ifname": "ens224", "mtu": 1500, "flags": ["UP"], "addr_info": [{"local": "172.16.25.21", "prefixlen": 24}]},
 ]))
@@ -99,15 +100,15 @@ def brief():
 
 
 def test_verify_guest_everything(brief):
-    ifaces = F.parse_ip_addr_json(json.dumps([{"ifname": "ens224", "mtu": 9000, "flags": ["UP"],
+    ifaces = H.parse_ip_addr_json(json.dumps([{"ifname": "ens224", "mtu": 9000, "flags": ["UP"],
                                                "addr_info": [{"local": "172.16.25.21", "prefixlen": 24}]}]))
-    peers = F.peer_targets(brief, "slm-01")
+    peers = H.peer_targets(brief, "slm-01")
     assert peers == {"172.16.25.22:22": "slm-02", "172.16.25.23:22": "slm-03", "172.16.25.24:22": "slm-04"}
-    reach = {t: F.Reach(True, "ok") for t in peers}
-    facts = F.GuestFacts(GOOD, None, ifaces, reach, peers)
+    reach = {t: H.Reach(True, "ok") for t in peers}
+    facts = H.GuestFacts(GOOD, None, ifaces, reach, peers)
     assert verify_guest(brief, "slm-01", facts) == []
-    reach["172.16.25.23:22"] = F.Reach(False, "timed out")
-    bad = F.GuestFacts(numa(("0-95", 384000)), None, ifaces, reach, peers)
+    reach["172.16.25.23:22"] = H.Reach(False, "timed out")
+    bad = H.GuestFacts(numa(("0-95", 384000)), None, ifaces, reach, peers)
     assert verify_guest(brief, "slm-01", bad) == [
         "expected 4 vNUMA nodes of 24 CPUs, seen 1 node of 96 CPUs (the VM's vNUMA settings did not "
         "take, or the inventory's vm.vcpus/vnuma_nodes do not describe this guest)",
@@ -115,21 +116,21 @@ def test_verify_guest_everything(brief):
 
 
 def test_lscpu_cpu_count_checked_when_numa_agrees(brief):
-    cpu = F.CpuInfo(cpus=94, online=tuple(range(94)), sockets=2, cores_per_socket=47, threads_per_core=1)
-    assert verify_guest(brief, "slm-01", F.GuestFacts(numa=GOOD, cpu=cpu)) == \
+    cpu = H.CpuInfo(cpus=94, online=tuple(range(94)), sockets=2, cores_per_socket=47, threads_per_core=1)
+    assert verify_guest(brief, "slm-01", H.GuestFacts(numa=GOOD, cpu=cpu)) == \
         ["expected 96 vCPUs, lscpu shows 94"]
 
 
 def scripted_guest(brief, numactl: str) -> FakeTransport:
     """A fake slm-01 answering the verify step's fact commands."""
-    peers = list(F.peer_targets(brief, "slm-01"))
+    peers = list(H.peer_targets(brief, "slm-01"))
     ip = json.dumps([{"ifname": "ens224", "mtu": 9000, "flags": ["UP"],
                       "addr_info": [{"local": "172.16.25.21", "prefixlen": 24}]}])
     return FakeTransport("slm-01", {
         "numactl --hardware": numactl,
         "lscpu -J": (1, "", "lscpu: not found"),
         "ip -j addr": ip,
-        F.reach_probe(peers).command: "".join(f"{t} ok\n" for t in peers),
+        H.reach_probe(peers).command: "".join(f"{t} ok\n" for t in peers),
     })
 
 

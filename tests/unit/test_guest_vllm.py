@@ -17,7 +17,9 @@ import yaml
 from vcfslm import topology
 from vcfslm.errors import InventoryError
 from vcfslm.guest import facts as F
+from vcfslm.guest import host_facts as H
 from vcfslm.guest import vllm
+from vcfslm.guest.context import HostContext
 from vcfslm.guest.fake import FakeTransport
 from vcfslm.guest.playbook import (
     DEFAULT_PLAYBOOKS,
@@ -28,7 +30,7 @@ from vcfslm.guest.playbook import (
 )
 from vcfslm.guest.provision import GuestRun, provision_guests
 from vcfslm.guest.runner import run_hosts
-from vcfslm.guest.steps import HostContext, VerifyStep
+from vcfslm.guest.steps import VerifyStep
 from vcfslm.guest.verify import server_script_problems, verify_guest
 from vcfslm.guest.wheel import BuiltWheel
 from vcfslm.guest_layout import guest_paths
@@ -308,8 +310,8 @@ def test_vllm_runs_one_rank_per_vnuma_node():
 # ------------------------------------------------------------------ verification
 
 
-def numa4() -> F.NumaHardware:
-    return F.NumaHardware(tuple(F.NumaNode(n, topology.node_cpus(96, 4, n), 96000) for n in range(4)))
+def numa4() -> H.NumaHardware:
+    return H.NumaHardware(tuple(H.NumaNode(n, topology.node_cpus(96, 4, n), 96000) for n in range(4)))
 
 
 def rendered(inv, n: int, cpus: str | None = None, membind: int | None = None) -> str:
@@ -328,7 +330,7 @@ def test_scripts_bound_as_the_guest_numa_facts_say_pass():
     inv = inventory()
     scripts = {n: rendered(inv, n) for n in range(4)}
     assert server_script_problems(scripts, numa4(), vllm.node_cpus(inv), 1) == []
-    assert verify_guest(inv, "slm-01", F.GuestFacts(numa=numa4(), server_scripts=scripts)) == []
+    assert verify_guest(inv, "slm-01", H.GuestFacts(numa=numa4(), server_scripts=scripts)) == []
 
 
 def test_scripts_bound_elsewhere_are_named():
@@ -348,7 +350,7 @@ def test_scripts_bound_elsewhere_are_named():
 
 def test_a_script_for_a_node_the_guest_lacks_and_one_without_numactl():
     inv = inventory()
-    two = F.NumaHardware(numa4().nodes[:2])
+    two = H.NumaHardware(numa4().nodes[:2])
     bare = "export VLLM_CPU_OMP_THREADS_BIND='0-22'\nexec python vllm-entry.py\n"
     assert server_script_problems({0: bare, 3: rendered(inv, 3)}, two, vllm.node_cpus(inv), 1) == [
         "vllm-node0.sh sets no numactl --physcpubind (expected 0-22: node 0 has CPUs 0-23, 1 reserved)",
@@ -358,8 +360,8 @@ def test_a_script_for_a_node_the_guest_lacks_and_one_without_numactl():
 
 def test_scripts_are_not_checked_on_a_guest_whose_numa_shape_is_wrong():
     inv = inventory()
-    one = F.NumaHardware((F.NumaNode(0, tuple(range(96)), 384000),))
-    got = verify_guest(inv, "slm-01", F.GuestFacts(numa=one, server_scripts={0: None}))
+    one = H.NumaHardware((H.NumaNode(0, tuple(range(96)), 384000),))
+    got = verify_guest(inv, "slm-01", H.GuestFacts(numa=one, server_scripts={0: None}))
     assert len(got) == 1 and got[0].startswith("expected 4 vNUMA nodes of 24 CPUs")
 
 
@@ -367,10 +369,10 @@ def test_the_verify_step_reads_the_scripts_only_when_vllm_serves():
     from test_guest_facts import numactl_text
 
     inv = inventory()
-    peers = list(F.peer_targets(inv, "slm-01"))
+    peers = list(H.peer_targets(inv, "slm-01"))
     t = FakeTransport("slm-01", {
         "numactl --hardware": numactl_text(4, 24), "lscpu -J": (1, "", ""), "ip -j addr": IP,
-        F.reach_probe(peers).command: "".join(f"{p} ok\n" for p in peers)})
+        H.reach_probe(peers).command: "".join(f"{p} ok\n" for p in peers)})
     for n in range(4):
         t.add(f"cat {script(inv, n)} 2>/dev/null || true", rendered(inv, n, cpus="0-22" if n == 3 else None))
     ctx = HostContext(inv, inv.nodes[0], host_variables(inv, inv.nodes[0]), t)
@@ -379,4 +381,4 @@ def test_the_verify_step_reads_the_scripts_only_when_vllm_serves():
     assert VerifyStep(server=False).plan(
         HostContext(inv, inv.nodes[0], host_variables(inv, inv.nodes[0]), t), False) == []
     plain = inventory(server="vcfslm")
-    assert F.gather_guest_facts(lambda f: None, plain, "slm-01").server_scripts is None
+    assert H.gather_guest_facts(lambda f: None, plain, "slm-01").server_scripts is None

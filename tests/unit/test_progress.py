@@ -120,9 +120,10 @@ def test_heartbeat_is_silent_for_short_commands():
 def test_a_step_pushing_a_folder_reports_its_bytes_per_host(tmp_path):
     from types import SimpleNamespace
 
+    from vcfslm.guest.context import HostContext
     from vcfslm.guest.fake import FakeTransport
+    from vcfslm.guest.ops import Shell, Upload
     from vcfslm.guest.playbook import execute_ops
-    from vcfslm.guest.steps import HostContext, Shell, Upload
 
     (tmp_path / "a.safetensors").write_bytes(b"a" * (3 * MIB))
     (tmp_path / "b.safetensors").write_bytes(b"b" * (2 * MIB))
@@ -142,9 +143,10 @@ def test_a_step_pushing_a_folder_reports_its_bytes_per_host(tmp_path):
 def test_small_pushes_are_not_metered(tmp_path):
     from types import SimpleNamespace
 
+    from vcfslm.guest.context import HostContext
     from vcfslm.guest.fake import FakeTransport
+    from vcfslm.guest.ops import Upload
     from vcfslm.guest.playbook import execute_ops
-    from vcfslm.guest.steps import HostContext, Upload
 
     (tmp_path / "w.whl").write_bytes(b"w" * 1000)
     rec = RecordingReporter()

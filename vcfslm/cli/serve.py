@@ -56,7 +56,9 @@ def serve() -> None:
                    "beside it (<name>-tls/ca.pem).")
 @click.option("--rotate-key", is_flag=True,
               help="The nodes take a new key: the key file's when it differs from theirs, else a new one "
-                   "written to it (every server restarts).")
+                   "written to it. With two servers or more it rolls: the door, the proxies and the servers "
+                   "take the old and the new key while the servers restart one at a time, then the new one "
+                   "only (a new key waits in <key file>.new until then).")
 @click.option("--dry-run", is_flag=True, help="Print what would change on each node, change nothing.")
 @click.option("--no-install", "no_install", is_flag=True,
               help="Skip the vllm and serve playbooks (vLLM, its router, supervisord and nginx are in place).")
@@ -65,8 +67,9 @@ def serve() -> None:
 def up(inventory: str | None, **options) -> None:
     """Bring the service up, or change it to match the inventory; a second run changes nothing.
 
-    Only the programs whose settings changed restart. Nodes that served before and are
-    no longer chosen are taken down.
+    Only the programs whose settings changed restart; with two servers or more they
+    restart one at a time, each out of the router until its streams finish and it is
+    healthy again. Nodes that served before and are no longer chosen are taken down.
     """
     from ..deploy.service import UpOptions, serve_up
 
@@ -83,7 +86,8 @@ def up(inventory: str | None, **options) -> None:
            "servers": [s.url for s in d.servers],
            "changes": {c.node: c.to_dict() for c in result.changes}, "dropped": result.dropped,
            "healthy_s": result.healthy_s, "checks": result.checks, "key_file": result.key_file,
-           "new_key": bool(result.new_key), "tls": d.endpoint.startswith("https:"), "ca_file": result.ca_file}
+           "new_key": bool(result.new_key), "tls": d.endpoint.startswith("https:"), "ca_file": result.ca_file,
+           "rolled": result.rolls}
     if options["output"] == "json":
         print_json(doc)
         return

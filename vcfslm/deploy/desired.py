@@ -252,9 +252,11 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
                     api_keys: Sequence[str] | None = None) -> Deployment:
     """The deployment on `nodes` (None: serving_nodes), each supervised as `supervisors`
     says (node name -> systemd | supervisord: what the guest runs, or the inventory's choice).
-    `key` is what the servers hold; `api_keys` what the door and the proxies take (default:
-    `key` alone; old and new while a new key rolls out)."""
+    `key` is the current key; `api_keys` what the door, the proxies and the servers take
+    (default: `key` alone; old and new while a key rotation rolls: keys.env_text hands the
+    others to the servers beside `key`)."""
     keys = check_keys(list(api_keys) if api_keys else [key])
+    previous_keys = [k for k in keys if k != key]
     service, bench = inventory.serve, inventory.bench
     paths = guest_paths(inventory)
     chosen = list(nodes) if nodes is not None else serving_nodes(inventory)
@@ -265,6 +267,8 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
     model, model_name = model_on_guest(inventory), api_model_name(inventory)
     kv_gib = vllm.default_kv_cache_gib(inventory)
     digest_of_key = key_digest(key)
+    # The digest the servers follow: the key's alone unless others are taken beside it.
+    digest_of_keys = digest_of_key if not previous_keys else key_digest("\n".join([key, *previous_keys]))
     venv_bin = f"{paths.vllm_venv}/bin"
     numa_nodes = sorted(vllm.node_cpus(inventory))
     # What the vllm playbook renders each launch script from: a change to any of it
@@ -291,7 +295,7 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
             program = Program(name=f"vllm-node{numa}", description=f"vLLM server on vNUMA node {numa}",
                               argv=argv, environment=env, env_file=f"{folder}/serve.env",
                               log=f"{folder}/logs/vllm-node{numa}.log", health_url=f"{url}/health",
-                              digest=_digest(argv, env, digest_of_key, script, scripts.get(script), script_inputs))
+                              digest=_digest(argv, env, digest_of_keys, script, scripts.get(script), script_inputs))
             programs.append(program)
             servers.append(ServerEntry(node.name, numa, url, program.name, socket))
         node_servers[node.name] = programs
@@ -309,7 +313,7 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
         programs = list(node_servers[node.name])
         ca = f"{folder}/tls/ca.pem"
         node_pair = tls.nodes[str(node.bench_ip)]
-        files = [DesiredFile(f"{folder}/serve.env", env_text(key), PRIVATE),
+        files = [DesiredFile(f"{folder}/serve.env", env_text(key, previous_keys), PRIVATE),
                  DesiredFile(ca, tls.ca_cert, PRIVATE),
                  DesiredFile(f"{folder}/tls/node.pem", node_pair.cert, PRIVATE),
                  DesiredFile(f"{folder}/tls/node.key", node_pair.key, PRIVATE)]
@@ -350,7 +354,11 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
                 "router": f"127.0.0.1:{service.router.port}", "api_keys": keys, "tls": door_tls,
                 "limits": {"requests_per_s": door_settings.requests_per_s, "burst": door_settings.burst,
                            "connections": door_settings.connections_per_client},
-                "user": user, "supervisor": supervisor})
+                "user": user, "supervisor": supervisor,
+                # supervisord as root starting nginx as the service user: nginx cannot reopen
+                # the root-owned pipe of its stdout, so it logs to its own folder.
+                "access_file": f"{door}/access.log" if supervisor == SUPERVISORD and
+                inventory.guest.service_user != inventory.guest.user else ""})
             files.append(DesiredFile(f"{door}/nginx.conf", conf, PRIVATE))
             argv = (NGINX, "-p", door, "-c", f"{door}/nginx.conf", "-g", "daemon off;")
             programs.append(Program(

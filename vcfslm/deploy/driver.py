@@ -1,5 +1,9 @@
 """Puts a node's share of the deployment on it over SSH, reads it back, takes it down (the
-thin driver; the decisions are in desired.py and changes.py).
+thin driver; the decisions are in desired.py, changes.py and rollout.py).
+
+Files converge the way the playbooks' do: guest/'s file facts read them (one round trip
+for all), guest/'s put-if-changed (content_ops) writes what differs, guest/'s file step
+removes what is no longer wanted, and every command goes out as guest/'s operations.
 
 Supervision: where systemd runs the guest, one unit per program; elsewhere (the lab's
 loopback guests, containers) supervisord from the vLLM venv, one per node, with every
@@ -18,10 +22,13 @@ import json
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..errors import ServeError, TransportError
+from ..guest import facts as F
+from ..guest.context import HostContext, content_ops
+from ..guest.ops import Op, Shell, execute
+from ..guest.steps import FileStep
 from ..guest.transport import Transport
 from ..serve.server_process import quote_log
 from . import remote
@@ -92,17 +99,31 @@ class NodeDriver:
         except ValueError:
             return None
 
-    def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
-        if not paths:
-            return {}
-        script = "for f in " + " ".join(q(p) for p in paths) + \
-                 '; do if [ -f "$f" ]; then sha256sum "$f"; else echo "- $f"; fi; done'
-        out: dict[str, str | None] = {p: None for p in paths}
-        for line in self.t.run(script, check=False, sudo=self.sudo).stdout.splitlines():
-            digest, _, path = line.partition("  ") if "  " in line else line.partition(" ")
-            if path in out:
-                out[path] = None if digest == "-" else digest
-        return out
+    def _theirs(self, path: str) -> bool:
+        """Whether `path` is in one of the service user's rooms (nginx's prefixes, the
+        certificates): the SSH user, when it is another user, reaches it with sudo only."""
+        return bool(self.service_user) and path.startswith(
+            tuple(f"{self.serve_dir}/{room}/" for room in ("frontdoor", "proxy", "tls")))
+
+    def _sudo_for(self, path: str) -> bool:
+        """Root for the systemd units and the service user's rooms; the rest of the node's
+        folder belongs to the SSH user."""
+        return self.sudo and (path.startswith(UNIT_DIR) or self._theirs(path))
+
+    def _owner_of(self, path: str) -> str | None:
+        return self.service_user if self._theirs(path) else None
+
+    def _context(self) -> HostContext:
+        """guest/'s view of this node: the facts its file steps read, cached until forgotten."""
+        return HostContext(None, None, {}, self.t)
+
+    def file_digests(self, paths: Sequence[str], ctx: HostContext | None = None) -> dict[str, str | None]:
+        """path -> sha256 of its content (None: absent), read as guest/'s file facts in one
+        round trip."""
+        ctx = ctx or self._context()
+        facts = {p: F.file_state(p, sudo=self._sudo_for(p)) for p in paths}
+        ctx.prefetch(list(facts.values()))
+        return {p: ctx.fact(fact).sha256 for p, fact in facts.items()}
 
     def programs(self, supervisor: str, units: Mapping[str, str]) -> tuple[bool, dict[str, ProgramState]]:
         """(the supervisor answers, program -> state)."""
@@ -126,7 +147,7 @@ class NodeDriver:
         paths = sorted({f.path for f in desired.files} | set((manifest or {}).get("files") or []))
         units = {p.name: p.unit(self.deployment) for p in desired.programs}
         up, programs = self.programs(desired.supervisor, units)
-        return NodeState(self.digests(paths), manifest, up, programs)
+        return NodeState(self.file_digests(paths), manifest, up, programs)
 
     def read_key(self) -> str | None:
         """The deployment's key as this node holds it (None: none), read into memory over SFTP
@@ -148,76 +169,87 @@ class NodeDriver:
     # ------------------------------------------------------------------ changing
 
     def apply(self, desired: NodeService, changes: NodeChanges) -> None:
-        """Write what differs, then have the supervisor start, restart and stop what changes says."""
-        # Closed to everyone else; with a service user, _hand_over opens it to that user's group
-        # (closing it here first would cut the running programs off for a moment).
-        sockets = socket_folder(self.serve_dir)
-        self.t.run(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} "
-                   f"{q(self.serve_dir + '/proxy/tmp')} {q(self.serve_dir + '/tls')} {q(sockets)} && "
-                   f"chmod 700 {q(sockets)}" + ("" if self.service_user else f" {q(self.serve_dir)}"))
+        """Write what differs, then have the supervisor start, restart and stop what changes
+        says (all at once: the rolling path is rollout.py's)."""
+        self.converge_files(desired, changes)
+        self.run(self.program_ops(desired, changes.start, changes.restart, changes.stop, changes.revive))
+        self.remove_files(changes)
+
+    def run(self, ops: Sequence[Op]) -> None:
+        for op in ops:
+            execute(op, self.t, None)
+
+    def converge_files(self, desired: NodeService, changes: NodeChanges) -> None:
+        """The files changes.write names, through guest/'s put-if-changed (content_ops):
+        written only where their content differs, atomically, with their mode; those of the
+        service user's rooms staged and installed with sudo and handed over to it."""
         if desired.supervisor == SUPERVISORD and self.service_user and self.sudo:
             raise ServeError(f"{self.t.host}: supervisord runs as {self.login} there and cannot switch to "
                              f"guest.service_user {self.service_user}: connect as root, or set "
                              f"guest.service_user: {self.login}")
+        ctx = self._context()
+        # Closed to everyone else; with a service user, the hand-over opens it to that user's group
+        # (closing it here first would cut the running programs off for a moment).
+        sockets = socket_folder(self.serve_dir)
+        ops: list[Op] = [Shell(f"mkdir -p {q(self.serve_dir + '/logs')} {q(self.serve_dir + '/frontdoor/tmp')} "
+                               f"{q(self.serve_dir + '/proxy/tmp')} {q(self.serve_dir + '/tls')} {q(sockets)} && "
+                               f"chmod 700 {q(sockets)}" + ("" if self.service_user else f" {q(self.serve_dir)}"))]
         files = {f.path: f for f in desired.files}
+        self.file_digests(changes.write, ctx)
         for path in changes.write:
-            self._write(files[path].content.encode(), path, files[path].mode)
-        self._hand_over(desired)
-        if desired.supervisor == SYSTEMD:
-            self._apply_systemd(desired, changes)
-        else:
-            self._apply_supervisord(changes)
-        for path in changes.remove:
-            self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
+            ops += content_ops(path, files[path].content.encode(), f"{files[path].mode:04o}",
+                               self._owner_of(path), self._owner_of(path), ctx, self._sudo_for(path))
+        ops += self.hand_over_ops(desired)
+        self.run(ops)
 
-    def _hand_over(self, desired: NodeService) -> None:
+    def hand_over_ops(self, desired: NodeService) -> list[Shell]:
         """The service user owns what its programs write and the key files they read; the
         node's folder lets it in (group) and nobody else."""
         if not self.service_user:
-            return
+            return []
         user, folder = q(self.service_user), q(self.serve_dir)
         owned = owned_paths(self.serve_dir, desired.supervisor, socket_folder(self.serve_dir))
-        self.t.run(f"mkdir -p {q(owned[0])} && chown -R {user}:{user} {' '.join(q(p) for p in owned)} && "
-                   f"chgrp {user} {folder} && chmod 750 {folder}", sudo=self.sudo)
+        return [Shell(f"mkdir -p {q(owned[0])} && chown -R {user}:{user} {' '.join(q(p) for p in owned)} && "
+                      f"chgrp {user} {folder} && chmod 750 {folder}", sudo=self.sudo)]
 
-    def _write(self, data: bytes, path: str, mode: int) -> None:
-        # The unit folder is root's, nginx's prefix the service user's: an SSH user that is
-        # neither stages the file and installs it with sudo.
-        theirs = self.service_user and path.startswith(
-            tuple(f"{self.serve_dir}/{room}/" for room in ("frontdoor", "proxy", "tls")))
-        if (path.startswith(UNIT_DIR) or theirs) and self.sudo:
-            staged = f"{self.serve_dir}/.staged-{Path(path).name}"
-            owner = f" -o {q(self.service_user)} -g {q(self.service_user)}" if theirs else ""
-            self.t.put_bytes(data, staged, mode)
-            self.t.run(f"install -m {mode:o}{owner} {q(staged)} {q(path)} && rm -f {q(staged)}", sudo=True)
-        else:
-            self.t.put_bytes(data, path, mode)
+    def remove_files(self, changes: NodeChanges) -> None:
+        """The files the last serve up wrote and this one does not (guest/'s file step, absent)."""
+        ctx = self._context()
+        self.file_digests(changes.remove, ctx)
+        self.run([op for path in changes.remove
+                  for op in FileStep(path=path, state="absent").plan(ctx, self._sudo_for(path))])
 
-    def _apply_supervisord(self, changes: NodeChanges) -> None:
+    def program_ops(self, desired: NodeService, start: Sequence[str] = (), restart: Sequence[str] = (),
+                    stop: Sequence[str] = (), revive: Sequence[str] = ()) -> list[Shell]:
+        """The supervisor's commands that start, restart, stop and start again the programs
+        named (after their files are written), and no other."""
+        if desired.supervisor == SYSTEMD:
+            return [Shell(systemd_command(self.deployment, desired, start, restart, stop, revive), sudo=self.sudo)]
         if not self._supervisord_answers():
             # A fresh start brings up every program of the config.
-            self.t.run(f"{q(self.venv_bin + '/supervisord')} -c {q(self.conf)}")
-            return
-        if changes.start or changes.restart or changes.stop:
-            # update adds, removes and restarts exactly the programs whose section changed
-            # (each section carries its program's digest).
-            self.t.run(self.supervisorctl("update"))
-        if changes.revive:
-            self.t.run(self.supervisorctl("start", *changes.revive), check=False)
+            return [Shell(f"{q(self.venv_bin + '/supervisord')} -c {q(self.conf)}")]
+        ops = []
+        if start or restart or stop:
+            # update NAME adds, removes or restarts that program when its section changed (each
+            # section carries its program's digest); the programs not named are left alone.
+            ops.append(Shell(self.supervisorctl("update", *start, *restart, *stop)))
+        if revive:
+            ops.append(Shell(self.supervisorctl("start", *revive) + " || true"))
+        return ops
 
-    def _apply_systemd(self, desired: NodeService, changes: NodeChanges) -> None:
-        unit = {p.name: p.unit(self.deployment) for p in desired.programs}
-        old = f"vcfslm-{self.deployment}-"
-        commands = ["systemctl daemon-reload"]
-        if changes.stop:
-            commands.insert(0, "systemctl disable --now " + " ".join(q(old + n + ".service") for n in changes.stop))
-        if changes.start:
-            commands.append("systemctl enable --now " + " ".join(q(unit[n]) for n in changes.start))
-        if changes.restart:
-            commands.append("systemctl restart " + " ".join(q(unit[n]) for n in changes.restart))
-        if changes.revive:
-            commands.append("systemctl start " + " ".join(q(unit[n]) for n in changes.revive))
-        self.t.run(" && ".join(commands), sudo=self.sudo)
+    def reload_ops(self, desired: NodeService, program: str) -> list[Shell]:
+        """A program reads its files again without a restart (SIGHUP: nginx's graceful reload,
+        its connections kept)."""
+        if desired.supervisor == SYSTEMD:
+            unit = desired.program(program).unit(self.deployment)
+            return [Shell(f"systemctl kill --signal=HUP --kill-who=main {q(unit)}", sudo=self.sudo)]
+        return [Shell(self.supervisorctl("signal", "HUP", program))]
+
+    def prepare_ops(self, desired: NodeService) -> list[Shell]:
+        """The supervisor reads the programs' new definitions without applying them."""
+        if desired.supervisor == SYSTEMD:
+            return [Shell("systemctl daemon-reload", sudo=self.sudo)]
+        return [Shell(self.supervisorctl("reread"))] if self._supervisord_answers() else []
 
     def down(self) -> list[str]:
         """Stop every program serve up started on this node and remove what it wrote (its
@@ -236,7 +268,7 @@ class NodeDriver:
             self._wait_gone(int(pid))
         files = [str(f) for f in manifest.get("files") or []]
         for path in files:
-            self.t.run(f"rm -f {q(path)}", sudo=self.sudo and path.startswith(UNIT_DIR))
+            self.t.run(f"rm -f {q(path)}", sudo=self._sudo_for(path))
         if manifest.get("supervisor") == SYSTEMD:
             # A unit that failed before it was stopped stays listed (not-found, failed) until reset.
             self.t.run("systemctl daemon-reload; systemctl reset-failed " + " ".join(q(u) for u in units) +
@@ -277,6 +309,22 @@ class NodeDriver:
         except TransportError:
             return ": (log unreadable)"
         return quote_log(text)
+
+
+def systemd_command(deployment: str, desired: NodeService, start: Sequence[str], restart: Sequence[str],
+                    stop: Sequence[str], revive: Sequence[str]) -> str:
+    unit = {p.name: p.unit(deployment) for p in desired.programs}
+    old = f"vcfslm-{deployment}-"
+    commands = ["systemctl daemon-reload"]
+    if stop:
+        commands.insert(0, "systemctl disable --now " + " ".join(q(old + n + ".service") for n in stop))
+    if start:
+        commands.append("systemctl enable --now " + " ".join(q(unit[n]) for n in start))
+    if restart:
+        commands.append("systemctl restart " + " ".join(q(unit[n]) for n in restart))
+    if revive:
+        commands.append("systemctl start " + " ".join(q(unit[n]) for n in revive))
+    return " && ".join(commands)
 
 
 def manifest_programs_of(manifest: Mapping[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import Problem, UsageError
@@ -25,6 +26,8 @@ MIN_LENGTH = 20
 MAX_LENGTH = 512
 KEY_RE = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 KEY_VARIABLE = "VLLM_API_KEY"
+# Keys the servers also take while a key rotation rolls.
+PREVIOUS_KEYS_VARIABLE = "VCFSLM_PREVIOUS_API_KEYS"
 DEFAULT_FOLDER = "~/.vcfslm/keys"
 
 
@@ -110,12 +113,16 @@ def write_key_file(path: str | Path, key: str) -> Path:
     return write_private(path, key + "\n")
 
 
-def env_text(key: str) -> str:
-    """The node's environment file (sourced by bash, read by systemd's EnvironmentFile)."""
-    problem = key_problem(key)
-    if problem:
-        raise ValueError(problem)
-    return f"{KEY_VARIABLE}={key}\n"
+def env_text(key: str, previous: Sequence[str] = ()) -> str:
+    """The node's environment file (sourced by bash, read by systemd's EnvironmentFile):
+    the key, and the keys the servers also take while a key rotation rolls (space-separated;
+    the vLLM entry hands them to vLLM in-process, never on a command line)."""
+    for each in (key, *previous):
+        problem = key_problem(each)
+        if problem:
+            raise ValueError(problem)
+    text = f"{KEY_VARIABLE}={key}\n"
+    return text + (f"{PREVIOUS_KEYS_VARIABLE}={' '.join(previous)}\n" if previous else "")
 
 
 def key_of_env(text: str, where: str) -> str | None:

@@ -2,7 +2,8 @@
 
 The servers' proxies answer only the router's node and their own, and the router listens
 on its node's loopback: the node reaches them, the operator's machine may not. One call answers every
-question at once: HTTP GETs (with the key, fed on stdin so it is in no command line or
+question at once: HTTP calls (GETs, and the POSTs of the router's management API; with the key, fed
+on stdin so it is in no command line or
 log, where asked), and the peak RSS of process trees.
 """
 
@@ -20,7 +21,7 @@ ask = json.loads(sys.stdin.read())
 out = {"http": {}, "rss": {}}
 contexts = {}
 for item in ask.get("get", []):
-    req = urllib.request.Request(item["url"])
+    req = urllib.request.Request(item["url"], method=item.get("method", "GET"))
     if item.get("key"):
         req.add_header("Authorization", "Bearer " + ask["key"])
     context = None
@@ -71,8 +72,9 @@ def probe_command(python: str) -> str:
 
 
 def probe_input(gets: Sequence[Mapping[str, Any]], rss: Mapping[str, int], key: str | None = None) -> str:
-    """The question as the probe reads it on stdin: GETs {id, url, key: bool, timeout, ca: the
-    CA file on the node an https URL is verified with (absent: the node's trust store)}."""
+    """The question as the probe reads it on stdin: calls {id, url, key: bool, timeout, method
+    (GET when absent), ca: the CA file on the node an https URL is verified with (absent: the
+    node's trust store)}."""
     return json.dumps({"get": list(gets), "rss": dict(rss), "key": key or ""})
 
 

@@ -31,6 +31,7 @@ from .changes import NodeChanges, node_changes
 from .desired import Deployment, plan_deployment, router_node_of, serve_dir, serving_nodes
 from .driver import GAVE_UP, NodeDriver
 from .material import client_ca, deployment_tls
+from .rollout import Rollout, plan_roll, router_workers
 
 # A program that died this many times before its server answered /health is crashing, not
 # loading: its supervisor would go on restarting it, so serve up stops and quotes the cause.
@@ -65,6 +66,7 @@ class UpResult:
     tls_made: list[str] = field(default_factory=list)        # certificate files this up made
     healthy_s: dict[str, float] = field(default_factory=dict)
     checks: dict[str, Any] = field(default_factory=dict)
+    rolls: list[dict[str, Any]] = field(default_factory=list)    # servers rolled one at a time
 
     @property
     def changed(self) -> bool:
@@ -190,42 +192,86 @@ def _up(inventory, drivers: dict[str, NodeDriver], chosen, options: UpOptions, r
     key_file = key_file_of(inventory, options)
     key, save_key = settle_key(key_file, options.rotate_key, [held[n] for n in router_first])
     made = key not in held.values()
-    if save_key and not options.dry_run:
-        # Before anything starts: a key the nodes take is never only on the nodes.
-        keys.write_key_file(key_file, key)
     router_ip = str(inventory.node(router_node_of(inventory, chosen)).bench_ip)
     certificates, tls_made = deployment_tls(inventory, key_file, [str(n.bench_ip) for n in chosen], router_ip,
                                             write=not options.dry_run)
     supervisors = _each({n: drivers[n] for n in chosen_names},
                         lambda _, d: d.supervisor_of_guest(service.supervisor))
     deployment = plan_deployment(inventory, key, supervisors, chosen, tls=certificates)
+    phases = rotation_phases(inventory, deployment, key, supervisors, chosen, certificates,
+                             [held[n] for n in router_first] if options.rotate_key else [])
+    # A rotation's new key waits beside the key file until the door and every server take
+    # it (clients that follow the key file move to it then); any other is saved in it.
+    pending = f"{key_file}.new" if save_key and made and len(phases) > 1 else None
+    if save_key and not options.dry_run:
+        # Before anything starts: a key the nodes take is never only on the nodes.
+        keys.write_key_file(pending or key_file, key)
     if deployment.policy == "power_of_two" and len(deployment.servers) < 2:
         # vllm-router refuses to start so; refuse before anything changes.
         raise located(inventory, [(("serve", "router", "policy"),
                                    f"power_of_two needs two servers or more; this deployment has "
                                    f"{len(deployment.servers)} (use round_robin)")])
     observed = _each({n: drivers[n] for n in chosen_names},
-                     lambda n, d: d.observe(deployment.node(n)))
-    changes = [node_changes(deployment.node(n), observed[n]) for n in chosen_names]
+                     lambda n, d: d.observe(phases[0].node(n)))
+    changes = [node_changes(phases[0].node(n), observed[n]) for n in chosen_names]
     leaving = [n for n in drivers if n not in chosen_names and manifests[n]]
     for c in changes:
         for line in c.lines():
             reporter.log(("would " if options.dry_run else "") + line)
     for n in leaving:
         reporter.log(f"{'would take' if options.dry_run else 'taking'} down {n} (no longer in the deployment)")
+    if len(phases) > 1:
+        reporter.log(f"{'would rotate' if options.dry_run else 'rotating'} the key: the door and the servers "
+                     f"take the old and the new key while the servers roll, then the new one only")
     result = UpResult(deployment, changes, {}, key if made else None, key_file,
                       client_ca(key_file, inventory) if certificates.door else None, tls_made)
     if options.dry_run:
         return result
     dropped = _each({n: drivers[n] for n in leaving}, lambda _, d: d.down())
     result.dropped = dropped
-    by_node = {c.node: c for c in changes}
-    _each({n: drivers[n] for n in chosen_names if not by_node[n].empty},
-          lambda n, d: d.apply(deployment.node(n), by_node[n]))
-    result.healthy_s = wait_healthy(deployment, {n: drivers[n] for n in chosen_names}, inventory,
-                                    reporter, timeout_s=service.health_timeout_s)
-    result.checks = check_front_door(deployment, drivers[deployment.router_node], inventory, key)
+    serving = {n: drivers[n] for n in chosen_names}
+    for i, phase in enumerate(phases):
+        if i:
+            observed = _each(serving, lambda n, d, p=phase: d.observe(p.node(n)))
+            changes = [node_changes(phase.node(n), observed[n]) for n in chosen_names]
+        result.rolls += apply_changes(phase, serving, changes, inventory, reporter, key)
+        result.healthy_s = wait_healthy(phase, serving, inventory, reporter, timeout_s=service.health_timeout_s)
+        result.checks = check_front_door(phase, drivers[phase.router_node], inventory, key)
+        if pending:
+            Path(pending).replace(key_file)
+            reporter.log(f"the door and every server take the new key: it is in {key_file}; "
+                         f"the old one stops working now")
+            pending = None
     return result
+
+
+def rotation_phases(inventory, deployment: Deployment, key: str, supervisors, chosen, certificates,
+                    held: Sequence[str | None]) -> list[Deployment]:
+    """The deployments a key change goes through: with a previous key and two servers or
+    more, first one where the door, the proxies and the servers take both keys (the servers
+    roll into it, clients move to the new key meanwhile), then the one with the new key
+    only. Otherwise the deployment itself."""
+    previous = sorted({k for k in held if k and k != key})
+    if not previous or len(deployment.servers) < 2:
+        return [deployment]
+    both = plan_deployment(inventory, key, supervisors, chosen, tls=certificates, api_keys=[*previous, key])
+    return [both, deployment]
+
+
+def apply_changes(deployment: Deployment, drivers: dict[str, NodeDriver], changes: Sequence[NodeChanges],
+                  inventory, reporter: Reporter, key: str) -> list[dict[str, Any]]:
+    """Every node's changes: servers rolled one at a time where rollout.plan_roll says so,
+    else at once; the rolls' records."""
+    plan = plan_roll(deployment, changes)
+    for line in plan.lines():
+        reporter.log(line)
+    if not plan.rolling:
+        by_node = {c.node: c for c in changes}
+        _each({n: drivers[n] for n in by_node if not by_node[n].empty},
+              lambda n, d: d.apply(deployment.node(n), by_node[n]))
+        return []
+    return Rollout(deployment, drivers, python=_python(inventory), router_port=inventory.serve.router.port,
+                   health_timeout_s=inventory.serve.health_timeout_s, reporter=reporter).apply(plan, changes, key)
 
 
 def _python(inventory) -> str:
@@ -314,19 +360,6 @@ def check_front_door(deployment: Deployment, router: NodeDriver, inventory, key:
                          f"no key {statuses.get('keyless')} (want 401), with the key {statuses.get('keyed')} "
                          f"(want 200), /list_workers {statuses.get('management')} (want 404){causes}")
     return {"router_workers": sorted(listed), **{k: statuses[k] for k in ("health", "keyless", "keyed", "management")}}
-
-
-def router_workers(body: str) -> list[str]:
-    """The worker URLs of vllm-router's /list_workers answer ({"urls": [...]})."""
-    try:
-        data = json.loads(body or "{}")
-    except ValueError:
-        return []
-    urls = data.get("urls") if isinstance(data, dict) else data
-    out = []
-    for item in urls or []:
-        out.append(str(item.get("url") if isinstance(item, dict) else item).rstrip("/"))
-    return out
 
 
 # ---------------------------------------------------------------------- status

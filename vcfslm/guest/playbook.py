@@ -43,7 +43,9 @@ from ..resources import resource_dir
 from ..serving.servers import HTTP_BACKENDS
 from . import facts as F
 from . import vllm
-from .steps import STEP_TYPES, HostContext, Op, Shell, Upload, describe, execute
+from .context import HostContext
+from .ops import Op, Shell, Upload, describe, execute
+from .steps import STEP_TYPES
 
 COMMON_KEYS = {"name", "sudo", "timeout"}
 TOP_KEYS = {"name", "description", "steps"}

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..node_selection import GUEST_PARALLEL_CAP, parallelism, select_nodes
 from ..progress import NullReporter, Reporter
 from . import batch
-from .facts import GuestFacts, gather_guest_facts
+from .host_facts import GuestFacts, gather_guest_facts
 from .playbook import DEFAULT_PLAYBOOKS, default_playbooks, load_playbooks
 from .runner import HostSummary, RunSummary, StepSettings, run_hosts
 from .transport import Transport

@@ -20,8 +20,8 @@ from typing import Any
 from ..errors import PlaybookError, TransportError
 from ..node_selection import GUEST_PARALLEL_CAP, parallelism
 from ..progress import NullReporter, Reporter
+from .context import HostContext
 from .playbook import Playbook, StepResult, host_variables, run_step
-from .steps import HostContext
 from .transport import Transport
 
 

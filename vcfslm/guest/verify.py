@@ -15,7 +15,15 @@ from collections.abc import Mapping, Sequence
 from .. import topology
 from ..serving.servers import VLLM
 from . import vllm
-from .facts import CpuInfo, GuestFacts, Interface, NumaHardware, Reach, interface_of, peer_targets
+from .host_facts import (
+    CpuInfo,
+    GuestFacts,
+    Interface,
+    NumaHardware,
+    Reach,
+    interface_of,
+    peer_targets,
+)
 
 MEMORY_TOLERANCE = 0.10
 
