@@ -148,6 +148,17 @@ def test_gemm_probe_measures_every_candidate_kernel():
     assert bw.read_gbs == pytest.approx(max(bw.read_kernels.values()), rel=0.01)
 
 
+
+def test_gemm_probe_stops_growing_m_once_a_call_is_compute_bound(monkeypatch):
+    # Calls far under the bound: every M is measured; every call over it: the first M only.
+    pytest.importorskip("torch")
+    monkeypatch.setattr(probe, "GEMM_LARGER_M_BELOW_S", 60.0)
+    both = probe.measure_gemm(threads=1, rows=(16, 32), k=256, n=512, repeats=1)
+    assert {key.rpartition(" M=")[2] for key in both.rates} == {"16", "32"}
+    monkeypatch.setattr(probe, "GEMM_LARGER_M_BELOW_S", 0.0)
+    first = probe.measure_gemm(threads=1, rows=(16, 32), k=256, n=512, repeats=1)
+    assert {key.rpartition(" M=")[2] for key in first.rates} == {"16"} and first.rows == 16
+
 STATUS = """\
 Name:\tpython
 Tgid:\t4242

@@ -270,11 +270,20 @@ class GemmRate:
 
 GEMM_ROWS = (256, 1024)
 GEMM_K, GEMM_N = 3072, 8192
+# A larger M is measured only while a call at the smaller one took less than this. A call that
+# slow is compute-bound many times over (the 3072x8192 weight is read in a few milliseconds),
+# so more rows cannot raise its rate: the AMX and AVX512-BF16 CPUs whose rate still grows with
+# M take ~1-10 ms at M=256. On a 2-core AVX2 EPYC (one thread, fp32) a call at M=256 took
+# ~0.17 s and one at M=1024 ~0.7 s: the larger M was 5.3 of the GEMM probe's 7.2 s, in
+# every rank of every run.
+GEMM_LARGER_M_BELOW_S = 0.05
 
 
 def measure_gemm(threads: int | None = None, rows: tuple[int, ...] = GEMM_ROWS, k: int = GEMM_K,
                  n: int = GEMM_N, repeats: int = 3, plan=None) -> GemmRate:
-    """The fastest prefill-shaped GEMM rate over the kernels that could run it.
+    """The fastest prefill-shaped GEMM rate over the kernels that could run it, at each M of
+    `rows` in turn while the previous M's fastest call took under GEMM_LARGER_M_BELOW_S
+    (`rates` names the M measured).
 
     plan: the engine's vcfslm.engine.linear.KernelPlan (default: this CPU's).
     """
@@ -306,6 +315,9 @@ def measure_gemm(threads: int | None = None, rows: tuple[int, ...] = GEMM_ROWS, 
                 candidates["F.linear fp32"] = functools.partial(F.linear, x32, weight32)
             for name, fn in candidates.items():
                 rates[f"{name} M={m}"] = flop / _best(fn, repeats) / 1e12
+            fastest_call_s = flop / (max(rates[f"{name} M={m}"] for name in candidates) * 1e12)
+            if fastest_call_s >= GEMM_LARGER_M_BELOW_S:
+                break
     best = max(rates, key=rates.get)
     name, _, m_text = best.rpartition(" M=")
     return GemmRate(tflops=rates[best], kernel=name, rows=int(m_text), k=k, n=n,
