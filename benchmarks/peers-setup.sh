@@ -25,15 +25,28 @@ case "${1:-}" in
   *) echo "usage: $0 [--wheels]" >&2; exit 2 ;;
 esac
 
+# UV: the uv that `make` installs (.venv-uv), which installs these wheels in seconds where pip
+# takes minutes; without it, pip.
+UV=${UV:-}
 start=$(date +%s)
-test -x "$PY" || "$PYTHON" -m venv "$VENV"
-"$PY" -m pip install -q --upgrade pip
+if [ -n "$UV" ]; then
+  test -x "$PY" || "$UV" venv -q --seed --python "$PYTHON" "$VENV"
+else
+  test -x "$PY" || "$PYTHON" -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+fi
 if [ ! -f "$VENV/.python-peers" ]; then
   echo "peers: installing ${PINS[*]}"
-  "$PY" -m pip install -q "${PINS[@]}"
-  # A torchvision pulled in alongside is a CUDA build: it breaks `import
-  # transformers` on CPU torch.
-  "$PY" -m pip uninstall -q -y torchvision 2>/dev/null || true
+  # A torchvision pulled in alongside is a CUDA build: it breaks `import transformers` on CPU
+  # torch, so it goes.
+  if [ -n "$UV" ]; then
+    # uv reads no pip configuration: pip's find-links (where the CPU torch wheel lies) are passed on.
+    "$UV" pip install -q ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"} --python "$PY" "${PINS[@]}"
+    "$UV" pip uninstall -q --python "$PY" torchvision 2>/dev/null || true
+  else
+    "$PY" -m pip install -q "${PINS[@]}"
+    "$PY" -m pip uninstall -q -y torchvision 2>/dev/null || true
+  fi
   touch "$VENV/.python-peers"
 fi
 if [ -z "$WHEELS_ONLY" ] && [ ! -f "$VENV/.llama-cpp" ]; then
