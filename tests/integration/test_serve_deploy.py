@@ -449,30 +449,26 @@ def test_a_killed_vllm_api_process_leaves_no_engine_behind(request):
     [api] = [pid for pid in tree if pid != main and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
              .split()[1] == str(main)]
     subprocess.run(["kill", "-KILL", str(api)], check=True)
+    # The supervisor starts the entry again. Its new engine existing is the restart this test
+    # is about; the model loading again (a minute or more on two cores) is not waited for:
+    # this is the module's last test on the server (the fake servers' tests wait for health).
     deadline = time.monotonic() + 900
     while True:
-        now = status(lab, inventory)
-        [server] = now["nodes"]["slm-01"]["servers"]
-        if now["healthy"] and server["pid"] not in (None, main):
+        [server] = status(lab, inventory)["nodes"]["slm-01"]["servers"]
+        new_tree = process_tree(server["pid"]) if server["pid"] not in (None, main) else {}
+        if any(cmd.startswith("VLLM::EngineCore") for _, cmd in new_tree.values()):
             break
-        assert time.monotonic() < deadline, now
-        time.sleep(2)
+        assert time.monotonic() < deadline, server
+        time.sleep(1)
     assert still_alive(tree) == []
 
-    # Stopped as serve down stops it (supervisord's stop), then started again for the
-    # module's other tests: nothing of the stopped tree runs.
-    tree = process_tree(server["pid"])
-    assert any(cmd.startswith("VLLM::EngineCore") for _, cmd in tree.values()), tree
+    # Stopped as serve down stops it (supervisord's stop): nothing of the new tree runs. It
+    # stays stopped; the module's fixture takes the deployment down.
     ctl = [str(VLLM_VENV / "bin" / "supervisorctl"), "-c", str(real.work / "serve" / "slm-01" / "supervisord.conf")]
+    new_tree = process_tree(server["pid"])
     stopped = subprocess.run([*ctl, "stop", "vllm-node0"], capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert still_alive(tree) == []
-    started = subprocess.run([*ctl, "start", "vllm-node0"], capture_output=True, text=True, timeout=120)
-    assert started.returncode == 0, started.stdout + started.stderr
-    deadline = time.monotonic() + 900
-    while not status(lab, inventory)["healthy"]:
-        assert time.monotonic() < deadline
-        time.sleep(2)
+    assert still_alive(new_tree) == []
 
 
 class SteadyClients:
