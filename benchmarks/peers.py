@@ -38,6 +38,7 @@ is printed "even". Nothing here asserts.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
 import json
 import math
 import os
@@ -664,6 +665,26 @@ def broken_checkpoint(good: Path, out: Path, rope_theta: float) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def reference_outputs(args, layers: int, prompts: list[list[int]], run) -> tuple[dict, str]:
+    """HF eager's tokens and logits for `prompts`, computed once per checkpoint, prompts, length
+    and transformers/torch versions and kept beside the checkpoint: every check of the same
+    cache compares against the same reference without loading the model in float32 again."""
+    import hashlib
+
+    import numpy as np
+
+    versions = "/".join(md.version(name) for name in ("transformers", "torch"))
+    key = hashlib.sha256(json.dumps([prompts, args.tokens, versions]).encode()).hexdigest()[:16]
+    saved, about = model_dir(args, layers) / f"reference-{key}.npz", model_dir(args, layers) / f"reference-{key}.txt"
+    if saved.exists() and about.exists():
+        return dict(np.load(saved)), about.read_text().strip() + " (kept from an earlier check of this cache)"
+    partial = saved.with_name(saved.stem + ".partial.npz")
+    outputs, kernel = run("reference", partial)
+    about.write_text(kernel + "\n")
+    partial.rename(saved)
+    return outputs, kernel
+
+
 def check_equivalence(args, ready: list[str]) -> dict:
     """Every ready engine's greedy continuation on the small checkpoint, against HF eager's;
     engine -> peer_equivalence.Verdict. --break-rope gives one engine a broken conversion."""
@@ -684,15 +705,15 @@ def check_equivalence(args, ready: list[str]) -> dict:
     prompts = rng.integers(3, vocab - 1, size=(EQUIVALENCE_PROMPTS, args.prompt)).tolist()
     verdicts = {}
     with tempfile.TemporaryDirectory() as tmp:
-        def run(name):
-            out = Path(tmp, f"{name}.npz")
+        def run(name, out=None):
+            out = out or Path(tmp, f"{name}.npz")
             job = {**(broken if name == args.break_rope else paths), "prompts": prompts, "tokens": args.tokens,
                    "threads": args.threads, "equivalence": True, "out": str(out), "kv": OPENVINO_KV.get(name)}
             python = sys.executable if name == "reference" else engine_python(args, name)
             result = run_child(python, name, job, child_env(args, name), args.cpus)
             return dict(np.load(out)), result["kernel"]
 
-        ref, kernel = run("reference")
+        ref, kernel = reference_outputs(args, layers, prompts, run)
         print(f"equivalence reference: {kernel}; {EQUIVALENCE_PROMPTS} prompts x {args.prompt} tokens, "
               f"{args.tokens} generated, {layers}-layer checkpoint {model_dir(args, layers)}")
         for name in ready:
