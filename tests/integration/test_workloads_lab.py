@@ -18,7 +18,7 @@ from vcfslm.results import read_run
 pytestmark = pytest.mark.integration
 
 VCFSLM = [sys.executable, "-m", "vcfslm.cli"]
-WINDOWS = ["--slots", "4", "--duration", "4", "--warmup-s", "0.5", "--cooldown-s", "0.5", "--repeats", "1",
+WINDOWS = ["--slots", "4", "--duration", "3", "--warmup-s", "0.5", "--cooldown-s", "0.5", "--repeats", "1",
            "--compile", "eager", "--no-probe", "--slo", "B:tpot<=500ms,ttft<=5s", "--output", "json"]
 
 
