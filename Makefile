@@ -76,7 +76,9 @@ test:
 
 # .venv after the Debian packages (its install compiles nothing; g++ is for the tests'
 # Inductor graphs). vLLM's and the peers' venvs take wheels only and run beside them.
-apt-then-venv: apt
+# uv before the sub-make: it and this make's vllm and peers-wheels would otherwise each
+# install uv into .venv-uv at once, and one would run a half-written binary.
+apt-then-venv: apt | $(UV)
 	$(MAKE) --no-print-directory venv
 
 lint: venv
