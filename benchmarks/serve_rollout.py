@@ -17,11 +17,9 @@ them.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from predict_validate import cpu_line  # noqa: E402  (one CPU line for every benchmark)
-from serve_scaleout import VCFSLM, lab_env, run, serve_inventory  # noqa: E402
+from serve_scaleout import VCFSLM, run, serve_inventory, served_lab  # noqa: E402
 
 from vcfslm.analysis.report import known_slos, load_inputs  # noqa: E402
 from vcfslm.serving import judging  # noqa: E402
@@ -94,18 +92,11 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=8, help="max_num_seqs per server.")
     p.add_argument("--lab-dir", default=None, help="Lab folder (default: a new one, taken down at the end).")
     args = p.parse_args()
-    # A timeout's SIGTERM still takes the service and the lab down (the finally below).
+    # A timeout's SIGTERM still takes the service and the lab down (served_lab's way out).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(cpu_line())
-    work = Path(tempfile.mkdtemp(prefix="vcfslm-rollout-"))
-    lab = Path(args.lab_dir) if args.lab_dir else work / "lab"
-    started = not (lab / "lab.env").exists()
-    env = dict(os.environ)
-    if started:
-        run("lab", "up", "--nodes", "2", "--dir", str(lab), env=env, timeout=1800)
-    env = lab_env(lab)
-    key, runs = work / "slm.key", work / "runs"
-    try:
+    with served_lab(args.lab_dir, 2, "vcfslm-rollout-") as (work, lab, env):
+        key, runs = work / "slm.key", work / "runs"
         model = work / "model"
         run("model", "write", args.model, str(model), env=env)
         inventory = serve_inventory(lab, model, 2, "auto", args.slots)
@@ -126,10 +117,6 @@ def main() -> None:
                   f"completed, {fig['failed']} failed; attainment "
                   + ", ".join(f"{k} {v:.0%}" for k, v in fig["attainment"].items())
                   + (f"; errors {fig['errors']}" if fig["errors"] else ""))
-    finally:
-        subprocess.run([*VCFSLM, "serve", "down", str(lab / "serve.yaml")], env=env, capture_output=True)
-        if started:
-            subprocess.run([*VCFSLM, "lab", "down", "--dir", str(lab)], env=env, capture_output=True)
     print(f"\nruns in {runs}")
 
 

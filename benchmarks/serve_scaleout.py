@@ -19,11 +19,13 @@ each node brings its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -54,6 +56,25 @@ def lab_env(lab: Path) -> dict[str, str]:
             k, v = line.split("=", 1)
             env[k] = v.strip("'\"")
     return env
+
+
+@contextlib.contextmanager
+def served_lab(lab_dir: str | None, nodes: int, prefix: str) -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    """(a new work folder, the lab folder, the lab's environment) for a benchmark that serves on
+    the lab. A lab is brought up unless one is already in `lab_dir`; on the way out, even on an
+    error or a timeout's SIGTERM, the service goes down, and so does a lab this brought up."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    lab = Path(lab_dir) if lab_dir else work / "lab"
+    started = not (lab / "lab.env").exists()
+    if started:
+        run("lab", "up", "--nodes", str(nodes), "--dir", str(lab), env=dict(os.environ), timeout=1800)
+    env = lab_env(lab)
+    try:
+        yield work, lab, env
+    finally:
+        subprocess.run([*VCFSLM, "serve", "down", str(lab / "serve.yaml")], env=env, capture_output=True)
+        if started:
+            subprocess.run([*VCFSLM, "lab", "down", "--dir", str(lab)], env=env, capture_output=True)
 
 
 def serve_inventory(lab: Path, model: Path, nodes: int, policy: str, slots: int) -> Path:
@@ -105,14 +126,8 @@ def main() -> None:
     p.add_argument("--lab-dir", default=None, help="Lab folder (default: a new one, taken down at the end).")
     args = p.parse_args()
     print(cpu_line())
-    work = Path(tempfile.mkdtemp(prefix="vcfslm-scaleout-"))
-    lab = Path(args.lab_dir) if args.lab_dir else work / "lab"
-    started = args.lab_dir is None
-    env = dict(os.environ)
-    run("lab", "up", "--nodes", str(args.nodes), "--dir", str(lab), env=env, timeout=1800)
-    env = lab_env(lab)
-    key, runs = work / "slm.key", work / "runs"
-    try:
+    with served_lab(args.lab_dir, args.nodes, "vcfslm-scaleout-") as (work, lab, env):
+        key, runs = work / "slm.key", work / "runs"
         model = work / "model"
         run("model", "write", args.model, str(model), env=env)
         inventory = serve_inventory(lab, model, args.nodes, args.policy, args.slots)
@@ -157,10 +172,6 @@ def main() -> None:
                 "--run-id", "fault", "--runs-dir", str(runs), env=env, timeout=3600)
             for fault in thresholds([runs / "fault"]).faults:
                 print("fault window:", json.dumps(fault.to_dict(), sort_keys=True))
-    finally:
-        subprocess.run([*VCFSLM, "serve", "down", str(lab / "serve.yaml")], env=env, capture_output=True)
-        if started:
-            subprocess.run([*VCFSLM, "lab", "down", "--dir", str(lab)], env=env, capture_output=True)
     print(f"\nruns in {runs}")
 
 
