@@ -180,6 +180,17 @@ def server_pid(doc: dict) -> int | None:
     return server["pid"]
 
 
+def restarted(inventory: Path, killed: int, timeout_s: float = 60) -> dict:
+    """The service's status once it is healthy again with a server on a pid other than `killed`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = status(inventory)
+        if now["healthy"] and server_pid(now) not in (None, killed):
+            return now
+        assert time.monotonic() < deadline, now
+        time.sleep(1)
+
+
 def test_serve_up_status_restart_change_and_down_under_systemd_as_pid_1(booted, tmp_path):
     guest, client, boot_s = booted
     started = time.monotonic()
@@ -226,13 +237,7 @@ def test_serve_up_status_restart_change_and_down_under_systemd_as_pid_1(booted, 
         connect = ssh_connector(inv, None)
         assert kill_program(inv, lambda n: connect(n, log_dir=tmp_path / "logs", wait_s=10), "slm-01",
                             "vllm-node0") == killed
-        deadline = time.monotonic() + 60
-        while True:
-            now = status(inventory)
-            if now["healthy"] and server_pid(now) not in (None, killed):
-                break
-            assert time.monotonic() < deadline, now
-            time.sleep(1)
+        now = restarted(inventory, killed)
         restarts = on_guest(guest, client, f"systemctl show -p NRestarts --value {units[0]}")
         assert int(restarts) >= 1
 
@@ -295,13 +300,7 @@ def test_supervisords_programs_run_as_the_service_user_too(booted, tmp_path):
         killed = server_pid(doc)
         assert on_guest(guest, client, f"ps -o user= -p {killed}").strip() == "vcfslm"
         on_guest(guest, client, f"kill -KILL {killed}")
-        deadline = time.monotonic() + 60
-        while True:
-            now = status(inventory)
-            if now["healthy"] and server_pid(now) not in (None, killed):
-                break
-            assert time.monotonic() < deadline, now
-            time.sleep(1)
+        restarted(inventory, killed)
     finally:
         done = cli("serve", "down", str(inventory), "--output", "json")
     assert done.returncode == 0, done.stderr[-2000:]
