@@ -5,12 +5,14 @@ a stand-in for vLLM's API process starts an 'engine' child and a daemonized gran
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 ENTRY = Path(__file__).resolve().parents[2] / "templates" / "vllm-entry.py"
@@ -47,38 +49,35 @@ def tree_of(marker: str) -> list[int]:
     return out
 
 
-def start(tmp_path: Path) -> tuple[subprocess.Popen, int, str]:
+@contextlib.contextmanager
+def started(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int, str]]:
+    """(the entry, its API child's pid, the tree's marker); on the way out, even when the start
+    itself fails, the entry and whatever of its tree is left are SIGKILLed by pid."""
     marker = f"vcfslm-test-{uuid.uuid4().hex[:8]}"
     ready = tmp_path / "api.pid"
     proc = subprocess.Popen([sys.executable, "-c", API, str(ENTRY), marker, str(ready)])
-    while not ready.exists() or not ready.read_text():
-        assert proc.poll() is None, "the entry exited before its child was ready"
-        time.sleep(0.05)
-    api = int(ready.read_text())
-    assert len(tree_of(marker)) == 2
-    return proc, api, marker
+    try:
+        while not ready.exists() or not ready.read_text():
+            assert proc.poll() is None, "the entry exited before its child was ready"
+            time.sleep(0.05)
+        assert len(tree_of(marker)) == 2
+        yield proc, int(ready.read_text()), marker
+    finally:
+        proc.kill()
+        for pid in tree_of(marker):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_killed_api_process_takes_its_whole_tree_with_it(tmp_path):
-    proc, api, marker = start(tmp_path)
-    try:
+    with started(tmp_path) as (proc, api, marker):
         assert api != proc.pid
         os.kill(api, signal.SIGKILL)
         assert proc.wait(timeout=60) == 128 + signal.SIGKILL
         assert tree_of(marker) == []
-    finally:
-        proc.kill()
-        for pid in tree_of(marker):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_supervisors_sigterm_reaches_the_api_process_and_ends_the_tree(tmp_path):
-    proc, _, marker = start(tmp_path)
-    try:
+    with started(tmp_path) as (proc, _, marker):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
         assert tree_of(marker) == []
-    finally:
-        proc.kill()
-        for pid in tree_of(marker):
-            os.kill(pid, signal.SIGKILL)
