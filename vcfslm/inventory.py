@@ -195,6 +195,9 @@ class Vllm(_Model):
                           "slots x context x KV bytes per token x 1.5.")
     chunked_prefill: bool = Field(True, description="vLLM's chunked prefill (its default).")
     prefix_caching: bool = Field(True, description="vLLM's prefix caching (its default; random prompts never hit).")
+    enforce_eager: bool = Field(
+        False, description="vLLM's --enforce-eager: no torch.compile of the model, so a server starts in "
+                           "about half the time and decodes slower (checks and quick runs; the report says so).")
     listen: Literal["loopback", "bench"] = Field(
         "loopback", description="Servers listen on the VM's loopback (clients are local) or its bench address.")
     port: Port = Field(8100, description="Port of vNUMA node 0's server; node n listens on port + n.")

@@ -239,6 +239,9 @@ def real_vllm(lab, tmp_path_factory):
     doc["guest"]["model"] = str(model)
     doc["guest"]["workdir"] = str(tmp_path / "work")
     doc["bench"]["serve"]["vllm"]["venv"] = str(VLLM_VENV)
+    # Eager: vLLM's compile of the model is half its start, and both starts here (the first,
+    # and the supervisor's after a kill) check the deployment, not vLLM's compiled steps.
+    doc["bench"]["serve"]["vllm"]["enforce_eager"] = True
     doc["bench"]["serve"]["slots"] = 4
     doc["serve"] = {"nodes": ["slm-01"], "port": free_port(), "max_model_len": 256,
                     "router": {"port": free_port(), "prometheus_port": free_port()},
@@ -279,6 +282,8 @@ def test_a_real_vllm_server_behind_the_real_router(real_vllm):
     [server] = doc_status["nodes"]["slm-01"]["servers"]
     assert server["version"].startswith("0.32") and server["peak_rss_bytes"] > 100e6
     assert server["kv_cache_usage"] is not None and server["requests_finished"] >= 1
+    log = real_vllm.work / "serve" / "slm-01" / "logs" / "vllm-node0.log"
+    assert "enforce_eager=True" in log.read_text(errors="replace")     # the inventory's setting reached vLLM
 
     again = cli(lab, "serve", "up", str(inventory), "--key-file", str(real_vllm.key_file), "--output", "json",
                 "--log-dir", str(real_vllm.logs), timeout=900)

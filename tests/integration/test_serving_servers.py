@@ -48,9 +48,12 @@ def model_folder(tmp: Path) -> Path:
 
 def run(tmp: Path, spec: ServeSpec, *, resume: bool = False, python: Path, model: Path, port: int,
         run_id: str = "srv"):
+    """A local serving run; vLLM eager (--enforce-eager): its compile of the model would be half
+    of its start, and these tests check the serving path, not vLLM's compiled steps."""
     run_spec = RunSpec(run_id=run_id, mode="local", model=str(model), matrix=serve_matrix(spec), seed=0, ranks=1,
                        nodes=(NODE_NAME,), slos=SLOS, probe=ProbeSpec(enabled=False), serve=spec,
-                       server=ServerSpec(name="vllm", port=port, health_timeout_s=600), timeout_s=900)
+                       server=ServerSpec(name="vllm", port=port, health_timeout_s=600, enforce_eager=True),
+                       timeout_s=900)
     return run_local(run_spec, LocalLaunch(runs_dir=tmp / "runs", resume=resume, server_python=str(python)),
                      render_template=render_template)
 
@@ -127,4 +130,6 @@ def test_a_real_vllm_server_serves_a_tiny_model(tmp_path):
     facts = json.loads((done.run_dir / "ranks.json").read_text())[0]["server"]
     assert facts["version"].startswith("0.32")
     assert facts["chunked_prefill"] is True and max(facts["peak_rss_bytes"].values()) > 100e6
+    assert facts["enforce_eager"] is True
+    assert "enforce_eager=True" in Path(facts["log"]).read_text(errors="replace")   # vLLM took the flag
     assert server_processes(str(done.run_dir)) == []

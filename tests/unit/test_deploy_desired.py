@@ -186,6 +186,14 @@ def test_max_num_seqs_changes_the_servers_digests_only(tmp_path):
     assert changed(base, other) == {(n, s) for n in ("slm-01", "slm-02", "slm-03") for s in SERVERS}
 
 
+def test_enforce_eager_reaches_every_servers_argv_and_restarts_only_them(tmp_path):
+    base = deployment(inventory(tmp_path))
+    other = deployment(inventory(tmp_path, vllm={"enforce_eager": True}))
+    assert changed(base, other) == {(n, s) for n in ("slm-01", "slm-02", "slm-03") for s in SERVERS}
+    argvs = [p.argv for n in other.nodes for p in n.programs if p.name.startswith("vllm-node")]
+    assert argvs and all(argv[-1] == "--enforce-eager" for argv in argvs)
+
+
 def test_the_same_inventory_and_key_give_the_same_digests(tmp_path):
     assert digests(deployment(inventory(tmp_path))) == digests(deployment(inventory(tmp_path)))
 

@@ -36,6 +36,10 @@ def test_server_argv_sets_slots_context_and_the_features_as_asked():
     assert argv[argv.index("--max-model-len") + 1] == "640"
     assert "--enable-chunked-prefill" in argv and "--no-enable-prefix-caching" in argv
     assert "--api-key" not in argv          # the key travels in the environment only
+    assert "--enforce-eager" not in argv    # vLLM compiles the model unless told otherwise
+    eager = servers.server_argv(ServerSpec(name="vllm", enforce_eager=True), model_dir="/m", served_name="x",
+                                slots=16, max_model_len=640, numa_node=0)
+    assert eager[-1] == "--enforce-eager"
 
 
 def test_spec_round_trips_and_refuses_bad_settings():
@@ -88,4 +92,7 @@ def test_the_report_says_how_a_server_served():
     text = server_text(facts)
     assert text.startswith("served by vllm 0.32.0, one server per vNUMA node")
     assert "chunked prefill on" in text and "prefix caching off" in text and "149 s" in text and "15.20 GB" in text
+    assert "eager" not in text
+    assert ", eager (--enforce-eager: no torch.compile, slower steps than the compiled server)" in server_text(
+        {**facts, "enforce_eager": True})
     assert server_text(None) == "" and server_text({}) == ""

@@ -208,6 +208,8 @@ def server_text(facts) -> str:
              f"chunked prefill {'on' if facts.get('chunked_prefill') else 'off'}",
              f"prefix caching {'on' if facts.get('prefix_caching') else 'off'}",
              f"{facts.get('max_num_seqs')} sequences, {facts.get('kv_cache_gib')} GiB KV cache"]
+    if facts.get("enforce_eager"):
+        parts.append("eager (--enforce-eager: no torch.compile, slower steps than the compiled server)")
     if facts.get("startup_s") is not None:
         parts.append(f"{facts['startup_s']:.0f} s from launch to healthy")
     if peak:

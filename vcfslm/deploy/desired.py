@@ -283,7 +283,8 @@ def plan_deployment(inventory, key: str, supervisors: Mapping[str, str],
         sockets = socket_folder(folder)
         spec = ServerSpec(name=VLLM.name, listen="bench", host=str(node.bench_ip), port=service.port,
                           chunked_prefill=bench.serve.vllm.chunked_prefill,
-                          prefix_caching=bench.serve.vllm.prefix_caching)
+                          prefix_caching=bench.serve.vllm.prefix_caching,
+                          enforce_eager=bench.serve.vllm.enforce_eager)
         programs = []
         for numa in numa_nodes:
             script = vllm.script_path(inventory, numa)

@@ -208,7 +208,8 @@ class HttpDriver:
                 "port": self.endpoint.port, "numa_node": self.numa_node,
                 "server_cpus": self.server_cpus, "client_cpus": self.client_cpus,
                 "kv_cache_gib": self.kv_gib, "chunked_prefill": self.spec.chunked_prefill,
-                "prefix_caching": self.spec.prefix_caching, "max_num_seqs": self.serve.slots,
+                "prefix_caching": self.spec.prefix_caching, "enforce_eager": self.spec.enforce_eager,
+                "max_num_seqs": self.serve.slots,
                 "max_model_len": self.serve.max_context,
                 "log_facts": servers.fact_lines(self.backend, text),
                 "peak_rss_bytes": self.process.peak_rss_bytes() if self.process else {}}

@@ -79,6 +79,7 @@ class ServerSpec:
     kv_cache_gib: int | None = None    # None: sized from the model, slots and context (kv_cache_gib())
     chunked_prefill: bool = True
     prefix_caching: bool = True
+    enforce_eager: bool = False        # vLLM's --enforce-eager: no torch.compile (quicker start, slower steps)
     listen: str = "loopback"           # "loopback" | "bench": the VM's loopback, or its bench address
     host: str = "127.0.0.1"            # where this node's servers listen (the bench address when "bench")
     port: int = 8100                   # the first vNUMA node's; node n listens on port + n
@@ -174,6 +175,8 @@ def server_argv(spec: ServerSpec, *, model_dir: str, served_name: str, slots: in
             "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching",
             # Each reply's usage then says how much of its prompt the prefix cache held.
             "--enable-prompt-tokens-details"]
+    if spec.enforce_eager:
+        argv.append("--enforce-eager")
     return argv
 
 
