@@ -1,6 +1,7 @@
 """benchmarks/peers.py's equivalence check on real engines: a 1-layer Phi-3-mini-width
 checkpoint, HF eager in float32 as the reference, then each engine's greedy continuation
-of the same prompt ids, and one engine handed a conversion with a changed rope theta.
+of the same prompt ids, and one engine handed a conversion with a changed rope theta
+(OpenVINO: the check that catches it is the same for every peer, and vLLM is started once).
 vcfslm, vLLM (`make vllm`) and OpenVINO GenAI (`make peers-wheels`) are all part of `make
 test`, so they run in CI; llama.cpp only where `make peers` has built it (~9 minutes from
 source, too long for CI): its skip says so, and the manual run is
@@ -54,16 +55,6 @@ def test_vcfslm_and_vllm_compute_the_reference_model(cache):
     assert "top 20" in verdicts["vllm"]
     header = next(line for line in out.splitlines() if line.startswith("threads "))
     assert "; equivalence only, seed " in header and "layers=" not in header, header
-
-
-@needs_vllm
-def test_a_peer_given_a_changed_rope_theta_is_not_equivalent_and_not_ranked(cache):
-    # vcfslm was checked above: vLLM alone, given the broken copy, keeps this to one vLLM start.
-    rc, verdicts, out = check(cache, "--engines", "vllm", "--break-rope", "vllm")
-    assert rc == 0, out  # the broken one is the one asked for: the check did its job
-    assert "vllm is given a broken conversion: rope theta 10000 -> 1e+06" in out
-    assert verdicts["vllm"].startswith("NOT EQUIVALENT: "), out
-    assert "breaks at token" in verdicts["vllm"] or "logit correlation" in verdicts["vllm"]
 
 
 def peers_venv_has(module: str) -> bool:
