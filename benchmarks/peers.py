@@ -42,6 +42,7 @@ import importlib.metadata as md
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -640,10 +641,19 @@ def ensure_formats(args, ready: list[str], layers: int | None = None, rope_theta
         if not wanted or marker.exists():
             continue
         started = time.perf_counter()
-        partial = marker.with_name(marker.name + ".partial") if kind == "gguf" else None
-        job = {**paths, "layers": layers, **({"gguf": str(partial)} if partial else {})}
+        # The IR folder and the GGUF file are written under a name of their own, then renamed
+        # into place: a build cut short never leaves a marker over half a model in the cache.
+        partial = {"gguf": marker.with_name(f"{marker.name}.partial-{os.getpid()}"),
+                   "openvino-ir": marker.parent.with_name(f"{marker.parent.name}.partial-{os.getpid()}")}.get(kind)
+        if kind == "openvino-ir":
+            shutil.rmtree(partial, ignore_errors=True)
+        job = {**paths, "layers": layers, **({{"gguf": "gguf", "openvino-ir": "ov"}[kind]: str(partial)}
+                                             if partial else {})}
         result = run_child(python, kind, job)
-        if partial:
+        if kind == "openvino-ir":
+            shutil.rmtree(marker.parent, ignore_errors=True)
+            partial.rename(marker.parent)
+        elif partial:
             partial.rename(marker)
         extra = "".join(f"; {k} {v}" for k, v in result.items() if k != "peak_rss")
         print(f"built {kind} {marker.parent if kind != 'gguf' else marker} in {time.perf_counter() - started:.0f} s "

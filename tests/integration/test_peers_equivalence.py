@@ -9,12 +9,17 @@ source, too long for CI): its skip says so, and the manual run is
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from vcfslm.lab.vcsim import cache_root
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "benchmarks" / "peers.py"
@@ -25,12 +30,39 @@ needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.exists() and not os.environ.get(
                                 reason="vLLM's venv is absent (make vllm); CI always has it")
 
 
+# What the cached checkpoint, its broken copy, the OpenVINO IR and HF's reference are made
+# from: the benchmark, the model it builds and the pins of both venvs. Any change to them is a
+# new folder, so the cache is never older than the code that reads it.
+CACHE_INPUTS = ("benchmarks/peers.py", "benchmarks/decode_efficiency.py", "benchmarks/peers-setup.sh",
+                "constraints.txt", "vcfslm/engine/model.py", "vcfslm/presets.py")
+
+
+def cache_key() -> str:
+    digest = hashlib.sha256()
+    for name in CACHE_INPUTS:
+        digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One checkpoint folder for the module: the 1-layer checkpoint, its broken-rope copy
-    and the OpenVINO IR are each built once. The module then runs on one worker: these
-    tests are CPU-bound, so spreading them over workers would not shorten the suite."""
-    return tmp_path_factory.mktemp("peers-cache")
+def cache():
+    """The checkpoint folder, kept under the user's cache folder (like vcsim's build and the
+    fresh guests' root) and keyed by what its contents are made from: the 1-layer
+    checkpoint, its broken-rope copy, the OpenVINO IRs and HF's reference are built by the
+    first run on a machine only (about a minute of two cores). A lock keeps two suites on one
+    machine from building into it at once. The module runs on one worker: these tests are
+    CPU-bound, so spreading them over workers would not shorten the suite."""
+    folder = cache_root() / "peers-equivalence" / cache_key()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.utime(folder)
+        # About 2 GB a key: the newest other one stays (a second checkout at another commit), no more.
+        older = sorted((p for p in folder.parent.iterdir() if p.is_dir() and p != folder),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+        for stale in older[1:]:
+            shutil.rmtree(stale, ignore_errors=True)
+        yield folder
 
 
 def check(cache: Path, *extra: str) -> tuple[int, dict[str, str], str]:
