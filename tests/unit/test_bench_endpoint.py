@@ -342,3 +342,46 @@ def test_the_flags_become_the_spec_and_the_run_goes_through_the_endpoint(fake, t
     assert all(max(b["prompt"]) < 500 for b in fake.bodies)
     doc = json.loads(result.stdout)
     assert doc["run_id"] == "cli" and doc["serving"]["points"][0]["endpoint_nodes"] == 1
+
+
+def test_a_kill_still_on_its_way_when_the_window_ends_is_waited_for(monkeypatch):
+    """An SSH kill that returns only after the window's end: the end waits for the server to
+    come back, and the fault has its start, its end and its pid (not a server that never
+    answered)."""
+    import threading
+    import time
+
+    from vcfslm.endpoint import faults
+    from vcfslm.serve.openai_client import Endpoint
+
+    answers = iter([False, False])          # down twice, then up
+    monkeypatch.setattr(faults, "healthy", lambda endpoint: next(answers, True))
+    sent, returned = threading.Event(), threading.Event()
+
+    def slow_kill(fault):
+        sent.set()
+        returned.wait(5)
+        return 4242
+
+    run = faults.FaultRun(Fault("slm-01", "vllm-node0", 0.0), Endpoint("127.0.0.1", 1, "k", "m"), slow_kill,
+                          poll_s=0.01, timeout_s=10)
+    run.begin(time.perf_counter())
+    assert sent.wait(5)
+    threading.Timer(0.2, returned.set).start()
+    run.finish()                            # the window ends while the kill is on its way
+    assert run.pid == 4242 and run.error is None
+    assert run.start_s is not None and run.end_s is not None and run.end_s > run.start_s
+
+
+def test_a_window_that_ends_before_the_kill_is_due_sends_none():
+    import time
+
+    from vcfslm.endpoint import faults
+
+    kills = []
+    run = faults.FaultRun(Fault("slm-01", "vllm-node0", 30.0), None, kills.append, poll_s=0.01, timeout_s=10)
+    run.begin(time.perf_counter())
+    run.finish()
+    assert kills == [] and run.start_s is None
+    _, reasons = run.account(None, {}, {}, 0.0)
+    assert reasons == ["the fault kill:slm-01/vllm-node0@30 did not happen: the window ended before it was due"]

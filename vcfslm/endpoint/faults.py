@@ -130,6 +130,9 @@ class FaultRun:
         self.error: str | None = None
         self.note: str | None = None
         self._stop = threading.Event()
+        # Orders the kill's start against the window's end: either the window ended first and
+        # no kill is sent, or the kill was sent and the end waits for the server (finish).
+        self._started = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def begin(self, t0: float) -> None:
@@ -142,14 +145,19 @@ class FaultRun:
         if wait > 0 and self._stop.wait(wait):
             return
         # The fault starts when the kill is sent, not when it returns: over SSH the server dies
-        # somewhere in between, and a stream it cut then is the fault's failure too.
-        issued_s = time.perf_counter() - t0
+        # somewhere in between, and a stream it cut then is the fault's failure too. It counts
+        # as started from then on, so a window that ends while the kill is still on its way
+        # waits for the server to come back (on a busy machine an SSH kill can outlast it).
+        with self._started:
+            if self._stop.is_set():
+                return
+            self.start_s = time.perf_counter() - t0
         try:
             self.pid = self.kill(self.fault)
         except Exception as exc:  # any failure of the caller's kill is the fault's, said in its record
             self.error = f"{type(exc).__name__}: {exc}"
             return
-        self.start_s, returned_s = issued_s, time.perf_counter() - t0
+        returned_s = time.perf_counter() - t0
         if self.health is None:
             self.note = "no /health to poll: its server's URL is not known"
             return
@@ -181,8 +189,9 @@ class FaultRun:
         """Wait for the server to answer again (at most the restart timeout after the kill)."""
         if self._thread is None:
             return
-        if self.start_s is None and self._thread.is_alive():
-            self._stop.set()                    # the window ended before the kill was due
+        with self._started:
+            if self.start_s is None:
+                self._stop.set()                # the window ended before the kill was due
         self._thread.join(self.timeout_s + 5.0)
         self._stop.set()
 
