@@ -13,10 +13,14 @@ PY := $(VENV)/bin/python
 UV_VENV := .venv-uv
 UV := $(UV_VENV)/bin/uv
 UV_VERSION := 0.13.10
-# --compile-bytecode: pip writes each module's bytecode at install, uv does not; where
-# PYTHONDONTWRITEBYTECODE is set (as in CI here) nothing writes it later either, and every
-# process then compiled torch and transformers from source on import (13 CPU-s against 5).
-UV_INSTALL = $(UV) pip install -q --compile-bytecode $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) --python
+# Python writes a module's bytecode when it first imports it and reads it ever after. Where
+# PYTHONDONTWRITEBYTECODE is set (CI here sets it) nothing is written, and every process
+# compiled torch and transformers from source (13 CPU-s an import against 5). What make
+# runs gets Python's default back. Compiling whole venvs at install instead (uv's
+# --compile-bytecode) cost 130 CPU-s of a fresh clone for 47,000 modules, of which a run
+# imports a few thousand.
+unexport PYTHONDONTWRITEBYTECODE
+UV_INSTALL = $(UV) pip install -q $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) --python
 # vLLM's CPU server, in a venv of its own (it pins an older transformers than vcfslm's).
 VLLM_VENV := .venv-vllm
 APT_PACKAGES := golang-go golang-github-vmware-govmomi-dev openssh-server openssh-client \

@@ -41,8 +41,7 @@ if [ ! -f "$VENV/.python-peers" ]; then
   # torch, so it goes.
   if [ -n "$UV" ]; then
     # uv reads no pip configuration: pip's find-links (where the CPU torch wheel lies) are passed on.
-    # --compile-bytecode: as pip does (where PYTHONDONTWRITEBYTECODE is set, nothing else would).
-    "$UV" pip install -q --compile-bytecode ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"} --python "$PY" "${PINS[@]}"
+    "$UV" pip install -q ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"} --python "$PY" "${PINS[@]}"
     "$UV" pip uninstall -q --python "$PY" torchvision 2>/dev/null || true
   else
     "$PY" -m pip install -q "${PINS[@]}"
