@@ -59,6 +59,10 @@ def lab() -> None:
 @lab.command("up")
 @click.option("--nodes", "-n", type=click.IntRange(1, 200), default=4, show_default=True,
               help="SSH guests (and at least as many simulated ESXi hosts).")
+@click.option("--cores-per-node", "cores_per_node", type=click.IntRange(1), default=None, metavar="K",
+              help="Each guest gets K CPUs of its own (guest i: CPUs i*K .. i*K+K-1 of those this "
+                   "process may use), held by a cpuset (else CPU affinity); its VMs are sized to K "
+                   "vCPUs. Default: the guests share every CPU.")
 @_dir_option
 @click.option("--method-delay", default="", metavar="METHOD=MS,...",
               help="vcsim latency per SOAP method, e.g. CloneVM_Task=1000,PowerOnVM_Task=1000.")
@@ -82,7 +86,7 @@ def lab() -> None:
                    "rank (bytes per step / read bandwidth), TTFT by the prefill floors (prompt FLOPs / GEMM "
                    "rate); default: the brief's SLOs as they are.")
 def up(nodes: int, directory: str | None, fresh_guests: bool, slos_from: str | None, with_vllm: str | None,
-       model: str | None, **simulator: str | int) -> None:
+       model: str | None, cores_per_node: int | None, **simulator: str | int) -> None:
     """Start the lab, or reuse what already runs (idempotent).
 
     \b
@@ -93,6 +97,7 @@ def up(nodes: int, directory: str | None, fresh_guests: bool, slos_from: str | N
     Examples:
       vcfslm lab up
       vcfslm lab up --nodes 2 --dir /tmp/lab
+      vcfslm lab up --nodes 2 --cores-per-node 1     slm-01 on CPU 0, slm-02 on CPU 1
       vcfslm lab up --method-delay CloneVM_Task=1000,ReconfigVM_Task=1000
       vcfslm lab up --api 8.0.3     vSphere 8 path: vNUMA as ConfigSpec.virtualNuma
       vcfslm lab up --nodes 2 --fresh-guests
@@ -122,7 +127,7 @@ def up(nodes: int, directory: str | None, fresh_guests: bool, slos_from: str | N
     options = vcsim.VcsimOptions(method_delay=delays, delay_ms=int(simulator["delay_ms"]), api=str(simulator["api"]))
     notes = [f"slos: the brief's A and B scaled by {slos_from}", *slo_lines] if slos_from else []
     result = lab_mod.up(folder, nodes, RichReporter(), vcsim_options=options,
-                        fresh_guests=fresh_guests, vllm=with_vllm,
+                        fresh_guests=fresh_guests, vllm=with_vllm, cores_per_node=cores_per_node,
                         bench=generate.LabBench(model=model, slos=slos, slo_notes=notes))
     _print_table(lab_mod.status(folder))
     verb = "started " + ", ".join(result.started) if result.started else "everything was running"
@@ -222,9 +227,9 @@ def _scaled_slos(probe_file: str | None, model: str) -> tuple[dict | None, list[
 
 
 def _print_table(rows) -> None:
-    table = Table("service", "kind", "pid", "endpoint", "state")
+    table = Table("service", "kind", "pid", "endpoint", "cpus", "state")
     for r in rows:
-        table.add_row(r.name, r.kind, str(r.pid), r.endpoint,
+        table.add_row(r.name, r.kind, str(r.pid), r.endpoint, r.cpus,
                       "[green]running[/green]" if r.running else "[red]stopped[/red]")
     console.print(table)
 

@@ -58,11 +58,13 @@ class LabBench:
 
 @dataclass(frozen=True)
 class MachineShape:
-    """What a lab guest really sees: CPUs, NUMA nodes, memory."""
+    """What a lab guest really sees: CPUs, NUMA nodes, memory. own_cores: the CPUs are the
+    guest's own (lab up --cores-per-node), not the machine's shared by every guest."""
 
     cpus: int
     numa_nodes: int
     memory_gib: int
+    own_cores: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,14 @@ class LabGuestLogin:
     workdir: str
 
 
-def machine_shape(sys_nodes: Path = SYS_NODES, meminfo: Path = Path("/proc/meminfo")) -> MachineShape:
-    """This machine's CPUs (usable by us), NUMA nodes and NUMA-visible memory."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def machine_shape(sys_nodes: Path = SYS_NODES, meminfo: Path = Path("/proc/meminfo"),
+                  cpus: Sequence[int] | None = None) -> MachineShape:
+    """This machine's CPUs (usable by us), NUMA nodes and NUMA-visible memory; with `cpus` (a
+    guest's own, lab up --cores-per-node) those CPUs and the NUMA nodes they are on."""
+    if cpus is not None:
+        count = len(cpus)
+    else:
+        count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     nodes = sorted(p for p in sys_nodes.glob("node[0-9]*") if (p / "meminfo").exists())
     kib = sum(_meminfo_kib((p / "meminfo").read_text()) for p in nodes) if nodes else 0
     if not kib:
@@ -109,8 +116,23 @@ def machine_shape(sys_nodes: Path = SYS_NODES, meminfo: Path = Path("/proc/memin
             kib = _meminfo_kib(meminfo.read_text())
         except OSError:
             kib = 0
-    return MachineShape(cpus=max(cpus, 1), numa_nodes=max(len(nodes), 1),
-                        memory_gib=kib // (1024 * 1024))
+    numa_nodes = len(nodes) if cpus is None else len(_nodes_holding(nodes, cpus))
+    return MachineShape(cpus=max(count, 1), numa_nodes=max(numa_nodes, 1),
+                        memory_gib=kib // (1024 * 1024), own_cores=cpus is not None)
+
+
+def _nodes_holding(nodes: Sequence[Path], cpus: Sequence[int]) -> list[Path]:
+    """The NUMA node folders whose cpulist holds any of `cpus`."""
+    wanted = set(cpus)
+    out = []
+    for node in nodes:
+        try:
+            listed = set(topology.parse_cpu_list((node / "cpulist").read_text().strip()))
+        except (OSError, ValueError):
+            continue
+        if listed & wanted:
+            out.append(node)
+    return out
 
 
 def _meminfo_kib(text: str) -> int:
@@ -148,15 +170,22 @@ def lab_vnuma_nodes(shape: MachineShape) -> int:
 def lab_ranks(shape: MachineShape, model: str = LAB_MODEL) -> tuple[int, int]:
     """(ranks per VM, threads per rank): up to 2 ranks of 1 thread, as the brief runs several
     replicas per VM; one rank with all of a vNUMA node's CPUs when two replicas of `model`
-    would not fit the lab VM's memory (the full Phi-3-mini: ~7.6 GB each)."""
-    ranks = min(2, shape.cpus)
+    would not fit the lab VM's memory (the full Phi-3-mini: ~7.6 GB each).
+
+    A VM of its own cores (shape.own_cores) runs one rank per vNUMA node with all its CPUs
+    (K=1: one rank of one thread). Such a rank binds its node (numactl --cpunodebind), which
+    the kernel narrows to the guest's cpuset; ranks sharing a node bind CPU numbers
+    (--physcpubind) counted from 0 as in a VM, which are another guest's here."""
+    vnuma = lab_vnuma_nodes(shape)
+    ranks = vnuma if shape.own_cores else min(2, shape.cpus)
+    threads = shape.cpus // vnuma if shape.own_cores else 1
     model_shape = footprint.shape_of(model)
     if model_shape is not None and ranks > 1:
         per_rank = footprint.rank_memory_bytes(model_shape, max(lab_batches(model)),
                                                max(LAB_INPUT_TOKENS) + LAB_OUTPUT_TOKENS)
         if ranks * per_rank + GUEST_OVERHEAD_BYTES > LAB_MEMORY_GB * 1024**3:
-            return 1, shape.cpus // lab_vnuma_nodes(shape)
-    return ranks, 1
+            return 1, shape.cpus // vnuma
+    return ranks, threads
 
 
 def ranks_per_numa_node(shape: MachineShape, model: str = LAB_MODEL) -> int:

@@ -10,6 +10,7 @@ SHLVL=1 so bash does not run the operator's ~/.bashrc for each session (see sshd
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import random
@@ -17,12 +18,13 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import VcfslmError
 from ..progress import NullReporter, Reporter
+from . import cores as cores_mod
 from . import process
 
 FIRST_HOST_OCTET = 11        # slm-01 -> 127.0.0.11
@@ -227,6 +229,7 @@ class Guest:
     config: str
     log: str
     process: process.ProcessRecord
+    cores: cores_mod.GuestCores | None = None   # its own CPUs (lab up --cores-per-node), or shared
 
     @property
     def pid(self) -> int:
@@ -241,14 +244,17 @@ class Guest:
                                                "key", "known_hosts", "workdir", "host_public_key",
                                                "config", "log")}
         data["process"] = self.process.to_json()
+        data["cores"] = self.cores.to_json() if self.cores else None
         return data
 
     @classmethod
     def from_json(cls, data: Mapping) -> Guest:
         fields = {k: data[k] for k in ("name", "address", "bench_address", "user", "key",
                                        "known_hosts", "workdir", "host_public_key", "config", "log")}
+        # A state written before --cores-per-node has no "cores": its guests share every CPU.
+        cores = cores_mod.GuestCores.from_json(data["cores"]) if data.get("cores") else None
         return cls(port=int(data["port"]), process=process.ProcessRecord.from_json(data["process"]),
-                   **fields)
+                   cores=cores, **fields)
 
 
 @dataclass(frozen=True)
@@ -274,8 +280,11 @@ def ensure_client_keys(ssh_dir: Path) -> ClientKeys:
 
 def start_guest(index: int, guests_dir: Path, client: ClientKeys, *, port: int = 0,
                 user: str | None = None, timeout: float = 20.0,
-                reporter: Reporter | None = None) -> Guest:
-    """Start guest `index` (sshd in its own session, outliving this process); wait for its banner."""
+                reporter: Reporter | None = None, cores: cores_mod.GuestCores | None = None) -> Guest:
+    """Start guest `index` (sshd in its own session, outliving this process); wait for its banner.
+
+    cores: the CPUs its sshd (and so every session's process) is held to; None: all of this
+    machine's, shared with the other guests."""
     reporter = reporter or NullReporter()
     sshd, keygen = tools()
     ensure_privsep_dir()
@@ -287,31 +296,50 @@ def start_guest(index: int, guests_dir: Path, client: ClientKeys, *, port: int =
     workdir.mkdir(parents=True, exist_ok=True)
     host_key = gdir / "ssh_host_ed25519_key"
     host_public = ensure_key(host_key, f"vcfslm-lab-{name}", keygen)
-    config = gdir / "sshd_config"
-    log = gdir / "sshd.log"
+
+    def config_for(chosen: int) -> str:
+        return sshd_config(name=name, address=address, port=chosen, user=user, host_key=host_key,
+                           authorized_keys=client.authorized_keys, pid_file=gdir / "sshd.pid")
+
     reporter.update(name, "starting sshd")
+    try:
+        rec, chosen = _start_sshd(sshd, config_for, gdir, address, port, timeout, cores)
+    except (GuestFailed, cores_mod.ConfineFailed):
+        # Nothing of this guest is recorded: leave no cpuset behind (the first error is the news).
+        with contextlib.suppress(cores_mod.ConfineFailed):
+            cores_mod.release(cores)
+        raise
+    reporter.update(name, f"sshd on {address}:{chosen}"
+                    + (f", held to {cores.describe()}" if cores is not None else ""))
+    return Guest(name=name, address=address, bench_address=bench_address(index), port=chosen,
+                 user=user, key=str(client.key), known_hosts=str(client.known_hosts),
+                 workdir=str(workdir), host_public_key=host_public, config=str(gdir / "sshd_config"),
+                 log=str(gdir / "sshd.log"), process=rec, cores=cores)
+
+
+def _start_sshd(sshd: str, config_for: Callable[[int], str], gdir: Path, address: str, port: int,
+                timeout: float, cores: cores_mod.GuestCores | None) -> tuple[process.ProcessRecord, int]:
+    """One guest's sshd (its sshd_config for a port from config_for), answering: (its record, its port)."""
+    config = gdir / "sshd_config"
     last_error = ""
     for _attempt in range(3):  # a picked port can be taken before sshd binds it
         chosen = free_port(address, port)
-        config.write_text(sshd_config(name=name, address=address, port=chosen, user=user,
-                                      host_key=host_key, authorized_keys=client.authorized_keys,
-                                      pid_file=gdir / "sshd.pid"))
-        proc = process.start_detached([sshd, "-f", str(config), "-D", "-e"], log)
+        config.write_text(config_for(chosen))
+        proc = process.start_detached([sshd, "-f", str(config), "-D", "-e"], gdir / "sshd.log")
         rec = process.record(proc.pid, marker=str(config))
         try:
+            if cores is not None:
+                # Before the banner wait: no session starts before its sshd is confined.
+                cores_mod.confine(proc.pid, cores)
             wait_for_banner(address, chosen, proc, timeout)
-        except GuestFailed as exc:
+        except (GuestFailed, cores_mod.ConfineFailed) as exc:
             process.terminate([rec], timeout=2)
             last_error = str(exc)
-            if "already in use" in last_error:
+            if isinstance(exc, GuestFailed) and "already in use" in last_error:
                 port = 0
                 continue
             raise
-        reporter.update(name, f"sshd on {address}:{chosen}")
-        return Guest(name=name, address=address, bench_address=bench_address(index), port=chosen,
-                     user=user, key=str(client.key), known_hosts=str(client.known_hosts),
-                     workdir=str(workdir), host_public_key=host_public, config=str(config),
-                     log=str(log), process=rec)
+        return rec, chosen
     raise GuestFailed(last_error)
 
 
@@ -353,9 +381,13 @@ def write_known_hosts(path: Path, guests: Iterable[Guest]) -> None:
     os.replace(tmp, path)
 
 
-def stop_guest(guest: Guest, timeout: float = 5.0) -> bool:
-    """Stop this guest's sshd and its session processes; True when it was running."""
-    return bool(process.terminate([guest.process], timeout=timeout))
+def stop_guest(guest: Guest, timeout: float = 5.0, *, release: bool = True) -> bool:
+    """Stop this guest's sshd and its session processes, then (release) remove its cpuset if it
+    has one (ConfineFailed when it stays); True when it was running."""
+    was_running = bool(process.terminate([guest.process], timeout=timeout))
+    if release:
+        cores_mod.release(guest.cores)
+    return was_running
 
 
 def is_running(guest: Guest) -> bool:

