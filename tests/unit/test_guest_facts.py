@@ -211,3 +211,41 @@ def test_absent_values_describe_a_fresh_guest():
     assert F.file_state("/x").absent == F.FileState(None)
     assert not F.pip_state("/v", ["torch"]).absent.satisfied
     assert F.packages(["numactl"], []).absent.installed == frozenset()
+
+
+# ---------------------------------------------------------------- the CPUs a guest may use
+
+
+def test_a_confined_guest_sees_only_its_allowed_cpus():
+    # numactl --hardware in a cpuset of CPU 1 still lists node 0 as 0 1 (seen on a 2-CPU machine).
+    allowed = H.parse_allowed("Cpus_allowed_list:\t1\nMems_allowed_list:\t0\n")
+    assert allowed == H.Allowed(cpus=(1,), mems=(0,))
+    two = H.parse_numactl_hardware(numactl_text(2, 2))
+    narrowed = H.numa_within(H.parse_numactl_hardware(numactl_text(1, 2)), allowed)
+    assert [(n.id, n.cpus) for n in narrowed.nodes] == [(0, (1,))]
+    # a node none of whose CPUs or memory the guest may use is not the guest's
+    assert [(n.id, n.cpus) for n in H.numa_within(two, allowed).nodes] == [(0, (1,))]
+    cpu = H.CpuInfo(cpus=2, online=(0, 1), sockets=1, cores_per_socket=2, threads_per_core=1,
+                    numa_nodes={0: (0, 1)})
+    assert H.cpu_within(cpu, allowed) == H.CpuInfo(cpus=1, online=(1,), sockets=1, cores_per_socket=2,
+                                                   threads_per_core=1, numa_nodes={0: (1,)})
+
+
+def test_a_guest_allowed_every_cpu_sees_the_facts_unchanged():
+    hw = H.parse_numactl_hardware(numactl_text(4, 24))
+    every = H.parse_allowed("Cpus_allowed_list:\t0-95\nMems_allowed_list:\t0-3\n")
+    assert H.numa_within(hw, every) == hw
+    memory_only = H.parse_numactl_hardware("node 0 cpus: 0 1\nnode 0 size: 10 MB\nnode 1 cpus:\nnode 1 size: 5 MB\n")
+    assert H.numa_within(memory_only, H.parse_allowed("Cpus_allowed_list:\t0-1\n")) == memory_only
+    assert H.numa_within(hw, None) == hw and H.parse_allowed("") is None
+    assert H.ALLOWED.parse(Result(H.ALLOWED.command, 2, "", "no /proc", 0)) is None
+
+
+def test_gathered_facts_are_narrowed_to_the_allowed_cpus():
+    answers = {H.NUMA_HARDWARE.key: H.parse_numactl_hardware(numactl_text(1, 2)),
+               H.LSCPU.key: H.CpuInfo(cpus=2, online=(0, 1), sockets=1, cores_per_socket=2,
+                                      threads_per_core=1),
+               H.ALLOWED.key: H.Allowed(cpus=(1,))}
+    facts = H.gather_guest_facts(lambda fact: answers[fact.key], None, "slm-02", network=False,
+                                 reachability=False, server=False)
+    assert facts.numa.cpus == (1,) and facts.cpu.cpus == 1 and facts.cpu.online == (1,)

@@ -128,6 +128,7 @@ def scripted_guest(brief, numactl: str) -> FakeTransport:
                       "addr_info": [{"local": "172.16.25.21", "prefixlen": 24}]}])
     return FakeTransport("slm-01", {
         "numactl --hardware": numactl,
+        H.ALLOWED.command: "Cpus_allowed_list:\t0-95\nMems_allowed_list:\t0-3\n",
         "lscpu -J": (1, "", "lscpu: not found"),
         "ip -j addr": ip,
         H.reach_probe(peers).command: "".join(f"{t} ok\n" for t in peers),

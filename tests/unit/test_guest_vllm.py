@@ -372,6 +372,7 @@ def test_the_verify_step_reads_the_scripts_only_when_vllm_serves():
     peers = list(H.peer_targets(inv, "slm-01"))
     t = FakeTransport("slm-01", {
         "numactl --hardware": numactl_text(4, 24), "lscpu -J": (1, "", ""), "ip -j addr": IP,
+        H.ALLOWED.command: "Cpus_allowed_list:\t0-95\nMems_allowed_list:\t0-3\n",
         H.reach_probe(peers).command: "".join(f"{p} ok\n" for p in peers)})
     for n in range(4):
         t.add(f"cat {script(inv, n)} 2>/dev/null || true", rendered(inv, n, cpus="0-22" if n == 3 else None))

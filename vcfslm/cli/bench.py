@@ -23,8 +23,7 @@ from click.core import ParameterSource
 from rich.table import Table
 
 from .. import footprint
-from ..bench.local import LocalLaunch, run_local
-from ..bench.placement import node_cpu_lists
+from ..bench.local import LocalLaunch, machine_node_cpus, run_local
 from ..engine.checkpoint import write_checkpoint
 from ..engine.model import TEST_CONFIGS, ModelSourceError, parse_model_spec, synthetic_config
 from ..errors import BenchError, Problem, UsageError
@@ -182,7 +181,9 @@ def probe(threads: int | None, mib: int, no_numactl: bool, output: str) -> None:
     Example: vcfslm probe --mib 2048
              vcfslm probe -o json > this-host.json
     """
-    nodes = node_cpu_lists()
+    # Each node's CPUs this process may use: a probe in a lab guest of its own cores runs a
+    # thread per CPU of its cpuset, not per CPU of the machine's node.
+    nodes = machine_node_cpus()
     numactl = None if no_numactl else shutil.which("numactl")
     plans = [(node, cpus) for node, cpus in nodes.items()] if numactl else [(None, None)]
     rows = []

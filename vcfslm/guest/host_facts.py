@@ -3,6 +3,7 @@ which peers it reaches, and what verification gathers of them (guest/verify.py).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import re
@@ -123,6 +124,64 @@ def _lscpu_result(r: Result) -> CpuInfo | None:
 
 
 LSCPU: Fact[CpuInfo | None] = Fact("lscpu", "lscpu -J", _lscpu_result, None)
+
+
+# ------------------------------------------------------------------ the CPUs a guest may use
+#
+# Inside a cpuset or under a CPU affinity (a lab guest with cores of its own, `lab up
+# --cores-per-node`), numactl --hardware and lscpu still list every CPU of the machine, but
+# a rank can run only on those its process is allowed. The facts verification and the
+# launch scripts' checks read are narrowed to those; on a VM every CPU is allowed and
+# nothing changes.
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The CPUs and memory nodes a guest's processes may use (/proc/self/status)."""
+
+    cpus: tuple[int, ...]
+    mems: tuple[int, ...] | None = None
+
+
+def parse_allowed(text: str) -> Allowed | None:
+    """`Cpus_allowed_list:` and `Mems_allowed_list:` lines; None without the CPU line."""
+    lists = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("Cpus_allowed_list", "Mems_allowed_list"):
+            lists[key.strip()] = parse_cpu_list(value.strip())
+    if not lists.get("Cpus_allowed_list"):
+        return None
+    return Allowed(lists["Cpus_allowed_list"], lists.get("Mems_allowed_list"))
+
+
+ALLOWED: Fact[Allowed | None] = Fact(
+    "allowed", "grep -h -E '^(Cpus|Mems)_allowed_list:' /proc/self/status",
+    lambda r: parse_allowed(r.stdout) if r.exit == 0 else None, None)
+
+
+def numa_within(numa: NumaHardware | None, allowed: Allowed | None) -> NumaHardware | None:
+    """Each node's CPUs that are allowed. A node listing CPUs stays while any is allowed; a
+    node without CPUs (memory only) while its memory is allowed."""
+    if numa is None or allowed is None:
+        return numa
+    cpus = set(allowed.cpus)
+    kept = []
+    for node in numa.nodes:
+        own = tuple(c for c in node.cpus if c in cpus)
+        if own or (not node.cpus and (allowed.mems is None or node.id in allowed.mems)):
+            kept.append(dataclasses.replace(node, cpus=own))
+    return dataclasses.replace(numa, nodes=tuple(kept))
+
+
+def cpu_within(cpu: CpuInfo | None, allowed: Allowed | None) -> CpuInfo | None:
+    """lscpu's CPU count, online CPUs and NUMA nodes, of the allowed CPUs only."""
+    if cpu is None or allowed is None:
+        return cpu
+    cpus = set(allowed.cpus)
+    nodes = {n: own for n, listed in cpu.numa_nodes.items() if (own := tuple(c for c in listed if c in cpus))}
+    return dataclasses.replace(cpu, cpus=len(cpus & set(range(cpu.cpus))),
+                               online=tuple(c for c in cpu.online if c in cpus), numa_nodes=nodes)
 
 
 # ------------------------------------------------------------------ network
@@ -316,9 +375,10 @@ def gather_guest_facts(get: Callable[[Fact], Any], inventory, node_name: str, *,
     server: also the HTTP server's launch scripts, when the inventory serves with one."""
     peers = peer_targets(inventory, node_name) if reachability else {}
     scripts = server_script_paths(inventory) if server else {}
+    allowed = get(ALLOWED) if numa else None
     return GuestFacts(
-        numa=get(NUMA_HARDWARE) if numa else None,
-        cpu=get(LSCPU) if numa else None,
+        numa=numa_within(get(NUMA_HARDWARE), allowed) if numa else None,
+        cpu=cpu_within(get(LSCPU), allowed) if numa else None,
         interfaces=get(INTERFACES) if network else None,
         reach=(get(reach_probe(list(peers))) if peers else {}) if reachability else None,
         peers=peers,
