@@ -250,3 +250,22 @@ def test_old_serving_records_read_without_the_chunk_rule():
     back = ServeRecord.from_dict(old)
     assert back.chunk_rule == "" and back.chunk_by_lanes == {}
     assert ServeRecord.from_dict(asdict(record)).chunk_by_lanes == record.chunk_by_lanes
+
+
+def test_each_window_keeps_its_steps_by_lanes_and_prompt_tokens_with_their_seconds():
+    from vcfslm.serving.step_log import groups_of
+
+    spec = ServeSpec(loads=(2.0,), output_tokens=10, duration_s=30, warmup_s=2, cooldown_s=2)
+    out, engine, rec = _serve(spec, 2.0, chunk=32)
+    groups = groups_of(rec["step_costs"])
+    assert sum(g.steps for g in groups) == rec["steps"] == len(engine.steps)
+    # The fake's steps cost 0.01 s plus 0.04/128 s per prompt token: each group's mean says so.
+    for g in groups:
+        assert g.mean_s == pytest.approx(0.01 + g.prompt_tokens * 0.04 / 128, rel=1e-6)
+    # A fake step has no lanes of its own: the group counts the streams decoding.
+    by_key = {(g.lanes, g.prompt_tokens): g for g in groups}
+    assert sum(g.steps for g in groups if g.prompt_tokens == 0) == sum(1 for busy, p in engine.steps if not p)
+    assert any(lanes >= 1 and prompt == 0 for lanes, prompt in by_key)
+    # Context: each decoding stream's prompt plus what it produced, summed over the steps.
+    lone = [g for g in groups if g.lanes == 1 and g.prompt_tokens == 0]
+    assert lone and 128 < lone[0].mean_context < 128 + 10

@@ -26,6 +26,7 @@ class StepOut:
     prompt_tokens: int
     bucket: int               # the token count it ran at
     compiled: bool = True     # a primed graph (False: an eager step of several or long pieces)
+    lanes: int = 0            # the decode lanes it ran at (over the highest occupied slot)
 
 
 class TokenSlots:
@@ -190,7 +191,7 @@ class TokenSlots:
                 firsts[piece.slot] = self._last[piece.slot] = values[lanes + j]
                 self._occupied[piece.slot], self._length[piece.slot] = True, piece.length
                 self.last_logits[piece.slot] = logits[lanes + j]
-        return StepOut(decoded, firsts, len(active) + prompt, prompt, total, primed)
+        return StepOut(decoded, firsts, len(active) + prompt, prompt, total, primed, lanes)
 
     def _check_pieces(self, pieces: list[Piece]) -> None:
         seen = set()

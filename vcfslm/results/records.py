@@ -204,6 +204,9 @@ class ServeRecord(RankWindow):
     steps: Count = 0
     step_tokens_mean: Number = 0.0
     prefill_share: Number = 0.0
+    # The same steps by what they carried: "<lanes>+<prompt tokens>" -> [steps, seconds,
+    # context tokens] summed (serving/step_log.py); what the simulator is checked against.
+    step_costs: Object = field(default_factory=dict)
     # Load through one endpoint (bench --serve --endpoint): the URL the operator's one client
     # loaded, the nodes and the servers behind it, and each server's share of the window's
     # requests by its own counter (vllm:request_success_total; null: its /metrics did not

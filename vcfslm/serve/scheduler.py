@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from ..serving import arrivals
 from ..serving import decisions as serving
 from ..serving.decisions import Piece, Planned, ServeSpec
+from ..serving.step_log import StepLog
 from ..serving.window_plan import Ask, WindowPlan
 
 # How long the loop sleeps at most while idle before it looks again (an arrival wakes it
@@ -123,6 +124,7 @@ class WindowOutcome:
     chunk_rule: str = ""               # how it was chosen: "slo:tpot<=580ms", "kernel" or "flag"
     chunk_by_lanes: dict[str, int] = field(default_factory=dict)   # lane count -> chunk (the SLO rule)
     time_scale: float = 0.0            # a replayed trace's time scale (0: not a replay)
+    step_costs: dict[str, list[float]] = field(default_factory=dict)   # StepLog.to_json()
 
     @property
     def counted(self) -> list[Request]:
@@ -266,6 +268,7 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     occupancy = _Occupancy(spec.warmup_s, span_end)
     generated = max_queue = steps = step_tokens = prompt_tokens = batched_steps = 0
     step_times: list[float] = []
+    step_log = StepLog()
     t0 = clock()
 
     def now() -> float:
@@ -310,12 +313,16 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
         if busy():
             this_chunk = step_chunk() if step_chunk is not None else chunk
             pieces = plan_pieces(admitting, len(running), this_chunk, batched, capped)
+            context = sum(r.input_tokens + r.produced for r in running.values())
             before = now()
             out = slots.step(pieces)
             at = now()
             steps += 1
             batched_steps += len(pieces) > 1 or sum(p.stop - p.start for p in pieces) > this_chunk
             step_times.append(at - before)
+            # Lanes 0: nothing decoded (a prompt going in alone), as the simulator counts it.
+            step_log.add((getattr(out, "lanes", 0) or len(running)) if running else 0,
+                         [(p.start, p.stop, p.last) for p in pieces], context, at - before)
             step_tokens += out.tokens
             prompt_tokens += out.prompt_tokens
             for slot, r in list(running.items()):
@@ -344,7 +351,7 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
                          step_tokens, prompt_tokens, chunk, batched, batched_steps,
                          chunk_rule=str(getattr(slots, "rule", "") or ""),
                          chunk_by_lanes={str(k): int(v) for k, v in (getattr(slots, "chunks", None) or {}).items()},
-                         time_scale=planner.time_scale)
+                         time_scale=planner.time_scale, step_costs=step_log.to_json())
 
 
 def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any]) -> dict[str, Any]:
@@ -373,6 +380,7 @@ def record_fields(outcome: WindowOutcome, spec: ServeSpec, limits: dict[str, Any
         "chunk_rule": outcome.chunk_rule, "chunk_by_lanes": outcome.chunk_by_lanes,
         "steps": outcome.steps, "batched_steps": outcome.batched_steps,
         "step_tokens_mean": outcome.step_tokens / outcome.steps if outcome.steps else 0.0,
+        "step_costs": outcome.step_costs,
         "prefill_share": outcome.prompt_tokens / outcome.step_tokens if outcome.step_tokens else 0.0,
         **workload_fields(spec, outcome, done),
     }
