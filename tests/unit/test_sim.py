@@ -99,7 +99,8 @@ class ModelledSlots:
             if p.last:
                 self.context[p.slot] = p.length + 1
         prompt = sum(p.stop - p.start for p in pieces)
-        return SimpleNamespace(decoded={}, firsts={}, tokens=len(self.context) + prompt, prompt_tokens=prompt)
+        return SimpleNamespace(decoded={}, firsts={}, tokens=len(self.context) + prompt, prompt_tokens=prompt,
+                               lanes=lanes or 1)
 
     def evict(self, slot):
         del self.context[slot]

@@ -18,7 +18,7 @@ from .common import int_list, output_option, print_json
 from .report import latest_run
 
 # The flags only `predict --serve` reads (beside bench's serving flags).
-PREDICT_SERVE_FLAGS = ("peak_rps", "scale_nodes", "router", "serve_repeats", "seed")
+PREDICT_SERVE_FLAGS = ("peak_rps", "scale_nodes", "router", "serve_repeats", "seed", "no_calibrate")
 
 
 @click.command("predict")
@@ -69,6 +69,9 @@ PREDICT_SERVE_FLAGS = ("peak_rps", "scale_nodes", "router", "serve_repeats", "se
               help="Serve: peak requests/s of the service to size nodes for.")
 @click.option("--scale-nodes", type=click.IntRange(min=1, max=64), default=None, metavar="N",
               help="Serve: the scale-out table up to N nodes (1, 2, 4, ... N) behind the router.")
+@click.option("--no-calibrate", "no_calibrate", is_flag=True, default=None,
+              help="Serve: keep the static fit's step costs even where --results hold serving runs "
+                   "whose measured steps would calibrate them.")
 @output_option
 def predict(**options) -> None:
     """Predict TTFT, TPOT, the crossover and the nodes on a target platform, with 95 % intervals.
@@ -268,6 +271,8 @@ class Measured:
     calibrations: list = field(default_factory=list)
     models: dict[str, Any] = field(default_factory=dict)     # model name -> its dims, in the order measured
     measured_platform: Any = None                            # a CSV's --measured-on
+    # Serving runs' own steps (predict --serve calibrates on them): (calibration, records).
+    serve_runs: list = field(default_factory=list)
 
     def add_model(self, name: str, dims) -> None:
         """A measured model; a shape already measured under another name keeps its first name."""
@@ -299,6 +304,8 @@ def load_measured(sources: list[Path], measured_on: Path | None) -> Measured:
         out.threads[cal.run_id] = cal.threads_per_rank
         out.metas.append(run.meta)
         out.calibrations.append(cal)
+        if run.serve_records:
+            out.serve_runs.append((cal, run.serve_records))
         out.add_model(run.meta.model, cal.dims)
     if csvs:
         if measured_on is None:

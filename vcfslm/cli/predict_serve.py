@@ -57,14 +57,15 @@ def serve_command(opts, options: dict[str, Any], load_measured, build_target, la
     name = opts.model_name or next(iter(inputs.models))
     dims = KNOWN_DIMS[opts.model_name] if opts.model_name else inputs.models[name]
     max_lanes = max(spec.slots, 1)
-    mid = step_model(model, dims, target.rates, max_lanes)
+    calibration = None if options.get("no_calibrate") else _calibration(model, inputs.serve_runs)
+    mid = _calibrated(step_model(model, dims, target.rates, max_lanes), calibration)
     longest = max(spec.input_tokens) if spec.workload is None else spec.workload.max_input
     d_rel, p_rel = relative_half_widths(model, dims, target.rates, spec.slots, longest, spec.output_tokens)
     costs = {A.MID: mid}
     for end in (A.OPTIMISTIC, A.PESSIMISTIC):
         m = scaled(model, dims, target.rates, max_lanes, d_rel, p_rel, end)
         if m is not None:
-            costs[end] = m
+            costs[end] = _calibrated(m, calibration)
     policy, chunk_note = _policy(server, spec, slos, mid, dims, target.rates, _growth(inputs.metas))
     router = options.get("router") or "power_of_two"
     setup = A.Setup(costs, policy, spec, slos, target.ranks_per_node, router)
@@ -77,13 +78,37 @@ def serve_command(opts, options: dict[str, Any], load_measured, build_target, la
     nodes = tuple(n for n in SCALE_NODES if n <= most)
     result = A.answer(setup, spec.loads, peaks, nodes)
     notes = [chunk_note, _interval_note(d_rel, p_rel)]
+    if calibration is not None:
+        notes.append(calibration.statement())
     if opts.model_name and dims not in inputs.models.values():
         notes.append(f"{opts.model_name} is predicted from a fit on {', '.join(inputs.models)}: another model "
                      "shape, an extrapolation")
     if opts.output == "json":
-        print_json(_json(result, sources, target, model, notes, server.name, name))
+        print_json(_json(result, sources, target, model, notes, server.name, name, calibration))
         return
     _text(result, sources, target, model, notes, server.name)
+
+
+def _calibration(model, serve_runs):
+    """The ratios of the serving runs' measured steps to the fit's step costs on the machine
+    each ran on (sim/calibrate.py); None when no run kept its steps."""
+    from ..sim.calibrate import calibrate, measured_steps
+    from ..sim.cost import step_model
+
+    windows = []
+    for cal, records in serve_runs:
+        steps = measured_steps(records)
+        if steps:
+            lanes = max(max(r.slots for r in records), 1)
+            m = step_model(model, cal.dims, cal.rates, lanes)
+            windows += [(m, w) for w in steps]
+    return calibrate(windows) if windows else None
+
+
+def _calibrated(m, calibration):
+    from ..sim.calibrate import apply
+
+    return m if calibration is None else apply(m, calibration)
 
 
 def _server_of(meta) -> str:
@@ -214,7 +239,7 @@ def _table(header, rows) -> None:
         click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
-def _json(result, sources, target, model, notes, server: str, model_name: str) -> dict[str, Any]:
+def _json(result, sources, target, model, notes, server: str, model_name: str, calibration=None) -> dict[str, Any]:
     setup = result.setup
     return {"results": [str(s) for s in sources], "target": target.description, "target_basis": target.basis,
             "rank_rates": target.rates, "model": model.to_dict(), "model_name": model_name, "server": server,
@@ -229,4 +254,5 @@ def _json(result, sources, target, model, notes, server: str, model_name: str) -
                            for a in result.slos],
             "nodes": [n.to_dict() for n in result.nodes],
             "scale_out": {k: [s.to_dict() for s in v] for k, v in result.scale_out.items()},
+            "calibration": calibration.to_dict() if calibration is not None else None,
             "notes": notes}
