@@ -12,7 +12,10 @@ output tokens) under Poisson arrivals:
   3. a serving run (`bench --serve`) at the same rates, slots, SLO, windows and seed;
   4. both side by side: per rate the p50s and attainment, predicted against measured, and
      each SLO's threshold. Targets: TTFT and TPOT p50 within 20 %, the threshold within one
-     load step (printed, not asserted).
+     load step (printed, not asserted);
+  5. the same again with the step costs calibrated on the serving run's own measured steps
+     (`step_costs`, sim/calibrate.py), each load held out: its prediction is calibrated on
+     the other loads' windows only.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/serve_predict_validate.py
     .venv/bin/python benchmarks/serve_predict_validate.py --reuse /tmp/serve-predict-runs   # compare again
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -157,8 +161,46 @@ def main() -> None:
         run([*VCFSLM, "bench", *[c for c in common if c not in ("--input-tokens", "128", "--output-tokens", "16")],
              "--run-id", "serve", "--serve", *window, "--repeats", "1", "--slo", slo], "serving run")
     got = measured(serve_dir, {name: limits})
-    predicted = {row["load"]: row for row in doc["loads"]}
+    static_only = {row["load"]: row for row in doc["loads"]}
     print()
+    print("1. From the static fit alone (what predict --serve says before anything is served):")
+    compare(static_only, got, name, doc["thresholds"][0])
+    held_out = calibrated_held_out(static_dir, serve_dir, window, slo, runs / "held-out")
+    if held_out:
+        print()
+        print("2. Calibrated on the serving run's measured steps, each load held out (its prediction "
+              "calibrated on the other loads' windows only):")
+        compare(held_out, got, name, None)
+
+
+def calibrated_held_out(static_dir: Path, serve_dir: Path, window: list[str], slo: str, work: Path) -> dict:
+    """Per load: predict --serve calibrated on the serving run's steps at every other load (a
+    copy of the run without that load's records), the load itself simulated."""
+    from vcfslm.results import read_serve_records
+
+    records = read_serve_records(serve_dir / "serving.jsonl")
+    if not any(r.step_costs for r in records):
+        print("  (the serving run kept no steps: recorded before step_costs; nothing to calibrate on)")
+        return {}
+    lines = (serve_dir / "serving.jsonl").read_text().splitlines()
+    out = {}
+    for load in sorted({float(r.load) for r in records}):
+        copy = work / f"without-{load:g}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(serve_dir, copy)
+        kept = [line for line in lines if line.strip() and float(json.loads(line)["load"]) != load]
+        (copy / "serving.jsonl").write_text("\n".join(kept) + "\n")
+        for own in (copy / "ranks").glob("serve-*.jsonl"):    # the merged file holds the run's records
+            own.unlink()
+        doc = json.loads(run([*VCFSLM, "predict", "--serve", "--results", str(static_dir), "--results", str(copy),
+                              *window, "--slo", slo, "-o", "json"], f"predict --serve calibrated without {load:g}").stdout)
+        print(f"    {doc['notes'][-1]}")
+        out[load] = next(row for row in doc["loads"] if row["load"] == load)
+    return out
+
+
+def compare(predicted: dict, got: dict, name: str, fit_threshold: dict | None) -> None:
+    """Per load the p50s and the attainment, predicted beside measured; then the threshold and the targets."""
     print(f"| req/s | requests (pred / meas) | TTFT p50 s pred | meas | error | TPOT p50 ms pred | meas | error "
           f"| SLO-{name} met pred | meas |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -174,23 +216,23 @@ def main() -> None:
         print(f"| {load:g} | {pr['requests']} / {me['requests']} | {pr['ttft_s']['p50'] or float('nan'):.3f} | "
               f"{me['ttft_p50']:.3f} | {t_err} | {pr['tpot_ms']['p50'] or float('nan'):.1f} | {me['tpot_p50']:.1f} | "
               f"{p_err} | {pr['attainment'][name] or 0:.0%} | {me['attainment'][name] or 0:.0%} |")
-    (th,) = doc["thresholds"]
+    p_pass, p_fail = threshold({load: row["meets"][name] for load, row in predicted.items()})
     m_pass, m_fail = threshold({load: v["meets"][name] for load, v in got.items()})
     grid = sorted(got)
     steps_apart = None
-    if th["threshold"] in grid and m_pass in grid:
-        steps_apart = abs(grid.index(th["threshold"]) - grid.index(m_pass))
-    elif th["threshold"] == m_pass:
+    if p_pass in grid and m_pass in grid:
+        steps_apart = abs(grid.index(p_pass) - grid.index(m_pass))
+    elif p_pass == m_pass:
         steps_apart = 0
     print()
-    print(f"threshold SLO-{name}: predicted {th['threshold']} req/s (first failing {th['first_failing']}; fit "
-          f"interval {th['fit_interval']}), measured {m_pass} (first failing {m_fail})")
+    fit = f"; fit interval {fit_threshold['fit_interval']}" if fit_threshold else ""
+    print(f"threshold SLO-{name}: predicted {p_pass} req/s (first failing {p_fail}{fit}), "
+          f"measured {m_pass} (first failing {m_fail})")
     within = all(e <= TARGET_P50 for e in errors)
     print(f"target p50s within {TARGET_P50:.0%}: {'met' if within else 'NOT met'} "
           f"(largest |error| {max(errors):.1%} over {len(errors)} p50s)" if errors else "no p50 to compare")
     print(f"target threshold within one load step: "
           f"{'met' if steps_apart is not None and steps_apart <= 1 else 'NOT met'} ({steps_apart} steps apart)")
-
 
 if __name__ == "__main__":
     main()
