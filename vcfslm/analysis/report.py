@@ -34,6 +34,7 @@ from vcfslm.analysis.report_render import Report, has_static, render_html, rende
 from vcfslm.analysis.serve import ServeAnalysis, has_serving
 from vcfslm.analysis.serve import analyse as analyse_serving
 from vcfslm.analysis.serve_points import series_of
+from vcfslm.analysis.serve_predicted import PredictedSeries, predicted_table
 from vcfslm.analysis.serve_tables import (
     fault_table,
     length_buckets_csv,
@@ -73,6 +74,9 @@ class ReportOptions:
     peaks: Sequence[int] = DEFAULT_PEAKS
     headroom: float = 0.0
     attainment: float | None = None
+    # Serving series as the simulator predicts them (the CLI's, from the runs' static cells):
+    # each shown beside the measured one (analysis/serve_predicted.py).
+    predicted: Sequence[PredictedSeries] = ()
 
 
 @dataclass
@@ -181,21 +185,27 @@ def build(analysis: Analysis, sources: Sequence[str], options: ReportOptions | N
                     model=model_section(analysis.runs) if static else None, serving=serving)
     if serving is not None:
         report.serving_answer = serve_answer_table(serving.comparisons, serving.sizings, headroom)
-        report.serving_tables = serving_tables(serving, slos)
+        report.serving_tables = serving_tables(serving, slos, options.predicted)
+        report.serving_predicted = [p for p in options.predicted if any(q.key == p.key for q in serving.points)]
     return report
 
 
-def serving_tables(serving: ServeAnalysis, slos: Sequence) -> list[Table]:
+def serving_tables(serving: ServeAnalysis, slos: Sequence, predicted: Sequence[PredictedSeries] = ()
+                   ) -> list[Table]:
     """The serving section's detail: every series' loads (each followed by its split by prompt
-    length, where it has one), then (when the answer does not show them all) every series'
-    thresholds. The nodes are in the answer table and the reasoning."""
+    length, where it has one, and by the simulator's prediction of it, where there is one),
+    then (when the answer does not show them all) every series' thresholds. The nodes are in
+    the answer table and the reasoning."""
     several_models = len({p.key.model for p in serving.points}) > 1
     split = {s.key: s for s in serving.lengths}
+    simulated = {p.key: p for p in predicted}
     out = [scale_out_table(serving.scale_outs)] if serving.scale_outs else []
     out += [fault_table(serving.faults, slos)] if serving.faults else []
     for key, points in series_of(serving.points).items():
         out.append(serve_points_table(points, slos, several_models))
         out += [length_table(split[key], slos, several_models)] if key in split else []
+        if key in simulated:
+            out.append(predicted_table(simulated[key], points, slos, serving.thresholds))
     if len(serving.thresholds) > len(serving.primaries):
         out.append(serve_thresholds_table(serving.thresholds))
     return out
@@ -241,7 +251,9 @@ def write_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
         # Serving points, thresholds, comparison and sizing as data (the figures redraw from the run).
         outputs["serving.json"] = json.dumps({"title": report.title, "sources": report.sources,
                                               "slos": [s.to_dict() for s in report.slos],
-                                              **report.serving.to_dict()}, indent=2, sort_keys=True) + "\n"
+                                              **report.serving.to_dict(),
+                                              "predicted": [p.to_dict() for p in report.serving_predicted]},
+                                             indent=2, sort_keys=True) + "\n"
         if report.serving.lengths:
             outputs["serve-length-buckets.csv"] = length_buckets_csv(report.serving.lengths, report.slos)
     for name, text in outputs.items():

@@ -55,6 +55,7 @@ class Report:
     serving: ServeAnalysis | None = None        # serving mode's part; None without serve records
     serving_answer: Table | None = None
     serving_tables: list[Table] = field(default_factory=list)
+    serving_predicted: list = field(default_factory=list)   # PredictedSeries shown beside the measured
     rule: Rule = field(default_factory=Rule)
     rule_notes: list[str] = field(default_factory=list)
 

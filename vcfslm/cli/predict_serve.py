@@ -5,7 +5,7 @@ scale-out efficiency (vcfslm.sim; docs/predict.md)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -28,7 +28,6 @@ def serve_command(opts, options: dict[str, Any], load_measured, build_target, la
     from ..analysis.report import known_slos
     from ..analysis.slo_spec import resolve_slos
     from ..sim import answer as A
-    from ..sim.cost import relative_half_widths, scaled, step_model
 
     if options.get("server_python") or options.get("time_scales"):
         raise UsageError("--server-python and --time-scale do not apply to predict --serve")
@@ -56,8 +55,49 @@ def serve_command(opts, options: dict[str, Any], load_measured, build_target, la
     slos = tuple(resolve_slos(opts.slos, known))
     name = opts.model_name or next(iter(inputs.models))
     dims = KNOWN_DIMS[opts.model_name] if opts.model_name else inputs.models[name]
+    setup, notes, calibration = simulation(Basis(model, inputs, target, dims), spec, slos, server,
+                                           router=options.get("router") or "power_of_two",
+                                           calibrate=not options.get("no_calibrate"))
+    peaks = tuple(options.get("peak_rps") or ())
+    most = options.get("scale_nodes") or 0
+    follows = spec.load_kind == "users" or (spec.workload is not None and spec.workload.multi_turn)
+    if follows and most:
+        raise UsageError([Problem("", None, None, "--scale-nodes", "closed loops (--users) and conversations plan "
+                                  "their next request as a reply ends: they are simulated on one server only")])
+    nodes = tuple(n for n in SCALE_NODES if n <= most)
+    result = A.answer(setup, spec.loads, peaks, nodes)
+    if opts.model_name and dims not in inputs.models.values():
+        notes.append(f"{opts.model_name} is predicted from a fit on {', '.join(inputs.models)}: another model "
+                     "shape, an extrapolation")
+    if opts.output == "json":
+        print_json(_json(result, sources, target, model, notes, server.name, name, calibration))
+        return
+    _text(result, sources, target, model, notes, server.name)
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a simulation rests on: the fitted model, the measurements it was fitted on (with
+    their serving runs), the target it is evaluated on and the model shape it runs."""
+
+    model: Any
+    inputs: Any
+    target: Any
+    dims: Any
+
+
+def simulation(basis: Basis, spec: ServeSpec, slos, server, *, router: str = "power_of_two", calibrate: bool = True):
+    """What a simulated answer needs (sim.answer.Setup): the step costs on the target from the
+    fitted model (calibrated on the serving runs among the inputs unless `calibrate` is off),
+    at the middle and at the fit interval's ends, and the scheduler as the bench sets it up;
+    with the notes that say what it rests on, and the calibration (None: none made)."""
+    from ..sim import answer as A
+    from ..sim.cost import relative_half_widths, scaled, step_model
+
+    model, inputs, target, dims = basis.model, basis.inputs, basis.target, basis.dims
+
     max_lanes = max(spec.slots, 1)
-    calibration = None if options.get("no_calibrate") else _calibration(model, inputs.serve_runs)
+    calibration = _calibration(model, inputs.serve_runs) if calibrate else None
     mid = _calibrated(step_model(model, dims, target.rates, max_lanes), calibration)
     longest = max(spec.input_tokens) if spec.workload is None else spec.workload.max_input
     d_rel, p_rel = relative_half_widths(model, dims, target.rates, spec.slots, longest, spec.output_tokens)
@@ -67,26 +107,10 @@ def serve_command(opts, options: dict[str, Any], load_measured, build_target, la
         if m is not None:
             costs[end] = _calibrated(m, calibration)
     policy, chunk_note = _policy(server, spec, slos, mid, dims, target.rates, _growth(inputs.metas))
-    router = options.get("router") or "power_of_two"
-    setup = A.Setup(costs, policy, spec, slos, target.ranks_per_node, router)
-    peaks = tuple(options.get("peak_rps") or ())
-    most = options.get("scale_nodes") or 0
-    follows = spec.load_kind == "users" or (spec.workload is not None and spec.workload.multi_turn)
-    if follows and most:
-        raise UsageError([Problem("", None, None, "--scale-nodes", "closed loops (--users) and conversations plan "
-                                  "their next request as a reply ends: they are simulated on one server only")])
-    nodes = tuple(n for n in SCALE_NODES if n <= most)
-    result = A.answer(setup, spec.loads, peaks, nodes)
     notes = [chunk_note, _interval_note(d_rel, p_rel)]
     if calibration is not None:
         notes.append(calibration.statement())
-    if opts.model_name and dims not in inputs.models.values():
-        notes.append(f"{opts.model_name} is predicted from a fit on {', '.join(inputs.models)}: another model "
-                     "shape, an extrapolation")
-    if opts.output == "json":
-        print_json(_json(result, sources, target, model, notes, server.name, name, calibration))
-        return
-    _text(result, sources, target, model, notes, server.name)
+    return A.Setup(costs, policy, spec, slos, target.ranks_per_node, router), notes, calibration
 
 
 def _calibration(model, serve_runs):
@@ -256,3 +280,102 @@ def _json(result, sources, target, model, notes, server: str, model_name: str, c
             "scale_out": {k: [s.to_dict() for s in v] for k, v in result.scale_out.items()},
             "calibration": calibration.to_dict() if calibration is not None else None,
             "notes": notes}
+
+
+
+def report_predictions(runs, slo_specs) -> tuple[list, list[str]]:
+    """Every rank series of the serving runs among `runs` as `predict --serve` would have
+    answered it before it ran: fitted on the static cells of the same model and server among
+    `runs`, on the machine they measured, with the run's own serving spec, loads, seeds and
+    SLOs, and not calibrated on the run's own steps (the prediction stays one made without
+    them). Returns the predicted series and notes on the series it could not predict."""
+    from ..analysis.cells import aggregate, load_runs
+    from ..analysis.perfmodel import fit_model
+    from ..analysis.report import known_slos
+    from ..analysis.serve_points import series_key
+    from ..analysis.slo_spec import resolve_slos
+    from .predict import TargetSpec, build_target
+
+    loaded = load_runs(list(runs))
+    known, _ = known_slos([r.meta for r in loaded])
+    slos = tuple(resolve_slos(slo_specs, known))
+    out, notes = [], []
+    for run in loaded:
+        records = [r for r in run.serve_records or () if not r.endpoint_nodes]
+        spec = _recorded_spec(run.meta)
+        if not records or spec is None:
+            continue
+        server = _server_of(run.meta)
+        static = [r for r in loaded if r.meta.model == run.meta.model and _server_of(r.meta) == server
+                  and any(c.has_data for c in aggregate([r]).cells)]
+        if not static:
+            notes.append(f"{run.meta.run_id}: no static cells of {run.meta.model} on {server} among the runs: "
+                         "nothing to predict its serving from")
+            continue
+        try:
+            inputs = _measured_of(static)
+            model = fit_model(inputs.observations)
+        except (ValueError, UsageError) as exc:
+            notes.append(f"{run.meta.run_id}: cannot fit the static cells to predict its serving: {exc}")
+            continue
+        basis = Basis(model, inputs, build_target(inputs, TargetSpec()), next(iter(inputs.models.values())))
+        said = (f"simulated from the fit on the static cells of {', '.join(r.meta.run_id for r in static)} "
+                f"(not calibrated on this run's own steps), {server}'s scheduler, the run's spec and seeds")
+        by_series: dict = {}
+        for r in records:
+            by_series.setdefault(series_key(run.meta, r), set()).add(float(r.load))
+        for key, loads in by_series.items():
+            out.append(_predicted_series(key, sorted(loads), spec, slos, server, basis, said))
+    return out, notes
+
+
+def _recorded_spec(meta) -> ServeSpec | None:
+    data = (meta.matrix or {}).get("serve")
+    try:
+        return ServeSpec.of_record(data) if isinstance(data, dict) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _measured_of(static_runs):
+    """The fit's inputs from loaded static runs, as predict's load_measured makes them."""
+    from ..analysis.calibration import observations, run_calibration
+    from ..analysis.cells import aggregate
+    from .predict import Measured
+
+    inputs = Measured()
+    for run in static_runs:
+        cal = run_calibration(run)
+        inputs.observations += observations(aggregate([run]).cells, cal.dims, cal.rates, cal.run_id)
+        inputs.threads[cal.run_id] = cal.threads_per_rank
+        inputs.metas.append(run.meta)
+        inputs.calibrations.append(cal)
+        inputs.add_model(run.meta.model, cal.dims)
+    return inputs
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and x == x and x not in (float("inf"), float("-inf")) else None
+
+
+def _predicted_series(key, loads, spec: ServeSpec, slos, server_name: str, basis: Basis, said: str):
+    """One series' loads simulated: per load its p50s and attainment, per SLO the threshold."""
+    from ..analysis.serve_predicted import PredictedLoad, PredictedSeries
+    from ..serving import decisions as serving_decisions
+    from ..serving import judging
+    from ..sim import answer as A
+
+    mine = replace(spec, input_tokens=(key.input_tokens,), output_tokens=key.output_tokens, loads=tuple(loads),
+                   sweep=False)
+    setup, _, _ = simulation(basis, mine, slos, server_of(server_name, None), calibrate=False)
+    results = A.simulate_loads(setup.costs[A.MID], setup, loads)
+    predicted, verdicts = [], {s.name: {} for s in slos}
+    for load, r in results.items():
+        shares = {}
+        for s in slos:
+            a = r.attainment(s.tpot_ms, s.ttft_s, s.ttft_per_token_ms)
+            shares[s.name] = a.share if a.requests else None
+            verdicts[s.name][load] = serving_decisions.meets_limit(r, setup.limit(s), setup.share(s))
+        predicted.append(PredictedLoad(load, _finite(r.ttft_tail(50)), _finite(r.tpot_tail(50)), shares))
+    thresholds = {name: judging.threshold(v)[0] for name, v in verdicts.items()}
+    return PredictedSeries(key, tuple(predicted), thresholds, said)

@@ -56,7 +56,10 @@ def _verbose() -> int:
               show_default=True, help="Peak concurrent streams for the sizing section. Repeatable.")
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
               help="Derate each VM's threshold by this fraction when sizing.")
-def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headroom) -> None:
+@click.option("--no-predict", "no_predict", is_flag=True, default=False,
+              help="Serving: leave out the simulator's prediction of each serving series (shown beside the "
+                   "measured one wherever the runs also hold static cells of the same model and server).")
+def report(runs, **options) -> None:
     """Tables, figures, SLO crossover and sizing of one or more runs, as report.html/.md and CSV.
 
     Runs of different models are never pooled: the answer has a row per model.
@@ -70,9 +73,15 @@ def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headro
       vcfslm report --csv published.csv --percentile p50 --out /tmp/published
     """
     reporter = RichReporter(quiet=_verbose() == 0)
-    options = ReportOptions(slo_specs=slos, percentile=percentile, peaks=peaks, headroom=headroom,
-                            attainment=attainment)
-    result = write_report(list(runs), out_dir, options, list(csv_files), reporter)
+    slos = options["slos"]
+    predicted, unpredicted = ([], [])
+    if runs and not options["no_predict"]:
+        from .predict_serve import report_predictions
+
+        predicted, unpredicted = report_predictions(list(runs), slos)
+    asked = ReportOptions(slo_specs=slos, percentile=options["percentile"], peaks=options["peaks"],
+                          headroom=options["headroom"], attainment=options["attainment"], predicted=tuple(predicted))
+    result = write_report(list(runs), options["out_dir"], asked, list(options["csv_files"]), reporter)
     # The answer first, as pre-formatted lines: off a terminal nothing may wrap or be cut.
     for line in render_text(result.report):
         click.echo(line)
@@ -81,6 +90,8 @@ def report(runs, out_dir, slos, percentile, attainment, csv_files, peaks, headro
         click.echo(f"  {path}")
     for name in result.skipped_figures:
         click.echo(f"figure skipped: {name}")
+    for line in unpredicted:
+        click.echo(f"not predicted: {line}")
     if result.warnings:
         click.echo(f"{len(result.warnings)} validity warning(s), listed in the report:", err=True)
         for w in result.warnings[:10]:
