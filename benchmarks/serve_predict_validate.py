@@ -129,6 +129,9 @@ def main() -> None:
     p.add_argument("--warm", type=float, default=5.0, help="its warm-up and cool-down, s each")
     p.add_argument("--keep", type=Path, default=Path("/tmp/serve-predict-runs"))
     p.add_argument("--reuse", action="store_true", help="compare the runs already in --keep again")
+    p.add_argument("--server", choices=("vcfslm", "vllm"), default="vcfslm",
+                   help="the engine measured and predicted: vcfslm's, or vLLM's CPU server (fitted on its own "
+                        "static run; its HTTP windows keep no steps, so only the static fit is compared)")
     args = p.parse_args()
     print(cpu_line(), flush=True)
     runs = args.keep
@@ -138,9 +141,9 @@ def main() -> None:
     common = ["--local", "--model", model, "--ranks", "1", "--threads", str(args.threads), "--input-tokens", "128",
               "--output-tokens", "16", "--runs-dir", str(runs), "-o", "json"]
     if not args.reuse and not (static_dir / "meta.json").exists():
-        run([*VCFSLM, "bench", *common, "--run-id", "static", "--batch-sizes", "1,4,8,16", "--warmup", "1",
-             "--repeats", "2"], "static run")
-    shape = ["--slots", str(args.slots), "--input-tokens", "128", "--output-tokens", "16",
+        run([*VCFSLM, "bench", *common, "--run-id", "static", "--server", args.server, "--batch-sizes", "1,4,8,16",
+             "--warmup", "1", "--repeats", "2"], "static run")
+    shape = ["--server", args.server, "--slots", str(args.slots), "--input-tokens", "128", "--output-tokens", "16",
              "--duration", f"{args.duration:g}", "--warmup-s", f"{args.warm:g}", "--cooldown-s", f"{args.warm:g}"]
     # The rates and the SLO are chosen from the fit alone, before anything is served, and kept
     # (a --reuse compares against the same ones).
@@ -204,15 +207,19 @@ def compare(predicted: dict, got: dict, name: str, fit_threshold: dict | None) -
     print(f"| req/s | requests (pred / meas) | TTFT p50 s pred | meas | error | TPOT p50 ms pred | meas | error "
           f"| SLO-{name} met pred | meas |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    errors = []
+    errors, covered = [], []
     for load in sorted(set(predicted) | set(got)):
         pr, me = predicted.get(load), got.get(load)
         if pr is None or me is None:
             continue
         t_err, p_err = pct(pr["ttft_s"]["p50"], me["ttft_p50"]), pct(pr["tpot_ms"]["p50"], me["tpot_p50"])
-        for pv, mv in ((pr["ttft_s"]["p50"], me["ttft_p50"]), (pr["tpot_ms"]["p50"], me["tpot_p50"])):
+        for which, mv in (("ttft_s", me["ttft_p50"]), ("tpot_ms", me["tpot_p50"])):
+            pv = pr[which]["p50"]
             if pv is not None and mv and mv == mv and abs(mv) != float("inf"):
                 errors.append(abs(pv / mv - 1))
+                interval = pr[which].get("p50_fit_interval")
+                if interval and None not in interval:
+                    covered.append(interval[0] <= mv <= interval[1])
         print(f"| {load:g} | {pr['requests']} / {me['requests']} | {pr['ttft_s']['p50'] or float('nan'):.3f} | "
               f"{me['ttft_p50']:.3f} | {t_err} | {pr['tpot_ms']['p50'] or float('nan'):.1f} | {me['tpot_p50']:.1f} | "
               f"{p_err} | {pr['attainment'][name] or 0:.0%} | {me['attainment'][name] or 0:.0%} |")
@@ -233,6 +240,9 @@ def compare(predicted: dict, got: dict, name: str, fit_threshold: dict | None) -
           f"(largest |error| {max(errors):.1%} over {len(errors)} p50s)" if errors else "no p50 to compare")
     print(f"target threshold within one load step: "
           f"{'met' if steps_apart is not None and steps_apart <= 1 else 'NOT met'} ({steps_apart} steps apart)")
+    if covered:
+        print(f"fit interval coverage: the measured p50 inside the predicted p50's fit interval in "
+              f"{sum(covered)} of {len(covered)}")
 
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_predict_cli import model_run, run
 
 from vcfslm.results import read_meta, write_meta
@@ -31,6 +32,11 @@ def test_predict_serve_gives_per_load_attainment_thresholds_nodes_and_scale_out(
     assert th["interval"]["replicates"] > 0
     # The fit is exact (cells made from the model), so its interval's ends agree with the middle.
     assert th["fit_interval"] == [th["threshold"], th["threshold"]]
+    # So does each load's p50 interval: the loads simulated again at the fit's ends.
+    for row in doc["loads"]:
+        for which in ("ttft_s", "tpot_ms"):
+            low_end, high_end = row[which]["p50_fit_interval"]
+            assert low_end == pytest.approx(row[which]["p50"], rel=1e-6) == high_end
     (nodes,) = doc["nodes"]
     assert nodes["nodes"] == -(-100 // th["threshold"]) if th["threshold"] >= 1 else nodes["nodes"] >= 100
     rows = doc["scale_out"]["B"]

@@ -68,12 +68,24 @@ class LoadRow:
     result: LoadResult
     attained: dict[str, float]
     verdicts: dict[str, bool | None]
+    # The same load simulated at the fit interval's ends (OPTIMISTIC, PESSIMISTIC), where known.
+    ends: dict[str, LoadResult] = field(default_factory=dict)
+
+    def p50_interval(self, which: str) -> list[float | None] | None:
+        """The p50 of `which` ("ttft" or "tpot") at the fit interval's ends, low to high."""
+        if len(self.ends) < 2:
+            return None
+        tail = {"ttft": LoadResult.ttft_tail, "tpot": LoadResult.tpot_tail}[which]
+        ends = [_finite(tail(self.ends[e], 50)) for e in (OPTIMISTIC, PESSIMISTIC)]
+        return sorted(ends) if None not in ends else ends
 
     def to_dict(self) -> dict[str, Any]:
         r = self.result
         return {"load": self.load, "requests": r.requests, "completed": len(r.ttft_s), "unfinished": r.unfinished,
-                "ttft_s": {"p50": _finite(r.ttft_tail(50)), "p90": _finite(r.ttft_tail(90))},
-                "tpot_ms": {"p50": _finite(r.tpot_tail(50)), "p90": _finite(r.tpot_tail(90))},
+                "ttft_s": {"p50": _finite(r.ttft_tail(50)), "p90": _finite(r.ttft_tail(90)),
+                           "p50_fit_interval": self.p50_interval("ttft")},
+                "tpot_ms": {"p50": _finite(r.tpot_tail(50)), "p90": _finite(r.tpot_tail(90)),
+                            "p50_fit_interval": self.p50_interval("tpot")},
                 "mean_active": r.mean_active, "attainment": self.attained, "meets": self.verdicts}
 
 
@@ -195,7 +207,7 @@ def answer(setup: Setup, loads: Sequence[float], peaks_rps: Sequence[float] = ()
             a = r.attainment(slo.tpot_ms, slo.ttft_s, slo.ttft_per_token_ms)
             attained[slo.name] = a.share if a.requests else None
             verdicts[slo.name] = serving.meets_limit(r, setup.limit(slo), setup.share(slo))
-        rows.append(LoadRow(load, r, attained, verdicts))
+        rows.append(LoadRow(load, r, attained, verdicts, {e: got[load] for e, got in ends.items() if load in got}))
     out = []
     for slo in setup.slos:
         passing, failing = _threshold(results, setup, slo)
