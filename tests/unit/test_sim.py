@@ -91,7 +91,8 @@ class ModelledSlots:
         lanes, chunk = self._lanes(), self.step_chunk()
         padded = chunk if len(pieces) == 1 and pieces[0].stop - pieces[0].start <= chunk else 0
         took = self.model.decode_s(lanes, sum(self.context.values()))
-        took += sum(self.model.piece_s(p.start, p.stop, p.length, padded) for p in pieces)
+        prompt = sum(self.model.piece_s(p.start, p.stop, p.length, padded) for p in pieces)
+        took += prompt * (self.model.idle_piece_scale if not lanes else 1.0)
         self.clock.t += took
         for s in self.context:
             self.context[s] += 1

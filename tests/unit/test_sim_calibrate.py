@@ -30,10 +30,12 @@ def fitted() -> StepModel:
 
 
 def served(m: StepModel) -> StepModel:
-    """The serving steps as they really cost: each kind off by its own factor."""
+    """The serving steps as they really cost: each kind off by its own factor (a lone prompt's
+    step, its pieces too, by IDLE)."""
     return replace(m, lane_s=tuple(v * DECODE for v in m.lane_s), kv_token_s=m.kv_token_s * DECODE,
                    prompt_token_s=m.prompt_token_s * PIECE, prompt_head_s=m.prompt_head_s * PIECE,
-                   attention_s=m.attention_s * PIECE, idle_lane_s=m.idle_lane_s * IDLE)
+                   attention_s=m.attention_s * PIECE, idle_lane_s=m.idle_lane_s * IDLE,
+                   idle_piece_scale=IDLE / PIECE)
 
 
 def bench_window(true: StepModel, spec: ServeSpec, load: float):

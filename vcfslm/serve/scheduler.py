@@ -270,6 +270,9 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
     step_times: list[float] = []
     step_log = StepLog()
     t0 = clock()
+    # A step's period for the log: from the previous step's end (the loop's own work between
+    # steps is part of what a stream waits per token), or from when the loop woke from idle.
+    period_start = 0.0
 
     def now() -> float:
         return clock() - t0
@@ -322,7 +325,8 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
             step_times.append(at - before)
             # Lanes 0: nothing decoded (a prompt going in alone), as the simulator counts it.
             step_log.add((getattr(out, "lanes", 0) or len(running)) if running else 0,
-                         [(p.start, p.stop, p.last) for p in pieces], context, at - before)
+                         [(p.start, p.stop, p.last) for p in pieces], context, at - min(period_start, before))
+            period_start = at
             step_tokens += out.tokens
             prompt_tokens += out.prompt_tokens
             for slot, r in list(running.items()):
@@ -345,6 +349,7 @@ def run_window(slots: Slots, spec: ServeSpec, load: float, input_tokens: int, rn
         if not future and not waiting:
             break                       # nothing waits, runs or will arrive
         sleep(max(0.0, min(future[0][0] - t, IDLE_POLL_S)))
+        period_start = now()
     end = now()
     occupancy.change(end, busy())
     return WindowOutcome(requests, end, generated, occupancy.total, max_queue, steps, step_times,

@@ -10,8 +10,10 @@ each the steps' measured seconds over the modelled ones:
 - `decode`: plain decode steps (lanes >= 1, no prompt tokens), what every TPOT is made of;
 - `piece`: the prompt piece's part of a step beside decodes (what a step with a piece costs
   beyond the same step without one): what a running stream pays for an arrival;
-- `idle`: the own part of a step with nothing decoding (lanes 0: a prompt going in alone),
-  beyond its pieces: with `piece`, the TTFT of a lone request.
+- `idle`: a step with nothing decoding (lanes 0: a prompt going in alone), its own part
+  and its pieces: the TTFT of a lone request. A whole prompt goes through the linears at
+  another rate than a chunk of a few tokens beside decodes, so the two have ratios of
+  their own.
 
 The ratios multiply the step model's matching terms (`apply`). Ratios, not added seconds,
 so a calibration made on the measured machine carries to a platform whose step costs are
@@ -94,15 +96,12 @@ def calibrate(windows: Iterable[tuple[StepModel, MeasuredSteps]]) -> Calibration
                 # What the piece added: the step less the same lanes' decode, as calibrated.
                 plain = m.decode_s(g.lanes, round(g.mean_context)) * decode
                 _add(sums["piece"], g, _pieces_s(m, g, w.padded(g.lanes, g.prompt_tokens)), less=plain)
-    piece = _ratio(sums["piece"])
     for m, w in windows:
         for g in w.groups:
             if g.lanes == 0 and g.prompt_tokens > 0:
-                # A lone prompt is the idle step's own part and its pieces (as calibrated):
-                # the ratio is the own part's, what is left of the step beside the pieces.
-                pieces = _pieces_s(m, g, w.padded(0, g.prompt_tokens)) * piece
-                _add(sums["idle"], g, m.idle_lane_s, less=pieces)
-    return Calibration(decode, piece, _ratio(sums["idle"]), sums["decode"][2], sums["piece"][2], sums["idle"][2])
+                _add(sums["idle"], g, m.idle_lane_s + _pieces_s(m, g, w.padded(0, g.prompt_tokens)))
+    return Calibration(decode, _ratio(sums["piece"]), _ratio(sums["idle"]),
+                       sums["decode"][2], sums["piece"][2], sums["idle"][2])
 
 
 def _add(acc: list, g: StepGroup, modelled: float, less: float = 0.0) -> None:
@@ -119,13 +118,13 @@ def _ratio(acc: list) -> float:
 
 def apply(m: StepModel, c: Calibration) -> StepModel:
     """The step model with each kind of step scaled by its measured ratio: the decode lanes
-    and their context by `decode`, every prompt piece by `piece`, and the own part of a step
-    without decodes (`idle_lane_s`) by `idle`, which absorbs whatever a lone prompt costs
-    beyond its pieces."""
+    and their context by `decode`, every prompt piece beside decodes by `piece`, and a step
+    without decodes, its own part and its pieces alike, by `idle`."""
     lane_s = tuple(v * c.decode if i else 0.0 for i, v in enumerate(m.lane_s))
     return replace(m, lane_s=lane_s, kv_token_s=m.kv_token_s * c.decode,
                    prompt_token_s=m.prompt_token_s * c.piece, prompt_head_s=m.prompt_head_s * c.piece,
-                   attention_s=m.attention_s * c.piece, idle_lane_s=m.idle_lane_s * c.idle)
+                   attention_s=m.attention_s * c.piece, idle_lane_s=m.idle_lane_s * c.idle,
+                   idle_piece_scale=m.idle_piece_scale * c.idle / c.piece)
 
 
 def measured_steps(records: Sequence) -> list[MeasuredSteps]:

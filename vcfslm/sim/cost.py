@@ -44,6 +44,10 @@ class StepModel:
     dims: ModelDims
     max_lanes: int
     attention_pair: float = 0.0     # prefill_attention_flops(T) = attention_pair x T x (T + 1)
+    # A step with no stream decoding (a prompt going in alone) runs its pieces at this multiple
+    # of `piece_s`: 1 from a fit, another from a calibration on measured steps (a whole
+    # 128-token prompt goes through the linears at another rate than a chunk beside decodes).
+    idle_piece_scale: float = 1.0
 
     def lanes_s(self, lanes: int) -> float:
         if lanes <= 0:

@@ -206,9 +206,8 @@ class Server:
         padded = chunk if (not vllm and len(pieces) == 1 and pieces[0].stop - pieces[0].start <= chunk) else 0
         if padded and self.running and pieces[0].stop < pieces[0].length:
             return self._piece_run(pieces[0], lanes, chunk, until)
-        took = cost.decode_s(lanes, self.kv_tokens)
-        for p in pieces:
-            took += cost.piece_s(p.start, p.stop, p.length, padded)
+        prompt = sum(cost.piece_s(p.start, p.stop, p.length, padded) for p in pieces)
+        took = cost.decode_s(lanes, self.kv_tokens) + (prompt * cost.idle_piece_scale if lanes <= 0 else prompt)
         at = self.now + took
         if at > until:
             self._next_end = at
