@@ -12,9 +12,9 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import InventoryError, Problem
+from ..errors import InventoryError, Problem, RunFolderError, UsageError
 from ..inventory_load import load_inventory
-from ..results import atomic_write_json
+from ..results import atomic_write_json, read_meta
 from .console import LINE_ENDS, make_console
 from .progress_view import ProgressLines, TerminalBars
 
@@ -148,3 +148,19 @@ class RichReporter:
         line = self._lines.take(p)
         if line is not None:
             self.console.print(line, markup=False, soft_wrap=True)
+
+
+def latest_run(runs_dir: Path) -> Path:
+    """The newest run dir under `runs_dir` (by meta.json `created`, then name)."""
+    candidates = []  # a folder whose meta.json is unreadable is not a candidate
+    for d in runs_dir.iterdir() if runs_dir.is_dir() else ():
+        if (d / "meta.json").is_file():
+            try:
+                created = read_meta(d).created or ""
+            except RunFolderError:
+                continue
+            candidates.append((created, d.name, d))
+    if not candidates:
+        raise UsageError(f"no run dirs under {runs_dir}/ to size from; pass --results RUN|CSV "
+                         "(a run dir from `vcfslm bench` or a CSV of measurements)")
+    return max(candidates)[2]

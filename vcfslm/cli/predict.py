@@ -14,8 +14,7 @@ from ..errors import Problem, UsageError
 from ..presets import PRESET_NAMES
 from ..sim.fleet import ROUTERS
 from .bench_options import SERVE_FLAGS, float_list, serve_options
-from .common import int_list, output_option, print_json
-from .report import latest_run
+from .common import int_list, latest_run, output_option, print_json
 
 # The flags only `predict --serve` reads (beside bench's serving flags).
 PREDICT_SERVE_FLAGS = ("peak_rps", "scale_nodes", "router", "serve_repeats", "seed", "no_calibrate")
@@ -102,6 +101,8 @@ def predict(**options) -> None:
     scheduler (vcfslm's, or vLLM's with --server vllm, fitted on vLLM's own runs) under the
     bench's arrivals and workloads, judged by the bench's code: per load the attainment and
     TTFT/TPOT, per SLO the threshold, the nodes for --peak-rps, and the scale-out table.
+    Where --results also holds a serving run of the same server, the step costs are
+    calibrated on the steps it measured (--no-calibrate: the static fit only).
     """
     opts = PredictOptions.from_cli(options)
     given = sorted(k for k in (*SERVE_FLAGS, *PREDICT_SERVE_FLAGS) if options.get(k) not in (None, False))

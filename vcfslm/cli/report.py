@@ -18,10 +18,9 @@ from ..analysis.slo import size as size_for
 from ..analysis.slo_spec import Slo, resolve_slos
 from ..analysis.summary import summary_table
 from ..contract import presets_help
-from ..errors import Problem, RunFolderError, UsageError
-from ..results import read_meta
+from ..errors import Problem, UsageError
 from ..serving.judging import Rule
-from .common import RichReporter, output_option, print_json
+from .common import RichReporter, latest_run, output_option, print_json
 
 PERCENTILE = click.Choice(["p50", "p90", "p99"])
 PERCENTILE_HELP = ("Static cells: the percentile of streams that must meet each limit (p50 is the brief's). "
@@ -76,7 +75,7 @@ def report(runs, **options) -> None:
     slos = options["slos"]
     predicted, unpredicted = ([], [])
     if runs and not options["no_predict"]:
-        from .predict_serve import report_predictions
+        from .report_predict import report_predictions
 
         predicted, unpredicted = report_predictions(list(runs), slos)
     asked = ReportOptions(slo_specs=slos, percentile=options["percentile"], peaks=options["peaks"],
@@ -98,22 +97,6 @@ def report(runs, **options) -> None:
             click.echo(f"  ! {w}", err=True)
         if len(result.warnings) > 10:
             click.echo(f"  ... and {len(result.warnings) - 10} more", err=True)
-
-
-def latest_run(runs_dir: Path) -> Path:
-    """The newest run dir under `runs_dir` (by meta.json `created`, then name)."""
-    candidates = []  # a folder whose meta.json is unreadable is not a candidate
-    for d in runs_dir.iterdir() if runs_dir.is_dir() else ():
-        if (d / "meta.json").is_file():
-            try:
-                created = read_meta(d).created or ""
-            except RunFolderError:
-                continue
-            candidates.append((created, d.name, d))
-    if not candidates:
-        raise UsageError(f"no run dirs under {runs_dir}/ to size from; pass --results RUN|CSV "
-                         "(a run dir from `vcfslm bench` or a CSV of measurements)")
-    return max(candidates)[2]
 
 
 def workload_matches(label: str, asked: str) -> bool:
