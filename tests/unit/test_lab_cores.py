@@ -1,5 +1,5 @@
 """`lab up --cores-per-node K`: which CPUs each guest gets, how it is held to them, what the
-lab records and the VMs it describes (pure parts; tests/integration/test_lab_cores.py runs it)."""
+lab records and the VMs it describes (pure parts; tests/integration/test_lab_cores_sshd.py runs it)."""
 
 from __future__ import annotations
 
