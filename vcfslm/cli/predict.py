@@ -280,6 +280,21 @@ class Measured:
         if dims not in self.models.values():
             self.models[name] = dims
 
+    def add_run(self, run) -> None:
+        """A loaded run: its cells as observations at its own rates, its metadata, its
+        calibration, its model and (serving runs) its records."""
+        from ..analysis.calibration import observations, run_calibration
+        from ..analysis.cells import aggregate
+
+        cal = run_calibration(run)
+        self.observations += observations(aggregate([run]).cells, cal.dims, cal.rates, cal.run_id)
+        self.threads[cal.run_id] = cal.threads_per_rank
+        self.metas.append(run.meta)
+        self.calibrations.append(cal)
+        if run.serve_records:
+            self.serve_runs.append((cal, run.serve_records))
+        self.add_model(run.meta.model, cal.dims)
+
 
 def load_measured(sources: list[Path], measured_on: Path | None) -> Measured:
     """Observations of every run (each with its own model's facts) and CSV (each row with the
@@ -289,9 +304,8 @@ def load_measured(sources: list[Path], measured_on: Path | None) -> Measured:
         named_dims,
         observations,
         rank_rates,
-        run_calibration,
     )
-    from ..analysis.cells import aggregate, load_runs, models_of
+    from ..analysis.cells import load_runs, models_of
     from ..analysis.csv_import import import_csv
     from ..hardware import load_platform
 
@@ -299,15 +313,7 @@ def load_measured(sources: list[Path], measured_on: Path | None) -> Measured:
     run_dirs = [p for p in sources if p.is_dir()]
     csvs = [p for p in sources if not p.is_dir()]
     for run in load_runs(run_dirs):
-        cal = run_calibration(run)
-        cells = aggregate([run]).cells
-        out.observations += observations(cells, cal.dims, cal.rates, cal.run_id)
-        out.threads[cal.run_id] = cal.threads_per_rank
-        out.metas.append(run.meta)
-        out.calibrations.append(cal)
-        if run.serve_records:
-            out.serve_runs.append((cal, run.serve_records))
-        out.add_model(run.meta.model, cal.dims)
+        out.add_run(run)
     if csvs:
         if measured_on is None:
             raise UsageError([Problem(str(csvs[0]), None, None, "", "a CSV carries no probe figures: give "

@@ -68,18 +68,11 @@ def _recorded_spec(meta) -> ServeSpec | None:
 
 def _measured_of(static_runs):
     """The fit's inputs from loaded static runs, as predict's load_measured makes them."""
-    from ..analysis.calibration import observations, run_calibration
-    from ..analysis.cells import aggregate
     from .predict import Measured
 
     inputs = Measured()
     for run in static_runs:
-        cal = run_calibration(run)
-        inputs.observations += observations(aggregate([run]).cells, cal.dims, cal.rates, cal.run_id)
-        inputs.threads[cal.run_id] = cal.threads_per_rank
-        inputs.metas.append(run.meta)
-        inputs.calibrations.append(cal)
-        inputs.add_model(run.meta.model, cal.dims)
+        inputs.add_run(run)
     return inputs
 
 
