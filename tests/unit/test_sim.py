@@ -110,6 +110,19 @@ class ModelledSlots:
         self.context.clear()
 
 
+def modelled_bench_window(model: StepModel, spec: ServeSpec, load: float, input_tokens: int = 128):
+    """The bench's own loop (serve/scheduler.run_window) for rank 0's first window at `load`,
+    every step taking `model`'s time on a modelled clock."""
+    clock = SimpleNamespace(t=0.0)
+
+    def sleep(d):
+        clock.t += d
+
+    seed = serving.window_seed(spec.seed, 0, load, input_tokens, 0)
+    return run_window(ModelledSlots(model, VCFSLM_POLICY, clock), spec, load, input_tokens, random.Random(seed),
+                      lambda r: None, clock=lambda: clock.t, sleep=sleep)
+
+
 @pytest.mark.parametrize("load,output", [(0.3, 16), (0.7, 16), (1.5, 8), (0.4, 64)])
 def test_vcfslm_scheduler_decides_as_the_bench_loop_does(load, output):
     """The same arrivals (rank 0, window 0 seed), the same step costs: every counted request's
@@ -117,14 +130,7 @@ def test_vcfslm_scheduler_decides_as_the_bench_loop_does(load, output):
     spec = ServeSpec(loads=(load,), input_tokens=(128,), output_tokens=output, duration_s=300.0,
                      warmup_s=5.0, cooldown_s=5.0, slots=16)
     model = cost()
-    clock = SimpleNamespace(t=0.0)
-
-    def sleep(d):
-        clock.t += d
-
-    seed = serving.window_seed(spec.seed, 0, load, 128, 0)
-    bench = run_window(ModelledSlots(model, VCFSLM_POLICY, clock), spec, load, 128, random.Random(seed),
-                       lambda r: None, clock=lambda: clock.t, sleep=sleep)
+    bench = modelled_bench_window(model, spec, load)
     sim = simulate_window(model, VCFSLM_POLICY, spec, load, 128, LIMITS)[0]
     expected = [(r.arrival_s, r.first_s - r.arrival_s, r.last_s - r.first_s) for r in bench.counted if r.done]
     assert len(expected) > 20

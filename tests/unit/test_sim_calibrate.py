@@ -5,15 +5,12 @@ step log, and the simulator on the calibrated model giving the loop's TTFT and T
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
-from test_sim import DIMS, LIMITS, VCFSLM_POLICY, ModelledSlots
+from test_sim import DIMS, LIMITS, VCFSLM_POLICY, modelled_bench_window
 
-from vcfslm.serve.scheduler import record_fields, run_window
-from vcfslm.serving import decisions as serving
+from vcfslm.serve.scheduler import record_fields
 from vcfslm.serving.decisions import ServeSpec
 from vcfslm.serving.step_log import groups_of
 from vcfslm.sim.calibrate import Calibration, MeasuredSteps, apply, calibrate
@@ -39,14 +36,7 @@ def served(m: StepModel) -> StepModel:
 
 
 def bench_window(true: StepModel, spec: ServeSpec, load: float):
-    clock = SimpleNamespace(t=0.0)
-
-    def sleep(d):
-        clock.t += d
-
-    seed = serving.window_seed(spec.seed, 0, load, 128, 0)
-    out = run_window(ModelledSlots(true, VCFSLM_POLICY, clock), spec, load, 128, random.Random(seed),
-                     lambda r: None, clock=lambda: clock.t, sleep=sleep)
+    out = modelled_bench_window(true, spec, load)
     return out, record_fields(out, spec, LIMITS)
 
 

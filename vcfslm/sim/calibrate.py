@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..serving.step_log import StepGroup
+from ..serving.step_log import StepGroup, groups_of
 from .cost import StepModel
 
 
@@ -130,8 +130,6 @@ def apply(m: StepModel, c: Calibration) -> StepModel:
 def measured_steps(records: Sequence) -> list[MeasuredSteps]:
     """The windows of serving records (ServeRecord) that kept their steps (an HTTP server's
     and records written before steps were kept have none)."""
-    from ..serving.step_log import groups_of
-
     out = []
     for r in records:
         groups = tuple(groups_of(r.step_costs or {}))
